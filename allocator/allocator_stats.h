@@ -1,0 +1,81 @@
+// Allocator statistics, named and counted as PyTorch's CUDA caching allocator
+// names them, so that numbers from remat and from torch.cuda.memory_stats()
+// can be read side by side.
+#ifndef REMAT_ALLOCATOR_ALLOCATOR_STATS_H_
+#define REMAT_ALLOCATOR_ALLOCATOR_STATS_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace remat {
+
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;  // total ever added
+  std::int64_t freed = 0;      // total ever removed
+
+  void Add(std::int64_t delta) {
+    current += delta;
+    if (delta > 0) {
+      allocated += delta;
+      if (current > peak) peak = current;
+    } else {
+      freed -= delta;
+    }
+  }
+};
+
+enum StatPool : int { kAggregatePool = 0, kSmallPool = 1, kLargePool = 2 };
+inline constexpr const char* kStatPoolNames[] = {"all", "small_pool", "large_pool"};
+
+// One Stat for all blocks, one for the small pool, one for the large pool.
+struct StatArray {
+  std::array<Stat, 3> pools;
+
+  const Stat& all() const { return pools[kAggregatePool]; }
+  const Stat& small() const { return pools[kSmallPool]; }
+  const Stat& large() const { return pools[kLargePool]; }
+  void Add(StatPool pool, std::int64_t delta) {
+    pools[kAggregatePool].Add(delta);
+    pools[pool].Add(delta);
+  }
+  void ResetPeak() {
+    for (Stat& s : pools) s.peak = s.current;
+  }
+  void ResetAccumulated() {
+    for (Stat& s : pools) s.allocated = s.freed = 0;
+  }
+};
+
+struct AllocatorStats {
+  StatArray allocation;            // live allocations (counted at Free, not when events complete)
+  StatArray segment;               // device segments reserved
+  StatArray active;                // blocks in use or waiting for their streams (pending free)
+  StatArray inactive_split;        // free blocks inside segments that are split
+  StatArray allocated_bytes;       // bytes of live allocations (rounded sizes)
+  StatArray reserved_bytes;        // bytes of device segments
+  StatArray active_bytes;          // bytes of active blocks
+  StatArray inactive_split_bytes;  // bytes of inactive_split blocks
+  StatArray requested_bytes;       // bytes callers asked for (before rounding)
+
+  std::int64_t num_alloc_retries = 0;  // rounds that released cache or asked the pressure handler
+  std::int64_t num_ooms = 0;
+  std::int64_t num_device_alloc = 0;  // segments reserved from the device
+  std::int64_t num_device_free = 0;   // segments returned to the device
+  std::int64_t num_pressure_calls = 0;
+
+  void ResetPeaks();
+  void ResetAccumulated();
+};
+
+// Flat "name.pool.field" keys, as torch.cuda.memory_stats() spells them
+// ("allocated_bytes.all.current", "num_ooms", ...), as one JSON object.
+std::string StatsToJson(const AllocatorStats& stats);
+// A human-readable table like torch.cuda.memory_summary().
+std::string StatsSummary(const AllocatorStats& stats);
+
+}  // namespace remat
+
+#endif  // REMAT_ALLOCATOR_ALLOCATOR_STATS_H_

@@ -1,0 +1,758 @@
+#include "allocator/caching_allocator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "base/log.h"
+
+namespace remat {
+namespace {
+
+std::size_t RoundUpTo(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Sizes
+
+std::size_t CachingAllocator::RoundSize(std::size_t bytes) {
+  return bytes < kMinBlockSize ? kMinBlockSize : RoundUpTo(bytes, kMinBlockSize);
+}
+
+std::size_t CachingAllocator::SegmentSizeFor(std::size_t rounded) {
+  if (rounded <= kSmallSize) return kSmallBuffer;
+  if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  return RoundUpTo(rounded, kRoundLarge);
+}
+
+bool CachingAllocator::FreeOrder::operator()(const Block* a, const Block* b) const {
+  // Shared blocks sort before every stream's private ones.
+  if (a->shared != b->shared) return a->shared;
+  if (!a->shared && a->stream != b->stream) return a->stream < b->stream;
+  if (a->size != b->size) return a->size < b->size;
+  return a->addr < b->addr;
+}
+
+// ---------------------------------------------------------------------------
+// Construction
+
+absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
+    Device* device, AllocatorOptions options) {
+  if (device == nullptr) return absl::InvalidArgumentError("CachingAllocator needs a device");
+  if (options.budget > device->Capacity()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "budget %s is larger than the device (%s: %s)", FormatBytes(options.budget),
+        device->Describe(), FormatBytes(device->Capacity())));
+  }
+  if (options.max_split_size <= kSmallSize) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_split_size must be above %s (the small pool's largest request), not %s",
+        FormatBytes(kSmallSize), FormatBytes(options.max_split_size)));
+  }
+  if (options.max_pressure_rounds < 0) {
+    return absl::InvalidArgumentError("max_pressure_rounds must be >= 0");
+  }
+  return std::unique_ptr<CachingAllocator>(new CachingAllocator(device, options));
+}
+
+CachingAllocator::CachingAllocator(Device* device, AllocatorOptions options)
+    : device_(device), options_(options) {
+  MutexLock lock(&mu_);
+  budget_ = options.budget == 0 ? device->Capacity() : options.budget;
+  large_.large = true;
+  ring_.reserve(std::min<std::size_t>(options.event_ring_capacity, 1 << 16));
+}
+
+CachingAllocator::~CachingAllocator() {
+  MutexLock lock(&mu_);
+  ProcessPendingFrees(/*wait=*/true);
+  if (!live_.empty()) {
+    REMAT_LOG(kWarning, "CachingAllocator destroyed with %d live allocations (%s); releasing anyway",
+              live_.size(), FormatBytes(stats_.allocated_bytes.all().current));
+  }
+  for (auto& [stream, harvest] : harvest_) {
+    if (harvest.in_flight) spare_events_.push_back(harvest.event);
+  }
+  for (auto& [addr, seg] : segments_) {
+    absl::Status s = device_->ReleaseSegment(reinterpret_cast<void*>(addr));
+    if (!s.ok()) REMAT_LOG(kError, "releasing segment: %s", s.ToString());
+    for (Block* b = seg->first; b != nullptr;) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
+    delete seg;
+  }
+  for (Block* b : spare_blocks_) delete b;
+  for (Event e : spare_events_) (void)device_->DestroyEvent(e);
+}
+
+CachingAllocator::Block* CachingAllocator::NewBlock() {
+  if (spare_blocks_.empty()) return new Block;
+  Block* b = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  b->addr = 0;
+  b->size = b->requested = 0;
+  b->segment = nullptr;
+  b->prev = b->next = nullptr;
+  b->stream = kDefaultStream;
+  b->allocated = b->pending_free = b->shared = false;
+  b->free_seq = 0;
+  b->pending_events = 0;
+  b->owner = 0;
+  b->extra_streams.clear();
+  return b;
+}
+
+void CachingAllocator::DeleteBlock(Block* b) { spare_blocks_.push_back(b); }
+
+// ---------------------------------------------------------------------------
+// Allocation
+
+absl::StatusOr<void*> CachingAllocator::Allocate(std::size_t bytes, Stream stream) {
+  if (bytes == 0) return nullptr;
+  if (bytes > device_->Capacity()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cannot allocate %d bytes (%s): larger than the device (%s, %s)", bytes,
+        FormatBytes(bytes), device_->Describe(), FormatBytes(device_->Capacity())));
+  }
+  const std::size_t size = RoundSize(bytes);
+  Pool& pool = PoolFor(size);
+  MutexLock lock(&mu_);
+  Block* block = FindFreeBlock(pool, size, stream);
+  if (block == nullptr) {
+    absl::StatusOr<Block*> slow = AllocateSlow(pool, size, bytes, stream);
+    if (!slow.ok()) return slow.status();
+    block = *slow;
+  }
+  return Commit(block, size, bytes, stream);
+}
+
+bool CachingAllocator::Fits(const Block* b, std::size_t size) const {
+  // Oversize blocks are kept for oversize requests, and an oversize request
+  // does not take a block much larger than itself.
+  if (size < options_.max_split_size) return b->size < options_.max_split_size ||
+                                              options_.max_split_size == SIZE_MAX;
+  return b->size < size + kLargeBuffer;
+}
+
+CachingAllocator::Block* CachingAllocator::FindFreeBlock(Pool& pool, std::size_t size,
+                                                         Stream stream) {
+  Block key;
+  key.size = size;
+  key.addr = 0;
+  Block* best = nullptr;
+  // The stream's own free blocks...
+  key.shared = false;
+  key.stream = stream;
+  auto it = pool.free.lower_bound(&key);
+  if (it != pool.free.end() && !(*it)->shared && (*it)->stream == stream && Fits(*it, size)) {
+    best = *it;
+  }
+  // ...and blocks every stream may use; the better fit wins.
+  if (pool.shared_count > 0) {
+    key.shared = true;
+    auto shared = pool.free.lower_bound(&key);
+    if (shared != pool.free.end() && (*shared)->shared && Fits(*shared, size)) {
+      Block* candidate = *shared;
+      if (best == nullptr || candidate->size < best->size ||
+          (candidate->size == best->size && candidate->addr < best->addr)) {
+        best = candidate;
+      }
+    }
+  }
+  return best;
+}
+
+void* CachingAllocator::Commit(Block* block, std::size_t size, std::size_t requested,
+                               Stream stream) {
+  Pool& pool = PoolOf(block);
+  const StatPool sp = StatPoolOf(pool);
+  EraseFree(block);
+  const std::size_t remaining = block->size - size;
+  const bool worth_keeping = pool.large ? remaining > kSmallSize : remaining >= kMinBlockSize;
+  if (worth_keeping && block->size <= options_.max_split_size) {
+    Block* rest = NewBlock();
+    rest->addr = block->addr + size;
+    rest->size = remaining;
+    rest->segment = block->segment;
+    rest->prev = block;
+    rest->next = block->next;
+    if (block->next != nullptr) block->next->prev = rest;
+    block->next = rest;
+    rest->stream = block->stream;
+    rest->shared = block->shared;
+    rest->free_seq = block->free_seq;
+    block->size = size;
+    InsertFree(rest);
+  }
+  block->allocated = true;
+  block->shared = false;
+  block->requested = requested;
+  block->stream = stream;
+  block->owner = 0;
+  block->extra_streams.clear();
+  live_.emplace(block->addr, block);
+
+  stats_.allocation.Add(sp, 1);
+  stats_.allocated_bytes.Add(sp, static_cast<std::int64_t>(block->size));
+  stats_.requested_bytes.Add(sp, static_cast<std::int64_t>(requested));
+  stats_.active.Add(sp, 1);
+  stats_.active_bytes.Add(sp, static_cast<std::int64_t>(block->size));
+  RecordTrace(TraceAction::kAlloc, block->addr, block->size, stream);
+  return reinterpret_cast<void*>(block->addr);
+}
+
+absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& pool,
+                                                                        std::size_t size,
+                                                                        std::size_t requested,
+                                                                        Stream stream) {
+  const std::size_t segment_size = SegmentSizeFor(size);
+  for (int round = 0;; ++round) {
+    // Blocks whose other-stream uses have completed, and blocks other streams freed.
+    ProcessPendingFrees(/*wait=*/false);
+    HarvestOtherStreams(stream, /*wait=*/false);
+    if (Block* b = FindFreeBlock(pool, size, stream)) return b;
+    if (Block* b = ReserveSegment(pool, size, stream)) return b;
+
+    // Out of room. Wait for what is in flight, give whole free segments back,
+    // and try again: the cache may hold the memory in the wrong shape.
+    ++stats_.num_alloc_retries;
+    ProcessPendingFrees(/*wait=*/true);
+    HarvestOtherStreams(stream, /*wait=*/true);
+    if (Block* b = FindFreeBlock(pool, size, stream)) return b;
+    ReleaseCachedSegments();
+    if (Block* b = ReserveSegment(pool, size, stream)) return b;
+
+    // Ask the runtime to evict, and retry while it makes progress. A request
+    // larger than the whole budget cannot be helped.
+    std::shared_ptr<PressureHandler> handler = pressure_handler_;
+    if (handler == nullptr || round >= options_.max_pressure_rounds ||
+        std::min(segment_size, RoundUpTo(size, kRoundLarge)) > budget_) {
+      break;
+    }
+    PressureRequest request{size, stream, budget_,
+                            static_cast<std::size_t>(stats_.reserved_bytes.all().current),
+                            static_cast<std::size_t>(stats_.allocated_bytes.all().current)};
+    ++stats_.num_pressure_calls;
+    bool progress;
+    {
+      MutexUnlock unlock(&mu_);
+      progress = (*handler)(request);
+    }
+    if (!progress) break;
+  }
+  ++stats_.num_ooms;
+  RecordTrace(TraceAction::kOom, 0, size, stream);
+  return absl::ResourceExhaustedError(OomMessage(requested, size, stream));
+}
+
+CachingAllocator::Block* CachingAllocator::ReserveSegment(Pool& pool, std::size_t size,
+                                                          Stream stream) {
+  const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+  std::size_t segment_size = SegmentSizeFor(size);
+  // An oversize segment would be unsplittable and wasted on a small request.
+  if (pool.large && size < options_.max_split_size && segment_size > options_.max_split_size) {
+    segment_size = RoundUpTo(size, kRoundLarge);
+  }
+  // Within a tight budget, a large request shrinks its segment to what it needs.
+  if (pool.large && reserved + segment_size > budget_) segment_size = RoundUpTo(size, kRoundLarge);
+  if (reserved + segment_size > budget_) return nullptr;
+  absl::StatusOr<void*> ptr = device_->ReserveSegment(segment_size);
+  if (!ptr.ok()) {
+    if (pool.large && segment_size > RoundUpTo(size, kRoundLarge)) {
+      segment_size = RoundUpTo(size, kRoundLarge);
+      ptr = device_->ReserveSegment(segment_size);
+    }
+    if (!ptr.ok()) return nullptr;
+  }
+  auto* seg = new Segment;
+  seg->addr = reinterpret_cast<std::uintptr_t>(*ptr);
+  seg->size = segment_size;
+  seg->large = pool.large;
+  seg->stream = stream;
+  Block* b = NewBlock();
+  b->addr = seg->addr;
+  b->size = segment_size;
+  b->segment = seg;
+  b->stream = stream;
+  b->free_seq = next_free_seq_++;
+  seg->first = b;
+  segments_.emplace(seg->addr, seg);
+
+  const StatPool sp = StatPoolOf(pool);
+  stats_.segment.Add(sp, 1);
+  stats_.reserved_bytes.Add(sp, static_cast<std::int64_t>(segment_size));
+  ++stats_.num_device_alloc;
+  RecordTrace(TraceAction::kSegmentAlloc, seg->addr, segment_size, stream);
+  InsertFree(b);
+  return b;
+}
+
+// ---------------------------------------------------------------------------
+// Free
+
+absl::Status CachingAllocator::Free(void* ptr) {
+  if (ptr == nullptr) return absl::OkStatus();
+  MutexLock lock(&mu_);
+  return FreeLocked(ptr, nullptr);
+}
+
+absl::Status CachingAllocator::FreeOnStream(void* ptr, Stream stream) {
+  if (ptr == nullptr) return absl::OkStatus();
+  MutexLock lock(&mu_);
+  return FreeLocked(ptr, &stream);
+}
+
+absl::Status CachingAllocator::FreeLocked(void* ptr, const Stream* stream) {
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Free"));
+  Block* block = it->second;
+  std::vector<Event> events;
+  // Events first: if one cannot be recorded, nothing has changed.
+  for (Stream other : block->extra_streams) {
+    if (stream != nullptr && other == *stream) continue;
+    absl::StatusOr<Event> event = TakeEvent();
+    absl::Status recorded = event.ok() ? device_->RecordEvent(*event, other) : event.status();
+    if (!recorded.ok()) {
+      for (Event e : events) spare_events_.push_back(e);
+      if (event.ok()) spare_events_.push_back(*event);
+      return recorded;
+    }
+    events.push_back(*event);
+  }
+  live_.erase(it);
+  const StatPool sp = StatPoolOf(PoolOf(block));
+  stats_.allocation.Add(sp, -1);
+  stats_.allocated_bytes.Add(sp, -static_cast<std::int64_t>(block->size));
+  stats_.requested_bytes.Add(sp, -static_cast<std::int64_t>(block->requested));
+  RecordTrace(TraceAction::kFreeRequested, block->addr, block->size, block->stream);
+  block->allocated = false;
+  if (stream != nullptr) block->stream = *stream;
+  if (events.empty()) {
+    ReturnBlock(block, block->stream);
+  } else {
+    block->pending_free = true;
+    block->pending_events = static_cast<int>(events.size());
+    pending_frees_.push_back(PendingFree{block, std::move(events)});
+  }
+  return absl::OkStatus();
+}
+
+void CachingAllocator::ReturnBlock(Block* block, Stream stream) {
+  const StatPool sp = StatPoolOf(PoolOf(block));
+  stats_.active.Add(sp, -1);
+  stats_.active_bytes.Add(sp, -static_cast<std::int64_t>(block->size));
+  RecordTrace(TraceAction::kFreeCompleted, block->addr, block->size, stream);
+  block->pending_free = false;
+  block->pending_events = 0;
+  block->requested = 0;
+  block->owner = 0;
+  block->extra_streams.clear();
+  block->stream = stream;
+  block->shared = false;
+  block->free_seq = next_free_seq_++;
+  InsertFree(Coalesce(block));
+}
+
+bool CachingAllocator::CanMerge(const Block* a, const Block* b) const {
+  // `b` is a free neighbour of the inactive block `a`. A shared neighbour may
+  // join a private block (the stream owning it may use shared memory); two
+  // private blocks merge only on the same stream.
+  if (b == nullptr || b->allocated || b->pending_free) return false;
+  if (a->shared) return b->shared;
+  return b->shared || b->stream == a->stream;
+}
+
+CachingAllocator::Block* CachingAllocator::Coalesce(Block* block) {
+  // `block` is not in the free set; its free neighbours are.
+  for (Block* neighbour : {block->prev, block->next}) {
+    if (!CanMerge(block, neighbour)) continue;
+    EraseFree(neighbour);
+    if (neighbour == block->prev) {
+      block->addr = neighbour->addr;
+      block->prev = neighbour->prev;
+      if (block->prev != nullptr) block->prev->next = block;
+      if (block->segment->first == neighbour) block->segment->first = block;
+    } else {
+      block->next = neighbour->next;
+      if (block->next != nullptr) block->next->prev = block;
+    }
+    block->size += neighbour->size;
+    block->free_seq = std::max(block->free_seq, neighbour->free_seq);
+    DeleteBlock(neighbour);
+  }
+  return block;
+}
+
+void CachingAllocator::InsertFree(Block* b) {
+  Pool& pool = PoolOf(b);
+  pool.free.insert(b);
+  if (b->shared) ++pool.shared_count;
+  if (b->size < b->segment->size) {
+    const StatPool sp = StatPoolOf(pool);
+    stats_.inactive_split.Add(sp, 1);
+    stats_.inactive_split_bytes.Add(sp, static_cast<std::int64_t>(b->size));
+  }
+}
+
+void CachingAllocator::EraseFree(Block* b) {
+  Pool& pool = PoolOf(b);
+  pool.free.erase(b);
+  if (b->shared) --pool.shared_count;
+  if (b->size < b->segment->size) {
+    const StatPool sp = StatPoolOf(pool);
+    stats_.inactive_split.Add(sp, -1);
+    stats_.inactive_split_bytes.Add(sp, -static_cast<std::int64_t>(b->size));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Events and streams
+
+absl::StatusOr<Event> CachingAllocator::TakeEvent() {
+  if (!spare_events_.empty()) {
+    Event e = spare_events_.back();
+    spare_events_.pop_back();
+    return e;
+  }
+  return device_->CreateEvent();
+}
+
+void CachingAllocator::ProcessPendingFrees(bool wait) {
+  if (pending_frees_.empty()) return;
+  std::vector<PendingFree> still_pending;
+  for (PendingFree& pending : pending_frees_) {
+    std::vector<Event> left;
+    for (Event e : pending.events) {
+      bool done = false;
+      if (wait) {
+        done = device_->SynchronizeEvent(e).ok();
+      } else {
+        absl::StatusOr<bool> query = device_->QueryEvent(e);
+        done = query.ok() && *query;
+      }
+      if (done) {
+        spare_events_.push_back(e);
+      } else {
+        left.push_back(e);
+      }
+    }
+    if (left.empty()) {
+      ReturnBlock(pending.block, pending.block->stream);
+    } else {
+      pending.block->pending_events = static_cast<int>(left.size());
+      still_pending.push_back(PendingFree{pending.block, std::move(left)});
+    }
+  }
+  pending_frees_ = std::move(still_pending);
+}
+
+void CachingAllocator::HarvestOtherStreams(Stream requester, bool wait) {
+  // Streams that hold private free blocks, found by walking the free sets'
+  // private sections one stream at a time.
+  absl::InlinedVector<Stream, 4> streams;
+  for (Pool* pool : {&small_, &large_}) {
+    Block key;
+    key.shared = false;
+    key.size = 0;
+    key.addr = 0;
+    key.stream = Stream{0};
+    auto it = pool->free.lower_bound(&key);
+    while (it != pool->free.end()) {
+      const Stream s = (*it)->stream;
+      if (s != requester && std::find(streams.begin(), streams.end(), s) == streams.end()) {
+        streams.push_back(s);
+      }
+      if (s.handle == UINTPTR_MAX) break;
+      key.stream = Stream{s.handle + 1};
+      it = pool->free.lower_bound(&key);
+    }
+  }
+  for (Stream s : streams) {
+    StreamHarvest& h = harvest_[s];
+    if (!h.in_flight) {
+      absl::StatusOr<Event> event = TakeEvent();
+      if (!event.ok()) continue;
+      if (!device_->RecordEvent(*event, s).ok()) {
+        spare_events_.push_back(*event);
+        continue;
+      }
+      h.in_flight = true;
+      h.event = *event;
+      h.free_seq_at_record = next_free_seq_;
+    }
+    bool done = false;
+    if (wait) {
+      done = device_->SynchronizeEvent(h.event).ok();
+    } else {
+      absl::StatusOr<bool> query = device_->QueryEvent(h.event);
+      done = query.ok() && *query;
+    }
+    if (done) {
+      h.in_flight = false;
+      spare_events_.push_back(h.event);
+      ShareBlocksOf(s, h.free_seq_at_record);
+    }
+  }
+}
+
+void CachingAllocator::ShareBlocksOf(Stream stream, std::uint64_t before_seq) {
+  for (Pool* pool : {&small_, &large_}) {
+    std::vector<Block*> moving;
+    Block key;
+    key.shared = false;
+    key.stream = stream;
+    key.size = 0;
+    key.addr = 0;
+    for (auto it = pool->free.lower_bound(&key);
+         it != pool->free.end() && !(*it)->shared && (*it)->stream == stream; ++it) {
+      if ((*it)->free_seq < before_seq) moving.push_back(*it);
+    }
+    // One at a time: a block just shared merges only with shared neighbours,
+    // so a block still waiting its turn is never absorbed before it is moved.
+    for (Block* b : moving) {
+      EraseFree(b);
+      b->shared = true;
+      InsertFree(Coalesce(b));
+    }
+  }
+}
+
+std::size_t CachingAllocator::ReleaseCachedSegments() {
+  std::size_t released = 0;
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    Segment* seg = it->second;
+    Block* b = seg->first;
+    if (b->allocated || b->pending_free || b->size != seg->size) {
+      ++it;
+      continue;
+    }
+    // Releasing synchronizes the device (as cudaFree does), so even a block
+    // private to a busy stream is safe to give back.
+    if (!device_->ReleaseSegment(reinterpret_cast<void*>(seg->addr)).ok()) {
+      ++it;
+      continue;
+    }
+    EraseFree(b);
+    const StatPool sp = seg->large ? kLargePool : kSmallPool;
+    stats_.segment.Add(sp, -1);
+    stats_.reserved_bytes.Add(sp, -static_cast<std::int64_t>(seg->size));
+    ++stats_.num_device_free;
+    RecordTrace(TraceAction::kSegmentFree, seg->addr, seg->size, seg->stream);
+    released += seg->size;
+    DeleteBlock(b);
+    delete seg;
+    it = segments_.erase(it);
+  }
+  return released;
+}
+
+absl::Status CachingAllocator::EmptyCache() {
+  MutexLock lock(&mu_);
+  ProcessPendingFrees(/*wait=*/true);
+  ReleaseCachedSegments();
+  return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::RecordStream(void* ptr, Stream stream) {
+  MutexLock lock(&mu_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "RecordStream"));
+  Block* b = it->second;
+  if (stream == b->stream) return absl::OkStatus();
+  if (std::find(b->extra_streams.begin(), b->extra_streams.end(), stream) == b->extra_streams.end()) {
+    b->extra_streams.push_back(stream);
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Configuration and observation
+
+void CachingAllocator::SetPressureHandler(PressureHandler handler) {
+  MutexLock lock(&mu_);
+  pressure_handler_ = handler ? std::make_shared<PressureHandler>(std::move(handler)) : nullptr;
+}
+
+absl::Status CachingAllocator::SetBudget(std::size_t budget) {
+  if (budget == 0 || budget > device_->Capacity()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "budget must be between 1 byte and the device's %s, not %d bytes",
+        FormatBytes(device_->Capacity()), budget));
+  }
+  MutexLock lock(&mu_);
+  budget_ = budget;
+  if (static_cast<std::size_t>(stats_.reserved_bytes.all().current) > budget_) {
+    ProcessPendingFrees(/*wait=*/true);
+    ReleaseCachedSegments();
+  }
+  return absl::OkStatus();
+}
+
+std::size_t CachingAllocator::budget() const {
+  MutexLock lock(&mu_);
+  return budget_;
+}
+
+absl::Status CachingAllocator::SetOwner(void* ptr, std::uint64_t owner) {
+  MutexLock lock(&mu_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "SetOwner"));
+  it->second->owner = owner;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::size_t> CachingAllocator::BlockSize(const void* ptr) const {
+  MutexLock lock(&mu_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "BlockSize"));
+  return it->second->size;
+}
+
+AllocatorStats CachingAllocator::GetStats() const {
+  MutexLock lock(&mu_);
+  return stats_;
+}
+
+void CachingAllocator::ResetPeakStats() {
+  MutexLock lock(&mu_);
+  stats_.ResetPeaks();
+}
+
+void CachingAllocator::ResetAccumulatedStats() {
+  MutexLock lock(&mu_);
+  stats_.ResetAccumulated();
+}
+
+namespace {
+
+BlockState StateOf(bool allocated, bool pending_free) {
+  if (allocated) return BlockState::kActiveAllocated;
+  if (pending_free) return BlockState::kActivePendingFree;
+  return BlockState::kInactive;
+}
+
+}  // namespace
+
+Snapshot CachingAllocator::TakeSnapshot() const {
+  MutexLock lock(&mu_);
+  Snapshot snap;
+  snap.device = device_->Describe();
+  snap.budget = budget_;
+  snap.stats = stats_;
+  snap.segments.reserve(segments_.size());
+  for (const auto& [addr, seg] : segments_) {
+    SegmentInfo info;
+    info.address = seg->addr;
+    info.total_size = seg->size;
+    info.is_large = seg->large;
+    info.stream = seg->stream;
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      BlockInfo bi;
+      bi.address = b->addr;
+      bi.size = b->size;
+      bi.state = StateOf(b->allocated, b->pending_free);
+      bi.requested_size = bi.state == BlockState::kInactive ? 0 : b->requested;
+      bi.stream = b->stream;
+      bi.owner = b->owner;
+      if (bi.state == BlockState::kActiveAllocated) info.allocated_size += b->size;
+      if (bi.state != BlockState::kInactive) {
+        info.active_size += b->size;
+        info.requested_size += b->requested;
+      }
+      info.blocks.push_back(bi);
+    }
+    snap.segments.push_back(std::move(info));
+  }
+  if (ring_wrapped_) {
+    snap.events.assign(ring_.begin() + static_cast<std::ptrdiff_t>(ring_next_), ring_.end());
+  }
+  snap.events.insert(snap.events.end(), ring_.begin(),
+                     ring_.begin() + static_cast<std::ptrdiff_t>(ring_next_));
+  return snap;
+}
+
+MemoryMap CachingAllocator::GetMemoryMap() const {
+  MutexLock lock(&mu_);
+  MemoryMap map;
+  map.segments.reserve(segments_.size());
+  for (const auto& [addr, seg] : segments_) {
+    MemoryMapSegment ms;
+    ms.address = seg->addr;
+    ms.size = seg->size;
+    ms.is_large = seg->large;
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      ms.blocks.push_back(MemoryMapBlock{b->addr, b->size, StateOf(b->allocated, b->pending_free),
+                                         b->owner});
+    }
+    map.segments.push_back(std::move(ms));
+  }
+  return map;
+}
+
+void CachingAllocator::RecordTrace(TraceAction action, std::uintptr_t addr, std::size_t size,
+                                   Stream stream) {
+  if (options_.event_ring_capacity == 0) return;
+  TraceEvent e{action, addr, size, stream, device_->NowNs()};
+  if (ring_.size() < options_.event_ring_capacity) {
+    ring_.push_back(e);
+    ring_next_ = ring_.size() % options_.event_ring_capacity;
+    if (ring_next_ == 0) ring_wrapped_ = true;
+    return;
+  }
+  ring_[ring_next_] = e;
+  ring_next_ = (ring_next_ + 1) % options_.event_ring_capacity;
+  ring_wrapped_ = true;
+}
+
+std::string CachingAllocator::DescribeBadPointer(const void* ptr, const char* op) const {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = segments_.upper_bound(addr);
+  if (it != segments_.begin()) {
+    const Segment* seg = std::prev(it)->second;
+    if (addr < seg->addr + seg->size) {
+      for (const Block* b = seg->first; b != nullptr; b = b->next) {
+        if (addr < b->addr || addr >= b->addr + b->size) continue;
+        if (addr != b->addr) {
+          return absl::StrFormat(
+              "%s(%p): interior pointer, %d bytes into the %s block at %#x; pass the pointer "
+              "Allocate returned",
+              op, ptr, addr - b->addr, b->allocated ? "allocated" : "free", b->addr);
+        }
+        if (b->pending_free) {
+          return absl::StrFormat("%s(%p): double free (already freed, waiting for its streams)",
+                                 op, ptr);
+        }
+        return absl::StrFormat("%s(%p): double free (the block is not allocated)", op, ptr);
+      }
+    }
+  }
+  return absl::StrFormat("%s(%p): not a pointer this allocator returned", op, ptr);
+}
+
+std::string CachingAllocator::OomMessage(std::size_t requested, std::size_t size,
+                                         Stream stream) const {
+  std::size_t largest_free = 0;
+  std::size_t free_bytes = 0;
+  for (const Pool* pool : {&small_, &large_}) {
+    for (const Block* b : pool->free) {
+      largest_free = std::max(largest_free, b->size);
+      free_bytes += b->size;
+    }
+  }
+  const double fragmentation =
+      free_bytes == 0 ? 0.0 : 1.0 - static_cast<double>(largest_free) / static_cast<double>(free_bytes);
+  const auto reserved = static_cast<std::uint64_t>(stats_.reserved_bytes.all().current);
+  const auto allocated = static_cast<std::uint64_t>(stats_.allocated_bytes.all().current);
+  return absl::StrFormat(
+      "out of memory: cannot allocate %s (%d bytes, %s rounded) on stream %d; budget %s, "
+      "reserved %s, allocated %s, cached free %s, largest free block %s, fragmentation %.1f%% "
+      "(1 - largest free / cached free); device %s",
+      FormatBytes(requested), requested, FormatBytes(size), stream.handle, FormatBytes(budget_),
+      FormatBytes(reserved), FormatBytes(allocated), FormatBytes(free_bytes),
+      FormatBytes(largest_free), 100.0 * fragmentation, device_->Describe());
+}
+
+}  // namespace remat

@@ -1,0 +1,246 @@
+// CachingAllocator: a stream-ordered caching allocator of device memory.
+//
+// Design (the semantics of PyTorch's CUDA caching allocator, our own code):
+//
+// * Sizes round up to 512 B. Requests up to 1 MiB come from the small pool,
+//   carved out of 2 MiB segments; larger ones from the large pool: 1-10 MiB
+//   requests share 20 MiB segments, larger ones get a segment of their size
+//   rounded up to 2 MiB.
+// * A request takes the best-fitting free block, ordered by (size, address),
+//   and splits off the rest when it is worth keeping (>= 512 B in the small
+//   pool, > 1 MiB in the large). A freed block coalesces with free address
+//   neighbours. Blocks larger than max_split_size are never split, and a
+//   request below it never takes one of them.
+// * Stream order. A block freed on stream S is reusable at once on S: later
+//   work on S is ordered after the work that used it. Other streams may take it
+//   only after an event recorded on S behind that use has completed. The event
+//   is recorded lazily, when another stream first looks for memory, so a
+//   one-stream program never pays for events. RecordStream(ptr, T) marks that T
+//   also used a block; its free then records an event on every such stream and
+//   the block stays "active_pending_free" until they complete.
+// * Under pressure, in order: reuse cached blocks; reserve a new segment if
+//   the budget and the device allow; wait for pending events and release the
+//   whole free segments in the cache; ask the pressure handler (the runtime's
+//   eviction) and retry while it reports progress; fail with ResourceExhausted.
+//
+// Zero-byte requests return nullptr without touching the pool, and freeing
+// nullptr does nothing, as in PyTorch. Every other bad input (a foreign or
+// interior pointer, a double free, a size beyond the device) returns an error
+// and leaves the allocator unchanged.
+//
+// Thread-safe: one lock guards all state. The pressure handler runs without it
+// held, so it may free (and allocate) through this allocator.
+#ifndef REMAT_ALLOCATOR_CACHING_ALLOCATOR_H_
+#define REMAT_ALLOCATOR_CACHING_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "allocator/allocator_stats.h"
+#include "allocator/device.h"
+#include "allocator/snapshot.h"
+#include "base/mutex.h"
+#include "base/units.h"
+
+namespace remat {
+
+inline constexpr std::size_t kMinBlockSize = 512;       // every size rounds to this
+inline constexpr std::size_t kSmallSize = 1 * kMiB;     // largest small-pool request
+inline constexpr std::size_t kSmallBuffer = 2 * kMiB;   // small-pool segment
+inline constexpr std::size_t kLargeBuffer = 20 * kMiB;  // segment shared by 1-10 MiB requests
+inline constexpr std::size_t kMinLargeAlloc = 10 * kMiB;
+inline constexpr std::size_t kRoundLarge = 2 * kMiB;    // larger segments round to this
+
+struct AllocatorOptions {
+  // Cap on reserved bytes, to make a large GPU act as a smaller one.
+  // 0: the device's capacity.
+  std::size_t budget = 0;
+  // Blocks above this size are never split. Default: no limit.
+  std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
+  // Events kept in the snapshot's ring (0 keeps none).
+  std::size_t event_ring_capacity = 16384;
+  // Safety net against a handler that reports progress it did not make.
+  int max_pressure_rounds = 1 << 20;
+};
+
+// What the allocator asks of the pressure handler.
+struct PressureRequest {
+  std::size_t bytes = 0;      // the rounded size of the request that does not fit
+  Stream stream;              // the stream it is for
+  std::size_t budget = 0;
+  std::size_t reserved = 0;
+  std::size_t allocated = 0;
+};
+
+// Returns true when it freed something (the allocator then retries), false
+// when it can do nothing more.
+using PressureHandler = absl::AnyInvocable<bool(const PressureRequest&)>;
+
+class CachingAllocator {
+ public:
+  // `device` must outlive the allocator. Fails on a budget beyond the device's
+  // capacity or a max_split_size below the large-pool threshold.
+  static absl::StatusOr<std::unique_ptr<CachingAllocator>> Create(Device* device,
+                                                                  AllocatorOptions options = {});
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // `bytes` of device memory usable on `stream`; nullptr for 0 bytes.
+  // InvalidArgument when bytes exceed the device; ResourceExhausted when the
+  // budget cannot hold it after everything above has been tried.
+  absl::StatusOr<void*> Allocate(std::size_t bytes, Stream stream = kDefaultStream);
+  // Frees on the stream the block was allocated on.
+  absl::Status Free(void* ptr);
+  // Frees on `stream` (as cudaFreeAsync): the block becomes reusable on it.
+  absl::Status FreeOnStream(void* ptr, Stream stream);
+  // Marks that `stream` also uses the block, so its free waits for `stream`.
+  absl::Status RecordStream(void* ptr, Stream stream);
+  // Returns every whole free segment to the device (after pending events).
+  absl::Status EmptyCache();
+
+  void SetPressureHandler(PressureHandler handler);
+  // Rejects 0 and budgets beyond the device. Lowering it below what is
+  // reserved releases the cache; what stays reserved stays.
+  absl::Status SetBudget(std::size_t budget);
+  std::size_t budget() const;
+  // Tag the runtime puts on the block it owns, for the MemoryMap (0: none).
+  absl::Status SetOwner(void* ptr, std::uint64_t owner);
+  // Rounded size of a live allocation (the block it holds).
+  absl::StatusOr<std::size_t> BlockSize(const void* ptr) const;
+
+  AllocatorStats GetStats() const;
+  void ResetPeakStats();
+  void ResetAccumulatedStats();
+  Snapshot TakeSnapshot() const;
+  MemoryMap GetMemoryMap() const;
+
+  Device* device() const { return device_; }
+  const AllocatorOptions& options() const { return options_; }
+
+  static std::size_t RoundSize(std::size_t bytes);
+  // Size of the segment a request of `rounded` bytes reserves when nothing fits.
+  static std::size_t SegmentSizeFor(std::size_t rounded);
+
+ private:
+  struct Segment;
+  struct Block {
+    std::uintptr_t addr = 0;
+    std::size_t size = 0;
+    std::size_t requested = 0;
+    Segment* segment = nullptr;
+    Block* prev = nullptr;  // address neighbours within the segment
+    Block* next = nullptr;
+    Stream stream;          // allocation stream; when free, the stream it is private to
+    bool allocated = false;
+    bool pending_free = false;
+    bool shared = false;    // free and safe for every stream
+    std::uint64_t free_seq = 0;
+    int pending_events = 0;
+    std::uint64_t owner = 0;
+    absl::InlinedVector<Stream, 1> extra_streams;
+  };
+  struct Segment {
+    std::uintptr_t addr = 0;
+    std::size_t size = 0;
+    bool large = false;
+    Stream stream;
+    Block* first = nullptr;
+  };
+  // Free blocks: shared ones first, then each stream's private ones; within
+  // each, by (size, address) for best fit.
+  struct FreeOrder {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  using FreeSet = absl::btree_set<Block*, FreeOrder>;
+  struct Pool {
+    FreeSet free;
+    bool large = false;
+    std::size_t shared_count = 0;
+  };
+  struct PendingFree {
+    Block* block;
+    std::vector<Event> events;
+  };
+  // Lazy cross-stream hand-over: an event recorded on a stream covers every
+  // block freed on it before free_seq_at_record.
+  struct StreamHarvest {
+    bool in_flight = false;
+    Event event;
+    std::uint64_t free_seq_at_record = 0;
+  };
+
+  CachingAllocator(Device* device, AllocatorOptions options);
+
+  Pool& PoolFor(std::size_t rounded) { return rounded <= kSmallSize ? small_ : large_; }
+  StatPool StatPoolOf(const Pool& pool) const { return pool.large ? kLargePool : kSmallPool; }
+  Pool& PoolOf(const Block* b) { return b->segment->large ? large_ : small_; }
+
+  Block* FindFreeBlock(Pool& pool, std::size_t size, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Fits(const Block* b, std::size_t size) const;
+  void* Commit(Block* block, std::size_t size, std::size_t requested, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Block*> AllocateSlow(Pool& pool, std::size_t size, std::size_t requested,
+                                      Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Block* ReserveSegment(Pool& pool, std::size_t size, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FreeLocked(void* ptr, const Stream* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns an inactive block to its pool, private to `stream`, coalesced.
+  void ReturnBlock(Block* block, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Block* Coalesce(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CanMerge(const Block* a, const Block* b) const;
+  void InsertFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes pending frees whose events are done (all of them when `wait`).
+  void ProcessPendingFrees(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes other streams' freed blocks shared once their events complete.
+  void HarvestOtherStreams(Stream requester, bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ShareBlocksOf(Stream stream, std::uint64_t before_seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases whole free segments; returns bytes released.
+  std::size_t ReleaseCachedSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Event> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordTrace(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string DescribeBadPointer(const void* ptr, const char* op) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string OomMessage(std::size_t requested, std::size_t size, Stream stream) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeleteBlock(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Device* const device_;
+  const AllocatorOptions options_;
+
+  mutable Mutex mu_;
+  std::size_t budget_ ABSL_GUARDED_BY(mu_);
+  Pool small_ ABSL_GUARDED_BY(mu_);
+  Pool large_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::uintptr_t, Block*> live_ ABSL_GUARDED_BY(mu_);
+  absl::btree_map<std::uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
+  std::vector<PendingFree> pending_frees_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Stream, StreamHarvest> harvest_ ABSL_GUARDED_BY(mu_);
+  std::vector<Event> spare_events_ ABSL_GUARDED_BY(mu_);
+  std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t next_free_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<TraceEvent> ring_ ABSL_GUARDED_BY(mu_);
+  std::size_t ring_next_ ABSL_GUARDED_BY(mu_) = 0;
+  bool ring_wrapped_ ABSL_GUARDED_BY(mu_) = false;
+  // Shared so a call in progress (made without the lock) survives a replacement.
+  std::shared_ptr<PressureHandler> pressure_handler_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace remat
+
+#endif  // REMAT_ALLOCATOR_CACHING_ALLOCATOR_H_

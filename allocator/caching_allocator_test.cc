@@ -1,0 +1,3 @@
+#include "allocator/sim_device.h"
+#include "gtest/gtest.h"
+TEST(Placeholder, Builds) {}

@@ -1,0 +1,409 @@
+#include "allocator/sim_device.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+
+namespace remat {
+namespace {
+
+// Unbacked address windows: far from anything the host maps, below 2^47.
+constexpr std::uintptr_t kDeviceBase = std::uintptr_t{0x1000} << 32;  // 16 TiB
+constexpr std::uintptr_t kHostBase = std::uintptr_t{0x6000} << 32;    // 96 TiB
+constexpr std::size_t kGranule = 512;  // every unbacked range is aligned to this
+
+std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+void* MapBytes(std::size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+const char* CopyKindName(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kHostToDevice: return "host-to-device";
+    case CopyKind::kDeviceToHost: return "device-to-host";
+    case CopyKind::kDeviceToDevice: return "device-to-device";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::int64_t SimCostModel::CopyNs(std::size_t bytes, CopyKind kind) const {
+  double gbps = device_to_device_gbps;
+  if (kind == CopyKind::kHostToDevice) gbps = host_to_device_gbps;
+  if (kind == CopyKind::kDeviceToHost) gbps = device_to_host_gbps;
+  return copy_latency_ns + static_cast<std::int64_t>(static_cast<double>(bytes) / gbps);
+}
+
+SimDevice::AddressSpace::AddressSpace(std::uintptr_t base, std::size_t size) {
+  free_.emplace(base, size);
+}
+
+std::uintptr_t SimDevice::AddressSpace::Take(std::size_t bytes) {
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < bytes) continue;
+    const std::uintptr_t addr = it->first;
+    const std::size_t rest = it->second - bytes;
+    free_.erase(it);
+    if (rest > 0) free_.emplace(addr + bytes, rest);
+    return addr;
+  }
+  return 0;
+}
+
+void SimDevice::AddressSpace::Give(std::uintptr_t addr, std::size_t bytes) {
+  auto next = free_.lower_bound(addr);
+  if (next != free_.end() && addr + bytes == next->first) {
+    bytes += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == addr) {
+      prev->second += bytes;
+      return;
+    }
+  }
+  free_.emplace(addr, bytes);
+}
+
+absl::StatusOr<std::unique_ptr<SimDevice>> SimDevice::Create(SimDeviceOptions options) {
+  if (options.capacity == 0 || options.capacity > kMaxCapacity) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "SimDevice capacity must be between 1 byte and %s, not %d bytes",
+        FormatBytes(kMaxCapacity), options.capacity));
+  }
+  if (options.host_capacity > kMaxCapacity) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SimDevice host capacity must be at most %s", FormatBytes(kMaxCapacity)));
+  }
+  const SimCostModel& c = options.cost;
+  if (!(c.host_to_device_gbps > 0) || !(c.device_to_host_gbps > 0) ||
+      !(c.device_to_device_gbps > 0) || c.copy_latency_ns < 0) {
+    return absl::InvalidArgumentError("SimDevice bandwidths must be positive, latency >= 0");
+  }
+  return std::unique_ptr<SimDevice>(new SimDevice(options));
+}
+
+SimDevice::SimDevice(SimDeviceOptions options)
+    : options_(options),
+      // Address windows larger than the capacity, so that address-space
+      // fragmentation never refuses what the capacity allows (GPUs map
+      // physical pages into a virtual space far larger than memory).
+      device_space_(kDeviceBase, 4 * RoundUp(options.capacity, kGranule)),
+      host_space_(kHostBase, 4 * RoundUp(std::max<std::size_t>(options.host_capacity, 1), kGranule)) {
+  stream_time_.emplace(kDefaultStream.handle, 0);
+}
+
+SimDevice::~SimDevice() {
+  AdvanceTo(INT64_MAX / 2);  // run what is still queued; nothing may outlive us
+  MutexLock lock(&mu_);
+  if (options_.backed) {
+    for (const auto& [addr, bytes] : segments_) munmap(reinterpret_cast<void*>(addr), bytes);
+    for (const auto& [addr, bytes] : host_blocks_) munmap(reinterpret_cast<void*>(addr), bytes);
+  }
+}
+
+std::string SimDevice::Describe() const {
+  return absl::StrFormat("sim (%s, %s)", options_.backed ? "backed" : "unbacked",
+                         FormatBytes(options_.capacity));
+}
+
+std::size_t SimDevice::FreeBytes() const {
+  MutexLock lock(&mu_);
+  return options_.capacity - reserved_bytes_;
+}
+
+std::int64_t SimDevice::NowNs() const {
+  MutexLock lock(&mu_);
+  return host_now_ns_;
+}
+
+std::size_t SimDevice::ReservedBytes() const {
+  MutexLock lock(&mu_);
+  return reserved_bytes_;
+}
+
+std::size_t SimDevice::num_segments() const {
+  MutexLock lock(&mu_);
+  return segments_.size();
+}
+
+std::uint64_t SimDevice::copied_bytes(CopyKind kind) const {
+  MutexLock lock(&mu_);
+  return copied_[static_cast<int>(kind)];
+}
+
+absl::StatusOr<void*> SimDevice::ReserveSegment(std::size_t bytes) {
+  MutexLock lock(&mu_);
+  if (bytes == 0) return absl::InvalidArgumentError("ReserveSegment of 0 bytes");
+  if (bytes > options_.capacity - reserved_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s: cannot reserve %s; %s of %s already reserved", Describe(), FormatBytes(bytes),
+        FormatBytes(reserved_bytes_), FormatBytes(options_.capacity)));
+  }
+  std::uintptr_t addr = 0;
+  if (options_.backed) {
+    addr = reinterpret_cast<std::uintptr_t>(MapBytes(bytes));
+  } else {
+    addr = device_space_.Take(RoundUp(bytes, kGranule));
+  }
+  if (addr == 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s: no address range for %s", Describe(), FormatBytes(bytes)));
+  }
+  segments_.emplace(addr, bytes);
+  reserved_bytes_ += bytes;
+  return reinterpret_cast<void*>(addr);
+}
+
+absl::Status SimDevice::ReleaseSegment(void* ptr) {
+  (void)Synchronize();  // as cudaFree does; it cannot fail here
+  MutexLock lock(&mu_);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = segments_.find(addr);
+  if (it == segments_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ReleaseSegment(%p): not a segment of %s", ptr, Describe()));
+  }
+  const std::size_t bytes = it->second;
+  segments_.erase(it);
+  reserved_bytes_ -= bytes;
+  if (options_.backed) {
+    munmap(ptr, bytes);
+  } else {
+    device_space_.Give(addr, RoundUp(bytes, kGranule));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> SimDevice::AllocateHost(std::size_t bytes) {
+  MutexLock lock(&mu_);
+  if (bytes == 0) return absl::InvalidArgumentError("AllocateHost of 0 bytes");
+  if (bytes > options_.host_capacity - host_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s: cannot allocate %s of pinned host memory; %s of %s in use", Describe(),
+        FormatBytes(bytes), FormatBytes(host_bytes_), FormatBytes(options_.host_capacity)));
+  }
+  std::uintptr_t addr = options_.backed ? reinterpret_cast<std::uintptr_t>(MapBytes(bytes))
+                                        : host_space_.Take(RoundUp(bytes, kGranule));
+  if (addr == 0) return absl::ResourceExhaustedError("SimDevice: out of host address space");
+  host_blocks_.emplace(addr, bytes);
+  host_bytes_ += bytes;
+  return reinterpret_cast<void*>(addr);
+}
+
+absl::Status SimDevice::FreeHost(void* ptr) {
+  MutexLock lock(&mu_);
+  auto it = host_blocks_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == host_blocks_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("FreeHost(%p): not pinned host memory of %s", ptr, Describe()));
+  }
+  if (options_.backed) {
+    munmap(ptr, it->second);
+  } else {
+    host_space_.Give(it->first, RoundUp(it->second, kGranule));
+  }
+  host_bytes_ -= it->second;
+  host_blocks_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Stream> SimDevice::CreateStream() {
+  MutexLock lock(&mu_);
+  const Stream stream{next_stream_++};
+  // A new stream starts at the host's present, not in the past.
+  stream_time_.emplace(stream.handle, host_now_ns_);
+  return stream;
+}
+
+absl::Status SimDevice::DestroyStream(Stream stream) {
+  MutexLock lock(&mu_);
+  if (stream == kDefaultStream) return absl::InvalidArgumentError("cannot destroy the default stream");
+  if (stream_time_.erase(stream.handle) == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("unknown stream %d", stream.handle));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::int64_t*> SimDevice::StreamTimeLocked(Stream stream) {
+  auto it = stream_time_.find(stream.handle);
+  if (it == stream_time_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("unknown stream %d on %s", stream.handle, Describe()));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<std::int64_t> SimDevice::StreamTimeNs(Stream stream) const {
+  MutexLock lock(&mu_);
+  auto it = stream_time_.find(stream.handle);
+  if (it == stream_time_.end()) return absl::InvalidArgumentError("unknown stream");
+  return it->second;
+}
+
+absl::StatusOr<Event> SimDevice::CreateEvent() {
+  MutexLock lock(&mu_);
+  const Event event{next_event_++};
+  events_.emplace(event.handle, EventState{});
+  return event;
+}
+
+absl::Status SimDevice::DestroyEvent(Event event) {
+  MutexLock lock(&mu_);
+  if (events_.erase(event.handle) == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("unknown event %d", event.handle));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SimDevice::RecordEvent(Event event, Stream stream) {
+  MutexLock lock(&mu_);
+  auto it = events_.find(event.handle);
+  if (it == events_.end()) return absl::InvalidArgumentError("RecordEvent: unknown event");
+  std::int64_t* stream_time;
+  REMAT_ASSIGN_OR_RETURN(stream_time, StreamTimeLocked(stream));
+  it->second.recorded = true;
+  it->second.time_ns = std::max(*stream_time, host_now_ns_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> SimDevice::QueryEvent(Event event) {
+  MutexLock lock(&mu_);
+  auto it = events_.find(event.handle);
+  if (it == events_.end()) return absl::InvalidArgumentError("QueryEvent: unknown event");
+  return !it->second.recorded || it->second.time_ns <= host_now_ns_;
+}
+
+absl::Status SimDevice::StreamWaitEvent(Stream stream, Event event) {
+  MutexLock lock(&mu_);
+  auto it = events_.find(event.handle);
+  if (it == events_.end()) return absl::InvalidArgumentError("StreamWaitEvent: unknown event");
+  std::int64_t* stream_time;
+  REMAT_ASSIGN_OR_RETURN(stream_time, StreamTimeLocked(stream));
+  if (it->second.recorded) *stream_time = std::max(*stream_time, it->second.time_ns);
+  return absl::OkStatus();
+}
+
+absl::Status SimDevice::SynchronizeEvent(Event event) {
+  std::int64_t t = 0;
+  {
+    MutexLock lock(&mu_);
+    auto it = events_.find(event.handle);
+    if (it == events_.end()) return absl::InvalidArgumentError("SynchronizeEvent: unknown event");
+    if (it->second.recorded) t = it->second.time_ns;
+  }
+  AdvanceTo(t);
+  return absl::OkStatus();
+}
+
+absl::Status SimDevice::SynchronizeStream(Stream stream) {
+  std::int64_t t = 0;
+  {
+    MutexLock lock(&mu_);
+    std::int64_t* stream_time;
+    REMAT_ASSIGN_OR_RETURN(stream_time, StreamTimeLocked(stream));
+    t = *stream_time;
+  }
+  AdvanceTo(t);
+  return absl::OkStatus();
+}
+
+absl::Status SimDevice::Synchronize() {
+  std::int64_t t = 0;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [handle, time] : stream_time_) t = std::max(t, time);
+  }
+  AdvanceTo(t);
+  return absl::OkStatus();
+}
+
+void SimDevice::AdvanceHost(std::int64_t ns) {
+  std::int64_t t;
+  {
+    MutexLock lock(&mu_);
+    t = host_now_ns_ + std::max<std::int64_t>(ns, 0);
+  }
+  AdvanceTo(t);
+}
+
+void SimDevice::AdvanceTo(std::int64_t t) {
+  MutexLock exec(&exec_mu_);
+  {
+    MutexLock lock(&mu_);
+    host_now_ns_ = std::max(host_now_ns_, t);
+  }
+  for (;;) {
+    absl::AnyInvocable<void() &&> run;
+    {
+      MutexLock lock(&mu_);
+      if (pending_.empty() || pending_.top().end_ns > host_now_ns_) break;
+      // priority_queue::top is const; the op is moved out just before pop.
+      run = std::move(const_cast<PendingOp&>(pending_.top()).run);
+      pending_.pop();
+    }
+    if (run) std::move(run)();
+  }
+}
+
+std::int64_t SimDevice::EnqueueLocked(std::int64_t* stream_time, std::int64_t cost_ns) {
+  const std::int64_t start = std::max(*stream_time, host_now_ns_);
+  *stream_time = start + std::max<std::int64_t>(cost_ns, 0);
+  return *stream_time;
+}
+
+absl::Status SimDevice::CheckDeviceRangeLocked(const void* ptr, std::size_t bytes,
+                                               const char* what) const {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = segments_.upper_bound(addr);
+  if (it != segments_.begin()) {
+    --it;
+    if (addr >= it->first && addr - it->first <= it->second && bytes <= it->second - (addr - it->first)) {
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s range [%p, +%d) is not inside a reserved segment of %s", what, ptr, bytes, Describe()));
+}
+
+absl::Status SimDevice::CopyAsync(void* dst, const void* src, std::size_t bytes, CopyKind kind,
+                                  Stream stream) {
+  MutexLock lock(&mu_);
+  std::int64_t* stream_time;
+  REMAT_ASSIGN_OR_RETURN(stream_time, StreamTimeLocked(stream));
+  if (bytes == 0) return absl::OkStatus();
+  if (dst == nullptr || src == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s copy with a null pointer", CopyKindName(kind)));
+  }
+  if (kind != CopyKind::kHostToDevice) REMAT_RETURN_IF_ERROR(CheckDeviceRangeLocked(src, bytes, "copy source"));
+  if (kind != CopyKind::kDeviceToHost) REMAT_RETURN_IF_ERROR(CheckDeviceRangeLocked(dst, bytes, "copy destination"));
+  const std::int64_t end = EnqueueLocked(stream_time, options_.cost.CopyNs(bytes, kind));
+  copied_[static_cast<int>(kind)] += bytes;
+  if (options_.backed) {
+    pending_.push(PendingOp{end, next_seq_++, [dst, src, bytes] { std::memmove(dst, src, bytes); }});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SimDevice::LaunchHostFunc(Stream stream, absl::AnyInvocable<void() &&> fn,
+                                       std::int64_t cost_ns) {
+  MutexLock lock(&mu_);
+  std::int64_t* stream_time;
+  REMAT_ASSIGN_OR_RETURN(stream_time, StreamTimeLocked(stream));
+  if (cost_ns < 0) return absl::InvalidArgumentError("LaunchHostFunc: negative cost");
+  const std::int64_t end = EnqueueLocked(stream_time, cost_ns);
+  pending_.push(PendingOp{end, next_seq_++, std::move(fn)});
+  return absl::OkStatus();
+}
+
+}  // namespace remat

@@ -1,0 +1,163 @@
+// SimDevice: a GPU that runs anywhere, with deterministic time.
+//
+// Memory. In backed mode every segment is real host memory (mmap'd lazily, so
+// a large capacity costs only what is touched) and copies move real bytes:
+// correctness tests check that evicted data comes back intact. In unbacked mode
+// segments are address ranges only and copies move nothing: an 80 GB training
+// trace replays on a laptop. Unbacked pointers must never be dereferenced.
+//
+// Time. The host has a virtual clock and every stream a virtual completion
+// time. Work enqueued on a stream starts when both the stream's previous work
+// and the host have reached that point, and takes its cost: a copy costs
+// latency + bytes / bandwidth, host work costs what its caller says. Events
+// capture a stream's completion time. The host clock advances only when the
+// host waits (Synchronize*, or AdvanceHost), so queries are deterministic: an
+// event recorded behind pending work stays incomplete until the host waits.
+// Enqueued copies and host functions execute when the host clock passes their
+// completion time, in completion order; a bug that reuses memory before a copy
+// out of it has completed therefore corrupts the copy, as it would on a GPU.
+#ifndef REMAT_ALLOCATOR_SIM_DEVICE_H_
+#define REMAT_ALLOCATOR_SIM_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <queue>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "allocator/device.h"
+#include "base/mutex.h"
+#include "base/units.h"
+
+namespace remat {
+
+struct SimCostModel {
+  double host_to_device_gbps = 25.0;   // 1e9 bytes per second
+  double device_to_host_gbps = 25.0;
+  double device_to_device_gbps = 1500.0;
+  std::int64_t copy_latency_ns = 2000;
+
+  std::int64_t CopyNs(std::size_t bytes, CopyKind kind) const;
+};
+
+struct SimDeviceOptions {
+  std::size_t capacity = 80 * kGiB;
+  // Real bytes behind every pointer (for correctness tests) or addresses only.
+  bool backed = false;
+  // Pinned host memory the device will hand out (beyond it AllocateHost fails).
+  std::size_t host_capacity = kTiB;
+  SimCostModel cost;
+};
+
+class SimDevice final : public Device {
+ public:
+  // The largest capacity an unbacked device can address.
+  static constexpr std::size_t kMaxCapacity = 16 * kTiB;
+
+  // Fails on a zero capacity or one beyond kMaxCapacity.
+  static absl::StatusOr<std::unique_ptr<SimDevice>> Create(SimDeviceOptions options = {});
+  ~SimDevice() override;
+
+  std::string Describe() const override;
+  std::size_t Capacity() const override { return options_.capacity; }
+  std::size_t FreeBytes() const override;
+  std::int64_t NowNs() const override;
+
+  absl::StatusOr<void*> ReserveSegment(std::size_t bytes) override;
+  absl::Status ReleaseSegment(void* ptr) override;
+  absl::StatusOr<void*> AllocateHost(std::size_t bytes) override;
+  absl::Status FreeHost(void* ptr) override;
+
+  absl::StatusOr<Stream> CreateStream() override;
+  absl::Status DestroyStream(Stream stream) override;
+  absl::StatusOr<Event> CreateEvent() override;
+  absl::Status DestroyEvent(Event event) override;
+  absl::Status RecordEvent(Event event, Stream stream) override;
+  absl::StatusOr<bool> QueryEvent(Event event) override;
+  absl::Status StreamWaitEvent(Stream stream, Event event) override;
+  absl::Status SynchronizeEvent(Event event) override;
+  absl::Status SynchronizeStream(Stream stream) override;
+  absl::Status Synchronize() override;
+
+  absl::Status CopyAsync(void* dst, const void* src, std::size_t bytes, CopyKind kind,
+                         Stream stream) override;
+  absl::Status LaunchHostFunc(Stream stream, absl::AnyInvocable<void() &&> fn,
+                              std::int64_t cost_ns = 0) override;
+
+  // --- Simulation controls and observations ---
+  bool backed() const { return options_.backed; }
+  const SimCostModel& cost_model() const { return options_.cost; }
+  // Lets host time pass (work the host does between calls), running whatever
+  // device work completes meanwhile.
+  void AdvanceHost(std::int64_t ns);
+  // Completion time of everything enqueued on the stream so far.
+  absl::StatusOr<std::int64_t> StreamTimeNs(Stream stream) const;
+  std::size_t ReservedBytes() const;
+  std::size_t num_segments() const;
+  std::uint64_t copied_bytes(CopyKind kind) const;
+
+ private:
+  // Address ranges handed out first-fit from a fixed window.
+  class AddressSpace {
+   public:
+    AddressSpace(std::uintptr_t base, std::size_t size);
+    std::uintptr_t Take(std::size_t bytes);  // 0 when no range is large enough
+    void Give(std::uintptr_t addr, std::size_t bytes);
+
+   private:
+    std::map<std::uintptr_t, std::size_t> free_;  // start -> length
+  };
+
+  struct PendingOp {
+    std::int64_t end_ns;
+    std::uint64_t seq;
+    absl::AnyInvocable<void() &&> run;
+  };
+  struct LaterFirst {
+    bool operator()(const PendingOp& a, const PendingOp& b) const {
+      return a.end_ns != b.end_ns ? a.end_ns > b.end_ns : a.seq > b.seq;
+    }
+  };
+  struct EventState {
+    bool recorded = false;
+    std::int64_t time_ns = 0;
+  };
+
+  explicit SimDevice(SimDeviceOptions options);
+
+  // Moves the host clock to `t` (never backwards) and runs completed work.
+  void AdvanceTo(std::int64_t t) ABSL_LOCKS_EXCLUDED(mu_, exec_mu_);
+  // Appends `cost_ns` of work to the stream; returns its completion time.
+  std::int64_t EnqueueLocked(std::int64_t* stream_time, std::int64_t cost_ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::int64_t*> StreamTimeLocked(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckDeviceRangeLocked(const void* ptr, std::size_t bytes, const char* what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const SimDeviceOptions options_;
+
+  mutable Mutex mu_;
+  Mutex exec_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // serializes execution of completed work
+  std::int64_t host_now_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::uintptr_t, std::int64_t> stream_time_ ABSL_GUARDED_BY(mu_);
+  std::uintptr_t next_stream_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::uintptr_t, EventState> events_ ABSL_GUARDED_BY(mu_);
+  std::uintptr_t next_event_ ABSL_GUARDED_BY(mu_) = 1;
+  std::priority_queue<PendingOp, std::vector<PendingOp>, LaterFirst> pending_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+
+  AddressSpace device_space_ ABSL_GUARDED_BY(mu_);
+  AddressSpace host_space_ ABSL_GUARDED_BY(mu_);
+  std::map<std::uintptr_t, std::size_t> segments_ ABSL_GUARDED_BY(mu_);  // start -> bytes
+  absl::flat_hash_map<std::uintptr_t, std::size_t> host_blocks_ ABSL_GUARDED_BY(mu_);
+  std::size_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::size_t host_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t copied_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
+};
+
+}  // namespace remat
+
+#endif  // REMAT_ALLOCATOR_SIM_DEVICE_H_

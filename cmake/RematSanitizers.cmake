@@ -1,0 +1,10 @@
+# REMAT_SANITIZE=address: ASan + UBSan; REMAT_SANITIZE=thread: TSan.
+if(REMAT_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+elseif(REMAT_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT REMAT_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "REMAT_SANITIZE must be '', 'address' or 'thread', not '${REMAT_SANITIZE}'")
+endif()
