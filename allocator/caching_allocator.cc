@@ -212,15 +212,17 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
   for (int round = 0;; ++round) {
     // Blocks whose other-stream uses have completed, and blocks other streams freed.
     ProcessPendingFrees(/*wait=*/false);
-    HarvestOtherStreams(stream, /*wait=*/false);
+    HarvestStreams(&stream, /*wait=*/false);
     if (Block* b = FindFreeBlock(pool, size, stream)) return b;
     if (Block* b = ReserveSegment(pool, size, stream)) return b;
 
     // Out of room. Wait for what is in flight, give whole free segments back,
     // and try again: the cache may hold the memory in the wrong shape.
     ++stats_.num_alloc_retries;
+    // Everything becomes shared, so neighbours freed on different streams
+    // coalesce and whole segments can be released.
     ProcessPendingFrees(/*wait=*/true);
-    HarvestOtherStreams(stream, /*wait=*/true);
+    HarvestStreams(nullptr, /*wait=*/true);
     if (Block* b = FindFreeBlock(pool, size, stream)) return b;
     ReleaseCachedSegments();
     if (Block* b = ReserveSegment(pool, size, stream)) return b;
@@ -449,7 +451,7 @@ void CachingAllocator::ProcessPendingFrees(bool wait) {
   pending_frees_ = std::move(still_pending);
 }
 
-void CachingAllocator::HarvestOtherStreams(Stream requester, bool wait) {
+void CachingAllocator::HarvestStreams(const Stream* requester, bool wait) {
   // Streams that hold private free blocks, found by walking the free sets'
   // private sections one stream at a time.
   absl::InlinedVector<Stream, 4> streams;
@@ -462,7 +464,8 @@ void CachingAllocator::HarvestOtherStreams(Stream requester, bool wait) {
     auto it = pool->free.lower_bound(&key);
     while (it != pool->free.end()) {
       const Stream s = (*it)->stream;
-      if (s != requester && std::find(streams.begin(), streams.end(), s) == streams.end()) {
+      if ((requester == nullptr || s != *requester) &&
+          std::find(streams.begin(), streams.end(), s) == streams.end()) {
         streams.push_back(s);
       }
       if (s.handle == UINTPTR_MAX) break;
@@ -472,28 +475,33 @@ void CachingAllocator::HarvestOtherStreams(Stream requester, bool wait) {
   }
   for (Stream s : streams) {
     StreamHarvest& h = harvest_[s];
-    if (!h.in_flight) {
-      absl::StatusOr<Event> event = TakeEvent();
-      if (!event.ok()) continue;
-      if (!device_->RecordEvent(*event, s).ok()) {
-        spare_events_.push_back(*event);
-        continue;
+    // Waiting covers every block freed so far, so an event recorded before
+    // the latest frees is followed by a fresh one.
+    for (int pass = 0; pass < 2; ++pass) {
+      if (!h.in_flight) {
+        absl::StatusOr<Event> event = TakeEvent();
+        if (!event.ok()) break;
+        if (!device_->RecordEvent(*event, s).ok()) {
+          spare_events_.push_back(*event);
+          break;
+        }
+        h.in_flight = true;
+        h.event = *event;
+        h.free_seq_at_record = next_free_seq_;
       }
-      h.in_flight = true;
-      h.event = *event;
-      h.free_seq_at_record = next_free_seq_;
-    }
-    bool done = false;
-    if (wait) {
-      done = device_->SynchronizeEvent(h.event).ok();
-    } else {
-      absl::StatusOr<bool> query = device_->QueryEvent(h.event);
-      done = query.ok() && *query;
-    }
-    if (done) {
+      bool done = false;
+      if (wait) {
+        done = device_->SynchronizeEvent(h.event).ok();
+      } else {
+        absl::StatusOr<bool> query = device_->QueryEvent(h.event);
+        done = query.ok() && *query;
+      }
+      if (!done) break;
       h.in_flight = false;
       spare_events_.push_back(h.event);
+      const bool covered_all = h.free_seq_at_record == next_free_seq_;
       ShareBlocksOf(s, h.free_seq_at_record);
+      if (!wait || covered_all) break;
     }
   }
 }
@@ -552,6 +560,7 @@ std::size_t CachingAllocator::ReleaseCachedSegments() {
 absl::Status CachingAllocator::EmptyCache() {
   MutexLock lock(&mu_);
   ProcessPendingFrees(/*wait=*/true);
+  HarvestStreams(nullptr, /*wait=*/true);
   ReleaseCachedSegments();
   return absl::OkStatus();
 }
@@ -586,6 +595,7 @@ absl::Status CachingAllocator::SetBudget(std::size_t budget) {
   budget_ = budget;
   if (static_cast<std::size_t>(stats_.reserved_bytes.all().current) > budget_) {
     ProcessPendingFrees(/*wait=*/true);
+    HarvestStreams(nullptr, /*wait=*/true);
     ReleaseCachedSegments();
   }
   return absl::OkStatus();

@@ -204,8 +204,10 @@ class CachingAllocator {
   void EraseFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes pending frees whose events are done (all of them when `wait`).
   void ProcessPendingFrees(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes other streams' freed blocks shared once their events complete.
-  void HarvestOtherStreams(Stream requester, bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes streams' freed blocks shared once events behind them complete: every
+  // stream but `requester` (which may use its own blocks already), or every
+  // stream when `requester` is null. With `wait`, blocks until they complete.
+  void HarvestStreams(const Stream* requester, bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ShareBlocksOf(Stream stream, std::uint64_t before_seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases whole free segments; returns bytes released.
   std::size_t ReleaseCachedSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

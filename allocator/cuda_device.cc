@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <memory>
 #include <string_view>
 #include <utility>
 
@@ -61,18 +62,24 @@ cudaEvent_t ToCuda(Event event) { return reinterpret_cast<cudaEvent_t>(event.han
 
 cudaMemcpyKind ToCuda(CopyKind kind) {
   switch (kind) {
-    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
-    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
-    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
+    case CopyKind::kHostToDevice:
+      return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost:
+      return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice:
+      return cudaMemcpyDeviceToDevice;
   }
   return cudaMemcpyDefault;
 }
 
 const char* CopyKindName(CopyKind kind) {
   switch (kind) {
-    case CopyKind::kHostToDevice: return "host-to-device";
-    case CopyKind::kDeviceToHost: return "device-to-host";
-    case CopyKind::kDeviceToDevice: return "device-to-device";
+    case CopyKind::kHostToDevice:
+      return "host-to-device";
+    case CopyKind::kDeviceToHost:
+      return "device-to-host";
+    case CopyKind::kDeviceToDevice:
+      return "device-to-device";
   }
   return "?";
 }
@@ -110,7 +117,7 @@ class DeviceGuard {
   absl::Status status_;
 };
 
-#define REMAT_CUDA_ON_DEVICE_(where)          \
+#define REMAT_CUDA_ON_DEVICE_(where)                \
   DeviceGuard remat_device_guard_(ordinal_, where); \
   REMAT_RETURN_IF_ERROR(remat_device_guard_.status())
 
@@ -118,9 +125,9 @@ using HostFn = absl::AnyInvocable<void() &&>;
 
 // cudart's callback thread runs this; it owns (and deletes) the function.
 void CUDART_CB RunHostFunc(void* data) {
-  auto* fn = static_cast<HostFn*>(data);
-  std::move(*fn)();
-  delete fn;
+  const std::unique_ptr<HostFn> fn(static_cast<HostFn*>(data));
+  HostFn& run = *fn;
+  std::move(run)();
 }
 
 }  // namespace
@@ -143,15 +150,15 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int device_ordina
   if (err != cudaSuccess) {
     // Whatever the reason (no driver, no GPU, a driver too old for this
     // cudart), there is no device to use.
-    return CudaError(err, where, "cudaGetDeviceCount (no usable CUDA driver or GPU)",
+    return CudaError(err, where + ": no usable CUDA driver or GPU", "cudaGetDeviceCount",
                      absl::StatusCode::kFailedPrecondition);
   }
   if (count == 0) {
     return absl::FailedPreconditionError(where + ": no CUDA device on this machine");
   }
   if (device_ordinal < 0 || device_ordinal >= count) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: no such device; this machine has %d CUDA device(s)", where, count));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: no such device; this machine has %d CUDA device(s)", where, count));
   }
   DeviceGuard guard(device_ordinal, where);
   if (!guard.status().ok()) {
@@ -216,12 +223,14 @@ absl::StatusOr<void*> CudaDevice::ReserveSegment(std::size_t bytes) {
   void* ptr = nullptr;
   const cudaError_t err = cudaMalloc(&ptr, bytes);
   if (err != cudaSuccess) {
-    absl::Status status = CudaError(err, description_, absl::StrFormat("cudaMalloc(%s)", FormatBytes(bytes)));
+    absl::Status status =
+        CudaError(err, description_, absl::StrFormat("cudaMalloc(%s)", FormatBytes(bytes)));
     if (err == cudaErrorMemoryAllocation) {
       std::size_t free_bytes = 0, total_bytes = 0;
       if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-        return absl::ResourceExhaustedError(absl::StrFormat(
-            "%s; %s free of %s", status.message(), FormatBytes(free_bytes), FormatBytes(total_bytes)));
+        return absl::ResourceExhaustedError(absl::StrFormat("%s; %s free of %s", status.message(),
+                                                            FormatBytes(free_bytes),
+                                                            FormatBytes(total_bytes)));
       }
       (void)cudaGetLastError();
     }
@@ -253,7 +262,8 @@ absl::Status CudaDevice::ReleaseSegment(void* ptr) {
     status = guard.status();
     if (status.ok()) {
       const cudaError_t err = cudaFree(ptr);
-      if (err != cudaSuccess) status = CudaError(err, description_, absl::StrFormat("cudaFree(%p)", ptr));
+      if (err != cudaSuccess)
+        status = CudaError(err, description_, absl::StrFormat("cudaFree(%p)", ptr));
     }
   }
   if (!status.ok()) {
@@ -272,8 +282,9 @@ absl::StatusOr<void*> CudaDevice::AllocateHost(std::size_t bytes) {
   // Portable: pinned for every device's context, not only ours.
   const cudaError_t err = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
   if (err != cudaSuccess) {
-    return CudaError(err, description_,
-                     absl::StrFormat("cudaHostAlloc(%s of pinned host memory)", FormatBytes(bytes)));
+    return CudaError(
+        err, description_,
+        absl::StrFormat("cudaHostAlloc(%s of pinned host memory)", FormatBytes(bytes)));
   }
   MutexLock lock(&mu_);
   host_blocks_.emplace(reinterpret_cast<std::uintptr_t>(ptr), bytes);
@@ -294,14 +305,22 @@ absl::Status CudaDevice::FreeHost(void* ptr) {
     host_blocks_.erase(it);
     host_bytes_ -= bytes;
   }
-  const cudaError_t err = cudaFreeHost(ptr);
-  if (err != cudaSuccess) {
+  absl::Status status;
+  {
+    DeviceGuard guard(ordinal_, description_);
+    status = guard.status();
+    if (status.ok()) {
+      const cudaError_t err = cudaFreeHost(ptr);
+      if (err != cudaSuccess)
+        status = CudaError(err, description_, absl::StrFormat("cudaFreeHost(%p)", ptr));
+    }
+  }
+  if (!status.ok()) {
     MutexLock lock(&mu_);
     host_blocks_.emplace(reinterpret_cast<std::uintptr_t>(ptr), bytes);
     host_bytes_ += bytes;
-    return CudaError(err, description_, absl::StrFormat("cudaFreeHost(%p)", ptr));
   }
-  return absl::OkStatus();
+  return status;
 }
 
 absl::StatusOr<Stream> CudaDevice::CreateStream() {
@@ -313,7 +332,8 @@ absl::StatusOr<Stream> CudaDevice::CreateStream() {
 }
 
 absl::Status CudaDevice::DestroyStream(Stream stream) {
-  if (stream == kDefaultStream) return absl::InvalidArgumentError("cannot destroy the default stream");
+  if (stream == kDefaultStream)
+    return absl::InvalidArgumentError("cannot destroy the default stream");
   REMAT_CUDA_ON_DEVICE_(description_);
   const cudaError_t err = cudaStreamDestroy(ToCuda(stream));
   if (err != cudaSuccess) {
@@ -331,10 +351,13 @@ absl::StatusOr<Event> CudaDevice::CreateEvent() {
   return Event{reinterpret_cast<std::uintptr_t>(event)};
 }
 
-// Event-only calls need no current device: an event knows its own.
+// Even calls that need no current device (an event knows its own) enter
+// ours: on a thread that has not used CUDA yet, cudart would otherwise create
+// a context on device 0, which costs hundreds of MiB on a GPU we do not use.
 
 absl::Status CudaDevice::DestroyEvent(Event event) {
   if (event.handle == 0) return absl::InvalidArgumentError("DestroyEvent of a null event");
+  REMAT_CUDA_ON_DEVICE_(description_);
   const cudaError_t err = cudaEventDestroy(ToCuda(event));
   if (err != cudaSuccess) {
     return CudaError(err, description_, absl::StrFormat("cudaEventDestroy(%#x)", event.handle));
@@ -342,21 +365,21 @@ absl::Status CudaDevice::DestroyEvent(Event event) {
   return absl::OkStatus();
 }
 
-// Calls that take a stream set the device: stream 0 is the current device's.
-
 absl::Status CudaDevice::RecordEvent(Event event, Stream stream) {
   if (event.handle == 0) return absl::InvalidArgumentError("RecordEvent of a null event");
   REMAT_CUDA_ON_DEVICE_(description_);
   const cudaError_t err = cudaEventRecord(ToCuda(event), ToCuda(stream));
   if (err != cudaSuccess) {
-    return CudaError(err, description_,
-                     absl::StrFormat("cudaEventRecord(event %#x, stream %#x)", event.handle, stream.handle));
+    return CudaError(
+        err, description_,
+        absl::StrFormat("cudaEventRecord(event %#x, stream %#x)", event.handle, stream.handle));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> CudaDevice::QueryEvent(Event event) {
   if (event.handle == 0) return absl::InvalidArgumentError("QueryEvent of a null event");
+  REMAT_CUDA_ON_DEVICE_(description_);
   const cudaError_t err = cudaEventQuery(ToCuda(event));
   if (err == cudaSuccess) return true;
   if (err == cudaErrorNotReady) {
@@ -371,15 +394,16 @@ absl::Status CudaDevice::StreamWaitEvent(Stream stream, Event event) {
   REMAT_CUDA_ON_DEVICE_(description_);
   const cudaError_t err = cudaStreamWaitEvent(ToCuda(stream), ToCuda(event), 0);
   if (err != cudaSuccess) {
-    return CudaError(err, description_,
-                     absl::StrFormat("cudaStreamWaitEvent(stream %#x, event %#x)", stream.handle,
-                                     event.handle));
+    return CudaError(
+        err, description_,
+        absl::StrFormat("cudaStreamWaitEvent(stream %#x, event %#x)", stream.handle, event.handle));
   }
   return absl::OkStatus();
 }
 
 absl::Status CudaDevice::SynchronizeEvent(Event event) {
   if (event.handle == 0) return absl::InvalidArgumentError("SynchronizeEvent of a null event");
+  REMAT_CUDA_ON_DEVICE_(description_);
   const cudaError_t err = cudaEventSynchronize(ToCuda(event));
   if (err != cudaSuccess) {
     return CudaError(err, description_, absl::StrFormat("cudaEventSynchronize(%#x)", event.handle));
@@ -391,7 +415,8 @@ absl::Status CudaDevice::SynchronizeStream(Stream stream) {
   REMAT_CUDA_ON_DEVICE_(description_);
   const cudaError_t err = cudaStreamSynchronize(ToCuda(stream));
   if (err != cudaSuccess) {
-    return CudaError(err, description_, absl::StrFormat("cudaStreamSynchronize(%#x)", stream.handle));
+    return CudaError(err, description_,
+                     absl::StrFormat("cudaStreamSynchronize(%#x)", stream.handle));
   }
   return absl::OkStatus();
 }
@@ -407,7 +432,8 @@ absl::Status CudaDevice::CopyAsync(void* dst, const void* src, std::size_t bytes
                                    Stream stream) {
   if (bytes == 0) return absl::OkStatus();
   if (dst == nullptr || src == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s copy with a null pointer", CopyKindName(kind)));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s copy with a null pointer", CopyKindName(kind)));
   }
   REMAT_CUDA_ON_DEVICE_(description_);
   const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, ToCuda(kind), ToCuda(stream));
@@ -432,7 +458,8 @@ absl::Status CudaDevice::LaunchHostFunc(Stream stream, absl::AnyInvocable<void()
   const cudaError_t err = cudaLaunchHostFunc(ToCuda(stream), &RunHostFunc, heap_fn);
   if (err != cudaSuccess) {
     delete heap_fn;
-    return CudaError(err, description_, absl::StrFormat("cudaLaunchHostFunc(stream %#x)", stream.handle));
+    return CudaError(err, description_,
+                     absl::StrFormat("cudaLaunchHostFunc(stream %#x)", stream.handle));
   }
   return absl::OkStatus();
 }

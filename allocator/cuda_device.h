@@ -28,10 +28,12 @@
 //   Capacity / FreeBytes              cudaMemGetInfo (total cached at Create).
 //   NowNs                             std::chrono::steady_clock.
 //
-// Current device. Every call that needs a device makes this device current for
-// its duration and restores the caller's current device afterwards, so a
-// CudaDevice never changes the current device under a framework's feet and
-// several CudaDevices (one per GPU) can be used from one thread.
+// Current device. Every call makes this device current for its duration (it
+// matters for stream 0, which is the current device's, for allocations, and
+// so that cudart never creates a context on a GPU we do not use) and restores
+// the caller's current device afterwards: a CudaDevice never moves the
+// current device under a framework's feet, and several CudaDevices (one per
+// GPU) can be used from one thread.
 //
 // Errors. Every CUDA error becomes an absl::Status naming the error
 // (cudaErrorMemoryAllocation: out of memory), the device and what was being
