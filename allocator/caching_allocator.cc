@@ -238,11 +238,10 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
                             static_cast<std::size_t>(stats_.reserved_bytes.all().current),
                             static_cast<std::size_t>(stats_.allocated_bytes.all().current)};
     ++stats_.num_pressure_calls;
-    bool progress;
-    {
-      MutexUnlock unlock(&mu_);
-      progress = (*handler)(request);
-    }
+    // Without the lock: the handler frees (and may allocate) through us.
+    mu_.Unlock();
+    const bool progress = (*handler)(request);
+    mu_.Lock();
     if (!progress) break;
   }
   ++stats_.num_ooms;

@@ -40,8 +40,8 @@ class ABSL_LOCKABLE Mutex {
   std::mutex impl_;
 #else
   struct Adapter {
-    void lock() { mu.Lock(); }
-    void unlock() { mu.Unlock(); }
+    void lock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu.Lock(); }
+    void unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu.Unlock(); }
     absl::Mutex mu;
   } impl_;
 #endif
@@ -53,19 +53,6 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
   ~MutexLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
-
- private:
-  Mutex* const mu_;
-};
-
-// Releases a held lock for the life of the scope (to call out to user code,
-// such as a pressure handler, that may re-enter).
-class ABSL_SCOPED_LOCKABLE MutexUnlock {
- public:
-  explicit MutexUnlock(Mutex* mu) ABSL_UNLOCK_FUNCTION(mu) : mu_(mu) { mu_->Unlock(); }
-  ~MutexUnlock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_->Lock(); }
-  MutexUnlock(const MutexUnlock&) = delete;
-  MutexUnlock& operator=(const MutexUnlock&) = delete;
 
  private:
   Mutex* const mu_;
