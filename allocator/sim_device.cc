@@ -122,10 +122,7 @@ std::size_t SimDevice::FreeBytes() const {
   return options_.capacity - reserved_bytes_;
 }
 
-std::int64_t SimDevice::NowNs() const {
-  MutexLock lock(&mu_);
-  return host_now_ns_;
-}
+std::int64_t SimDevice::NowNs() const { return host_now_ns_.load(std::memory_order_acquire); }
 
 std::size_t SimDevice::ReservedBytes() const {
   MutexLock lock(&mu_);
@@ -222,7 +219,7 @@ absl::StatusOr<Stream> SimDevice::CreateStream() {
   MutexLock lock(&mu_);
   const Stream stream{next_stream_++};
   // A new stream starts at the host's present, not in the past.
-  stream_time_.emplace(stream.handle, host_now_ns_);
+  stream_time_.emplace(stream.handle, host_now_ns_.load(std::memory_order_relaxed));
   return stream;
 }
 
@@ -273,7 +270,7 @@ absl::Status SimDevice::RecordEvent(Event event, Stream stream) {
   std::int64_t* stream_time;
   REMAT_ASSIGN_OR_RETURN(stream_time, StreamTimeLocked(stream));
   it->second.recorded = true;
-  it->second.time_ns = std::max(*stream_time, host_now_ns_);
+  it->second.time_ns = std::max(*stream_time, host_now_ns_.load(std::memory_order_relaxed));
   return absl::OkStatus();
 }
 
@@ -281,7 +278,7 @@ absl::StatusOr<bool> SimDevice::QueryEvent(Event event) {
   MutexLock lock(&mu_);
   auto it = events_.find(event.handle);
   if (it == events_.end()) return absl::InvalidArgumentError("QueryEvent: unknown event");
-  return !it->second.recorded || it->second.time_ns <= host_now_ns_;
+  return !it->second.recorded || it->second.time_ns <= host_now_ns_.load(std::memory_order_relaxed);
 }
 
 absl::Status SimDevice::StreamWaitEvent(Stream stream, Event event) {
@@ -332,7 +329,7 @@ void SimDevice::AdvanceHost(std::int64_t ns) {
   std::int64_t t;
   {
     MutexLock lock(&mu_);
-    t = host_now_ns_ + std::max<std::int64_t>(ns, 0);
+    t = host_now_ns_.load(std::memory_order_relaxed) + std::max<std::int64_t>(ns, 0);
   }
   AdvanceTo(t);
 }
@@ -341,13 +338,13 @@ void SimDevice::AdvanceTo(std::int64_t t) {
   MutexLock exec(&exec_mu_);
   {
     MutexLock lock(&mu_);
-    host_now_ns_ = std::max(host_now_ns_, t);
+    if (t > host_now_ns_.load(std::memory_order_relaxed)) host_now_ns_.store(t, std::memory_order_release);
   }
   for (;;) {
     absl::AnyInvocable<void() &&> run;
     {
       MutexLock lock(&mu_);
-      if (pending_.empty() || pending_.top().end_ns > host_now_ns_) break;
+      if (pending_.empty() || pending_.top().end_ns > host_now_ns_.load(std::memory_order_relaxed)) break;
       // priority_queue::top is const; the op is moved out just before pop.
       run = std::move(const_cast<PendingOp&>(pending_.top()).run);
       pending_.pop();
@@ -357,7 +354,7 @@ void SimDevice::AdvanceTo(std::int64_t t) {
 }
 
 std::int64_t SimDevice::EnqueueLocked(std::int64_t* stream_time, std::int64_t cost_ns) {
-  const std::int64_t start = std::max(*stream_time, host_now_ns_);
+  const std::int64_t start = std::max(*stream_time, host_now_ns_.load(std::memory_order_relaxed));
   *stream_time = start + std::max<std::int64_t>(cost_ns, 0);
   return *stream_time;
 }

@@ -19,6 +19,7 @@
 #ifndef REMAT_ALLOCATOR_SIM_DEVICE_H_
 #define REMAT_ALLOCATOR_SIM_DEVICE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -141,7 +142,9 @@ class SimDevice final : public Device {
 
   mutable Mutex mu_;
   Mutex exec_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // serializes execution of completed work
-  std::int64_t host_now_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  // Written under mu_; read without it by NowNs, which the allocator calls to
+  // time-stamp every event and should not cost a lock.
+  std::atomic<std::int64_t> host_now_ns_{0};
   absl::flat_hash_map<std::uintptr_t, std::int64_t> stream_time_ ABSL_GUARDED_BY(mu_);
   std::uintptr_t next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<std::uintptr_t, EventState> events_ ABSL_GUARDED_BY(mu_);
