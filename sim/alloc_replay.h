@@ -1,0 +1,84 @@
+// Replays an allocation log through the CachingAllocator on an unbacked
+// SimDevice, and reports what the allocator made of it: how much it reserved
+// to serve the log's peak, how fragmented that was, and where a budget made it
+// run out.
+//
+// The replay is a flat loop over the parsed records: the log's pointers were
+// mapped to dense slots by the parser, so a record is one array access and
+// one allocator call. Only that loop is timed (events_per_second), not the
+// parsing nor the device and allocator set-up.
+//
+// Semantics, record by record:
+// * allocate: Allocate(size) on the SimDevice stream standing for the log's
+//   stream (log stream 0 is kDefaultStream; every other one gets a stream of
+//   its own). Zero bytes give nullptr, as in PyTorch. An out-of-memory (a
+//   budget or capacity too small) is counted and the replay goes on; the
+//   allocation's later free is then skipped.
+// * free: FreeOnStream on the free's stream, as RMM frees (stream-ordered).
+// * allocate failure: counted, nothing replayed (the original run failed it).
+#ifndef REMAT_SIM_ALLOC_REPLAY_H_
+#define REMAT_SIM_ALLOC_REPLAY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "base/units.h"
+#include "sim/rmm_log.h"
+
+namespace remat {
+
+struct ReplayOptions {
+  // The simulated device's memory.
+  std::size_t capacity = 80 * kGiB;
+  // Cap on what the allocator may reserve (0: none beyond the capacity).
+  std::size_t budget = 0;
+};
+
+struct ReplayReport {
+  std::string log_name;
+  std::string device;  // SimDevice::Describe()
+  std::size_t capacity = 0;
+  std::size_t budget = 0;  // 0: none
+
+  // From the log.
+  std::uint64_t events = 0;  // records replayed: every line after the header
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t alloc_failures_in_log = 0;
+  std::uint64_t zero_byte_allocations = 0;
+  std::uint64_t streams = 0;
+  std::uint64_t threads = 0;
+  std::uint64_t peak_requested_bytes = 0;  // peak of the sum of live log sizes
+
+  // From the allocator's statistics.
+  std::uint64_t peak_allocated_bytes = 0;  // rounded sizes of live blocks
+  std::uint64_t peak_active_bytes = 0;     // allocated plus blocks waiting on streams
+  std::uint64_t peak_reserved_bytes = 0;   // device segments
+  double fragmentation = 0;                // 1 - peak active / peak reserved
+  std::uint64_t segments_peak = 0;
+  std::uint64_t device_allocs = 0;  // segments reserved from the device
+  std::uint64_t device_frees = 0;   // segments given back to it
+  std::uint64_t retries = 0;        // slow-path rounds that freed the cache
+
+  // From the replay.
+  std::uint64_t ooms = 0;           // allocations that did not fit
+  std::uint64_t skipped_frees = 0;  // frees of those allocations
+  double replay_seconds = 0;        // the replay loop alone
+  double events_per_second = 0;
+};
+
+// Fails only on bad options (InvalidArgument: a zero or too large capacity, a
+// budget beyond it) or when the allocator rejects a replayed call the parser
+// has already checked (Internal: a bug).
+absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOptions& options = {});
+
+// One JSON object; keys are the field names above ("budget" is null when none).
+std::string ReplayReportToJson(const ReplayReport& report);
+// An aligned table for people.
+std::string ReplayReportToText(const ReplayReport& report);
+
+}  // namespace remat
+
+#endif  // REMAT_SIM_ALLOC_REPLAY_H_

@@ -1,0 +1,118 @@
+// Runs the `remat` binary as a user would and checks what comes out: the
+// report, its JSON keys, help text and exit statuses. The binary's path comes
+// from $REMAT_BIN, the repository's from $REMAT_SOURCE_DIR (set by CTest).
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct Outcome {
+  int status = -1;  // exit status
+  std::string out;  // stdout and stderr together
+};
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
+Outcome Remat(const std::string& args) {
+  const std::string command = absl::StrCat("'", Env("REMAT_BIN"), "' ", args, " 2>&1");
+  Outcome run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buffer[4096];
+  std::size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.out.append(buffer, n);
+  const int raw = pclose(pipe);
+  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return run;
+}
+
+std::string Trace(const std::string& name) {
+  return absl::StrCat("'", Env("REMAT_SOURCE_DIR"), "/examples/traces/", name, "'");
+}
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+class RematCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (Env("REMAT_BIN").empty() || Env("REMAT_SOURCE_DIR").empty()) {
+      GTEST_SKIP() << "REMAT_BIN and REMAT_SOURCE_DIR are set by CTest; run through ctest";
+    }
+  }
+};
+
+TEST_F(RematCliTest, ReplayJsonHasTheReportKeys) {
+  const Outcome run = Remat("replay --json " + Trace("tiny.csv"));
+  ASSERT_EQ(run.status, 0) << run.out;
+  for (const char* key : {"\"events\":14", "\"peak_requested_bytes\":", "\"peak_allocated_bytes\":",
+                          "\"peak_reserved_bytes\":", "\"fragmentation\":", "\"ooms\":0",
+                          "\"events_per_second\":", "\"segments_peak\":", "\"retries\":"}) {
+    EXPECT_THAT(run.out, HasSubstr(key));
+  }
+  EXPECT_EQ(run.out.front(), '{');
+  EXPECT_EQ(run.out, run.out.substr(0, run.out.find('\n') + 1)) << "one line of JSON";
+}
+
+TEST_F(RematCliTest, ReplayTextReport) {
+  const Outcome run = Remat("replay " + Trace("tiny.csv") + " --capacity 1GiB --budget 30MiB");
+  ASSERT_EQ(run.status, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("peak requested"));
+  EXPECT_THAT(run.out, HasSubstr("sim (unbacked, 1.00 GiB), budget 30.00 MiB"));
+  EXPECT_THAT(run.out, HasSubstr("OOMs               1"));
+}
+
+TEST_F(RematCliTest, MalformedLogExitsTwoNamingTheLine) {
+  const std::string path = WriteTemp("bad.csv",
+                                     "Thread,Time,Action,Pointer,Size,Stream\n"
+                                     "1,10:00:00.000001,allocate,0x1000,100,0x0\n"
+                                     "1,10:00:00.000002,free,0x2000,100,0x0\n");
+  const Outcome run = Remat("replay " + path);
+  EXPECT_EQ(run.status, 2) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("bad.csv:3: free of 0x2000 which is not live"));
+  EXPECT_THAT(run.out, Not(HasSubstr("peak"))) << "no partial report";
+}
+
+TEST_F(RematCliTest, UsageErrorsExitTwo) {
+  EXPECT_EQ(Remat("replay " + Trace("tiny.csv") + " --no-such-flag").status, 2);
+  EXPECT_EQ(Remat("replay").status, 2);
+  EXPECT_EQ(Remat("").status, 2);
+  EXPECT_EQ(Remat("frobnicate").status, 2);
+  EXPECT_EQ(Remat("replay /nonexistent/trace.csv").status, 2);
+  const Outcome bad_size = Remat("replay " + Trace("tiny.csv") + " --budget 12parsecs");
+  EXPECT_EQ(bad_size.status, 2);
+  EXPECT_THAT(bad_size.out, HasSubstr("12parsecs"));
+  EXPECT_EQ(Remat("replay " + Trace("tiny.csv") + " --budget 0").status, 2);
+  // A budget beyond the device.
+  EXPECT_EQ(Remat("replay " + Trace("tiny.csv") + " --capacity 1GiB --budget 2GiB").status, 2);
+}
+
+TEST_F(RematCliTest, HelpExitsZero) {
+  const Outcome top = Remat("--help");
+  EXPECT_EQ(top.status, 0);
+  EXPECT_THAT(top.out, HasSubstr("replay"));
+  const Outcome replay = Remat("replay --help");
+  EXPECT_EQ(replay.status, 0);
+  EXPECT_THAT(replay.out, HasSubstr("--capacity"));
+  EXPECT_THAT(replay.out, HasSubstr("--budget"));
+  EXPECT_THAT(replay.out, HasSubstr("--json"));
+}
+
+}  // namespace
