@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs, with apt-get, the Debian 12 packages remat builds with that this
-# machine lacks. Installed packages are left alone; nothing is installed by hand.
+# machine lacks, plus any packages named as arguments (CI adds clang for the
+# fuzzers). Installed packages are left alone; nothing is installed by hand.
 set -euo pipefail
 
 packages=(
   cmake g++ make pkg-config python3
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libjemalloc-dev libmimalloc-dev libcli11-dev libsimdjson-dev
+  "$@"
 )
 
 missing=()
