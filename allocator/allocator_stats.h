@@ -17,13 +17,20 @@ struct Stat {
   std::int64_t freed = 0;      // total ever removed
 
   void Add(std::int64_t delta) {
-    current += delta;
     if (delta > 0) {
-      allocated += delta;
-      if (current > peak) peak = current;
+      Increase(delta);
     } else {
-      freed -= delta;
+      Decrease(-delta);
     }
+  }
+  void Increase(std::int64_t amount) {
+    current += amount;
+    allocated += amount;
+    peak = current > peak ? current : peak;
+  }
+  void Decrease(std::int64_t amount) {
+    current -= amount;
+    freed += amount;
   }
 };
 
@@ -40,6 +47,14 @@ struct StatArray {
   void Add(StatPool pool, std::int64_t delta) {
     pools[kAggregatePool].Add(delta);
     pools[pool].Add(delta);
+  }
+  void Increase(StatPool pool, std::int64_t amount) {
+    pools[kAggregatePool].Increase(amount);
+    pools[pool].Increase(amount);
+  }
+  void Decrease(StatPool pool, std::int64_t amount) {
+    pools[kAggregatePool].Decrease(amount);
+    pools[pool].Decrease(amount);
   }
   void ResetPeak() {
     for (Stat& s : pools) s.peak = s.current;

@@ -26,14 +26,6 @@ std::size_t CachingAllocator::SegmentSizeFor(std::size_t rounded) {
   return RoundUpTo(rounded, kRoundLarge);
 }
 
-bool CachingAllocator::FreeOrder::operator()(const Block* a, const Block* b) const {
-  // Shared blocks sort before every stream's private ones.
-  if (a->shared != b->shared) return a->shared;
-  if (!a->shared && a->stream != b->stream) return a->stream < b->stream;
-  if (a->size != b->size) return a->size < b->size;
-  return a->addr < b->addr;
-}
-
 // ---------------------------------------------------------------------------
 // Construction
 
@@ -50,6 +42,11 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
         "max_split_size must be above %s (the small pool's largest request), not %s",
         FormatBytes(kSmallSize), FormatBytes(options.max_split_size)));
   }
+  if (options.event_ring_capacity > kMaxEventRingCapacity) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "event_ring_capacity %d is above the limit of %d events", options.event_ring_capacity,
+        kMaxEventRingCapacity));
+  }
   if (options.max_pressure_rounds < 0) {
     return absl::InvalidArgumentError("max_pressure_rounds must be >= 0");
   }
@@ -57,11 +54,12 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
 }
 
 CachingAllocator::CachingAllocator(Device* device, AllocatorOptions options)
-    : device_(device), options_(options) {
+    : device_(device), device_capacity_(device->Capacity()), options_(options) {
   MutexLock lock(&mu_);
   budget_ = options.budget == 0 ? device->Capacity() : options.budget;
   large_.large = true;
-  ring_.reserve(std::min<std::size_t>(options.event_ring_capacity, 1 << 16));
+  // Allocated up front so that recording an event is a few stores.
+  ring_.resize(options.event_ring_capacity);
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -112,21 +110,20 @@ void CachingAllocator::DeleteBlock(Block* b) { spare_blocks_.push_back(b); }
 
 absl::StatusOr<void*> CachingAllocator::Allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return nullptr;
-  if (bytes > device_->Capacity()) {
+  if (bytes > device_capacity_) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "cannot allocate %d bytes (%s): larger than the device (%s, %s)", bytes,
-        FormatBytes(bytes), device_->Describe(), FormatBytes(device_->Capacity())));
+        FormatBytes(bytes), device_->Describe(), FormatBytes(device_capacity_)));
   }
   const std::size_t size = RoundSize(bytes);
   Pool& pool = PoolFor(size);
   MutexLock lock(&mu_);
-  Block* block = FindFreeBlock(pool, size, stream);
-  if (block == nullptr) {
-    absl::StatusOr<Block*> slow = AllocateSlow(pool, size, bytes, stream);
-    if (!slow.ok()) return slow.status();
-    block = *slow;
+  if (auto it = FindFreeBlock(pool, size, stream); it != pool.free.end()) {
+    return Commit(*it, it, size, bytes, stream);
   }
-  return Commit(block, size, bytes, stream);
+  absl::StatusOr<Block*> slow = AllocateSlow(pool, size, bytes, stream);
+  if (!slow.ok()) return slow.status();
+  return Commit(*slow, pool.free.end(), size, bytes, stream);
 }
 
 bool CachingAllocator::Fits(const Block* b, std::size_t size) const {
@@ -137,55 +134,53 @@ bool CachingAllocator::Fits(const Block* b, std::size_t size) const {
   return b->size < size + kLargeBuffer;
 }
 
-CachingAllocator::Block* CachingAllocator::FindFreeBlock(Pool& pool, std::size_t size,
-                                                         Stream stream) {
-  Block key;
-  key.size = size;
-  key.addr = 0;
-  Block* best = nullptr;
+CachingAllocator::FreeSet::iterator CachingAllocator::FindFreeBlock(Pool& pool, std::size_t size,
+                                                                    Stream stream) {
   // The stream's own free blocks...
-  key.shared = false;
-  key.stream = stream;
-  auto it = pool.free.lower_bound(&key);
-  if (it != pool.free.end() && !(*it)->shared && (*it)->stream == stream && Fits(*it, size)) {
-    best = *it;
+  const std::uintptr_t own = stream.handle + 1;
+  auto best = pool.free.lower_bound(FreeKey{own, size, 0});
+  if (best != pool.free.end() && !(KeyOf(*best).partition == own && Fits(*best, size))) {
+    best = pool.free.end();
   }
   // ...and blocks every stream may use; the better fit wins.
   if (pool.shared_count > 0) {
-    key.shared = true;
-    auto shared = pool.free.lower_bound(&key);
+    auto shared = pool.free.lower_bound(FreeKey{0, size, 0});
     if (shared != pool.free.end() && (*shared)->shared && Fits(*shared, size)) {
-      Block* candidate = *shared;
-      if (best == nullptr || candidate->size < best->size ||
-          (candidate->size == best->size && candidate->addr < best->addr)) {
-        best = candidate;
+      const Block* candidate = *shared;
+      if (best == pool.free.end() || candidate->size < (*best)->size ||
+          (candidate->size == (*best)->size && candidate->addr < (*best)->addr)) {
+        best = shared;
       }
     }
   }
   return best;
 }
 
-void* CachingAllocator::Commit(Block* block, std::size_t size, std::size_t requested,
-                               Stream stream) {
-  Pool& pool = PoolOf(block);
-  const StatPool sp = StatPoolOf(pool);
-  EraseFree(block);
+void* CachingAllocator::Commit(Block* block, FreeSet::iterator where, std::size_t size,
+                               std::size_t requested, Stream stream) {
+  const StatPool sp = StatPoolOf(PoolOf(block));
   const std::size_t remaining = block->size - size;
-  const bool worth_keeping = pool.large ? remaining > kSmallSize : remaining >= kMinBlockSize;
+  const bool worth_keeping =
+      block->segment->large ? remaining > kSmallSize : remaining >= kMinBlockSize;
   if (worth_keeping && block->size <= options_.max_split_size) {
-    Block* rest = NewBlock();
-    rest->addr = block->addr + size;
-    rest->size = remaining;
-    rest->segment = block->segment;
-    rest->prev = block;
-    rest->next = block->next;
-    if (block->next != nullptr) block->next->prev = rest;
-    block->next = rest;
-    rest->stream = block->stream;
-    rest->shared = block->shared;
-    rest->free_seq = block->free_seq;
-    block->size = size;
-    InsertFree(rest);
+    // The free block stays in the set as the remainder (usually without
+    // moving in it); the allocation gets a fresh Block in front of it.
+    Block* taken = NewBlock();
+    taken->addr = block->addr;
+    taken->size = size;
+    taken->segment = block->segment;
+    taken->prev = block->prev;
+    taken->next = block;
+    if (block->prev != nullptr) {
+      block->prev->next = taken;
+    } else {
+      block->segment->first = taken;
+    }
+    block->prev = taken;
+    RekeyFree(block, block->addr + size, remaining, block->stream, block->shared, where);
+    block = taken;
+  } else {
+    EraseFree(block);
   }
   block->allocated = true;
   block->shared = false;
@@ -195,11 +190,11 @@ void* CachingAllocator::Commit(Block* block, std::size_t size, std::size_t reque
   block->extra_streams.clear();
   live_.emplace(block->addr, block);
 
-  stats_.allocation.Add(sp, 1);
-  stats_.allocated_bytes.Add(sp, static_cast<std::int64_t>(block->size));
-  stats_.requested_bytes.Add(sp, static_cast<std::int64_t>(requested));
-  stats_.active.Add(sp, 1);
-  stats_.active_bytes.Add(sp, static_cast<std::int64_t>(block->size));
+  stats_.allocation.Increase(sp, 1);
+  stats_.allocated_bytes.Increase(sp, static_cast<std::int64_t>(block->size));
+  stats_.requested_bytes.Increase(sp, static_cast<std::int64_t>(requested));
+  stats_.active.Increase(sp, 1);
+  stats_.active_bytes.Increase(sp, static_cast<std::int64_t>(block->size));
   RecordTrace(TraceAction::kAlloc, block->addr, block->size, stream);
   return reinterpret_cast<void*>(block->addr);
 }
@@ -213,7 +208,7 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     // Blocks whose other-stream uses have completed, and blocks other streams freed.
     ProcessPendingFrees(/*wait=*/false);
     HarvestStreams(&stream, /*wait=*/false);
-    if (Block* b = FindFreeBlock(pool, size, stream)) return b;
+    if (Block* b = FindFreeBlockPtr(pool, size, stream)) return b;
     if (Block* b = ReserveSegment(pool, size, stream)) return b;
 
     // Out of room. Wait for what is in flight, give whole free segments back,
@@ -223,7 +218,7 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     // coalesce and whole segments can be released.
     ProcessPendingFrees(/*wait=*/true);
     HarvestStreams(nullptr, /*wait=*/true);
-    if (Block* b = FindFreeBlock(pool, size, stream)) return b;
+    if (Block* b = FindFreeBlockPtr(pool, size, stream)) return b;
     ReleaseCachedSegments();
     if (Block* b = ReserveSegment(pool, size, stream)) return b;
 
@@ -283,8 +278,8 @@ CachingAllocator::Block* CachingAllocator::ReserveSegment(Pool& pool, std::size_
   segments_.emplace(seg->addr, seg);
 
   const StatPool sp = StatPoolOf(pool);
-  stats_.segment.Add(sp, 1);
-  stats_.reserved_bytes.Add(sp, static_cast<std::int64_t>(segment_size));
+  stats_.segment.Increase(sp, 1);
+  stats_.reserved_bytes.Increase(sp, static_cast<std::int64_t>(segment_size));
   ++stats_.num_device_alloc;
   RecordTrace(TraceAction::kSegmentAlloc, seg->addr, segment_size, stream);
   InsertFree(b);
@@ -325,9 +320,9 @@ absl::Status CachingAllocator::FreeLocked(void* ptr, const Stream* stream) {
   }
   live_.erase(it);
   const StatPool sp = StatPoolOf(PoolOf(block));
-  stats_.allocation.Add(sp, -1);
-  stats_.allocated_bytes.Add(sp, -static_cast<std::int64_t>(block->size));
-  stats_.requested_bytes.Add(sp, -static_cast<std::int64_t>(block->requested));
+  stats_.allocation.Decrease(sp, 1);
+  stats_.allocated_bytes.Decrease(sp, static_cast<std::int64_t>(block->size));
+  stats_.requested_bytes.Decrease(sp, static_cast<std::int64_t>(block->requested));
   RecordTrace(TraceAction::kFreeRequested, block->addr, block->size, block->stream);
   block->allocated = false;
   if (stream != nullptr) block->stream = *stream;
@@ -343,8 +338,8 @@ absl::Status CachingAllocator::FreeLocked(void* ptr, const Stream* stream) {
 
 void CachingAllocator::ReturnBlock(Block* block, Stream stream) {
   const StatPool sp = StatPoolOf(PoolOf(block));
-  stats_.active.Add(sp, -1);
-  stats_.active_bytes.Add(sp, -static_cast<std::int64_t>(block->size));
+  stats_.active.Decrease(sp, 1);
+  stats_.active_bytes.Decrease(sp, static_cast<std::int64_t>(block->size));
   RecordTrace(TraceAction::kFreeCompleted, block->addr, block->size, stream);
   block->pending_free = false;
   block->pending_events = 0;
@@ -354,7 +349,7 @@ void CachingAllocator::ReturnBlock(Block* block, Stream stream) {
   block->stream = stream;
   block->shared = false;
   block->free_seq = next_free_seq_++;
-  InsertFree(Coalesce(block));
+  InsertCoalesced(block);
 }
 
 bool CachingAllocator::CanMerge(const Block* a, const Block* b) const {
@@ -366,47 +361,108 @@ bool CachingAllocator::CanMerge(const Block* a, const Block* b) const {
   return b->shared || b->stream == a->stream;
 }
 
-CachingAllocator::Block* CachingAllocator::Coalesce(Block* block) {
-  // `block` is not in the free set; its free neighbours are.
-  for (Block* neighbour : {block->prev, block->next}) {
-    if (!CanMerge(block, neighbour)) continue;
-    EraseFree(neighbour);
-    if (neighbour == block->prev) {
-      block->addr = neighbour->addr;
-      block->prev = neighbour->prev;
-      if (block->prev != nullptr) block->prev->next = block;
-      if (block->segment->first == neighbour) block->segment->first = block;
-    } else {
-      block->next = neighbour->next;
-      if (block->next != nullptr) block->next->prev = block;
-    }
-    block->size += neighbour->size;
-    block->free_seq = std::max(block->free_seq, neighbour->free_seq);
-    DeleteBlock(neighbour);
+void CachingAllocator::InsertCoalesced(Block* x) {
+  Block* p = CanMerge(x, x->prev) ? x->prev : nullptr;
+  Block* n = CanMerge(x, x->next) ? x->next : nullptr;
+  if (p == nullptr && n == nullptr) {
+    InsertFree(x);
+    return;
   }
-  return block;
+  // A neighbour already in the set absorbs x (and the other neighbour), so
+  // the merge is usually a key change in place rather than a removal and an
+  // insertion. The merged block is shared only if x is (CanMerge lets a
+  // shared neighbour join a private block, never the reverse).
+  Block* keeper = p != nullptr ? p : n;
+  Block* absorbed = p != nullptr ? n : nullptr;
+  const std::uintptr_t addr = p != nullptr ? p->addr : x->addr;
+  const std::size_t size = x->size + (p ? p->size : 0) + (n ? n->size : 0);
+  std::uint64_t seq = x->free_seq;
+  if (p != nullptr) seq = std::max(seq, p->free_seq);
+  if (n != nullptr) seq = std::max(seq, n->free_seq);
+  if (absorbed != nullptr) EraseFree(absorbed);
+  if (keeper == p) {
+    p->next = n != nullptr ? n->next : x->next;
+    if (p->next != nullptr) p->next->prev = p;
+  } else {
+    n->prev = x->prev;
+    if (n->prev != nullptr) {
+      n->prev->next = n;
+    } else {
+      n->segment->first = n;
+    }
+  }
+  keeper->free_seq = seq;
+  RekeyFree(keeper, addr, size, x->stream, x->shared, PoolOf(keeper).free.end());
+  DeleteBlock(x);
+  if (absorbed != nullptr) DeleteBlock(absorbed);
+}
+
+void CachingAllocator::CountFree(const Block* b, int sign) {
+  Pool& pool = PoolOf(b);
+  if (b->shared) pool.shared_count += sign;
+  if (b->size < b->segment->size) {
+    const StatPool sp = StatPoolOf(pool);
+    stats_.inactive_split.Add(sp, sign);
+    stats_.inactive_split_bytes.Add(sp, sign * static_cast<std::int64_t>(b->size));
+  }
 }
 
 void CachingAllocator::InsertFree(Block* b) {
-  Pool& pool = PoolOf(b);
-  pool.free.insert(b);
-  if (b->shared) ++pool.shared_count;
-  if (b->size < b->segment->size) {
-    const StatPool sp = StatPoolOf(pool);
-    stats_.inactive_split.Add(sp, 1);
-    stats_.inactive_split_bytes.Add(sp, static_cast<std::int64_t>(b->size));
-  }
+  b->partition = PartitionOf(b->stream, b->shared);
+  PoolOf(b).free.insert(b);
+  CountFree(b, +1);
 }
 
 void CachingAllocator::EraseFree(Block* b) {
-  Pool& pool = PoolOf(b);
-  pool.free.erase(b);
-  if (b->shared) --pool.shared_count;
-  if (b->size < b->segment->size) {
-    const StatPool sp = StatPoolOf(pool);
-    stats_.inactive_split.Add(sp, -1);
-    stats_.inactive_split_bytes.Add(sp, -static_cast<std::int64_t>(b->size));
+  PoolOf(b).free.erase(b);
+  CountFree(b, -1);
+}
+
+void CachingAllocator::RekeyFree(Block* b, std::uintptr_t addr, std::size_t size, Stream stream,
+                                 bool shared, FreeSet::iterator where) {
+  // The set holds pointers and orders them through the blocks, so a block
+  // whose new key still sorts between its neighbours can change in place:
+  // the tree itself does not change.
+  FreeSet& set = PoolOf(b).free;
+  auto it = where != set.end() ? where : set.find(b);
+  const FreeKey key{PartitionOf(stream, shared), size, addr};
+  // A smaller key can only collide with the predecessor, a larger one with
+  // the successor; a key that changes partition moves.
+  const FreeKey old_key = KeyOf(b);
+  bool in_place;
+  if (key.partition != old_key.partition) {
+    in_place = false;
+  } else if (key < old_key) {
+    in_place = it == set.begin() || KeyOf(*std::prev(it)) < key;
+  } else {
+    auto next = std::next(it);
+    in_place = next == set.end() || key < KeyOf(*next);
   }
+  if (!in_place) {
+    CountFree(b, -1);
+    set.erase(it);
+    b->addr = addr;
+    b->size = size;
+    b->stream = stream;
+    b->shared = shared;
+    b->partition = key.partition;
+    set.insert(b);
+    CountFree(b, +1);
+    return;
+  }
+  // Same partition, same place: only the split statistics can change.
+  const std::size_t segment_size = b->segment->size;
+  const std::int64_t old_split = b->size < segment_size ? static_cast<std::int64_t>(b->size) : 0;
+  const std::int64_t new_split = size < segment_size ? static_cast<std::int64_t>(size) : 0;
+  if (old_split != new_split) {
+    const StatPool sp = b->segment->large ? kLargePool : kSmallPool;
+    if ((old_split != 0) != (new_split != 0)) stats_.inactive_split.Add(sp, new_split != 0 ? 1 : -1);
+    stats_.inactive_split_bytes.Add(sp, new_split - old_split);
+  }
+  b->addr = addr;
+  b->size = size;
+  b->stream = stream;
+  b->shared = shared;
 }
 
 // ---------------------------------------------------------------------------
@@ -455,21 +511,16 @@ void CachingAllocator::HarvestStreams(const Stream* requester, bool wait) {
   // private sections one stream at a time.
   absl::InlinedVector<Stream, 4> streams;
   for (Pool* pool : {&small_, &large_}) {
-    Block key;
-    key.shared = false;
-    key.size = 0;
-    key.addr = 0;
-    key.stream = Stream{0};
-    auto it = pool->free.lower_bound(&key);
+    // Partition 0 holds the shared blocks; private ones start at 1.
+    auto it = pool->free.lower_bound(FreeKey{1, 0, 0});
     while (it != pool->free.end()) {
       const Stream s = (*it)->stream;
       if ((requester == nullptr || s != *requester) &&
           std::find(streams.begin(), streams.end(), s) == streams.end()) {
         streams.push_back(s);
       }
-      if (s.handle == UINTPTR_MAX) break;
-      key.stream = Stream{s.handle + 1};
-      it = pool->free.lower_bound(&key);
+      if (s.handle + 2 == 0) break;
+      it = pool->free.lower_bound(FreeKey{s.handle + 2, 0, 0});  // the next stream's
     }
   }
   for (Stream s : streams) {
@@ -508,12 +559,7 @@ void CachingAllocator::HarvestStreams(const Stream* requester, bool wait) {
 void CachingAllocator::ShareBlocksOf(Stream stream, std::uint64_t before_seq) {
   for (Pool* pool : {&small_, &large_}) {
     std::vector<Block*> moving;
-    Block key;
-    key.shared = false;
-    key.stream = stream;
-    key.size = 0;
-    key.addr = 0;
-    for (auto it = pool->free.lower_bound(&key);
+    for (auto it = pool->free.lower_bound(FreeKey{stream.handle + 1, 0, 0});
          it != pool->free.end() && !(*it)->shared && (*it)->stream == stream; ++it) {
       if ((*it)->free_seq < before_seq) moving.push_back(*it);
     }
@@ -522,7 +568,7 @@ void CachingAllocator::ShareBlocksOf(Stream stream, std::uint64_t before_seq) {
     for (Block* b : moving) {
       EraseFree(b);
       b->shared = true;
-      InsertFree(Coalesce(b));
+      InsertCoalesced(b);
     }
   }
 }
@@ -544,8 +590,8 @@ std::size_t CachingAllocator::ReleaseCachedSegments() {
     }
     EraseFree(b);
     const StatPool sp = seg->large ? kLargePool : kSmallPool;
-    stats_.segment.Add(sp, -1);
-    stats_.reserved_bytes.Add(sp, -static_cast<std::int64_t>(seg->size));
+    stats_.segment.Decrease(sp, 1);
+    stats_.reserved_bytes.Decrease(sp, static_cast<std::int64_t>(seg->size));
     ++stats_.num_device_free;
     RecordTrace(TraceAction::kSegmentFree, seg->addr, seg->size, seg->stream);
     released += seg->size;
@@ -675,11 +721,14 @@ Snapshot CachingAllocator::TakeSnapshot() const {
     }
     snap.segments.push_back(std::move(info));
   }
-  if (ring_wrapped_) {
-    snap.events.assign(ring_.begin() + static_cast<std::ptrdiff_t>(ring_next_), ring_.end());
+  // Oldest first: once the ring is full, the oldest entry is the next to go.
+  if (ring_size_ < ring_.size()) {
+    snap.events.assign(ring_.begin(), ring_.begin() + static_cast<std::ptrdiff_t>(ring_size_));
+  } else {
+    const auto next = ring_.begin() + static_cast<std::ptrdiff_t>(ring_next_);
+    snap.events.assign(next, ring_.end());
+    snap.events.insert(snap.events.end(), ring_.begin(), next);
   }
-  snap.events.insert(snap.events.end(), ring_.begin(),
-                     ring_.begin() + static_cast<std::ptrdiff_t>(ring_next_));
   return snap;
 }
 
@@ -703,17 +752,15 @@ MemoryMap CachingAllocator::GetMemoryMap() const {
 
 void CachingAllocator::RecordTrace(TraceAction action, std::uintptr_t addr, std::size_t size,
                                    Stream stream) {
-  if (options_.event_ring_capacity == 0) return;
-  TraceEvent e{action, addr, size, stream, device_->NowNs()};
-  if (ring_.size() < options_.event_ring_capacity) {
-    ring_.push_back(e);
-    ring_next_ = ring_.size() % options_.event_ring_capacity;
-    if (ring_next_ == 0) ring_wrapped_ = true;
-    return;
-  }
-  ring_[ring_next_] = e;
-  ring_next_ = (ring_next_ + 1) % options_.event_ring_capacity;
-  ring_wrapped_ = true;
+  if (ring_.empty()) return;
+  TraceEvent& e = ring_[ring_next_];
+  e.action = action;
+  e.address = addr;
+  e.size = size;
+  e.stream = stream;
+  e.time_ns = device_->NowNs();
+  if (++ring_next_ == ring_.size()) ring_next_ = 0;
+  if (ring_size_ < ring_.size()) ++ring_size_;
 }
 
 std::string CachingAllocator::DescribeBadPointer(const void* ptr, const char* op) const {

@@ -60,6 +60,7 @@ inline constexpr std::size_t kSmallBuffer = 2 * kMiB;   // small-pool segment
 inline constexpr std::size_t kLargeBuffer = 20 * kMiB;  // segment shared by 1-10 MiB requests
 inline constexpr std::size_t kMinLargeAlloc = 10 * kMiB;
 inline constexpr std::size_t kRoundLarge = 2 * kMiB;    // larger segments round to this
+inline constexpr std::size_t kMaxEventRingCapacity = std::size_t{1} << 24;
 
 struct AllocatorOptions {
   // Cap on reserved bytes, to make a large GPU act as a smaller one.
@@ -67,7 +68,8 @@ struct AllocatorOptions {
   std::size_t budget = 0;
   // Blocks above this size are never split. Default: no limit.
   std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
-  // Events kept in the snapshot's ring (0 keeps none).
+  // Events kept in the snapshot's ring (0 keeps none), at most
+  // kMaxEventRingCapacity. The ring is allocated up front (40 B an event).
   std::size_t event_ring_capacity = 16384;
   // Safety net against a handler that reports progress it did not make.
   int max_pressure_rounds = 1 << 20;
@@ -145,6 +147,7 @@ class CachingAllocator {
     bool allocated = false;
     bool pending_free = false;
     bool shared = false;    // free and safe for every stream
+    std::uintptr_t partition = 0;  // free-set partition, set on entering the set
     std::uint64_t free_seq = 0;
     int pending_events = 0;
     std::uint64_t owner = 0;
@@ -159,8 +162,25 @@ class CachingAllocator {
   };
   // Free blocks: shared ones first, then each stream's private ones; within
   // each, by (size, address) for best fit.
+  struct FreeKey {
+    std::uintptr_t partition;  // 0: shared; otherwise the private stream's handle + 1
+    std::size_t size;
+    std::uintptr_t addr;
+    friend bool operator<(const FreeKey& a, const FreeKey& b) {
+      if (a.partition != b.partition) return a.partition < b.partition;
+      if (a.size != b.size) return a.size < b.size;
+      return a.addr < b.addr;
+    }
+  };
+  static std::uintptr_t PartitionOf(Stream stream, bool shared) {
+    return shared ? 0 : stream.handle + 1;
+  }
+  static FreeKey KeyOf(const Block* b) { return {b->partition, b->size, b->addr}; }
   struct FreeOrder {
-    bool operator()(const Block* a, const Block* b) const;
+    using is_transparent = void;
+    bool operator()(const Block* a, const Block* b) const { return KeyOf(a) < KeyOf(b); }
+    bool operator()(const FreeKey& a, const Block* b) const { return a < KeyOf(b); }
+    bool operator()(const Block* a, const FreeKey& b) const { return KeyOf(a) < b; }
   };
   using FreeSet = absl::btree_set<Block*, FreeOrder>;
   struct Pool {
@@ -186,10 +206,19 @@ class CachingAllocator {
   StatPool StatPoolOf(const Pool& pool) const { return pool.large ? kLargePool : kSmallPool; }
   Pool& PoolOf(const Block* b) { return b->segment->large ? large_ : small_; }
 
-  Block* FindFreeBlock(Pool& pool, std::size_t size, Stream stream)
+  // The best-fitting free block usable on `stream`, or pool.free.end().
+  FreeSet::iterator FindFreeBlock(Pool& pool, std::size_t size, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Block* FindFreeBlockPtr(Pool& pool, std::size_t size, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = FindFreeBlock(pool, size, stream);
+    return it == pool.free.end() ? nullptr : *it;
+  }
   bool Fits(const Block* b, std::size_t size) const;
-  void* Commit(Block* block, std::size_t size, std::size_t requested, Stream stream)
+  // Allocates from the free block `block`; `where` is its position in the
+  // free set when the caller knows it (saves a lookup), else end().
+  void* Commit(Block* block, FreeSet::iterator where, std::size_t size, std::size_t requested,
+               Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> AllocateSlow(Pool& pool, std::size_t size, std::size_t requested,
                                       Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -198,10 +227,17 @@ class CachingAllocator {
   absl::Status FreeLocked(void* ptr, const Stream* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns an inactive block to its pool, private to `stream`, coalesced.
   void ReturnBlock(Block* block, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Block* Coalesce(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts an inactive block (not in the free set) into it, merged with the
+  // free neighbours it may merge with.
+  void InsertCoalesced(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanMerge(const Block* a, const Block* b) const;
   void InsertFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives a block in the free set a new key, in place when the order allows.
+  void RekeyFree(Block* b, std::uintptr_t addr, std::size_t size, Stream stream, bool shared,
+                 FreeSet::iterator where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds (+1) or removes (-1) a free block's share of the free-set counters.
+  void CountFree(const Block* b, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes pending frees whose events are done (all of them when `wait`).
   void ProcessPendingFrees(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes streams' freed blocks shared once events behind them complete: every
@@ -222,6 +258,7 @@ class CachingAllocator {
   void DeleteBlock(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Device* const device_;
+  const std::size_t device_capacity_;
   const AllocatorOptions options_;
 
   mutable Mutex mu_;
@@ -237,8 +274,8 @@ class CachingAllocator {
   std::uint64_t next_free_seq_ ABSL_GUARDED_BY(mu_) = 1;
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<TraceEvent> ring_ ABSL_GUARDED_BY(mu_);
-  std::size_t ring_next_ ABSL_GUARDED_BY(mu_) = 0;
-  bool ring_wrapped_ ABSL_GUARDED_BY(mu_) = false;
+  std::size_t ring_next_ ABSL_GUARDED_BY(mu_) = 0;  // where the next event goes
+  std::size_t ring_size_ ABSL_GUARDED_BY(mu_) = 0;  // events held (at most ring_.size())
   // Shared so a call in progress (made without the lock) survives a replacement.
   std::shared_ptr<PressureHandler> pressure_handler_ ABSL_GUARDED_BY(mu_);
 };

@@ -1,28 +1,19 @@
 // remat::Mutex: the one lock type of the project, annotated for clang's
 // thread-safety analysis (ABSL_GUARDED_BY and friends work with it).
 //
-// Normally it is an absl::Mutex. Under ThreadSanitizer it is a std::mutex:
-// the distribution's Abseil is compiled without TSan annotations, so TSan
-// cannot see absl::Mutex's futex-based hand-offs and would report races on
-// every guarded field. std::mutex goes through pthread, which TSan intercepts.
+// It is a std::mutex, not an absl::Mutex, for two measured reasons. Debian's
+// Abseil is built without NDEBUG, so every absl::Mutex::Lock runs deadlock
+// cycle detection (GraphCycles::GetId and a pthread_getspecific per lock):
+// about a fifth of an allocate/free pair. And that Abseil is not compiled with
+// TSan annotations, so ThreadSanitizer cannot see its futex hand-offs and
+// reports races on every guarded field; pthread mutexes it understands. We use
+// no reader locks or conditions, so nothing of absl::Mutex is missed.
 #ifndef REMAT_BASE_MUTEX_H_
 #define REMAT_BASE_MUTEX_H_
 
-#include "absl/base/thread_annotations.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define REMAT_MUTEX_IS_STD 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define REMAT_MUTEX_IS_STD 1
-#endif
-#endif
-
-#ifdef REMAT_MUTEX_IS_STD
 #include <mutex>
-#else
-#include "absl/synchronization/mutex.h"
-#endif
+
+#include "absl/base/thread_annotations.h"
 
 namespace remat {
 
@@ -36,15 +27,7 @@ class ABSL_LOCKABLE Mutex {
   void Unlock() ABSL_UNLOCK_FUNCTION() { impl_.unlock(); }
 
  private:
-#ifdef REMAT_MUTEX_IS_STD
   std::mutex impl_;
-#else
-  struct Adapter {
-    void lock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu.Lock(); }
-    void unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu.Unlock(); }
-    absl::Mutex mu;
-  } impl_;
-#endif
 };
 
 class ABSL_SCOPED_LOCKABLE MutexLock {
