@@ -32,6 +32,13 @@ void AllocatorStats::ResetPeaks() {
   }
 }
 
+void AllocatorStats::Complete() {
+  for (StatArray* a : {&allocation, &segment, &active, &inactive_split, &allocated_bytes,
+                       &reserved_bytes, &active_bytes, &inactive_split_bytes, &requested_bytes}) {
+    a->Complete();
+  }
+}
+
 void AllocatorStats::ResetAccumulated() {
   for (StatArray* a : {&allocation, &segment, &active, &inactive_split, &allocated_bytes,
                        &reserved_bytes, &active_bytes, &inactive_split_bytes, &requested_bytes}) {

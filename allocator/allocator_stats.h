@@ -44,17 +44,29 @@ struct StatArray {
   const Stat& all() const { return pools[kAggregatePool]; }
   const Stat& small() const { return pools[kSmallPool]; }
   const Stat& large() const { return pools[kLargePool]; }
+  // The aggregate's current and peak are kept as they change (a peak cannot
+  // be derived from the pools' peaks); its allocated and freed totals are the
+  // pools' sums, filled in by Complete() when statistics are read.
   void Add(StatPool pool, std::int64_t delta) {
-    pools[kAggregatePool].Add(delta);
-    pools[pool].Add(delta);
+    if (delta > 0) {
+      Increase(pool, delta);
+    } else {
+      Decrease(pool, -delta);
+    }
   }
   void Increase(StatPool pool, std::int64_t amount) {
-    pools[kAggregatePool].Increase(amount);
+    Stat& all = pools[kAggregatePool];
+    all.current += amount;
+    all.peak = all.current > all.peak ? all.current : all.peak;
     pools[pool].Increase(amount);
   }
   void Decrease(StatPool pool, std::int64_t amount) {
-    pools[kAggregatePool].Decrease(amount);
+    pools[kAggregatePool].current -= amount;
     pools[pool].Decrease(amount);
+  }
+  void Complete() {
+    pools[kAggregatePool].allocated = pools[kSmallPool].allocated + pools[kLargePool].allocated;
+    pools[kAggregatePool].freed = pools[kSmallPool].freed + pools[kLargePool].freed;
   }
   void ResetPeak() {
     for (Stat& s : pools) s.peak = s.current;
@@ -83,6 +95,8 @@ struct AllocatorStats {
 
   void ResetPeaks();
   void ResetAccumulated();
+  // Fills in the aggregate totals the hot path leaves out (see StatArray).
+  void Complete();
 };
 
 // Flat "name.pool.field" keys, as torch.cuda.memory_stats() spells them

@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/base/attributes.h"
 #include "absl/strings/str_format.h"
 #include "base/log.h"
 
 namespace remat {
 namespace {
+
+// The helpers of the alloc/free fast path are small and called once or twice
+// each; inlined, a pair costs ~8% fewer instructions (callgrind).
+#define REMAT_HOT_INLINE ABSL_ATTRIBUTE_ALWAYS_INLINE inline
 
 std::size_t RoundUpTo(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -58,6 +63,10 @@ CachingAllocator::CachingAllocator(Device* device, AllocatorOptions options)
   MutexLock lock(&mu_);
   budget_ = options.budget == 0 ? device->Capacity() : options.budget;
   large_.large = true;
+  for (Pool* pool : {&small_, &large_}) {
+    pool->sentinel.partition = kSentinelPartition;
+    pool->free.insert(&pool->sentinel);
+  }
   // Allocated up front so that recording an event is a few stores.
   ring_.resize(options.event_ring_capacity);
 }
@@ -86,7 +95,7 @@ CachingAllocator::~CachingAllocator() {
   for (Event e : spare_events_) (void)device_->DestroyEvent(e);
 }
 
-CachingAllocator::Block* CachingAllocator::NewBlock() {
+REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::NewBlock() {
   if (spare_blocks_.empty()) return new Block;
   Block* b = spare_blocks_.back();
   spare_blocks_.pop_back();
@@ -103,7 +112,7 @@ CachingAllocator::Block* CachingAllocator::NewBlock() {
   return b;
 }
 
-void CachingAllocator::DeleteBlock(Block* b) { spare_blocks_.push_back(b); }
+REMAT_HOT_INLINE void CachingAllocator::DeleteBlock(Block* b) { spare_blocks_.push_back(b); }
 
 // ---------------------------------------------------------------------------
 // Allocation
@@ -126,7 +135,7 @@ absl::StatusOr<void*> CachingAllocator::Allocate(std::size_t bytes, Stream strea
   return Commit(*slow, pool.free.end(), size, bytes, stream);
 }
 
-bool CachingAllocator::Fits(const Block* b, std::size_t size) const {
+REMAT_HOT_INLINE bool CachingAllocator::Fits(const Block* b, std::size_t size) const {
   // Oversize blocks are kept for oversize requests, and an oversize request
   // does not take a block much larger than itself.
   if (size < options_.max_split_size) return b->size < options_.max_split_size ||
@@ -134,7 +143,7 @@ bool CachingAllocator::Fits(const Block* b, std::size_t size) const {
   return b->size < size + kLargeBuffer;
 }
 
-CachingAllocator::FreeSet::iterator CachingAllocator::FindFreeBlock(Pool& pool, std::size_t size,
+REMAT_HOT_INLINE CachingAllocator::FreeSet::iterator CachingAllocator::FindFreeBlock(Pool& pool, std::size_t size,
                                                                     Stream stream) {
   // The stream's own free blocks...
   const std::uintptr_t own = stream.handle + 1;
@@ -156,7 +165,7 @@ CachingAllocator::FreeSet::iterator CachingAllocator::FindFreeBlock(Pool& pool, 
   return best;
 }
 
-void* CachingAllocator::Commit(Block* block, FreeSet::iterator where, std::size_t size,
+REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, FreeSet::iterator where, std::size_t size,
                                std::size_t requested, Stream stream) {
   const StatPool sp = StatPoolOf(PoolOf(block));
   const std::size_t remaining = block->size - size;
@@ -301,7 +310,7 @@ absl::Status CachingAllocator::FreeOnStream(void* ptr, Stream stream) {
   return FreeLocked(ptr, &stream);
 }
 
-absl::Status CachingAllocator::FreeLocked(void* ptr, const Stream* stream) {
+REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stream* stream) {
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Free"));
   Block* block = it->second;
@@ -336,7 +345,7 @@ absl::Status CachingAllocator::FreeLocked(void* ptr, const Stream* stream) {
   return absl::OkStatus();
 }
 
-void CachingAllocator::ReturnBlock(Block* block, Stream stream) {
+REMAT_HOT_INLINE void CachingAllocator::ReturnBlock(Block* block, Stream stream) {
   const StatPool sp = StatPoolOf(PoolOf(block));
   stats_.active.Decrease(sp, 1);
   stats_.active_bytes.Decrease(sp, static_cast<std::int64_t>(block->size));
@@ -352,7 +361,7 @@ void CachingAllocator::ReturnBlock(Block* block, Stream stream) {
   InsertCoalesced(block);
 }
 
-bool CachingAllocator::CanMerge(const Block* a, const Block* b) const {
+REMAT_HOT_INLINE bool CachingAllocator::CanMerge(const Block* a, const Block* b) const {
   // `b` is a free neighbour of the inactive block `a`. A shared neighbour may
   // join a private block (the stream owning it may use shared memory); two
   // private blocks merge only on the same stream.
@@ -361,7 +370,7 @@ bool CachingAllocator::CanMerge(const Block* a, const Block* b) const {
   return b->shared || b->stream == a->stream;
 }
 
-void CachingAllocator::InsertCoalesced(Block* x) {
+REMAT_HOT_INLINE void CachingAllocator::InsertCoalesced(Block* x) {
   Block* p = CanMerge(x, x->prev) ? x->prev : nullptr;
   Block* n = CanMerge(x, x->next) ? x->next : nullptr;
   if (p == nullptr && n == nullptr) {
@@ -397,7 +406,7 @@ void CachingAllocator::InsertCoalesced(Block* x) {
   if (absorbed != nullptr) DeleteBlock(absorbed);
 }
 
-void CachingAllocator::CountFree(const Block* b, int sign) {
+REMAT_HOT_INLINE void CachingAllocator::CountFree(const Block* b, int sign) {
   Pool& pool = PoolOf(b);
   if (b->shared) pool.shared_count += sign;
   if (b->size < b->segment->size) {
@@ -407,18 +416,18 @@ void CachingAllocator::CountFree(const Block* b, int sign) {
   }
 }
 
-void CachingAllocator::InsertFree(Block* b) {
+REMAT_HOT_INLINE void CachingAllocator::InsertFree(Block* b) {
   b->partition = PartitionOf(b->stream, b->shared);
   PoolOf(b).free.insert(b);
   CountFree(b, +1);
 }
 
-void CachingAllocator::EraseFree(Block* b) {
+REMAT_HOT_INLINE void CachingAllocator::EraseFree(Block* b) {
   PoolOf(b).free.erase(b);
   CountFree(b, -1);
 }
 
-void CachingAllocator::RekeyFree(Block* b, std::uintptr_t addr, std::size_t size, Stream stream,
+REMAT_HOT_INLINE void CachingAllocator::RekeyFree(Block* b, std::uintptr_t addr, std::size_t size, Stream stream,
                                  bool shared, FreeSet::iterator where) {
   // The set holds pointers and orders them through the blocks, so a block
   // whose new key still sorts between its neighbours can change in place:
@@ -513,7 +522,7 @@ void CachingAllocator::HarvestStreams(const Stream* requester, bool wait) {
   for (Pool* pool : {&small_, &large_}) {
     // Partition 0 holds the shared blocks; private ones start at 1.
     auto it = pool->free.lower_bound(FreeKey{1, 0, 0});
-    while (it != pool->free.end()) {
+    while (*it != &pool->sentinel) {
       const Stream s = (*it)->stream;
       if ((requester == nullptr || s != *requester) &&
           std::find(streams.begin(), streams.end(), s) == streams.end()) {
@@ -559,8 +568,9 @@ void CachingAllocator::HarvestStreams(const Stream* requester, bool wait) {
 void CachingAllocator::ShareBlocksOf(Stream stream, std::uint64_t before_seq) {
   for (Pool* pool : {&small_, &large_}) {
     std::vector<Block*> moving;
-    for (auto it = pool->free.lower_bound(FreeKey{stream.handle + 1, 0, 0});
-         it != pool->free.end() && !(*it)->shared && (*it)->stream == stream; ++it) {
+    const std::uintptr_t partition = PartitionOf(stream, /*shared=*/false);
+    for (auto it = pool->free.lower_bound(FreeKey{partition, 0, 0}); (*it)->partition == partition;
+         ++it) {
       if ((*it)->free_seq < before_seq) moving.push_back(*it);
     }
     // One at a time: a block just shared merges only with shared neighbours,
@@ -668,7 +678,9 @@ absl::StatusOr<std::size_t> CachingAllocator::BlockSize(const void* ptr) const {
 
 AllocatorStats CachingAllocator::GetStats() const {
   MutexLock lock(&mu_);
-  return stats_;
+  AllocatorStats stats = stats_;
+  stats.Complete();
+  return stats;
 }
 
 void CachingAllocator::ResetPeakStats() {
@@ -697,6 +709,7 @@ Snapshot CachingAllocator::TakeSnapshot() const {
   snap.device = device_->Describe();
   snap.budget = budget_;
   snap.stats = stats_;
+  snap.stats.Complete();
   snap.segments.reserve(segments_.size());
   for (const auto& [addr, seg] : segments_) {
     SegmentInfo info;
@@ -750,7 +763,7 @@ MemoryMap CachingAllocator::GetMemoryMap() const {
   return map;
 }
 
-void CachingAllocator::RecordTrace(TraceAction action, std::uintptr_t addr, std::size_t size,
+REMAT_HOT_INLINE void CachingAllocator::RecordTrace(TraceAction action, std::uintptr_t addr, std::size_t size,
                                    Stream stream) {
   if (ring_.empty()) return;
   TraceEvent& e = ring_[ring_next_];
@@ -794,6 +807,7 @@ std::string CachingAllocator::OomMessage(std::size_t requested, std::size_t size
   std::size_t free_bytes = 0;
   for (const Pool* pool : {&small_, &large_}) {
     for (const Block* b : pool->free) {
+      if (b == &pool->sentinel) continue;
       largest_free = std::max(largest_free, b->size);
       free_bytes += b->size;
     }

@@ -68,9 +68,11 @@ struct AllocatorOptions {
   std::size_t budget = 0;
   // Blocks above this size are never split. Default: no limit.
   std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
-  // Events kept in the snapshot's ring (0 keeps none), at most
-  // kMaxEventRingCapacity. The ring is allocated up front (40 B an event).
-  std::size_t event_ring_capacity = 16384;
+  // Events kept in the snapshot's ring, at most kMaxEventRingCapacity; 0
+  // (the default) records none. Off by default for the reason PyTorch's
+  // memory history is opt-in: three stamped events per alloc/free pair are a
+  // tenth of its cost. The ring is allocated up front (40 B an event).
+  std::size_t event_ring_capacity = 0;
   // Safety net against a handler that reports progress it did not make.
   int max_pressure_rounds = 1 << 20;
 };
@@ -187,7 +189,12 @@ class CachingAllocator {
     FreeSet free;
     bool large = false;
     std::size_t shared_count = 0;
+    // Sorts after every real block (partition kSentinelPartition) and never
+    // leaves the set, so the tree never empties: an exact-fit alloc/free of a
+    // whole segment would otherwise free and reallocate the root node each time.
+    Block sentinel;
   };
+  static constexpr std::uintptr_t kSentinelPartition = ~std::uintptr_t{0};
   struct PendingFree {
     Block* block;
     std::vector<Event> events;

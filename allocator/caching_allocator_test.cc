@@ -331,7 +331,7 @@ TEST_F(AllocatorTest, PressureHandlerIsCalledWithSizeAndStreamAndRetriedWhileItP
 }
 
 TEST_F(AllocatorTest, FailsWithADiagnosisWhenTheHandlerCannotHelp) {
-  Make({.budget = 64 * kMiB});
+  Make({.budget = 64 * kMiB, .event_ring_capacity = 64});
   void* a = Alloc(30 * kMiB);
   void* b = Alloc(30 * kMiB);
   (void)a;
@@ -507,6 +507,7 @@ TEST_F(AllocatorTest, StatsJsonUsesPyTorchNames) {
 // --- Snapshot, events, memory map -------------------------------------------
 
 TEST_F(AllocatorTest, SnapshotBlocksTileEachSegmentInAddressOrder) {
+  Make({.event_ring_capacity = 1024});
   std::vector<void*> live;
   for (int i = 0; i < 40; ++i) live.push_back(Alloc((i % 7 + 1) * 300 * 1024));
   for (int i = 0; i < 40; i += 3) Free(live[i]);
@@ -553,7 +554,16 @@ TEST_F(AllocatorTest, EventRingIsBoundedAndKeepsTheNewest) {
   EXPECT_EQ(snap.events[4].address, reinterpret_cast<std::uintptr_t>(ptrs[3]));
 }
 
+TEST_F(AllocatorTest, EventRingIsOffByDefault) {
+  Free(Alloc(1024));
+  EXPECT_TRUE(alloc_->TakeSnapshot().events.empty());
+  EXPECT_FALSE(CachingAllocator::Create(device_.get(),
+                                        {.event_ring_capacity = kMaxEventRingCapacity + 1})
+                   .ok());
+}
+
 TEST_F(AllocatorTest, EventsAreStampedWithDeviceTime) {
+  Make({.event_ring_capacity = 16});
   Alloc(1024);
   device_->AdvanceHost(12345);
   Alloc(1024);
