@@ -37,6 +37,11 @@ std::size_t CachingAllocator::SegmentSizeFor(std::size_t rounded) {
 absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
     Device* device, AllocatorOptions options) {
   if (device == nullptr) return absl::InvalidArgumentError("CachingAllocator needs a device");
+  if (options.budget != 0 && options.budget < kSmallBuffer) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "budget %s is below the smallest segment (%s): nothing could ever be allocated",
+        FormatBytes(options.budget), FormatBytes(kSmallBuffer)));
+  }
   if (options.budget > device->Capacity()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "budget %s is larger than the device (%s: %s)", FormatBytes(options.budget),
@@ -641,10 +646,10 @@ void CachingAllocator::SetPressureHandler(PressureHandler handler) {
 }
 
 absl::Status CachingAllocator::SetBudget(std::size_t budget) {
-  if (budget == 0 || budget > device_->Capacity()) {
+  if (budget < kSmallBuffer || budget > device_->Capacity()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "budget must be between 1 byte and the device's %s, not %d bytes",
-        FormatBytes(device_->Capacity()), budget));
+        "budget must be between the smallest segment (%s) and the device's %s, not %d bytes",
+        FormatBytes(kSmallBuffer), FormatBytes(device_->Capacity()), budget));
   }
   MutexLock lock(&mu_);
   budget_ = budget;

@@ -92,8 +92,9 @@ using PressureHandler = absl::AnyInvocable<bool(const PressureRequest&)>;
 
 class CachingAllocator {
  public:
-  // `device` must outlive the allocator. Fails on a budget beyond the device's
-  // capacity or a max_split_size below the large-pool threshold.
+  // `device` must outlive the allocator. Fails on a budget below the smallest
+  // segment or beyond the device's capacity, or a max_split_size below the
+  // large-pool threshold.
   static absl::StatusOr<std::unique_ptr<CachingAllocator>> Create(Device* device,
                                                                   AllocatorOptions options = {});
   ~CachingAllocator();
@@ -114,7 +115,8 @@ class CachingAllocator {
   absl::Status EmptyCache();
 
   void SetPressureHandler(PressureHandler handler);
-  // Rejects 0 and budgets beyond the device. Lowering it below what is
+  // Rejects budgets below the smallest segment (2 MiB) and beyond the device.
+  // Lowering it below what is
   // reserved releases the cache; what stays reserved stays.
   absl::Status SetBudget(std::size_t budget);
   std::size_t budget() const;

@@ -380,7 +380,9 @@ TEST_F(AllocatorTest, BudgetValidation) {
   EXPECT_FALSE(CachingAllocator::Create(device_.get(), {.budget = 81 * kGiB}).ok());
   EXPECT_FALSE(CachingAllocator::Create(device_.get(), {.max_split_size = kMiB}).ok());
   EXPECT_FALSE(CachingAllocator::Create(nullptr).ok());
+  EXPECT_FALSE(CachingAllocator::Create(device_.get(), {.budget = kSmallBuffer - 1}).ok());
   EXPECT_EQ(alloc_->SetBudget(0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(alloc_->SetBudget(kKiB).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(alloc_->SetBudget(81 * kGiB).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(alloc_->budget(), 80 * kGiB);
   Free(Alloc(64 * kMiB));

@@ -100,6 +100,10 @@ TEST_F(RematCliTest, UsageErrorsExitTwo) {
   EXPECT_EQ(bad_size.status, 2);
   EXPECT_THAT(bad_size.out, HasSubstr("12parsecs"));
   EXPECT_EQ(Remat("replay " + Trace("tiny.csv") + " --budget 0").status, 2);
+  // A budget no segment fits in.
+  const Outcome tiny = Remat("replay " + Trace("tiny.csv") + " --budget 1KiB");
+  EXPECT_EQ(tiny.status, 2);
+  EXPECT_THAT(tiny.out, HasSubstr("below the smallest segment"));
   // A budget beyond the device.
   EXPECT_EQ(Remat("replay " + Trace("tiny.csv") + " --capacity 1GiB --budget 2GiB").status, 2);
 }
