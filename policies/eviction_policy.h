@@ -1,0 +1,76 @@
+// EvictionPolicy: which tensors to evict, and how, when memory runs short.
+//
+// The runtime keeps all the bookkeeping (the tensor table, costs, access
+// history, which evicted tensors a recompute would also need) and hands a
+// policy one PressureContext per pressure event: the bytes it needs and a
+// candidate for every tensor that may go. The policy returns a Plan, an
+// ordered list of (tensor, drop | offload); the runtime carries it out in
+// order until the request fits. A policy is therefore a few lines of
+// scoring over a shared model of the tensors, as in the DTR simulator.
+#ifndef REMAT_POLICIES_EVICTION_POLICY_H_
+#define REMAT_POLICIES_EVICTION_POLICY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "allocator/device.h"
+#include "allocator/snapshot.h"
+
+namespace remat::policies {
+
+enum class EvictAction : std::uint8_t {
+  kDrop,     // free the bytes; the recompute closure regenerates them on the next use
+  kOffload,  // copy to pinned host memory; copied back on the next use (or by prefetch)
+};
+const char* EvictActionName(EvictAction action);  // "drop", "offload"
+
+// One tensor that may be evicted now (resident and not pinned by a guard).
+struct Candidate {
+  std::uint64_t id = 0;            // the runtime's tensor id
+  std::size_t bytes = 0;           // device bytes its eviction frees
+  std::int64_t compute_ns = 0;     // cost of re-running its closure
+  std::int64_t transfer_ns = 0;    // cost of copying it out and back
+  bool can_drop = false;           // it has a recompute closure and allows dropping
+  bool can_offload = false;        // it allows offloading
+  std::int64_t last_access_ns = 0; // device clock at its last use
+  std::uint64_t accesses = 0;      // uses so far
+  // Cost of the evicted tensors a recompute of this one would also have to
+  // regenerate (DTR's evicted neighbourhood, or its equivalence-class estimate).
+  std::int64_t neighbourhood_ns = 0;
+  std::uintptr_t address = 0;      // device address of its block
+};
+
+struct PressureContext {
+  std::size_t bytes_needed = 0;  // what the pending request lacks
+  Stream stream;                 // the stream of the pending request
+  std::int64_t now_ns = 0;       // device clock
+  absl::Span<const Candidate> candidates;
+  const MemoryMap* memory_map = nullptr;  // for allocator-aware policies; may be null
+};
+
+struct PlanStep {
+  std::uint64_t id = 0;
+  EvictAction action = EvictAction::kDrop;
+  friend bool operator==(const PlanStep& a, const PlanStep& b) {
+    return a.id == b.id && a.action == b.action;
+  }
+};
+using Plan = std::vector<PlanStep>;
+
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+  // The spec that recreates this policy: "dtr:staleness_exp=1".
+  virtual std::string Spec() const = 0;
+  // Steps whose candidates' bytes cover ctx.bytes_needed when they can (all
+  // candidates' worth otherwise), most preferred first. Never names a
+  // candidate twice, never one that allows neither action.
+  virtual Plan Choose(const PressureContext& ctx) = 0;
+};
+
+}  // namespace remat::policies
+
+#endif  // REMAT_POLICIES_EVICTION_POLICY_H_

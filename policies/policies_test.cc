@@ -1,0 +1,174 @@
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "policies/policy_spec.h"
+#include "policies/registry.h"
+#include "policies/scored_policy.h"
+
+namespace remat::policies {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+Candidate Make(std::uint64_t id, std::size_t bytes, std::int64_t last_access,
+               std::int64_t compute_ns = 1000, std::int64_t transfer_ns = 1'000'000) {
+  Candidate c;
+  c.id = id;
+  c.bytes = bytes;
+  c.last_access_ns = last_access;
+  c.compute_ns = compute_ns;
+  c.transfer_ns = transfer_ns;
+  c.can_drop = true;
+  c.can_offload = true;
+  return c;
+}
+
+std::vector<std::uint64_t> Ids(const Plan& plan) {
+  std::vector<std::uint64_t> ids;
+  for (const PlanStep& s : plan) ids.push_back(s.id);
+  return ids;
+}
+
+Plan PlanFor(const std::string& spec, const std::vector<Candidate>& candidates, std::size_t needed,
+         std::int64_t now = 1'000'000) {
+  auto policy = Create(spec);
+  EXPECT_TRUE(policy.ok()) << policy.status();
+  PressureContext ctx;
+  ctx.bytes_needed = needed;
+  ctx.now_ns = now;
+  ctx.candidates = candidates;
+  return (*policy)->Choose(ctx);
+}
+
+// --- Specs and the registry ----------------------------------------------------
+
+TEST(PolicySpecTest, ParsesNamesAndParameters) {
+  auto plain = ParseSpec("lru");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->name, "lru");
+  EXPECT_TRUE(plain->params.empty());
+  auto with = ParseSpec("dtr: staleness_exp = 2 ,neighbourhood=false");
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(with->name, "dtr");
+  EXPECT_EQ(with->params.at("staleness_exp"), "2");
+  EXPECT_EQ(with->params.at("neighbourhood"), "false");
+}
+
+TEST(PolicySpecTest, RejectsMalformedSpecs) {
+  for (const char* bad : {"", ":a=1", "dtr:staleness_exp", "dtr:=1", "dtr:a=1,a=2"}) {
+    EXPECT_EQ(ParseSpec(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(RegistryTest, CreatesEveryKnownPolicy) {
+  EXPECT_THAT(KnownPolicies(), ElementsAre("lru", "largest", "dtr"));
+  for (const std::string& name : KnownPolicies()) {
+    auto policy = Create(name);
+    ASSERT_TRUE(policy.ok()) << name << ": " << policy.status();
+    // The spec a policy reports recreates it.
+    auto again = Create((*policy)->Spec());
+    ASSERT_TRUE(again.ok()) << (*policy)->Spec() << ": " << again.status();
+    EXPECT_EQ((*again)->Spec(), (*policy)->Spec());
+  }
+  EXPECT_EQ((*Create("dtr:staleness_exp=2,neighbourhood=false"))->Spec(),
+            "dtr:neighbourhood=false,staleness_exp=2");
+}
+
+TEST(RegistryTest, UnknownNamesAndKeysListWhatIsKnown) {
+  auto unknown = Create("belady2");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()),
+              HasSubstr("unknown policy 'belady2' (known: lru, largest, dtr)"));
+  auto bad_key = Create("dtr:staleness=2");
+  EXPECT_THAT(std::string(bad_key.status().message()),
+              HasSubstr("no parameter 'staleness' (it knows: staleness_exp, neighbourhood)"));
+  EXPECT_THAT(std::string(Create("lru:x=1").status().message()), HasSubstr("it knows: none"));
+  EXPECT_THAT(std::string(Create("dtr:staleness_exp=abc").status().message()),
+              HasSubstr("is not a number"));
+  EXPECT_THAT(std::string(Create("dtr:staleness_exp=-1").status().message()),
+              HasSubstr("out of range"));
+  EXPECT_THAT(std::string(Create("dtr:neighbourhood=maybe").status().message()),
+              HasSubstr("not true or false"));
+}
+
+// --- Plans --------------------------------------------------------------------
+
+TEST(PolicyTest, LruEvictsTheLeastRecentlyUsedUntilTheBytesAreCovered) {
+  std::vector<Candidate> c = {Make(1, 100, 500), Make(2, 100, 100), Make(3, 100, 300),
+                              Make(4, 100, 900)};
+  EXPECT_THAT(Ids(PlanFor("lru", c, 150)), ElementsAre(2, 3));
+  EXPECT_THAT(Ids(PlanFor("lru", c, 100)), ElementsAre(2));
+  // Not enough in all: everything, oldest first; nothing needed: nothing.
+  EXPECT_THAT(Ids(PlanFor("lru", c, 10'000)), ElementsAre(2, 3, 1, 4));
+  EXPECT_TRUE(PlanFor("lru", c, 0).empty());
+}
+
+TEST(PolicyTest, LargestEvictsTheBiggestFirst) {
+  std::vector<Candidate> c = {Make(1, 10, 0), Make(2, 500, 0), Make(3, 200, 0)};
+  EXPECT_THAT(Ids(PlanFor("largest", c, 600)), ElementsAre(2, 3));
+}
+
+TEST(PolicyTest, DtrWeighsCostSizeAndStaleness) {
+  const std::int64_t now = 1'000'000;
+  // Same size and staleness: the cheaper to recompute goes first.
+  std::vector<Candidate> cost = {Make(1, 100, 0, 5000), Make(2, 100, 0, 1000)};
+  EXPECT_THAT(Ids(PlanFor("dtr", cost, 100, now)), ElementsAre(2));
+  // Same cost and staleness: the larger goes first.
+  std::vector<Candidate> size = {Make(1, 100, 0), Make(2, 400, 0)};
+  EXPECT_THAT(Ids(PlanFor("dtr", size, 100, now)), ElementsAre(2));
+  // Same cost and size: the staler goes first.
+  std::vector<Candidate> stale = {Make(1, 100, now - 10), Make(2, 100, now - 1000)};
+  EXPECT_THAT(Ids(PlanFor("dtr", stale, 100, now)), ElementsAre(2));
+  // The evicted neighbourhood counts, unless turned off.
+  std::vector<Candidate> hood = {Make(1, 100, 0, 1000), Make(2, 100, 0, 2000)};
+  hood[0].neighbourhood_ns = 5000;
+  EXPECT_THAT(Ids(PlanFor("dtr", hood, 100, now)), ElementsAre(2));
+  EXPECT_THAT(Ids(PlanFor("dtr:neighbourhood=false", hood, 100, now)), ElementsAre(1));
+}
+
+TEST(PolicyTest, StalenessExponentChangesTheTradeOff) {
+  const std::int64_t now = 1'000'000;
+  // 1 is 4x cheaper; 2 is 100x staler. Linear staleness prefers 2, none prefers 1.
+  std::vector<Candidate> c = {Make(1, 100, now - 10, 1000), Make(2, 100, now - 1000, 4000)};
+  EXPECT_THAT(Ids(PlanFor("dtr", c, 100, now)), ElementsAre(2));
+  EXPECT_THAT(Ids(PlanFor("dtr:staleness_exp=0", c, 100, now)), ElementsAre(1));
+}
+
+TEST(PolicyTest, ActionIsTheCheaperAllowedWayOut) {
+  Candidate cheap_recompute = Make(1, 100, 0, /*compute=*/10, /*transfer=*/1000);
+  Candidate cheap_copy = Make(2, 100, 0, /*compute=*/1000, /*transfer=*/10);
+  Candidate drop_only = Make(3, 100, 0, 1000, 10);
+  drop_only.can_offload = false;
+  Candidate offload_only = Make(4, 100, 0, 10, 1000);
+  offload_only.can_drop = false;
+  EXPECT_EQ(CheaperAction(cheap_recompute), EvictAction::kDrop);
+  EXPECT_EQ(CheaperAction(cheap_copy), EvictAction::kOffload);
+  EXPECT_EQ(CheaperAction(drop_only), EvictAction::kDrop);
+  EXPECT_EQ(CheaperAction(offload_only), EvictAction::kOffload);
+  // Recompute that needs an evicted neighbourhood regenerated may cost more than a copy.
+  Candidate with_hood = Make(5, 100, 0, 10, 1000);
+  with_hood.neighbourhood_ns = 5000;
+  EXPECT_EQ(CheaperAction(with_hood), EvictAction::kOffload);
+}
+
+TEST(PolicyTest, NeverPlansATensorThatAllowsNeither) {
+  Candidate pinned = Make(1, 1000, 0);
+  pinned.can_drop = pinned.can_offload = false;
+  std::vector<Candidate> c = {pinned, Make(2, 10, 500)};
+  for (const std::string& name : KnownPolicies()) {
+    EXPECT_THAT(Ids(PlanFor(name, c, 1000)), ElementsAre(2)) << name;
+  }
+}
+
+TEST(PolicyTest, PlansAreDeterministicOnTies) {
+  std::vector<Candidate> c = {Make(7, 100, 5), Make(3, 100, 5), Make(5, 100, 5)};
+  for (const std::string& name : KnownPolicies()) {
+    EXPECT_THAT(Ids(PlanFor(name, c, 300)), ElementsAre(3, 5, 7)) << name;
+  }
+}
+
+}  // namespace
+}  // namespace remat::policies

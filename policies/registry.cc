@@ -1,0 +1,48 @@
+#include "policies/registry.h"
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "policies/factories.h"
+#include "policies/policy_spec.h"
+
+namespace remat::policies {
+namespace {
+
+using Factory = absl::StatusOr<std::unique_ptr<EvictionPolicy>> (*)(PolicyParams&);
+
+struct Entry {
+  const char* name;
+  Factory make;
+};
+
+constexpr Entry kPolicies[] = {
+    {"lru", &MakeLru},
+    {"largest", &MakeLargest},
+    {"dtr", &MakeDtr},
+};
+
+}  // namespace
+
+std::vector<std::string> KnownPolicies() {
+  std::vector<std::string> names;
+  for (const Entry& e : kPolicies) names.emplace_back(e.name);
+  return names;
+}
+
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> Create(std::string_view spec) {
+  absl::StatusOr<ParsedSpec> parsed = ParseSpec(spec);
+  if (!parsed.ok()) return parsed.status();
+  for (const Entry& e : kPolicies) {
+    if (parsed->name != e.name) continue;
+    PolicyParams params(parsed->name, std::move(parsed->params));
+    absl::StatusOr<std::unique_ptr<EvictionPolicy>> policy = e.make(params);
+    if (!policy.ok()) return policy.status();
+    if (absl::Status leftover = params.Finish(); !leftover.ok()) return leftover;
+    return policy;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat("unknown policy '%s' (known: %s)",
+                                                    parsed->name,
+                                                    absl::StrJoin(KnownPolicies(), ", ")));
+}
+
+}  // namespace remat::policies

@@ -1,0 +1,27 @@
+// ScoredPolicy: the shape most policies share. Score every candidate, evict
+// the lowest scores first until the bytes needed are covered, and for each
+// choose the cheaper way out: drop when recompute costs no more than the
+// round trip over the link (or offloading is not allowed), else offload.
+#ifndef REMAT_POLICIES_SCORED_POLICY_H_
+#define REMAT_POLICIES_SCORED_POLICY_H_
+
+#include "policies/eviction_policy.h"
+
+namespace remat::policies {
+
+class ScoredPolicy : public EvictionPolicy {
+ public:
+  Plan Choose(const PressureContext& ctx) final;
+
+ protected:
+  // Lower scores are evicted first. Ties go to the lower tensor id, so plans
+  // are deterministic.
+  virtual double Score(const Candidate& c, const PressureContext& ctx) const = 0;
+};
+
+// The cheaper allowed way to evict `c` (it must allow at least one).
+EvictAction CheaperAction(const Candidate& c);
+
+}  // namespace remat::policies
+
+#endif  // REMAT_POLICIES_SCORED_POLICY_H_
