@@ -1,0 +1,107 @@
+#include "runtime/host_pool.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "base/units.h"
+
+namespace remat {
+namespace {
+
+std::size_t RoundUp512(std::size_t n) { return (n + 511) / 512 * 512; }
+
+}  // namespace
+
+PinnedHostPool::PinnedHostPool(Device* device, std::size_t capacity)
+    : device_(device), capacity_(capacity) {}
+
+PinnedHostPool::~PinnedHostPool() {
+  ReclaimCompleted(/*wait=*/true);
+  for (auto& [size, ptr] : cached_) (void)device_->FreeHost(ptr);
+  for (Event e : spare_events_) (void)device_->DestroyEvent(e);
+}
+
+absl::StatusOr<void*> PinnedHostPool::Allocate(std::size_t bytes) {
+  const std::size_t size = RoundUp512(std::max<std::size_t>(bytes, 1));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    ReclaimCompleted(/*wait=*/attempt > 0);
+    // The smallest cached buffer that fits, if it wastes at most half.
+    auto it = cached_.lower_bound(size);
+    if (it != cached_.end() && it->first <= 2 * size) {
+      void* ptr = it->second;
+      in_use_bytes_ += it->first;
+      cached_.erase(it);
+      peak_in_use_bytes_ = std::max(peak_in_use_bytes_, in_use_bytes_);
+      return ptr;
+    }
+    if (held_bytes_ + size > capacity_) {
+      ReleaseCache();
+      if (held_bytes_ + size > capacity_) continue;
+    }
+    absl::StatusOr<void*> ptr = device_->AllocateHost(size);
+    if (!ptr.ok()) return ptr.status();
+    sizes_.emplace(*ptr, size);
+    held_bytes_ += size;
+    in_use_bytes_ += size;
+    peak_in_use_bytes_ = std::max(peak_in_use_bytes_, in_use_bytes_);
+    return *ptr;
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "pinned host pool exhausted: %s requested, %s in use of a %s cap", FormatBytes(size),
+      FormatBytes(in_use_bytes_), FormatBytes(capacity_)));
+}
+
+absl::Status PinnedHostPool::FreeAfter(void* ptr, Stream stream) {
+  auto it = sizes_.find(ptr);
+  if (it == sizes_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PinnedHostPool::FreeAfter(%p): not a buffer of this pool", ptr));
+  }
+  Event event;
+  if (!spare_events_.empty()) {
+    event = spare_events_.back();
+    spare_events_.pop_back();
+  } else {
+    absl::StatusOr<Event> created = device_->CreateEvent();
+    if (!created.ok()) return created.status();
+    event = *created;
+  }
+  if (absl::Status s = device_->RecordEvent(event, stream); !s.ok()) {
+    spare_events_.push_back(event);
+    return s;
+  }
+  in_use_bytes_ -= it->second;
+  pending_.push_back(Pending{ptr, it->second, event});
+  return absl::OkStatus();
+}
+
+void PinnedHostPool::ReclaimCompleted(bool wait) {
+  std::vector<Pending> still;
+  for (const Pending& p : pending_) {
+    bool done;
+    if (wait) {
+      done = device_->SynchronizeEvent(p.event).ok();
+    } else {
+      absl::StatusOr<bool> q = device_->QueryEvent(p.event);
+      done = q.ok() && *q;
+    }
+    if (done) {
+      cached_.emplace(p.bytes, p.ptr);
+      spare_events_.push_back(p.event);
+    } else {
+      still.push_back(p);
+    }
+  }
+  pending_ = std::move(still);
+}
+
+void PinnedHostPool::ReleaseCache() {
+  for (auto& [size, ptr] : cached_) {
+    (void)device_->FreeHost(ptr);
+    sizes_.erase(ptr);
+    held_bytes_ -= size;
+  }
+  cached_.clear();
+}
+
+}  // namespace remat

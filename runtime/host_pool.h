@@ -1,0 +1,65 @@
+// PinnedHostPool: a caching pool of page-locked host buffers for offloaded
+// tensors. Pinned allocations are slow (cudaMallocHost maps and locks pages),
+// so freed buffers are kept by size and reused. A buffer handed back while a
+// copy may still read it is reused only once an event behind that copy has
+// completed. A byte cap bounds what the pool holds; past it, cached buffers
+// are released before an allocation fails.
+#ifndef REMAT_RUNTIME_HOST_POOL_H_
+#define REMAT_RUNTIME_HOST_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "allocator/device.h"
+
+namespace remat {
+
+class PinnedHostPool {
+ public:
+  // `device` must outlive the pool. `capacity` caps the bytes held (in use
+  // and cached together).
+  PinnedHostPool(Device* device, std::size_t capacity);
+  ~PinnedHostPool();
+  PinnedHostPool(const PinnedHostPool&) = delete;
+  PinnedHostPool& operator=(const PinnedHostPool&) = delete;
+
+  // A buffer of at least `bytes` (rounded up to 512). ResourceExhausted when
+  // the cap cannot hold it even after releasing the cache.
+  absl::StatusOr<void*> Allocate(std::size_t bytes);
+  // Returns a buffer; it is reused only after the work enqueued on `stream`
+  // so far (a copy reading or writing it) has completed.
+  absl::Status FreeAfter(void* ptr, Stream stream);
+
+  std::size_t in_use_bytes() const { return in_use_bytes_; }
+  std::size_t held_bytes() const { return held_bytes_; }
+  std::size_t peak_in_use_bytes() const { return peak_in_use_bytes_; }
+  std::size_t capacity() const { return capacity_; }
+
+ private:
+  struct Pending {
+    void* ptr;
+    std::size_t bytes;
+    Event event;
+  };
+
+  void ReclaimCompleted(bool wait);
+  void ReleaseCache();
+
+  Device* const device_;
+  const std::size_t capacity_;
+  std::multimap<std::size_t, void*> cached_;                  // ready buffers by size
+  absl::flat_hash_map<void*, std::size_t> sizes_;             // every buffer we hold
+  std::vector<Pending> pending_;                              // freed, copy maybe in flight
+  std::vector<Event> spare_events_;
+  std::size_t in_use_bytes_ = 0;
+  std::size_t held_bytes_ = 0;
+  std::size_t peak_in_use_bytes_ = 0;
+};
+
+}  // namespace remat
+
+#endif  // REMAT_RUNTIME_HOST_POOL_H_

@@ -1,0 +1,627 @@
+#include "runtime/runtime.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "base/log.h"
+#include "base/units.h"
+#include "policies/registry.h"
+
+namespace remat {
+
+const char* TensorStateName(TensorState state) {
+  switch (state) {
+    case TensorState::kResident: return "resident";
+    case TensorState::kOffloading: return "offloading";
+    case TensorState::kOnHost: return "on_host";
+    case TensorState::kPrefetching: return "prefetching";
+    case TensorState::kDropped: return "dropped";
+    case TensorState::kFreed: return "freed";
+  }
+  return "?";
+}
+
+struct Runtime::Storage {
+  std::uint64_t serial = 0;
+  std::size_t bytes = 0;
+  TensorState state = TensorState::kDropped;  // until SetResident at creation
+  void* device = nullptr;  // resident, prefetching
+  void* host = nullptr;    // offloading, on_host, prefetching (until the copy in completes)
+  Event copy_event;        // the offload's or the prefetch's copy, while copy_in_flight
+  bool copy_in_flight = false;
+  int pins = 0;
+  bool allow_drop = false;
+  bool allow_offload = false;
+  RecomputeFn recompute;
+  std::vector<Storage*> inputs;     // what the closure reads
+  std::vector<Storage*> consumers;  // droppable storages whose closures read this one
+  std::int64_t compute_ns = 0;
+  std::int64_t last_access_ns = 0;
+  std::uint64_t accesses = 0;
+  absl::InlinedVector<Stream, 2> used_streams;  // streams that used the device block
+  int handles = 0;     // tensors over this storage the owner has not freed
+  int dependents = 0;  // uncollected storages whose closures read this one
+  std::vector<TensorId> tensor_ids;
+};
+
+// The runtime's lock, remembering which runtime the thread holds: the
+// pressure handler runs on the thread that asked the allocator for memory,
+// which usually is inside the runtime already.
+namespace {
+thread_local const void* tls_held_runtime = nullptr;
+}  // namespace
+
+class ABSL_SCOPED_LOCKABLE Runtime::Lock {
+ public:
+  explicit Lock(const Runtime* r) ABSL_EXCLUSIVE_LOCK_FUNCTION(r->mu_) : r_(r) {
+    r_->mu_.Lock();
+    previous_ = tls_held_runtime;
+    tls_held_runtime = r_;
+  }
+  ~Lock() ABSL_UNLOCK_FUNCTION() {
+    tls_held_runtime = previous_;
+    r_->mu_.Unlock();
+  }
+
+ private:
+  const Runtime* r_;
+  const void* previous_;
+};
+
+// --- Guard ----------------------------------------------------------------------
+
+Guard::Guard(Guard&& other) noexcept
+    : runtime_(std::exchange(other.runtime_, nullptr)), id_(other.id_), ptr_(other.ptr_) {}
+
+Guard& Guard::operator=(Guard&& other) noexcept {
+  if (this != &other) {
+    Release();
+    runtime_ = std::exchange(other.runtime_, nullptr);
+    id_ = other.id_;
+    ptr_ = other.ptr_;
+  }
+  return *this;
+}
+
+Guard::~Guard() { Release(); }
+
+void Guard::Release() {
+  if (runtime_ != nullptr) std::exchange(runtime_, nullptr)->Unpin(id_);
+}
+
+// --- Construction -----------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(CachingAllocator* allocator,
+                                                         RuntimeOptions options) {
+  if (allocator == nullptr) return absl::InvalidArgumentError("Runtime needs an allocator");
+  if (!(options.link_gbps > 0) || options.link_latency_ns < 0) {
+    return absl::InvalidArgumentError("link bandwidth must be positive and latency >= 0");
+  }
+  absl::StatusOr<std::unique_ptr<policies::EvictionPolicy>> policy =
+      policies::Create(options.policy);
+  if (!policy.ok()) return policy.status();
+  absl::StatusOr<Stream> copy_stream = allocator->device()->CreateStream();
+  if (!copy_stream.ok()) return copy_stream.status();
+  std::unique_ptr<Runtime> runtime(
+      new Runtime(allocator, std::move(options), std::move(*policy), *copy_stream));
+  allocator->SetPressureHandler(
+      [r = runtime.get()](const PressureRequest& request) { return r->OnPressure(request); });
+  return runtime;
+}
+
+Runtime::Runtime(CachingAllocator* allocator, RuntimeOptions options,
+                 std::unique_ptr<policies::EvictionPolicy> policy, Stream copy_stream)
+    : allocator_(allocator),
+      device_(allocator->device()),
+      options_(std::move(options)),
+      policy_(std::move(policy)),
+      copy_stream_(copy_stream),
+      host_pool_(allocator->device(), options_.host_pool_bytes) {}
+
+Runtime::~Runtime() {
+  allocator_->SetPressureHandler(nullptr);
+  Lock lock(this);
+  (void)device_->Synchronize();
+  for (auto& [serial, s] : storages_) {
+    if (s->device != nullptr) (void)allocator_->Free(s->device);
+    if (s->host != nullptr) (void)host_pool_.FreeAfter(s->host, copy_stream_);
+  }
+  for (Event e : spare_events_) (void)device_->DestroyEvent(e);
+  (void)device_->DestroyStream(copy_stream_);
+}
+
+// --- Small helpers --------------------------------------------------------------
+
+absl::StatusOr<Event> Runtime::TakeEvent() {
+  if (!spare_events_.empty()) {
+    Event e = spare_events_.back();
+    spare_events_.pop_back();
+    return e;
+  }
+  return device_->CreateEvent();
+}
+
+absl::Status Runtime::WaitOn(Stream waiter, Stream producer) {
+  if (waiter == producer) return absl::OkStatus();
+  absl::StatusOr<Event> e = TakeEvent();
+  if (!e.ok()) return e.status();
+  absl::Status s = device_->RecordEvent(*e, producer);
+  if (s.ok()) s = device_->StreamWaitEvent(waiter, *e);
+  spare_events_.push_back(*e);  // the wait captured it; it may be recorded again
+  return s;
+}
+
+absl::StatusOr<Runtime::Storage*> Runtime::Live(TensorId id) const {
+  auto it = tensors_.find(id);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
+  }
+  if (it->second.freed) {
+    return absl::FailedPreconditionError(absl::StrFormat("tensor %d was freed", id));
+  }
+  return it->second.storage;
+}
+
+void Runtime::SetState(Storage* s, TensorState state) {
+  if (s->state == TensorState::kResident && state != TensorState::kResident) {
+    resident_.erase(s->serial);
+  } else if (s->state != TensorState::kResident && state == TensorState::kResident) {
+    resident_.emplace(s->serial, s);
+  }
+  s->state = state;
+}
+
+void Runtime::SetResident(Storage* s, void* ptr) {
+  SetState(s, TensorState::kResident);
+  s->device = ptr;
+  stats_.resident_bytes += s->bytes;
+  stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, stats_.resident_bytes);
+  if (ptr != nullptr) (void)allocator_->SetOwner(ptr, s->serial);
+}
+
+void Runtime::LeaveDevice(Storage* s) {
+  stats_.resident_bytes -= s->bytes;
+  s->device = nullptr;
+  s->used_streams.clear();
+}
+
+void Runtime::Pin(Storage* s) { ++s->pins; }
+
+void Runtime::UnpinStorage(Storage* s) {
+  --s->pins;
+  if (s->pins == 0) MaybeCollect(s);
+}
+
+void Runtime::SettleCopies(Storage* s) {
+  if (!s->copy_in_flight || s->state != TensorState::kOffloading) return;
+  absl::StatusOr<bool> done = device_->QueryEvent(s->copy_event);
+  if (done.ok() && *done) {
+    s->copy_in_flight = false;
+    spare_events_.push_back(s->copy_event);
+    SetState(s, TensorState::kOnHost);
+  }
+}
+
+std::string Runtime::DescribePressure(std::size_t bytes) const {
+  std::size_t pinned_bytes = 0, evictable_bytes = 0, pinned_count = 0;
+  std::vector<std::pair<std::size_t, TensorId>> pinned;
+  for (const auto& [serial, s] : storages_) {
+    if (s->state != TensorState::kResident) continue;
+    if (s->pins > 0) {
+      pinned_bytes += s->bytes;
+      ++pinned_count;
+      pinned.emplace_back(s->bytes, s->tensor_ids.empty() ? 0 : s->tensor_ids.front());
+    } else if ((options_.enable_drop && s->allow_drop && s->recompute) ||
+               (options_.enable_offload && s->allow_offload)) {
+      evictable_bytes += s->bytes;
+    }
+  }
+  std::sort(pinned.rbegin(), pinned.rend());
+  std::string largest;
+  for (std::size_t i = 0; i < pinned.size() && i < 5; ++i) {
+    absl::StrAppendFormat(&largest, "%s#%d (%s)", i == 0 ? "" : ", ", pinned[i].second,
+                          FormatBytes(pinned[i].first));
+  }
+  return absl::StrFormat(
+      "remat runtime cannot make room for %s: %d tensors pinned (%s; largest: %s), %s still "
+      "evictable, budget %s, policy %s, pinned host pool %s of %s in use",
+      FormatBytes(bytes), pinned_count, FormatBytes(pinned_bytes),
+      largest.empty() ? "none" : largest, FormatBytes(evictable_bytes),
+      FormatBytes(allocator_->budget()), policy_->Spec(), FormatBytes(host_pool_.in_use_bytes()),
+      FormatBytes(host_pool_.capacity()));
+}
+
+absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream) {
+  absl::StatusOr<void*> ptr = allocator_->Allocate(bytes, stream);
+  if (ptr.ok() || !absl::IsResourceExhausted(ptr.status())) return ptr;
+  return absl::ResourceExhaustedError(
+      absl::StrCat(DescribePressure(bytes), "; allocator: ", ptr.status().message()));
+}
+
+// --- Tensors ---------------------------------------------------------------------
+
+absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, Stream stream) {
+  Lock lock(this);
+  if (options.allow_drop && !options.recompute) {
+    return absl::InvalidArgumentError("a tensor that may be dropped needs a recompute closure");
+  }
+  if (options.compute_ns < 0) return absl::InvalidArgumentError("compute_ns must be >= 0");
+  std::vector<Storage*> inputs;
+  for (TensorId in : options.inputs) {
+    absl::StatusOr<Storage*> s = Live(in);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("input of the new tensor: %s", s.status().message()));
+    }
+    inputs.push_back(*s);
+  }
+  absl::StatusOr<void*> ptr = AllocateDevice(bytes, stream);
+  if (!ptr.ok()) return ptr.status();
+
+  auto owned = std::make_unique<Storage>();
+  Storage* s = owned.get();
+  s->serial = next_serial_++;
+  s->bytes = bytes;
+  s->allow_drop = options.allow_drop;
+  s->allow_offload = options.allow_offload;
+  s->recompute = std::move(options.recompute);
+  s->compute_ns = options.compute_ns;
+  if (s->allow_drop) {
+    // Only a closure that may run again keeps its inputs alive.
+    s->inputs = std::move(inputs);
+    for (Storage* in : s->inputs) {
+      ++in->dependents;
+      in->consumers.push_back(s);
+    }
+  }
+  const TensorId id = next_id_++;
+  s->tensor_ids.push_back(id);
+  s->handles = 1;
+  s->pins = 1;
+  s->used_streams.push_back(stream);
+  s->last_access_ns = device_->NowNs();
+  s->accesses = 1;
+  SetResident(s, *ptr);
+  storages_.emplace(s->serial, std::move(owned));
+  tensors_.emplace(id, Tensor{s, false});
+  ++stats_.tensors_created;
+  ++stats_.live_tensors;
+  return Guard(this, id, *ptr);
+}
+
+absl::StatusOr<TensorId> Runtime::CreateView(TensorId base) {
+  Lock lock(this);
+  absl::StatusOr<Storage*> s = Live(base);
+  if (!s.ok()) return s.status();
+  const TensorId id = next_id_++;
+  (*s)->tensor_ids.push_back(id);
+  ++(*s)->handles;
+  tensors_.emplace(id, Tensor{*s, false});
+  ++stats_.tensors_created;
+  ++stats_.live_tensors;
+  return id;
+}
+
+absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
+  Lock lock(this);
+  absl::StatusOr<Storage*> found = Live(id);
+  if (!found.ok()) return found.status();
+  Storage* s = *found;
+  if (absl::Status st = MakeResident(s, stream); !st.ok()) return st;
+  Pin(s);
+  s->last_access_ns = device_->NowNs();
+  ++s->accesses;
+  if (std::find(s->used_streams.begin(), s->used_streams.end(), stream) == s->used_streams.end()) {
+    s->used_streams.push_back(stream);
+  }
+  return Guard(this, id, s->device);
+}
+
+void Runtime::Unpin(TensorId id) {
+  Lock lock(this);
+  auto it = tensors_.find(id);
+  if (it == tensors_.end() || it->second.storage == nullptr) return;
+  UnpinStorage(it->second.storage);
+}
+
+absl::Status Runtime::Prefetch(TensorId id, Stream stream) {
+  Lock lock(this);
+  absl::StatusOr<Storage*> found = Live(id);
+  if (!found.ok()) return found.status();
+  Storage* s = *found;
+  SettleCopies(s);
+  if (s->state != TensorState::kOnHost && s->state != TensorState::kOffloading) {
+    return absl::OkStatus();  // resident, on its way, or dropped: nothing to copy
+  }
+  absl::StatusOr<void*> ptr = AllocateDevice(s->bytes, stream);
+  if (!ptr.ok()) return ptr.status();
+  // The copy stream writes the block only after `stream`'s earlier work on it,
+  // and (same stream) after the offload's copy out.
+  if (absl::Status st = WaitOn(copy_stream_, stream); !st.ok()) return st;
+  if (absl::Status st = device_->CopyAsync(*ptr, s->host, s->bytes, CopyKind::kHostToDevice,
+                                           copy_stream_);
+      !st.ok()) {
+    (void)allocator_->FreeOnStream(*ptr, stream);
+    return st;
+  }
+  if (s->copy_in_flight) spare_events_.push_back(s->copy_event);
+  absl::StatusOr<Event> done = TakeEvent();
+  if (!done.ok()) return done.status();
+  (void)device_->RecordEvent(*done, copy_stream_);
+  s->copy_event = *done;
+  s->copy_in_flight = true;
+  (void)host_pool_.FreeAfter(s->host, copy_stream_);
+  s->host = nullptr;
+  SetResident(s, *ptr);
+  SetState(s, TensorState::kPrefetching);
+  s->used_streams.assign({stream, copy_stream_});
+  stats_.restored_bytes += s->bytes;
+  ++stats_.prefetches;
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Free(TensorId id) {
+  Lock lock(this);
+  absl::StatusOr<Storage*> found = Live(id);
+  if (!found.ok()) return found.status();
+  Storage* s = *found;
+  tensors_[id].freed = true;
+  --stats_.live_tensors;
+  --s->handles;
+  MaybeCollect(s);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorState> Runtime::State(TensorId id) const {
+  Lock lock(this);
+  auto it = tensors_.find(id);
+  if (it == tensors_.end()) return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
+  if (it->second.storage == nullptr) return TensorState::kFreed;
+  return it->second.storage->state;
+}
+
+RuntimeStats Runtime::stats() const {
+  Lock lock(this);
+  return stats_;
+}
+
+void Runtime::MaybeCollect(Storage* first) {
+  // Collecting a storage may free its inputs in turn. A storage can be
+  // reached twice (an input read twice), so the dead are destroyed at the end.
+  std::vector<Storage*> work = {first};
+  std::vector<std::uint64_t> dead;
+  while (!work.empty()) {
+    Storage* s = work.back();
+    work.pop_back();
+    if (s->state == TensorState::kFreed) continue;
+    if (s->handles > 0 || s->dependents > 0 || s->pins > 0) continue;
+    if (s->device != nullptr) {
+      // Behind every stream that used the block (a prefetch's copy stream too).
+      HandBack(s, s->used_streams.empty() ? kDefaultStream : s->used_streams.front());
+    } else if (s->state == TensorState::kResident) {
+      stats_.resident_bytes -= s->bytes;  // a zero-byte tensor
+    }
+    if (s->host != nullptr) (void)host_pool_.FreeAfter(s->host, copy_stream_);
+    if (s->copy_in_flight) spare_events_.push_back(s->copy_event);
+    SetState(s, TensorState::kFreed);
+    for (Storage* in : s->inputs) {
+      --in->dependents;
+      in->consumers.erase(std::find(in->consumers.begin(), in->consumers.end(), s));
+      work.push_back(in);
+    }
+    for (TensorId id : s->tensor_ids) tensors_[id].storage = nullptr;
+    dead.push_back(s->serial);
+  }
+  for (std::uint64_t serial : dead) storages_.erase(serial);
+}
+
+// --- Making tensors resident -----------------------------------------------------
+
+absl::Status Runtime::Restore(Storage* s, Stream stream) {
+  SettleCopies(s);
+  if (s->state == TensorState::kPrefetching) {
+    if (absl::Status st = device_->StreamWaitEvent(stream, s->copy_event); !st.ok()) return st;
+    spare_events_.push_back(s->copy_event);
+    s->copy_in_flight = false;
+    SetState(s, TensorState::kResident);
+    return absl::OkStatus();
+  }
+  // On host (or still being copied out: the copy in on `stream` then waits
+  // for the copy out).
+  absl::StatusOr<void*> ptr = AllocateDevice(s->bytes, stream);
+  if (!ptr.ok()) return ptr.status();
+  if (s->copy_in_flight) {
+    if (absl::Status st = device_->StreamWaitEvent(stream, s->copy_event); !st.ok()) {
+      (void)allocator_->FreeOnStream(*ptr, stream);
+      return st;
+    }
+    spare_events_.push_back(s->copy_event);
+    s->copy_in_flight = false;
+  }
+  if (absl::Status st =
+          device_->CopyAsync(*ptr, s->host, s->bytes, CopyKind::kHostToDevice, stream);
+      !st.ok()) {
+    (void)allocator_->FreeOnStream(*ptr, stream);
+    return st;
+  }
+  (void)host_pool_.FreeAfter(s->host, stream);
+  s->host = nullptr;
+  SetResident(s, *ptr);
+  s->used_streams.push_back(stream);
+  stats_.restored_bytes += s->bytes;
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
+  if (target->state == TensorState::kResident) return absl::OkStatus();
+  if (target->state != TensorState::kDropped) return Restore(target, stream);
+
+  // Regenerate dropped tensors with an explicit stack: a frame's inputs are
+  // made resident and pinned one by one (a dropped input pushes its own
+  // frame), then its closure runs and the inputs are unpinned.
+  struct Frame {
+    Storage* s;
+    std::size_t pinned = 0;  // inputs [0, pinned) are resident and pinned
+  };
+  std::vector<Frame> stack = {Frame{target}};
+  auto unwind = [&](absl::Status error) {
+    for (const Frame& f : stack) {
+      for (std::size_t i = 0; i < f.pinned; ++i) UnpinStorage(f.s->inputs[i]);
+    }
+    return error;
+  };
+  while (!stack.empty()) {
+    Frame& frame = stack.back();
+    Storage* s = frame.s;
+    bool descended = false;
+    while (frame.pinned < s->inputs.size()) {
+      Storage* in = s->inputs[frame.pinned];
+      if (in->state == TensorState::kDropped) {
+        stack.push_back(Frame{in});
+        descended = true;
+        break;
+      }
+      if (in->state != TensorState::kResident) {
+        if (absl::Status st = Restore(in, stream); !st.ok()) return unwind(st);
+      }
+      Pin(in);
+      ++frame.pinned;
+    }
+    if (descended) continue;
+
+    absl::StatusOr<void*> out = AllocateDevice(s->bytes, stream);
+    if (!out.ok()) return unwind(out.status());
+    std::vector<void*> input_ptrs;
+    input_ptrs.reserve(s->inputs.size());
+    for (Storage* in : s->inputs) input_ptrs.push_back(in->device);
+    absl::Status ran = s->recompute(RecomputeArgs{input_ptrs, *out, s->bytes, stream});
+    if (!ran.ok()) {
+      (void)allocator_->FreeOnStream(*out, stream);
+      return unwind(absl::Status(
+          ran.code(), absl::StrFormat("recomputing tensor #%d: %s",
+                                      s->tensor_ids.empty() ? 0 : s->tensor_ids.front(),
+                                      ran.message())));
+    }
+    ++stats_.recomputes;
+    stats_.recompute_ns += s->compute_ns;
+    SetResident(s, *out);
+    s->used_streams.push_back(stream);
+    for (Storage* in : s->inputs) UnpinStorage(in);
+    stack.pop_back();
+  }
+  return absl::OkStatus();
+}
+
+// --- Eviction ----------------------------------------------------------------------
+
+bool Runtime::OnPressure(const PressureRequest& request) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (tls_held_runtime == this) return Evict(request);  // called from inside the runtime
+  Lock lock(this);
+  return Evict(request);
+}
+
+bool Runtime::Evict(const PressureRequest& request) {
+  ++stats_.pressure_events;
+  std::vector<policies::Candidate> candidates;
+  std::vector<Storage*> by_index;
+  const std::int64_t now = device_->NowNs();
+  for (const auto& [serial, s] : resident_) {
+    if (s->pins > 0 || s->bytes == 0) continue;
+    const bool drop = options_.enable_drop && s->allow_drop && static_cast<bool>(s->recompute);
+    const bool offload = options_.enable_offload && s->allow_offload;
+    if (!drop && !offload) continue;
+    policies::Candidate c;
+    c.id = by_index.size();
+    c.bytes = s->bytes;
+    c.compute_ns = s->compute_ns;
+    c.transfer_ns = 2 * (options_.link_latency_ns +
+                         static_cast<std::int64_t>(static_cast<double>(s->bytes) /
+                                                   options_.link_gbps));
+    c.can_drop = drop;
+    c.can_offload = offload;
+    c.last_access_ns = s->last_access_ns;
+    c.accesses = s->accesses;
+    for (const Storage* in : s->inputs) {
+      if (in->state == TensorState::kDropped) c.neighbourhood_ns += in->compute_ns;
+    }
+    for (const Storage* out : s->consumers) {
+      if (out->state == TensorState::kDropped) c.neighbourhood_ns += out->compute_ns;
+    }
+    c.address = reinterpret_cast<std::uintptr_t>(s->device);
+    candidates.push_back(c);
+    by_index.push_back(s);
+  }
+  if (candidates.empty()) return false;
+  policies::PressureContext ctx;
+  ctx.bytes_needed = request.bytes;
+  ctx.stream = request.stream;
+  ctx.now_ns = now;
+  ctx.candidates = candidates;
+  const policies::Plan plan = policy_->Choose(ctx);
+  std::size_t freed = 0;
+  bool progress = false;
+  for (const policies::PlanStep& step : plan) {
+    if (step.id >= by_index.size()) continue;  // a policy bug must not crash us
+    Storage* s = by_index[step.id];
+    if (s->state != TensorState::kResident || s->pins > 0) continue;
+    const policies::Candidate& c = candidates[step.id];
+    bool done = false;
+    if (step.action == policies::EvictAction::kOffload && c.can_offload) {
+      done = OffloadStorage(s, request.stream);
+      if (!done && c.can_drop) done = DropStorage(s, request.stream);  // host pool full
+    } else if (c.can_drop) {
+      done = DropStorage(s, request.stream);
+    }
+    if (!done) continue;
+    progress = true;
+    freed += s->bytes;
+    if (freed >= request.bytes) break;
+  }
+  return progress;
+}
+
+void Runtime::HandBack(Storage* s, Stream to) {
+  for (Stream used : s->used_streams) (void)WaitOn(to, used);
+  absl::Status freed = allocator_->FreeOnStream(s->device, to);
+  if (!freed.ok()) REMAT_LOG(kError, "runtime: giving back a block: %s", freed.ToString());
+  LeaveDevice(s);
+}
+
+bool Runtime::DropStorage(Storage* s, Stream to) {
+  HandBack(s, to);
+  SetState(s, TensorState::kDropped);
+  ++stats_.drops;
+  return true;
+}
+
+bool Runtime::OffloadStorage(Storage* s, Stream to) {
+  absl::StatusOr<void*> host = host_pool_.Allocate(s->bytes);
+  if (!host.ok()) return false;
+  // Copy out on the copy stream, behind every use of the block.
+  for (Stream used : s->used_streams) (void)WaitOn(copy_stream_, used);
+  absl::StatusOr<Event> done = TakeEvent();
+  absl::Status st = done.ok() ? device_->CopyAsync(*host, s->device, s->bytes,
+                                                   CopyKind::kDeviceToHost, copy_stream_)
+                              : done.status();
+  if (st.ok()) st = device_->RecordEvent(*done, copy_stream_);
+  if (!st.ok()) {
+    REMAT_LOG(kWarning, "runtime: offload failed, trying another eviction: %s", st.ToString());
+    if (done.ok()) spare_events_.push_back(*done);
+    (void)host_pool_.FreeAfter(*host, copy_stream_);
+    return false;
+  }
+  // The block goes back on `to`, which waits for the copy out: stream-ordered,
+  // the host never blocks.
+  s->used_streams.assign({copy_stream_});
+  HandBack(s, to);
+  s->host = *host;
+  s->copy_event = *done;
+  s->copy_in_flight = true;
+  SetState(s, TensorState::kOffloading);
+  stats_.offloaded_bytes += s->bytes;
+  ++stats_.offloads;
+  return true;
+}
+
+}  // namespace remat

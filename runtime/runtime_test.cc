@@ -1,0 +1,393 @@
+#include "runtime/runtime.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "allocator/sim_device.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace remat {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// Deterministic contents: byte k of a tensor is a function of its tag and of
+// its inputs' bytes, so a recompute that read the wrong input, or a restore
+// that brought back the wrong bytes, shows as a mismatch.
+void Fill(unsigned char* out, std::size_t bytes, std::uint32_t tag,
+          const std::vector<const unsigned char*>& ins, const std::vector<std::size_t>& sizes) {
+  for (std::size_t k = 0; k < bytes; ++k) {
+    std::uint32_t v = tag * 2654435761u + static_cast<std::uint32_t>(k) * 40503u;
+    for (std::size_t j = 0; j < ins.size(); ++j) {
+      if (sizes[j] > 0) v += ins[j][k % sizes[j]] * (j + 3);
+    }
+    out[k] = static_cast<unsigned char>(v ^ (v >> 11));
+  }
+}
+
+class RuntimeTest : public ::testing::Test {
+ protected:
+  void Make(std::size_t budget, RuntimeOptions options = {}, bool backed = true) {
+    runtime_.reset();
+    alloc_.reset();
+    device_ = std::move(SimDevice::Create({.capacity = 4 * kGiB, .backed = backed})).value();
+    alloc_ = std::move(CachingAllocator::Create(device_.get(), {.budget = budget})).value();
+    auto rt = Runtime::Create(alloc_.get(), std::move(options));
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    runtime_ = std::move(rt).value();
+  }
+
+  // A tensor computed from `inputs`, with a closure that recomputes it the
+  // same way, on the stream, in stream order (as a kernel would).
+  TensorId Produce(std::size_t bytes, std::vector<TensorId> inputs, bool drop, bool offload,
+                   std::int64_t cost_ns = 1000) {
+    const auto tag = static_cast<std::uint32_t>(expected_.size() + 1);
+    std::vector<std::size_t> sizes;
+    SimDevice* device = device_.get();
+    // Expected bytes only where the device keeps real ones.
+    std::vector<unsigned char> want(device->backed() ? bytes : 0);
+    std::vector<const unsigned char*> in_bytes;
+    for (TensorId in : inputs) {
+      sizes.push_back(sizes_.at(in));
+      in_bytes.push_back(expected_.at(in).data());
+    }
+    if (device->backed()) Fill(want.data(), bytes, tag, in_bytes, sizes);
+    const bool backed = device->backed();
+    auto kernel = [device, backed, bytes, tag, sizes, cost_ns](const RecomputeArgs& args) {
+      std::vector<void*> ins(args.inputs.begin(), args.inputs.end());
+      return device->LaunchHostFunc(
+          args.stream,
+          [=] {
+            if (!backed || bytes == 0) return;
+            std::vector<const unsigned char*> in(ins.size());
+            for (std::size_t j = 0; j < ins.size(); ++j) {
+              in[j] = static_cast<const unsigned char*>(ins[j]);
+            }
+            Fill(static_cast<unsigned char*>(args.output), bytes, tag, in, sizes);
+          },
+          cost_ns);
+    };
+    TensorOptions options;
+    options.inputs = inputs;
+    options.compute_ns = cost_ns;
+    options.allow_drop = drop;
+    options.allow_offload = offload;
+    if (drop) options.recompute = kernel;
+    // The first computation: acquire the inputs, run the kernel once.
+    std::vector<Guard> in_guards;
+    std::vector<void*> in_ptrs;
+    for (TensorId in : inputs) {
+      auto g = runtime_->Acquire(in);
+      EXPECT_TRUE(g.ok()) << g.status();
+      in_ptrs.push_back(g->ptr());
+      in_guards.push_back(std::move(*g));
+    }
+    auto guard = runtime_->Create(bytes, std::move(options));
+    EXPECT_TRUE(guard.ok()) << guard.status();
+    if (!guard.ok()) return 0;
+    EXPECT_TRUE(kernel(RecomputeArgs{in_ptrs, guard->ptr(), bytes, kDefaultStream}).ok());
+    const TensorId id = guard->id();
+    expected_[id] = std::move(want);
+    sizes_[id] = bytes;
+    return id;
+  }
+
+  // Acquires and compares the bytes with what they were when produced.
+  void Check(TensorId id) {
+    auto g = runtime_->Acquire(id);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(device_->SynchronizeStream(kDefaultStream).ok());
+    const std::vector<unsigned char>& want = expected_.at(id);
+    if (device_->backed() && !want.empty()) {
+      ASSERT_EQ(std::memcmp(g->ptr(), want.data(), want.size()), 0) << "tensor " << id;
+    }
+  }
+
+  TensorState StateOf(TensorId id) { return *runtime_->State(id); }
+
+  std::unique_ptr<SimDevice> device_;
+  std::unique_ptr<CachingAllocator> alloc_;
+  std::unique_ptr<Runtime> runtime_;
+  std::map<TensorId, std::vector<unsigned char>> expected_;
+  std::map<TensorId, std::size_t> sizes_;
+};
+
+TEST_F(RuntimeTest, CreateAcquireRelease) {
+  Make(64 * kMiB);
+  TensorId a = Produce(4096, {}, false, false);
+  Check(a);
+  EXPECT_EQ(StateOf(a), TensorState::kResident);
+  EXPECT_EQ(runtime_->stats().live_tensors, 1u);
+}
+
+TEST_F(RuntimeTest, DroppedTensorIsRecomputedFromItsInputs) {
+  Make(8 * kMiB, {.policy = "lru"});
+  TensorId x = Produce(2 * kMiB, {}, false, false);   // an input: never evicted
+  TensorId y = Produce(2 * kMiB, {x}, true, false);   // droppable
+  TensorId z = Produce(5 * kMiB, {}, false, false);   // no room: y goes
+  EXPECT_EQ(StateOf(y), TensorState::kDropped);
+  EXPECT_EQ(runtime_->stats().drops, 1u);
+  ASSERT_TRUE(runtime_->Free(z).ok());
+  Check(y);
+  EXPECT_EQ(StateOf(y), TensorState::kResident);
+  EXPECT_EQ(runtime_->stats().recomputes, 1u);
+}
+
+TEST_F(RuntimeTest, OffloadedTensorComesBackFromHost) {
+  Make(8 * kMiB, {.policy = "lru"});
+  TensorId a = Produce(4 * kMiB, {}, false, true);  // offload only
+  TensorId b = Produce(4 * kMiB, {}, false, false);
+  TensorId c = Produce(2 * kMiB, {}, false, false);
+  (void)b;
+  (void)c;
+  const TensorState s = StateOf(a);
+  EXPECT_TRUE(s == TensorState::kOffloading || s == TensorState::kOnHost) << TensorStateName(s);
+  EXPECT_EQ(runtime_->stats().offloaded_bytes, 4 * kMiB);
+  ASSERT_TRUE(runtime_->Free(b).ok());  // make room to bring it back
+  Check(a);
+  EXPECT_EQ(runtime_->stats().restored_bytes, 4 * kMiB);
+}
+
+TEST_F(RuntimeTest, PrefetchBringsATensorBackAheadOfUse) {
+  Make(8 * kMiB, {.policy = "lru"});
+  TensorId a = Produce(4 * kMiB, {}, false, true);
+  TensorId b = Produce(6 * kMiB, {}, false, false);
+  ASSERT_NE(StateOf(a), TensorState::kResident);
+  ASSERT_TRUE(runtime_->Free(b).ok());
+  ASSERT_TRUE(runtime_->Prefetch(a).ok());
+  EXPECT_EQ(StateOf(a), TensorState::kPrefetching);
+  EXPECT_EQ(runtime_->stats().prefetches, 1u);
+  Check(a);
+  EXPECT_EQ(StateOf(a), TensorState::kResident);
+}
+
+TEST_F(RuntimeTest, ChooseCheaperWayOutWhenBothAreAllowed) {
+  Make(8 * kMiB, {.policy = "lru"});
+  // Recompute of 10 ns beats a 4 MiB round trip over 25 GB/s.
+  TensorId cheap = Produce(4 * kMiB, {}, true, true, /*cost_ns=*/10);
+  Produce(6 * kMiB, {}, false, false);
+  EXPECT_EQ(StateOf(cheap), TensorState::kDropped);
+  // A 10 ms recompute does not.
+  Make(8 * kMiB, {.policy = "lru"});
+  expected_.clear();
+  TensorId costly = Produce(4 * kMiB, {}, true, true, /*cost_ns=*/10'000'000);
+  Produce(6 * kMiB, {}, false, false);
+  EXPECT_NE(StateOf(costly), TensorState::kDropped);
+  EXPECT_NE(StateOf(costly), TensorState::kResident);
+}
+
+TEST_F(RuntimeTest, ViewsShareTheirStoragesFate) {
+  Make(8 * kMiB, {.policy = "lru"});
+  TensorId base = Produce(4 * kMiB, {}, true, false);
+  auto view = runtime_->CreateView(base);
+  ASSERT_TRUE(view.ok());
+  expected_[*view] = expected_[base];
+  sizes_[*view] = sizes_[base];
+  TensorId big = Produce(6 * kMiB, {}, false, false);
+  EXPECT_EQ(StateOf(base), TensorState::kDropped);
+  EXPECT_EQ(StateOf(*view), TensorState::kDropped);
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  Check(*view);  // restoring the view restores the base too
+  EXPECT_EQ(StateOf(base), TensorState::kResident);
+  // Freeing the base keeps the storage for the view.
+  ASSERT_TRUE(runtime_->Free(base).ok());
+  Check(*view);
+  EXPECT_EQ(runtime_->Acquire(base).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(RuntimeTest, PinnedTensorsAreNeverEvictedAndTheErrorSaysWhy) {
+  Make(8 * kMiB, {.policy = "dtr"});
+  TensorId a = Produce(4 * kMiB, {}, true, true);
+  auto pin = runtime_->Acquire(a);
+  ASSERT_TRUE(pin.ok());
+  auto fail = runtime_->Create(6 * kMiB, TensorOptions{});
+  ASSERT_EQ(fail.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(fail.status().message()),
+              AllOf(HasSubstr("1 tensors pinned (4.00 MiB"), HasSubstr("#1 (4.00 MiB)"),
+                    HasSubstr("0 B still evictable"), HasSubstr("budget 8.00 MiB"),
+                    HasSubstr("policy dtr")));
+  EXPECT_EQ(StateOf(a), TensorState::kResident);
+  pin->Release();
+  EXPECT_TRUE(runtime_->Create(6 * kMiB, TensorOptions{}).ok());
+  EXPECT_EQ(StateOf(a), TensorState::kDropped);
+}
+
+TEST_F(RuntimeTest, RecomputeIsRecursive) {
+  Make(6 * kMiB, {.policy = "lru"});
+  TensorId x = Produce(kMiB, {}, false, false);
+  std::vector<TensorId> chain = {x};
+  for (int i = 0; i < 6; ++i) chain.push_back(Produce(kMiB, {chain.back()}, true, false));
+  // A 4 MiB tensor needs every link's segment back.
+  TensorId big = Produce(4 * kMiB, {}, false, false);
+  // (The newest link may share the input's segment and stay.)
+  for (std::size_t i = 1; i < 6; ++i) EXPECT_EQ(StateOf(chain[i]), TensorState::kDropped) << i;
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  // The fifth link needs the four before it regenerated first, in a budget
+  // that never holds the whole chain.
+  Check(chain[5]);
+  EXPECT_EQ(runtime_->stats().recomputes, 5u);
+  for (std::size_t i = 1; i < chain.size(); ++i) Check(chain[i]);
+}
+
+TEST_F(RuntimeTest, AHundredThousandDroppedLinksComeBackWithoutDeepRecursion) {
+  Make(2 * kMiB, {.policy = "lru"}, /*backed=*/false);  // addresses only: this is about depth
+  TensorId prev = Produce(64 * kKiB, {}, false, false);
+  std::vector<TensorId> chain;
+  for (int i = 0; i < 100000; ++i) {
+    prev = Produce(64 * kKiB, {prev}, true, false, 10);
+    chain.push_back(prev);
+    if (i % 1000 == 0) {
+      ASSERT_TRUE(device_->SynchronizeStream(kDefaultStream).ok());
+    }
+  }
+  // Only the newest links fit; the one near the start needs 99,000 ancestors.
+  EXPECT_EQ(StateOf(chain[100]), TensorState::kDropped);
+  Check(chain[99000]);
+  EXPECT_GE(runtime_->stats().recomputes, 99000u);
+}
+
+TEST_F(RuntimeTest, AFailingClosureLeavesTheTensorDroppedAndLeaksNothing) {
+  Make(8 * kMiB, {.policy = "lru"});
+  TensorOptions options;
+  options.allow_drop = true;
+  int calls = 0;
+  options.recompute = [&calls](const RecomputeArgs&) {
+    ++calls;
+    return absl::InternalError("kernel launch failed");
+  };
+  auto g = runtime_->Create(4 * kMiB, std::move(options));
+  ASSERT_TRUE(g.ok());
+  const TensorId id = g->id();
+  g->Release();
+  TensorId other = Produce(6 * kMiB, {}, false, false);
+  ASSERT_EQ(StateOf(id), TensorState::kDropped);
+  ASSERT_TRUE(runtime_->Free(other).ok());
+  const auto allocated_before = alloc_->GetStats().allocated_bytes.all().current;
+  auto again = runtime_->Acquire(id);
+  ASSERT_EQ(again.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(again.status().message()),
+              AllOf(HasSubstr("recomputing tensor #"), HasSubstr("kernel launch failed")));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(StateOf(id), TensorState::kDropped);
+  EXPECT_EQ(alloc_->GetStats().allocated_bytes.all().current, allocated_before);
+}
+
+TEST_F(RuntimeTest, FreedTensorStaysWhileAClosureNeedsIt) {
+  Make(8 * kMiB, {.policy = "lru"});
+  TensorId x = Produce(2 * kMiB, {}, true, false);
+  TensorId y = Produce(2 * kMiB, {x}, true, false);
+  ASSERT_TRUE(runtime_->Free(x).ok());
+  // x's bytes may go, but y can still be regenerated from a regenerated x.
+  TensorId big = Produce(6 * kMiB, {}, false, false);
+  EXPECT_EQ(StateOf(y), TensorState::kDropped);
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  Check(y);
+  // Once y is freed too, both are collected and their memory returned.
+  ASSERT_TRUE(runtime_->Free(y).ok());
+  EXPECT_EQ(runtime_->stats().resident_bytes, 0u);
+  EXPECT_EQ(alloc_->GetStats().allocated_bytes.all().current, 0);
+}
+
+TEST_F(RuntimeTest, PinnedHostPoolExhaustionFallsBackToDropping) {
+  Make(8 * kMiB, {.policy = "lru", .host_pool_bytes = kMiB});
+  TensorId a = Produce(4 * kMiB, {}, true, true, /*cost_ns=*/10'000'000);  // prefers offload
+  Produce(6 * kMiB, {}, false, false);
+  EXPECT_EQ(StateOf(a), TensorState::kDropped);
+}
+
+TEST_F(RuntimeTest, BadInputIsAClearError) {
+  Make(8 * kMiB);
+  EXPECT_EQ(runtime_->Acquire(12345).status().code(), absl::StatusCode::kNotFound);
+  TensorOptions no_closure;
+  no_closure.allow_drop = true;
+  EXPECT_EQ(runtime_->Create(1024, std::move(no_closure)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TensorOptions bad_input;
+  bad_input.inputs = {999};
+  EXPECT_EQ(runtime_->Create(1024, std::move(bad_input)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TensorId a = Produce(1024, {}, false, false);
+  ASSERT_TRUE(runtime_->Free(a).ok());
+  EXPECT_EQ(runtime_->Free(a).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(Runtime::Create(alloc_.get(), {.policy = "nope"}).ok());
+}
+
+// Random programs under tiny budgets, for each policy and eviction mode:
+// every acquire sees exactly the bytes produced; at the end nothing is left.
+struct Mode {
+  const char* policy;
+  bool drop;
+  bool offload;
+};
+
+class RuntimePropertyTest : public RuntimeTest, public ::testing::WithParamInterface<Mode> {};
+
+TEST_P(RuntimePropertyTest, EveryAcquireSeesTheBytesProduced) {
+  const Mode mode = GetParam();
+  const char* env = std::getenv("REMAT_PROPERTY_SEEDS");
+  const int seeds = env != nullptr ? std::atoi(env) : 3;
+  std::uint64_t evictions = 0;
+  for (std::uint64_t seed = 1; seed <= static_cast<std::uint64_t>(seeds); ++seed) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    std::mt19937_64 rng(seed);
+    expected_.clear();
+    sizes_.clear();
+    Make((2 + rng() % 6) * kMiB, {.policy = mode.policy, .host_pool_bytes = kGiB});
+    std::vector<TensorId> live;
+    live.push_back(Produce(256 * kKiB, {}, false, false));  // an input
+    for (int step = 0; step < 300; ++step) {
+      const int op = static_cast<int>(rng() % 10);
+      if (op < 5 || live.size() < 3) {
+        std::vector<TensorId> inputs;
+        for (int k = 0, n = static_cast<int>(rng() % 3); k < n; ++k) {
+          inputs.push_back(live[rng() % live.size()]);
+        }
+        const std::size_t bytes = (rng() % 8 == 0) ? 0 : 256 * (1 + rng() % 1024);
+        const TensorId id = Produce(bytes, inputs, mode.drop, mode.offload);
+        if (id == 0) continue;  // over budget with everything pinned: allowed
+        live.push_back(id);
+      } else if (op < 8) {
+        ASSERT_NO_FATAL_FAILURE(Check(live[rng() % live.size()]));
+      } else if (op < 9 && live.size() > 1) {
+        const std::size_t i = 1 + rng() % (live.size() - 1);
+        ASSERT_TRUE(runtime_->Free(live[i]).ok());
+        live.erase(live.begin() + static_cast<long>(i));
+      } else {
+        const TensorId id = live[rng() % live.size()];
+        if (sizes_.count(id)) {
+          auto view = runtime_->CreateView(id);
+          ASSERT_TRUE(view.ok());
+          expected_[*view] = expected_[id];
+          sizes_[*view] = sizes_[id];
+          live.push_back(*view);
+        }
+      }
+    }
+    for (TensorId id : live) ASSERT_NO_FATAL_FAILURE(Check(id));
+    evictions += runtime_->stats().drops + runtime_->stats().offloads;
+    for (TensorId id : live) ASSERT_TRUE(runtime_->Free(id).ok());
+    EXPECT_EQ(alloc_->GetStats().allocated_bytes.all().current, 0);
+    EXPECT_EQ(runtime_->stats().resident_bytes, 0u);
+  }
+  EXPECT_GT(evictions, 0u) << "the budgets never forced an eviction: the test proves nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, RuntimePropertyTest,
+    ::testing::Values(Mode{"lru", true, false}, Mode{"lru", false, true}, Mode{"lru", true, true},
+                      Mode{"largest", true, false}, Mode{"largest", false, true},
+                      Mode{"largest", true, true}, Mode{"dtr", true, false},
+                      Mode{"dtr", false, true}, Mode{"dtr", true, true}),
+    [](const testing::TestParamInfo<Mode>& info) {
+      return std::string(info.param.policy) + (info.param.drop ? "_drop" : "") +
+             (info.param.offload ? "_offload" : "");
+    });
+
+}  // namespace
+}  // namespace remat
