@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/log.h"
 #include "base/units.h"
@@ -233,6 +234,18 @@ std::string Runtime::DescribePressure(std::size_t bytes) const {
 }
 
 absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream) {
+  if (options_.live_budget != 0) {
+    while (stats_.resident_bytes + bytes > options_.live_budget) {
+      const PressureRequest request{stats_.resident_bytes + bytes - options_.live_budget, stream,
+                                    options_.live_budget, stats_.resident_bytes,
+                                    stats_.resident_bytes};
+      if (!Evict(request)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            DescribePressure(bytes), "; live budget ", FormatBytes(options_.live_budget),
+            " with ", FormatBytes(stats_.resident_bytes), " resident"));
+      }
+    }
+  }
   absl::StatusOr<void*> ptr = allocator_->Allocate(bytes, stream);
   if (ptr.ok() || !absl::IsResourceExhausted(ptr.status())) return ptr;
   return absl::ResourceExhaustedError(
@@ -395,7 +408,18 @@ void Runtime::MaybeCollect(Storage* first) {
     Storage* s = work.back();
     work.pop_back();
     if (s->state == TensorState::kFreed) continue;
-    if (s->handles > 0 || s->dependents > 0 || s->pins > 0) continue;
+    if (s->handles > 0 || s->pins > 0) continue;
+    if (s->dependents > 0) {
+      // Freed by its owner but read by a closure that may run again: its bytes
+      // go now if they can be regenerated (as DTR does); its metadata stays.
+      if (s->state == TensorState::kResident && s->bytes > 0 && options_.enable_drop &&
+          s->allow_drop && s->recompute) {
+        DropStorage(s, s->used_streams.empty() ? kDefaultStream : s->used_streams.front());
+        --stats_.drops;  // not an eviction under pressure
+        ++stats_.released_drops;
+      }
+      continue;
+    }
     if (s->device != nullptr) {
       // Behind every stream that used the block (a prefetch's copy stream too).
       HandBack(s, s->used_streams.empty() ? kDefaultStream : s->used_streams.front());

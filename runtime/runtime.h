@@ -91,6 +91,10 @@ struct RuntimeOptions {
   bool enable_drop = true;         // false: never drop (--no-recompute)
   bool enable_offload = true;      // false: never offload (--no-swap)
   std::size_t host_pool_bytes = 64 * kGiB;
+  // Cap on the bytes of resident tensors (0: none), enforced by the runtime
+  // itself before it allocates: the "live" accounting of the DTR simulator,
+  // where the allocator's cache and fragmentation do not count.
+  std::size_t live_budget = 0;
   // Bandwidth and latency used to estimate a tensor's transfer cost for the
   // policy (out and back).
   double link_gbps = 25.0;
@@ -101,7 +105,8 @@ struct RuntimeStats {
   std::uint64_t tensors_created = 0;
   std::uint64_t live_tensors = 0;
   std::uint64_t pressure_events = 0;
-  std::uint64_t drops = 0;
+  std::uint64_t drops = 0;           // evictions under pressure that dropped
+  std::uint64_t released_drops = 0;  // freed by the owner, bytes dropped, kept for a closure
   std::uint64_t offloads = 0;
   std::uint64_t recomputes = 0;
   std::int64_t recompute_ns = 0;      // estimated cost of the recomputes run

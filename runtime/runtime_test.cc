@@ -282,16 +282,21 @@ TEST_F(RuntimeTest, FreedTensorStaysWhileAClosureNeedsIt) {
   Make(8 * kMiB, {.policy = "lru"});
   TensorId x = Produce(2 * kMiB, {}, true, false);
   TensorId y = Produce(2 * kMiB, {x}, true, false);
+  // Freed while y's closure reads it: its bytes go at once, its metadata stays.
   ASSERT_TRUE(runtime_->Free(x).ok());
-  // x's bytes may go, but y can still be regenerated from a regenerated x.
-  TensorId big = Produce(6 * kMiB, {}, false, false);
+  EXPECT_EQ(StateOf(x), TensorState::kDropped);
+  EXPECT_EQ(runtime_->stats().released_drops, 1u);
+  EXPECT_EQ(runtime_->stats().drops, 0u);
+  TensorId big = Produce(7 * kMiB, {}, false, false);
   EXPECT_EQ(StateOf(y), TensorState::kDropped);
   ASSERT_TRUE(runtime_->Free(big).ok());
-  Check(y);
+  Check(y);  // regenerates x first, then y
+  EXPECT_EQ(runtime_->stats().recomputes, 2u);
   // Once y is freed too, both are collected and their memory returned.
   ASSERT_TRUE(runtime_->Free(y).ok());
   EXPECT_EQ(runtime_->stats().resident_bytes, 0u);
   EXPECT_EQ(alloc_->GetStats().allocated_bytes.all().current, 0);
+  EXPECT_EQ(StateOf(x), TensorState::kFreed);
 }
 
 TEST_F(RuntimeTest, PinnedHostPoolExhaustionFallsBackToDropping) {

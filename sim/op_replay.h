@@ -1,0 +1,63 @@
+// Op-trace replay: a training step's ops driven through the real Runtime and
+// CachingAllocator on a SimDevice, under a budget and an eviction policy.
+//
+// Each call runs its cost_ns of work on the compute stream; its outputs are
+// runtime tensors whose recompute closure re-runs the call on its inputs.
+// Copies cost bytes / link bandwidth + latency; restores on access run on
+// the compute stream (the wait is stall time), offloads on the runtime's copy
+// stream and overlap with compute. Time is the device's virtual clock, so a
+// run is deterministic.
+//
+// With `verify`, the device keeps real bytes (sizes divided by `scale`): every
+// call writes bytes computed from its inputs' bytes and its own identity, and
+// every later read checks them against a checksum taken when the tensor was
+// first produced.
+#ifndef REMAT_SIM_OP_REPLAY_H_
+#define REMAT_SIM_OP_REPLAY_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "sim/op_trace.h"
+
+namespace remat {
+
+struct OpReplayOptions {
+  std::size_t budget = 0;          // cap on reserved bytes (0: none)
+  std::size_t live_budget = 0;     // cap on resident tensor bytes (0: none)
+  std::string policy = "dtr";
+  double link_gbps = 25.0;
+  bool enable_drop = true;
+  bool enable_offload = true;
+  double thrash_limit = 1.0;       // stop when recompute exceeds this x the trace's compute
+  bool verify = false;
+  std::uint64_t scale = 1;         // divide every size by this (rounded up)
+};
+
+struct OpReplayReport {
+  std::string status;  // "ok", "oom" (nothing left to evict) or "thrash"
+  std::string message; // why, when not ok
+  std::string policy;
+  std::uint64_t budget_bytes = 0;
+  std::uint64_t peak_reserved_bytes = 0;
+  std::uint64_t peak_live_bytes = 0;
+  std::int64_t compute_ns = 0;     // the trace's own compute (sum of cost_ns)
+  std::int64_t time_ns = 0;        // simulated time of the whole step
+  std::uint64_t records = 0;       // trace records replayed
+  std::uint64_t recomputed_ops = 0;
+  std::int64_t recompute_ns = 0;
+  std::uint64_t offloaded_bytes = 0;
+  std::uint64_t restored_bytes = 0;
+  std::int64_t stall_ns = 0;       // time the compute stream spent neither computing nor recomputing
+  std::uint64_t evictions = 0;
+  std::uint64_t verified_accesses = 0;
+  std::uint64_t mismatches = 0;
+  double wall_seconds = 0;
+};
+
+absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpReplayOptions& options);
+
+}  // namespace remat
+
+#endif  // REMAT_SIM_OP_REPLAY_H_

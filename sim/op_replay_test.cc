@@ -1,0 +1,129 @@
+#include "sim/op_replay.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace remat {
+namespace {
+
+using ::testing::HasSubstr;
+
+OpTrace Load(const std::string& name) {
+  absl::StatusOr<OpTrace> trace = ReadOpTrace(std::string(REMAT_EXAMPLE_TRACES_DIR) + "/" + name);
+  EXPECT_TRUE(trace.ok()) << trace.status();
+  return std::move(trace).value();
+}
+
+OpReplayReport Replay(const OpTrace& trace, OpReplayOptions options) {
+  absl::StatusOr<OpReplayReport> report = ReplayOpTrace(trace, options);
+  EXPECT_TRUE(report.ok()) << report.status();
+  return std::move(report).value();
+}
+
+TEST(OpReplayTest, UnlimitedRunTakesTheTracesComputeAndNoMore) {
+  const OpTrace trace = Load("chain_100.jsonl");
+  const OpReplayReport r = Replay(trace, {});
+  EXPECT_EQ(r.status, "ok");
+  EXPECT_EQ(r.records, trace.records.size());
+  EXPECT_EQ(r.compute_ns, static_cast<std::int64_t>(trace.total_cost_ns));
+  EXPECT_EQ(r.time_ns, r.compute_ns);
+  EXPECT_EQ(r.evictions, 0u);
+  EXPECT_EQ(r.stall_ns, 0);
+  EXPECT_EQ(r.peak_live_bytes, trace.peak_live_bytes);
+  EXPECT_GE(r.peak_reserved_bytes, r.peak_live_bytes);
+}
+
+TEST(OpReplayTest, EveryPolicyKeepsEveryByteUnderHalfTheMemory) {
+  const OpTrace trace = Load("chain_100.jsonl");
+  for (const char* policy : {"lru", "largest", "dtr"}) {
+    for (bool drop : {true, false}) {
+      OpReplayOptions options;
+      options.policy = policy;
+      options.verify = true;
+      options.scale = 64;  // 4 MiB activations become 64 KiB
+      options.live_budget = trace.peak_live_bytes / 64 / 2;
+      options.enable_drop = drop;
+      options.thrash_limit = 100;
+      const OpReplayReport r = Replay(trace, options);
+      SCOPED_TRACE(testing::Message() << policy << (drop ? " drop+offload" : " offload only"));
+      EXPECT_EQ(r.status, "ok") << r.message;
+      EXPECT_GT(r.verified_accesses, 0u);
+      EXPECT_EQ(r.mismatches, 0u);
+    }
+  }
+}
+
+TEST(OpReplayTest, DroppingCostsRecomputeAndOffloadingCostsCopies) {
+  const OpTrace trace = Load("chain_100.jsonl");
+  const OpReplayReport unlimited = Replay(trace, {});
+  OpReplayOptions drop_only;
+  drop_only.policy = "dtr";
+  drop_only.live_budget = trace.peak_live_bytes / 2;
+  drop_only.enable_offload = false;
+  drop_only.thrash_limit = 100;
+  const OpReplayReport d = Replay(trace, drop_only);
+  EXPECT_EQ(d.status, "ok") << d.message;
+  EXPECT_GT(d.recomputed_ops, 0u);
+  EXPECT_EQ(d.offloaded_bytes, 0u);
+  EXPECT_LE(d.peak_live_bytes, drop_only.live_budget);
+  EXPECT_GT(d.time_ns, unlimited.time_ns);
+
+  OpReplayOptions offload_only = drop_only;
+  offload_only.enable_offload = true;
+  offload_only.enable_drop = false;
+  const OpReplayReport o = Replay(trace, offload_only);
+  EXPECT_EQ(o.status, "ok") << o.message;
+  EXPECT_EQ(o.recomputed_ops, 0u);
+  EXPECT_GT(o.offloaded_bytes, 0u);
+  EXPECT_GT(o.restored_bytes, 0u);
+}
+
+TEST(OpReplayTest, ReportsOomAndThrash) {
+  const OpTrace trace = Load("chain_100.jsonl");
+  OpReplayOptions nothing_evictable;
+  nothing_evictable.enable_drop = nothing_evictable.enable_offload = false;
+  nothing_evictable.live_budget = trace.peak_live_bytes / 2;
+  const OpReplayReport oom = Replay(trace, nothing_evictable);
+  EXPECT_EQ(oom.status, "oom");
+  EXPECT_THAT(oom.message, HasSubstr("chain_100.jsonl:"));
+  EXPECT_LT(oom.records, trace.records.size());
+
+  OpReplayOptions thrash;
+  thrash.enable_offload = false;
+  // Constants (the weights) cannot go: a tenth of the rest.
+  thrash.live_budget =
+      trace.constant_bytes + (trace.peak_live_bytes - trace.constant_bytes) / 10;
+  thrash.thrash_limit = 0.01;
+  const OpReplayReport t = Replay(trace, thrash);
+  EXPECT_EQ(t.status, "thrash");
+}
+
+TEST(OpReplayTest, TransformerStepVerifiesUnderPressure) {
+  const OpTrace trace = Load("transformer_small.jsonl");
+  for (const char* policy : {"lru", "dtr"}) {
+    OpReplayOptions options;
+    options.policy = policy;
+    options.verify = true;
+    options.scale = 256;
+    options.live_budget = trace.peak_live_bytes / 256 * 6 / 10;
+    options.thrash_limit = 100;
+    const OpReplayReport r = Replay(trace, options);
+    SCOPED_TRACE(policy);
+    EXPECT_EQ(r.status, "ok") << r.message;
+    EXPECT_GT(r.evictions, 0u);
+    EXPECT_GT(r.verified_accesses, 0u);
+    EXPECT_EQ(r.mismatches, 0u);
+  }
+}
+
+TEST(OpReplayTest, BadOptionsAreErrors) {
+  const OpTrace trace = Load("chain_100.jsonl");
+  EXPECT_FALSE(ReplayOpTrace(trace, {.scale = 0}).ok());
+  EXPECT_FALSE(ReplayOpTrace(trace, {.policy = "nope"}).ok());
+  EXPECT_FALSE(ReplayOpTrace(trace, {.link_gbps = 0}).ok());
+}
+
+}  // namespace
+}  // namespace remat
