@@ -20,6 +20,9 @@ struct Subcommand {
 // remat replay LOG [--capacity BYTES] [--budget BYTES] [--json]
 Subcommand AddReplayCommand(CLI::App& remat);
 
+// remat sim TRACE (--budget-ratio R | --budget BYTES) [--policy SPEC] ...
+Subcommand AddSimCommand(CLI::App& remat);
+
 }  // namespace remat::tools
 
 #endif  // REMAT_TOOLS_REMAT_COMMANDS_H_

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
 
   const std::vector<remat::tools::Subcommand> subcommands = {
       remat::tools::AddReplayCommand(app),
+      remat::tools::AddSimCommand(app),
   };
 
   try {

@@ -1,0 +1,200 @@
+// remat sim: an op trace through the runtime under a budget and a policy.
+#include <cstdint>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "base/json_writer.h"
+#include "base/units.h"
+#include "sim/op_replay.h"
+#include "sim/op_trace.h"
+#include "tools/remat/byte_size_option.h"
+#include "tools/remat/commands.h"
+#include "tools/remat/exit_codes.h"
+
+namespace remat::tools {
+namespace {
+
+struct SimFlags {
+  std::string trace_path;
+  double budget_ratio = 0;
+  std::uint64_t budget = 0;
+  std::string policy = "dtr";
+  double link_gbps = 25.0;
+  bool no_swap = false;
+  bool no_recompute = false;
+  std::string accounting = "reserved";
+  double thrash_limit = 1.0;
+  bool json = false;
+  bool verify = false;
+  std::uint64_t scale = 1;
+};
+
+constexpr char kFooter[] = R"(The budget is either absolute (--budget) or a fraction of the peak of an
+unlimited replay of the same trace, measured first in the same run
+(--budget-ratio), in the chosen accounting: `reserved` counts the allocator's
+reserved bytes (what a GPU really holds); `live` counts resident tensor bytes
+only, as the DTR simulator did.
+
+Status: ok; oom (nothing left to evict); thrash (recompute exceeded
+--thrash-limit x the trace's compute so far). Overhead = time / baseline time.
+With --verify the device keeps real bytes (sizes divided by --scale) and every
+read is checked against the checksum taken when the tensor was produced; any
+mismatch makes the exit status 1.
+
+Examples:
+  remat sim examples/traces/chain_100.jsonl --budget-ratio 0.5 --policy dtr
+  remat sim examples/traces/transformer_small.jsonl --budget-ratio 0.4 --policy lru --no-swap --json
+  remat sim examples/traces/chain_100.jsonl --budget-ratio 0.3 --verify --scale 64)";
+
+void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFlags& f) {
+  const double overhead =
+      base.time_ns > 0 ? static_cast<double>(r.time_ns) / static_cast<double>(base.time_ns) : 0;
+  std::cout << absl::StrFormat("sim of %s\n", f.trace_path);
+  std::cout << absl::StrFormat("  status           %s%s\n", r.status,
+                               r.message.empty() ? "" : " (" + r.message + ")");
+  std::cout << absl::StrFormat("  policy           %s%s%s\n", r.policy,
+                               f.no_swap ? ", no swap" : "", f.no_recompute ? ", no recompute" : "");
+  std::cout << absl::StrFormat("  budget           %s (%s accounting)\n",
+                               FormatBytes(r.budget_bytes), f.accounting);
+  std::cout << absl::StrFormat("  peak reserved    %s (unlimited: %s)\n",
+                               FormatBytes(r.peak_reserved_bytes),
+                               FormatBytes(base.peak_reserved_bytes));
+  std::cout << absl::StrFormat("  peak live        %s (unlimited: %s)\n",
+                               FormatBytes(r.peak_live_bytes), FormatBytes(base.peak_live_bytes));
+  std::cout << absl::StrFormat("  time             %.3f ms (baseline %.3f ms, overhead %.3f)\n",
+                               static_cast<double>(r.time_ns) / 1e6,
+                               static_cast<double>(base.time_ns) / 1e6, overhead);
+  std::cout << absl::StrFormat("  recomputed       %d ops, %.3f ms\n", r.recomputed_ops,
+                               static_cast<double>(r.recompute_ns) / 1e6);
+  std::cout << absl::StrFormat("  offloaded        %s, restored %s, stall %.3f ms\n",
+                               FormatBytes(r.offloaded_bytes), FormatBytes(r.restored_bytes),
+                               static_cast<double>(r.stall_ns) / 1e6);
+  std::cout << absl::StrFormat("  evictions        %d\n", r.evictions);
+  if (f.verify) {
+    std::cout << absl::StrFormat("  verified         %d accesses, %d mismatches\n",
+                                 r.verified_accesses, r.mismatches);
+  }
+  std::cout << absl::StrFormat("  replay speed     %.2f M records/s (%.3f s)\n",
+                               r.wall_seconds > 0 ? r.records / r.wall_seconds / 1e6 : 0.0,
+                               r.wall_seconds);
+}
+
+std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const SimFlags& f) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("trace").String(f.trace_path);
+  w.Key("status").String(r.status);
+  if (!r.message.empty()) w.Key("message").String(r.message);
+  w.Key("policy").String(r.policy);
+  w.Key("accounting").String(f.accounting);
+  w.Key("budget_bytes").Uint(r.budget_bytes);
+  if (f.budget_ratio > 0) w.Key("budget_ratio").Double(f.budget_ratio);
+  w.Key("swap").Bool(!f.no_swap);
+  w.Key("recompute").Bool(!f.no_recompute);
+  w.Key("peak_reserved_bytes").Uint(r.peak_reserved_bytes);
+  w.Key("peak_live_bytes").Uint(r.peak_live_bytes);
+  w.Key("baseline_peak_reserved_bytes").Uint(base.peak_reserved_bytes);
+  w.Key("baseline_peak_live_bytes").Uint(base.peak_live_bytes);
+  w.Key("baseline_ns").Int(base.time_ns);
+  w.Key("time_ns").Int(r.time_ns);
+  w.Key("overhead").Double(base.time_ns > 0 ? static_cast<double>(r.time_ns) /
+                                                  static_cast<double>(base.time_ns)
+                                            : 0.0);
+  w.Key("recomputed_ops").Uint(r.recomputed_ops);
+  w.Key("recompute_ns").Int(r.recompute_ns);
+  w.Key("offloaded_bytes").Uint(r.offloaded_bytes);
+  w.Key("restored_bytes").Uint(r.restored_bytes);
+  w.Key("stall_ns").Int(r.stall_ns);
+  w.Key("evictions").Uint(r.evictions);
+  w.Key("records").Uint(r.records);
+  w.Key("wall_seconds").Double(r.wall_seconds);
+  w.Key("records_per_second").Double(r.wall_seconds > 0 ? r.records / r.wall_seconds : 0.0);
+  if (f.verify) {
+    w.Key("verified_accesses").Uint(r.verified_accesses);
+    w.Key("mismatches").Uint(r.mismatches);
+  }
+  w.EndObject();
+  return w.Take();
+}
+
+int RunSim(const SimFlags& f) {
+  if ((f.budget_ratio > 0) == (f.budget > 0)) {
+    return ReportError("sim", absl::InvalidArgumentError(
+                                  "give exactly one of --budget-ratio and --budget"));
+  }
+  absl::StatusOr<OpTrace> trace = ReadOpTrace(f.trace_path);
+  if (!trace.ok()) return ReportError("sim", trace.status());
+  OpReplayOptions options;
+  options.policy = f.policy;
+  options.link_gbps = f.link_gbps;
+  options.enable_offload = !f.no_swap;
+  options.enable_drop = !f.no_recompute;
+  options.thrash_limit = f.thrash_limit;
+  options.scale = f.scale;
+  // The unlimited run: the baseline time and the peak the ratio refers to.
+  OpReplayOptions unlimited = options;
+  absl::StatusOr<OpReplayReport> base = ReplayOpTrace(*trace, unlimited);
+  if (!base.ok()) return ReportError("sim", base.status());
+  const bool live = f.accounting == "live";
+  std::uint64_t budget = f.budget;
+  if (f.budget_ratio > 0) {
+    const std::uint64_t peak = live ? base->peak_live_bytes : base->peak_reserved_bytes;
+    budget = static_cast<std::uint64_t>(f.budget_ratio * static_cast<double>(peak));
+  }
+  if (live) {
+    options.live_budget = budget;
+  } else {
+    // The allocator refuses budgets no segment fits in; such a run is an OOM.
+    options.budget = std::max<std::uint64_t>(budget, 2 * kMiB);
+  }
+  options.verify = f.verify;
+  absl::StatusOr<OpReplayReport> report = ReplayOpTrace(*trace, options);
+  if (!report.ok()) return ReportError("sim", report.status());
+  report->budget_bytes = budget;
+  if (f.json) {
+    std::cout << ToJson(*report, *base, f) << "\n";
+  } else {
+    PrintText(*report, *base, f);
+  }
+  return report->mismatches == 0 ? kExitOk : kExitFailure;
+}
+
+}  // namespace
+
+Subcommand AddSimCommand(CLI::App& remat) {
+  auto flags = std::make_shared<SimFlags>();
+  CLI::App* cmd = remat.add_subcommand(
+      "sim", "Replay an op trace through the runtime under a budget and an eviction policy");
+  cmd->add_option("TRACE", flags->trace_path, "Op trace (JSON Lines)")
+      ->required()
+      ->type_name("FILE");
+  cmd->add_option("--budget-ratio", flags->budget_ratio,
+                  "Budget as a fraction of the unlimited run's peak")
+      ->check(CLI::Range(1e-6, 1e6));
+  AddByteSizeOption(*cmd, "--budget", &flags->budget, "Budget in bytes (e.g. 2GiB)");
+  cmd->add_option("--policy", flags->policy, "Eviction policy spec (lru, largest, dtr:...)")
+      ->capture_default_str();
+  cmd->add_option("--link-gbps", flags->link_gbps, "Host link bandwidth, GB/s")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-3, 1e6));
+  cmd->add_flag("--no-swap", flags->no_swap, "Never offload to host memory");
+  cmd->add_flag("--no-recompute", flags->no_recompute, "Never drop for recompute");
+  cmd->add_option("--accounting", flags->accounting, "What the budget counts")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"reserved", "live"}));
+  cmd->add_option("--thrash-limit", flags->thrash_limit,
+                  "Stop when recompute exceeds this x the trace's compute")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 1e9));
+  cmd->add_flag("--json", flags->json, "Print one JSON object");
+  cmd->add_flag("--verify", flags->verify, "Keep real bytes and check every read");
+  cmd->add_option("--scale", flags->scale, "Divide every size by this (with --verify)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 30));
+  cmd->footer(kFooter);
+  return Subcommand{cmd, [flags] { return RunSim(*flags); }};
+}
+
+}  // namespace remat::tools
