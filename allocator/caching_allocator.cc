@@ -248,10 +248,12 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
                             static_cast<std::size_t>(stats_.allocated_bytes.all().current)};
     ++stats_.num_pressure_calls;
     // Without the lock: the handler frees (and may allocate) through us.
+    // Another thread may free memory meanwhile; that is progress too.
+    const std::uint64_t epoch = free_epoch_;
     mu_.Unlock();
     const bool progress = (*handler)(request);
     mu_.Lock();
-    if (!progress) break;
+    if (!progress && free_epoch_ == epoch) break;
   }
   ++stats_.num_ooms;
   RecordTrace(TraceAction::kOom, 0, size, stream);
@@ -324,11 +326,19 @@ REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stre
   for (Stream other : block->extra_streams) {
     if (stream != nullptr && other == *stream) continue;
     absl::StatusOr<Event> event = TakeEvent();
-    absl::Status recorded = event.ok() ? device_->RecordEvent(*event, other) : event.status();
-    if (!recorded.ok()) {
+    if (!event.ok()) {
       for (Event e : events) spare_events_.push_back(e);
-      if (event.ok()) spare_events_.push_back(*event);
-      return recorded;
+      return event.status();
+    }
+    if (!device_->RecordEvent(*event, other).ok()) {
+      // The stream is gone (destroyed by its owner): wait for the whole
+      // device instead of leaking the block.
+      spare_events_.push_back(*event);
+      if (absl::Status synced = device_->Synchronize(); !synced.ok()) {
+        for (Event e : events) spare_events_.push_back(e);
+        return synced;
+      }
+      continue;
     }
     events.push_back(*event);
   }
@@ -363,6 +373,7 @@ REMAT_HOT_INLINE void CachingAllocator::ReturnBlock(Block* block, Stream stream)
   block->stream = stream;
   block->shared = false;
   block->free_seq = next_free_seq_++;
+  ++free_epoch_;
   InsertCoalesced(block);
 }
 
@@ -376,39 +387,46 @@ REMAT_HOT_INLINE bool CachingAllocator::CanMerge(const Block* a, const Block* b)
 }
 
 REMAT_HOT_INLINE void CachingAllocator::InsertCoalesced(Block* x) {
-  Block* p = CanMerge(x, x->prev) ? x->prev : nullptr;
-  Block* n = CanMerge(x, x->next) ? x->next : nullptr;
-  if (p == nullptr && n == nullptr) {
-    InsertFree(x);
-    return;
-  }
-  // A neighbour already in the set absorbs x (and the other neighbour), so
-  // the merge is usually a key change in place rather than a removal and an
-  // insertion. The merged block is shared only if x is (CanMerge lets a
-  // shared neighbour join a private block, never the reverse).
-  Block* keeper = p != nullptr ? p : n;
-  Block* absorbed = p != nullptr ? n : nullptr;
-  const std::uintptr_t addr = p != nullptr ? p->addr : x->addr;
-  const std::size_t size = x->size + (p ? p->size : 0) + (n ? n->size : 0);
-  std::uint64_t seq = x->free_seq;
-  if (p != nullptr) seq = std::max(seq, p->free_seq);
-  if (n != nullptr) seq = std::max(seq, n->free_seq);
-  if (absorbed != nullptr) EraseFree(absorbed);
-  if (keeper == p) {
-    p->next = n != nullptr ? n->next : x->next;
-    if (p->next != nullptr) p->next->prev = p;
-  } else {
-    n->prev = x->prev;
-    if (n->prev != nullptr) {
-      n->prev->next = n;
-    } else {
-      n->segment->first = n;
+  for (;;) {
+    Block* p = CanMerge(x, x->prev) ? x->prev : nullptr;
+    Block* n = CanMerge(x, x->next) ? x->next : nullptr;
+    if (p == nullptr && n == nullptr) {
+      InsertFree(x);
+      return;
     }
+    // A neighbour already in the set absorbs x (and the other neighbour), so
+    // the merge is usually a key change in place rather than a removal and an
+    // insertion. The merged block is shared only if x is (CanMerge lets a
+    // shared neighbour join a private block, never the reverse).
+    Block* keeper = p != nullptr ? p : n;
+    Block* absorbed = p != nullptr ? n : nullptr;
+    const std::uintptr_t addr = p != nullptr ? p->addr : x->addr;
+    const std::size_t size = x->size + (p ? p->size : 0) + (n ? n->size : 0);
+    std::uint64_t seq = x->free_seq;
+    if (p != nullptr) seq = std::max(seq, p->free_seq);
+    if (n != nullptr) seq = std::max(seq, n->free_seq);
+    if (absorbed != nullptr) EraseFree(absorbed);
+    if (keeper == p) {
+      p->next = n != nullptr ? n->next : x->next;
+      if (p->next != nullptr) p->next->prev = p;
+    } else {
+      n->prev = x->prev;
+      if (n->prev != nullptr) {
+        n->prev->next = n;
+      } else {
+        n->segment->first = n;
+      }
+    }
+    keeper->free_seq = seq;
+    RekeyFree(keeper, addr, size, x->stream, x->shared, PoolOf(keeper).free.end());
+    DeleteBlock(x);
+    if (absorbed != nullptr) DeleteBlock(absorbed);
+    // A shared neighbour that turned private may now touch a private block
+    // of the same stream that it could not merge with before: go again.
+    if (!CanMerge(keeper, keeper->prev) && !CanMerge(keeper, keeper->next)) return;
+    EraseFree(keeper);
+    x = keeper;
   }
-  keeper->free_seq = seq;
-  RekeyFree(keeper, addr, size, x->stream, x->shared, PoolOf(keeper).free.end());
-  DeleteBlock(x);
-  if (absorbed != nullptr) DeleteBlock(absorbed);
 }
 
 REMAT_HOT_INLINE void CachingAllocator::CountFree(const Block* b, int sign) {
@@ -547,6 +565,9 @@ void CachingAllocator::HarvestStreams(const Stream* requester, bool wait) {
         if (!event.ok()) break;
         if (!device_->RecordEvent(*event, s).ok()) {
           spare_events_.push_back(*event);
+          // A stream that no longer exists (destroyed by its owner): once the
+          // whole device is idle, its blocks are safe for everyone.
+          if (wait && device_->Synchronize().ok()) ShareBlocksOf(s, next_free_seq_);
           break;
         }
         h.in_flight = true;
@@ -610,6 +631,7 @@ std::size_t CachingAllocator::ReleaseCachedSegments() {
     ++stats_.num_device_free;
     RecordTrace(TraceAction::kSegmentFree, seg->addr, seg->size, seg->stream);
     released += seg->size;
+    ++free_epoch_;
     DeleteBlock(b);
     delete seg;
     it = segments_.erase(it);
@@ -789,11 +811,16 @@ std::string CachingAllocator::DescribeBadPointer(const void* ptr, const char* op
     if (addr < seg->addr + seg->size) {
       for (const Block* b = seg->first; b != nullptr; b = b->next) {
         if (addr < b->addr || addr >= b->addr + b->size) continue;
+        if (!b->allocated && !b->pending_free) {
+          return absl::StrFormat(
+              "%s(%p): double free, or a pointer never allocated: it lies in free memory",
+              op, ptr);
+        }
         if (addr != b->addr) {
           return absl::StrFormat(
-              "%s(%p): interior pointer, %d bytes into the %s block at %#x; pass the pointer "
-              "Allocate returned",
-              op, ptr, addr - b->addr, b->allocated ? "allocated" : "free", b->addr);
+              "%s(%p): interior pointer, %d bytes into the allocated block at %#x; pass the "
+              "pointer Allocate returned",
+              op, ptr, addr - b->addr, b->addr);
         }
         if (b->pending_free) {
           return absl::StrFormat("%s(%p): double free (already freed, waiting for its streams)",

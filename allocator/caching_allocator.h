@@ -87,7 +87,9 @@ struct PressureRequest {
 };
 
 // Returns true when it freed something (the allocator then retries), false
-// when it can do nothing more.
+// when it can do nothing more. It runs without the allocator's lock, on the
+// allocating thread: several threads may call it at once (it must be
+// thread-safe), and it may free and allocate through the allocator.
 using PressureHandler = absl::AnyInvocable<bool(const PressureRequest&)>;
 
 class CachingAllocator {
@@ -108,6 +110,9 @@ class CachingAllocator {
   // Frees on the stream the block was allocated on.
   absl::Status Free(void* ptr);
   // Frees on `stream` (as cudaFreeAsync): the block becomes reusable on it.
+  // As with cudaFreeAsync, the caller orders `stream` after the work of the
+  // allocation stream that uses the block; streams marked with RecordStream
+  // are still waited for.
   absl::Status FreeOnStream(void* ptr, Stream stream);
   // Marks that `stream` also uses the block, so its free waits for `stream`.
   absl::Status RecordStream(void* ptr, Stream stream);
@@ -281,6 +286,9 @@ class CachingAllocator {
   std::vector<Event> spare_events_ ABSL_GUARDED_BY(mu_);
   std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
   std::uint64_t next_free_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  // Bumped whenever memory becomes free, so a slow path that released the
+  // lock knows whether someone else freed memory meanwhile.
+  std::uint64_t free_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<TraceEvent> ring_ ABSL_GUARDED_BY(mu_);
   std::size_t ring_next_ ABSL_GUARDED_BY(mu_) = 0;  // where the next event goes

@@ -278,7 +278,13 @@ absl::StatusOr<bool> SimDevice::QueryEvent(Event event) {
   MutexLock lock(&mu_);
   auto it = events_.find(event.handle);
   if (it == events_.end()) return absl::InvalidArgumentError("QueryEvent: unknown event");
-  return !it->second.recorded || it->second.time_ns <= host_now_ns_.load(std::memory_order_relaxed);
+  if (!it->second.recorded) return true;
+  const std::int64_t t = it->second.time_ns;
+  if (t > host_now_ns_.load(std::memory_order_relaxed)) return false;
+  // The host clock may have passed `t` while another thread is still running
+  // the work that completes by then: the event is done only once that has run.
+  if (!pending_.empty() && pending_.top().end_ns <= t) return false;
+  return running_end_ns_ < 0 || running_end_ns_ > t;
 }
 
 absl::Status SimDevice::StreamWaitEvent(Stream stream, Event event) {
@@ -319,6 +325,8 @@ absl::Status SimDevice::Synchronize() {
   std::int64_t t = 0;
   {
     MutexLock lock(&mu_);
+    // Work of streams destroyed since is still queued: wait for it too.
+    t = busy_until_ns_;
     for (const auto& [handle, time] : stream_time_) t = std::max(t, time);
   }
   AdvanceTo(t);
@@ -347,15 +355,19 @@ void SimDevice::AdvanceTo(std::int64_t t) {
       if (pending_.empty() || pending_.top().end_ns > host_now_ns_.load(std::memory_order_relaxed)) break;
       // priority_queue::top is const; the op is moved out just before pop.
       run = std::move(const_cast<PendingOp&>(pending_.top()).run);
+      running_end_ns_ = pending_.top().end_ns;
       pending_.pop();
     }
     if (run) std::move(run)();
+    MutexLock lock(&mu_);
+    running_end_ns_ = -1;
   }
 }
 
 std::int64_t SimDevice::EnqueueLocked(std::int64_t* stream_time, std::int64_t cost_ns) {
   const std::int64_t start = std::max(*stream_time, host_now_ns_.load(std::memory_order_relaxed));
   *stream_time = start + std::max<std::int64_t>(cost_ns, 0);
+  busy_until_ns_ = std::max(busy_until_ns_, *stream_time);
   return *stream_time;
 }
 

@@ -151,6 +151,8 @@ class SimDevice final : public Device {
   std::uintptr_t next_event_ ABSL_GUARDED_BY(mu_) = 1;
   std::priority_queue<PendingOp, std::vector<PendingOp>, LaterFirst> pending_ ABSL_GUARDED_BY(mu_);
   std::uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::int64_t running_end_ns_ ABSL_GUARDED_BY(mu_) = -1;  // op being executed, if any
+  std::int64_t busy_until_ns_ ABSL_GUARDED_BY(mu_) = 0;    // latest completion ever queued
 
   AddressSpace device_space_ ABSL_GUARDED_BY(mu_);
   AddressSpace host_space_ ABSL_GUARDED_BY(mu_);

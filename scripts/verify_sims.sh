@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Replays the shipped op traces with --verify under every policy at budget
+# ratios 0.3 to 0.9 (live accounting) and fails on any byte mismatch or error.
+# A run that ends in oom or thrash is a result, not a failure; it is listed.
+#   ./scripts/verify_sims.sh [path/to/remat]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+remat=${1:-build/bin/remat}
+traces=("examples/traces/chain_100.jsonl:64" "examples/traces/transformer_small.jsonl:256")
+failures=0
+for entry in "${traces[@]}"; do
+  trace=${entry%%:*}
+  scale=${entry##*:}
+  for policy in lru largest dtr; do
+    for ratio in 0.3 0.4 0.5 0.6 0.7 0.8 0.9; do
+      if ! out=$("$remat" sim "$trace" --budget-ratio "$ratio" --accounting live --policy "$policy" \
+          --verify --scale "$scale" --thrash-limit 100 --json); then
+        echo "FAIL $trace $policy $ratio: $out"
+        failures=$((failures + 1))
+        continue
+      fi
+      python3 - "$trace" "$policy" "$ratio" "$out" <<'PY'
+import json, sys
+trace, policy, ratio, text = sys.argv[1:]
+r = json.loads(text)
+print(f"{trace.split('/')[-1]:26} {policy:8} {ratio:4} {r['status']:7} overhead {r['overhead']:.3f} "
+      f"verified {r['verified_accesses']:6} mismatches {r['mismatches']}")
+sys.exit(1 if r["mismatches"] else 0)
+PY
+    done
+  done
+done
+if ((failures > 0)); then
+  echo "verify_sims: $failures failures"
+  exit 1
+fi
