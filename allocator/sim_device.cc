@@ -385,9 +385,19 @@ absl::Status SimDevice::CheckDeviceRangeLocked(const void* ptr, std::size_t byte
       "%s range [%p, +%d) is not inside a reserved segment of %s", what, ptr, bytes, Describe()));
 }
 
+void SimDevice::FailNextCopies(int count) {
+  MutexLock lock(&mu_);
+  copies_to_fail_ = count;
+}
+
 absl::Status SimDevice::CopyAsync(void* dst, const void* src, std::size_t bytes, CopyKind kind,
                                   Stream stream) {
   MutexLock lock(&mu_);
+  if (copies_to_fail_ > 0) {
+    --copies_to_fail_;
+    return absl::InternalError(
+        absl::StrFormat("%s: injected fault in a %s copy", Describe(), CopyKindName(kind)));
+  }
   std::int64_t* stream_time;
   REMAT_ASSIGN_OR_RETURN(stream_time, StreamTimeLocked(stream));
   if (bytes == 0) return absl::OkStatus();

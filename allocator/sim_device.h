@@ -99,6 +99,9 @@ class SimDevice final : public Device {
   std::size_t ReservedBytes() const;
   std::size_t num_segments() const;
   std::uint64_t copied_bytes(CopyKind kind) const;
+  // Fault injection for tests: the next `count` CopyAsync calls fail with
+  // Internal (as a copy on a faulted GPU would) and enqueue nothing.
+  void FailNextCopies(int count);
 
  private:
   // Address ranges handed out first-fit from a fixed window.
@@ -152,6 +155,7 @@ class SimDevice final : public Device {
   std::priority_queue<PendingOp, std::vector<PendingOp>, LaterFirst> pending_ ABSL_GUARDED_BY(mu_);
   std::uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::int64_t running_end_ns_ ABSL_GUARDED_BY(mu_) = -1;  // op being executed, if any
+  int copies_to_fail_ ABSL_GUARDED_BY(mu_) = 0;
   std::int64_t busy_until_ns_ ABSL_GUARDED_BY(mu_) = 0;    // latest completion ever queued
 
   AddressSpace device_space_ ABSL_GUARDED_BY(mu_);

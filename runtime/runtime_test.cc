@@ -1,10 +1,12 @@
 #include "runtime/runtime.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "allocator/sim_device.h"
@@ -393,6 +395,101 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.param.policy) + (info.param.drop ? "_drop" : "") +
              (info.param.offload ? "_offload" : "");
     });
+
+}  // namespace
+}  // namespace remat
+
+namespace remat {
+namespace {
+
+TEST_F(RuntimeTest, AFailingOffloadCopyFallsBackAndAFailingRestoreLeavesTheTensorOnHost) {
+  Make(8 * kMiB, {.policy = "lru"});
+  // Offload preferred (costly recompute); the copy out fails: it is dropped instead.
+  TensorId a = Produce(4 * kMiB, {}, true, true, /*cost_ns=*/10'000'000);
+  device_->FailNextCopies(1);
+  TensorId big = Produce(6 * kMiB, {}, false, false);
+  EXPECT_EQ(StateOf(a), TensorState::kDropped);
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  Check(a);
+
+  // Offload only: the copy back fails; the caller hears why, the tensor stays
+  // on the host, no device memory leaks, and the next acquire succeeds.
+  Make(8 * kMiB, {.policy = "lru"});
+  expected_.clear();
+  TensorId b = Produce(4 * kMiB, {}, false, true);
+  big = Produce(6 * kMiB, {}, false, false);
+  ASSERT_NE(StateOf(b), TensorState::kResident);
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  const auto allocated = alloc_->GetStats().allocated_bytes.all().current;
+  device_->FailNextCopies(1);
+  auto failed = runtime_->Acquire(b);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(failed.status().message()), HasSubstr("injected fault"));
+  EXPECT_NE(StateOf(b), TensorState::kResident);
+  EXPECT_EQ(alloc_->GetStats().allocated_bytes.all().current, allocated);
+  Check(b);
+}
+
+// Several host threads, each with its own stream and tensors, creating,
+// acquiring and freeing under one tight budget; also run under TSan.
+TEST(RuntimeThreadsTest, ThreadsShareOneRuntimeSafely) {
+  auto device = std::move(SimDevice::Create({.capacity = kGiB, .backed = true})).value();
+  auto alloc = std::move(CachingAllocator::Create(device.get(), {.budget = 16 * kMiB})).value();
+  auto runtime = std::move(Runtime::Create(alloc.get(), {.policy = "dtr"})).value();
+  std::atomic<int> mismatches{0};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      const Stream stream = *device->CreateStream();
+      std::mt19937_64 rng(77 + t);
+      std::vector<std::pair<TensorId, unsigned char>> mine;
+      for (int step = 0; step < 400; ++step) {
+        if (mine.size() < 8 || rng() % 3 == 0) {
+          const auto value = static_cast<unsigned char>(rng());
+          TensorOptions options;
+          options.allow_drop = true;
+          options.allow_offload = rng() % 2 == 0;
+          options.compute_ns = 1000;
+          const std::size_t bytes = 64 * kKiB * (1 + rng() % 8);
+          options.recompute = [device = device.get(), bytes, value](const RecomputeArgs& a) {
+            return device->LaunchHostFunc(a.stream,
+                                          [out = a.output, bytes, value] {
+                                            std::memset(out, value, bytes);
+                                          },
+                                          1000);
+          };
+          absl::StatusOr<Guard> g = runtime->Create(bytes, std::move(options), stream);
+          if (!g.ok()) {
+            ++errors;
+            continue;
+          }
+          std::memset(g->ptr(), value, bytes);
+          mine.emplace_back(g->id(), value);
+        } else if (rng() % 4 != 0) {
+          const auto& [id, value] = mine[rng() % mine.size()];
+          absl::StatusOr<Guard> g = runtime->Acquire(id, stream);
+          if (!g.ok()) {
+            ++errors;
+            continue;
+          }
+          (void)device->SynchronizeStream(stream);
+          if (static_cast<const unsigned char*>(g->ptr())[0] != value) ++mismatches;
+        } else {
+          const std::size_t i = rng() % mine.size();
+          if (!runtime->Free(mine[i].first).ok()) ++errors;
+          mine.erase(mine.begin() + static_cast<long>(i));
+        }
+      }
+      for (const auto& [id, value] : mine) (void)runtime->Free(id);
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_GT(runtime->stats().drops + runtime->stats().offloads, 0u);
+  EXPECT_EQ(runtime->stats().resident_bytes, 0u);
+}
 
 }  // namespace
 }  // namespace remat
