@@ -566,9 +566,8 @@ bool Runtime::Evict(const PressureRequest& request) {
     c.can_offload = offload;
     c.last_access_ns = s->last_access_ns;
     c.accesses = s->accesses;
-    for (const Storage* in : s->inputs) {
-      if (in->state == TensorState::kDropped) c.neighbourhood_ns += in->compute_ns;
-    }
+    // A recompute of this tensor first regenerates its dropped ancestors.
+    for (const Storage* in : s->inputs) c.neighbourhood_ns += DroppedChainCost(in);
     for (const Storage* out : s->consumers) {
       if (out->state == TensorState::kDropped) c.neighbourhood_ns += out->compute_ns;
     }
@@ -603,6 +602,29 @@ bool Runtime::Evict(const PressureRequest& request) {
     if (freed >= request.bytes) break;
   }
   return progress;
+}
+
+std::int64_t Runtime::DroppedChainCost(const Storage* root) const {
+  // What regenerating `root` would cost if it is dropped: its closure and
+  // those of the dropped ancestors it needs first, each counted once (DTR's
+  // evicted neighbourhood, upstream side). The walk stops after
+  // kMaxNeighbourhood tensors: enough to see a cascade, bounded per decision
+  // even when a 100,000-long chain behind it is dropped.
+  constexpr std::size_t kMaxNeighbourhood = 32;
+  if (root->state != TensorState::kDropped) return 0;
+  absl::InlinedVector<const Storage*, kMaxNeighbourhood> seen = {root};
+  std::int64_t cost = 0;
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    cost += seen[i]->compute_ns;
+    for (const Storage* in : seen[i]->inputs) {
+      if (seen.size() >= kMaxNeighbourhood) break;
+      if (in->state == TensorState::kDropped &&
+          std::find(seen.begin(), seen.end(), in) == seen.end()) {
+        seen.push_back(in);
+      }
+    }
+  }
+  return cost;
 }
 
 void Runtime::HandBack(Storage* s, Stream to) {

@@ -196,6 +196,7 @@ class Runtime {
   // Makes `to` wait for every other stream that used the storage's block,
   // then gives the block back to the allocator on `to`.
   void HandBack(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::int64_t DroppedChainCost(const Storage* root) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitOn(Stream waiter, Stream producer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Pin(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnpinStorage(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
