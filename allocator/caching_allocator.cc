@@ -434,8 +434,14 @@ REMAT_HOT_INLINE void CachingAllocator::CountFree(const Block* b, int sign) {
   if (b->shared) pool.shared_count += sign;
   if (b->size < b->segment->size) {
     const StatPool sp = StatPoolOf(pool);
-    stats_.inactive_split.Add(sp, sign);
-    stats_.inactive_split_bytes.Add(sp, sign * static_cast<std::int64_t>(b->size));
+    const auto bytes = static_cast<std::int64_t>(b->size);
+    if (sign > 0) {
+      stats_.inactive_split.Increase(sp, 1);
+      stats_.inactive_split_bytes.Increase(sp, bytes);
+    } else {
+      stats_.inactive_split.Decrease(sp, 1);
+      stats_.inactive_split_bytes.Decrease(sp, bytes);
+    }
   }
 }
 
@@ -488,8 +494,16 @@ REMAT_HOT_INLINE void CachingAllocator::RekeyFree(Block* b, std::uintptr_t addr,
   const std::int64_t new_split = size < segment_size ? static_cast<std::int64_t>(size) : 0;
   if (old_split != new_split) {
     const StatPool sp = b->segment->large ? kLargePool : kSmallPool;
-    if ((old_split != 0) != (new_split != 0)) stats_.inactive_split.Add(sp, new_split != 0 ? 1 : -1);
-    stats_.inactive_split_bytes.Add(sp, new_split - old_split);
+    if (old_split == 0) {
+      stats_.inactive_split.Increase(sp, 1);
+    } else if (new_split == 0) {
+      stats_.inactive_split.Decrease(sp, 1);
+    }
+    if (new_split > old_split) {
+      stats_.inactive_split_bytes.Increase(sp, new_split - old_split);
+    } else {
+      stats_.inactive_split_bytes.Decrease(sp, old_split - new_split);
+    }
   }
   b->addr = addr;
   b->size = size;
