@@ -24,13 +24,16 @@ Plan ScoredPolicy::Choose(const PressureContext& ctx) {
     if (!c.can_drop && !c.can_offload) continue;
     scored.emplace_back(Score(c, ctx), &c);
   }
-  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first < b.first : a.second->id < b.second->id;
-  });
+  // A heap, not a full sort: a decision usually needs the few lowest scores.
+  auto later = [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second->id > b.second->id;
+  };
+  std::make_heap(scored.begin(), scored.end(), later);
   Plan plan;
   std::size_t covered = 0;
-  for (const auto& [score, c] : scored) {
-    if (covered >= ctx.bytes_needed) break;
+  for (auto end = scored.end(); end != scored.begin() && covered < ctx.bytes_needed; --end) {
+    std::pop_heap(scored.begin(), end, later);
+    const Candidate* c = (end - 1)->second;
     plan.push_back(PlanStep{c->id, CheaperAction(*c)});
     covered += c->bytes;
   }

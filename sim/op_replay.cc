@@ -67,6 +67,7 @@ class Replayer {
     report_.policy = runtime_->policy().Spec();
     report_.budget_bytes = options_.live_budget != 0 ? options_.live_budget : options_.budget;
     report_.status = "ok";
+    const auto loop_start = std::chrono::steady_clock::now();
     for (const OpRecord& r : trace_.records) {
       absl::Status s = Step(r);
       ++report_.records;
@@ -88,6 +89,8 @@ class Replayer {
         break;
       }
     }
+    report_.replay_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
     (void)device_->Synchronize();
     const RuntimeStats rs = runtime_->stats();
     const AllocatorStats as = alloc_->GetStats();

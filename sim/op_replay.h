@@ -53,7 +53,8 @@ struct OpReplayReport {
   std::uint64_t evictions = 0;
   std::uint64_t verified_accesses = 0;
   std::uint64_t mismatches = 0;
-  double wall_seconds = 0;
+  double wall_seconds = 0;    // the whole run, set-up included
+  double replay_seconds = 0;  // the record loop alone (what records per second divides by)
 };
 
 absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpReplayOptions& options);
