@@ -187,6 +187,14 @@ void Runtime::LeaveDevice(Storage* s) {
   s->used_streams.clear();
 }
 
+bool Runtime::MayDrop(const Storage* s) const {
+  return options_.enable_drop && s->allow_drop && static_cast<bool>(s->recompute);
+}
+
+bool Runtime::MayOffload(const Storage* s) const {
+  return options_.enable_offload && s->allow_offload;
+}
+
 void Runtime::Pin(Storage* s) { ++s->pins; }
 
 void Runtime::UnpinStorage(Storage* s) {
@@ -213,8 +221,7 @@ std::string Runtime::DescribePressure(std::size_t bytes) const {
       pinned_bytes += s->bytes;
       ++pinned_count;
       pinned.emplace_back(s->bytes, s->tensor_ids.empty() ? 0 : s->tensor_ids.front());
-    } else if ((options_.enable_drop && s->allow_drop && s->recompute) ||
-               (options_.enable_offload && s->allow_offload)) {
+    } else if (MayDrop(s.get()) || MayOffload(s.get())) {
       evictable_bytes += s->bytes;
     }
   }
@@ -412,10 +419,8 @@ void Runtime::MaybeCollect(Storage* first) {
     if (s->dependents > 0) {
       // Freed by its owner but read by a closure that may run again: its bytes
       // go now if they can be regenerated (as DTR does); its metadata stays.
-      if (s->state == TensorState::kResident && s->bytes > 0 && options_.enable_drop &&
-          s->allow_drop && s->recompute) {
+      if (s->state == TensorState::kResident && s->bytes > 0 && MayDrop(s)) {
         DropStorage(s, s->used_streams.empty() ? kDefaultStream : s->used_streams.front());
-        --stats_.drops;  // not an eviction under pressure
         ++stats_.released_drops;
       }
       continue;
@@ -489,7 +494,8 @@ absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
     std::size_t pinned = 0;  // inputs [0, pinned) are resident and pinned
   };
   std::vector<Frame> stack = {Frame{target}};
-  auto unwind = [&](absl::Status error) {
+  // Runs under the lock MakeResident holds (the analysis cannot see into lambdas).
+  auto unwind = [&](absl::Status error) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (const Frame& f : stack) {
       for (std::size_t i = 0; i < f.pinned; ++i) UnpinStorage(f.s->inputs[i]);
     }
@@ -552,8 +558,8 @@ bool Runtime::Evict(const PressureRequest& request) {
   const std::int64_t now = device_->NowNs();
   for (const auto& [serial, s] : resident_) {
     if (s->pins > 0 || s->bytes == 0) continue;
-    const bool drop = options_.enable_drop && s->allow_drop && static_cast<bool>(s->recompute);
-    const bool offload = options_.enable_offload && s->allow_offload;
+    const bool drop = MayDrop(s);
+    const bool offload = MayOffload(s);
     if (!drop && !offload) continue;
     policies::Candidate c;
     c.id = by_index.size();
@@ -597,6 +603,7 @@ bool Runtime::Evict(const PressureRequest& request) {
       done = DropStorage(s, request.stream);
     }
     if (!done) continue;
+    if (s->state == TensorState::kDropped) ++stats_.drops;
     progress = true;
     freed += s->bytes;
     if (freed >= request.bytes) break;
@@ -637,7 +644,6 @@ void Runtime::HandBack(Storage* s, Stream to) {
 bool Runtime::DropStorage(Storage* s, Stream to) {
   HandBack(s, to);
   SetState(s, TensorState::kDropped);
-  ++stats_.drops;
   return true;
 }
 

@@ -198,6 +198,9 @@ class Runtime {
   void HandBack(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::int64_t DroppedChainCost(const Storage* root) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitOn(Stream waiter, Stream producer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What this runtime's options and the tensor's own allow.
+  bool MayDrop(const Storage* s) const;
+  bool MayOffload(const Storage* s) const;
   void Pin(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnpinStorage(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCollect(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

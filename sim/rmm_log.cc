@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/file.h"
 
 namespace remat {
 namespace {
@@ -332,19 +333,9 @@ absl::StatusOr<AllocLog> ParseRmmLog(std::string_view text, std::string_view nam
 }
 
 absl::StatusOr<AllocLog> ReadRmmLog(const std::string& path) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
-                                                       &std::fclose);
-  if (file == nullptr) {
-    return absl::NotFoundError(absl::StrFormat("%s: cannot open: %s", path, std::strerror(errno)));
-  }
-  std::string text;
-  char buffer[1 << 16];
-  std::size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), file.get())) > 0) text.append(buffer, n);
-  if (std::ferror(file.get())) {
-    return absl::DataLossError(absl::StrFormat("%s: read error: %s", path, std::strerror(errno)));
-  }
-  return ParseRmmLog(text, path);
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return ParseRmmLog(*text, path);
 }
 
 }  // namespace remat

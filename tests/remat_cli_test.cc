@@ -119,4 +119,32 @@ TEST_F(RematCliTest, HelpExitsZero) {
   EXPECT_THAT(replay.out, HasSubstr("--json"));
 }
 
+TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
+  const Outcome run = Remat("sim " + Trace("chain_100.jsonl") +
+                            " --budget-ratio 0.5 --policy lru --verify --scale 64 --json");
+  ASSERT_EQ(run.status, 0) << run.out;
+  for (const char* key :
+       {"\"status\":\"ok\"", "\"policy\":\"lru\"", "\"budget_bytes\":", "\"peak_reserved_bytes\":",
+        "\"peak_live_bytes\":", "\"baseline_ns\":", "\"time_ns\":", "\"overhead\":",
+        "\"recomputed_ops\":", "\"recompute_ns\":", "\"offloaded_bytes\":", "\"restored_bytes\":",
+        "\"stall_ns\":", "\"evictions\":", "\"wall_seconds\":", "\"verified_accesses\":",
+        "\"mismatches\":0"}) {
+    EXPECT_THAT(run.out, HasSubstr(key));
+  }
+  // Exactly one of --budget-ratio and --budget.
+  EXPECT_EQ(Remat("sim " + Trace("chain_100.jsonl")).status, 2);
+  EXPECT_EQ(Remat("sim " + Trace("chain_100.jsonl") + " --budget-ratio 0.5 --budget 1GiB").status,
+            2);
+  // Unknown policy, unknown accounting, a malformed trace.
+  const Outcome policy = Remat("sim " + Trace("chain_100.jsonl") + " --budget-ratio 0.5 --policy x");
+  EXPECT_EQ(policy.status, 2);
+  EXPECT_THAT(policy.out, HasSubstr("unknown policy 'x'"));
+  EXPECT_EQ(Remat("sim " + Trace("chain_100.jsonl") + " --budget-ratio 0.5 --accounting y").status,
+            2);
+  const std::string bad = WriteTemp("bad.jsonl", "{\"op\":\"constant\",\"id\":\"a\",\"bytes\":1}\n{oops\n");
+  const Outcome malformed = Remat("sim " + bad + " --budget-ratio 0.5");
+  EXPECT_EQ(malformed.status, 2);
+  EXPECT_THAT(malformed.out, HasSubstr("bad.jsonl:2"));
+}
+
 }  // namespace
