@@ -432,7 +432,9 @@ REMAT_HOT_INLINE void CachingAllocator::InsertCoalesced(Block* x) {
 REMAT_HOT_INLINE void CachingAllocator::CountFree(const Block* b, int sign) {
   Pool& pool = PoolOf(b);
   if (b->shared) pool.shared_count += sign;
-  if (b->size < b->segment->size) {
+  if (b->size == b->segment->size) {
+    whole_free_segments_ += sign;
+  } else {
     const StatPool sp = StatPoolOf(pool);
     const auto bytes = static_cast<std::int64_t>(b->size);
     if (sign > 0) {
@@ -496,8 +498,10 @@ REMAT_HOT_INLINE void CachingAllocator::RekeyFree(Block* b, std::uintptr_t addr,
     const StatPool sp = b->segment->large ? kLargePool : kSmallPool;
     if (old_split == 0) {
       stats_.inactive_split.Increase(sp, 1);
+      --whole_free_segments_;
     } else if (new_split == 0) {
       stats_.inactive_split.Decrease(sp, 1);
+      ++whole_free_segments_;
     }
     if (new_split > old_split) {
       stats_.inactive_split_bytes.Increase(sp, new_split - old_split);
@@ -625,7 +629,9 @@ void CachingAllocator::ShareBlocksOf(Stream stream, std::uint64_t before_seq) {
 
 std::size_t CachingAllocator::ReleaseCachedSegments() {
   std::size_t released = 0;
-  for (auto it = segments_.begin(); it != segments_.end();) {
+  // A pressure event comes with every allocation that does not fit: skip the
+  // walk over every segment when none can be released.
+  for (auto it = segments_.begin(); whole_free_segments_ > 0 && it != segments_.end();) {
     Segment* seg = it->second;
     Block* b = seg->first;
     if (b->allocated || b->pending_free || b->size != seg->size) {

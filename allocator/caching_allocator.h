@@ -289,6 +289,8 @@ class CachingAllocator {
   // Bumped whenever memory becomes free, so a slow path that released the
   // lock knows whether someone else freed memory meanwhile.
   std::uint64_t free_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Free blocks spanning a whole segment (what ReleaseCachedSegments can give back).
+  std::size_t whole_free_segments_ ABSL_GUARDED_BY(mu_) = 0;
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<TraceEvent> ring_ ABSL_GUARDED_BY(mu_);
   std::size_t ring_next_ ABSL_GUARDED_BY(mu_) = 0;  // where the next event goes

@@ -6,6 +6,14 @@
 //   choose/POLICY/10000        one eviction decision over 10,000 candidates
 //                              (reference: sorting the same candidates by size)
 //   parse/transformer_small    op-trace records parsed per second
+//   replay/transformer_small/POLICY/RATIO
+//                              op-trace records replayed per second through
+//                              the runtime under a reserved-bytes budget of
+//                              RATIO x the unlimited peak (reference: the
+//                              same trace with no budget, no evictions)
+//   replay/chain/N/POLICY      the same on a generated chain of N layers at
+//                              half its peak: the cost of a pressure event as
+//                              the tensor table grows
 #include <algorithm>
 #include <fstream>
 #include <random>
@@ -18,6 +26,7 @@
 #include "benchmark/benchmark.h"
 #include "policies/registry.h"
 #include "runtime/runtime.h"
+#include "sim/op_replay.h"
 #include "sim/op_trace.h"
 
 namespace remat {
@@ -114,6 +123,100 @@ void BM_ParseOpTrace(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(text.size() * state.iterations()));
 }
 BENCHMARK(BM_ParseOpTrace)->Name("parse/transformer_small")->Unit(benchmark::kMicrosecond);
+
+const OpTrace& TransformerTrace() {
+  static const OpTrace* trace = [] {
+    std::ifstream in(std::string(REMAT_EXAMPLE_TRACES_DIR) + "/transformer_small.jsonl");
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    absl::StatusOr<OpTrace> parsed = ParseOpTrace(buffer.str(), "transformer_small.jsonl");
+    return parsed.ok() ? new OpTrace(std::move(*parsed)) : nullptr;
+  }();
+  return *trace;
+}
+
+// A chain of n layers, forward then backward: each forward activation is kept
+// for the backward pass, so the tensor table grows to n activations.
+OpTrace ChainTrace(int n) {
+  std::string text = "{\"op\":\"constant\",\"id\":\"x0\",\"bytes\":1048576}\n";
+  for (int i = 1; i <= n; ++i) {
+    text += "{\"op\":\"call\",\"name\":\"f\",\"inputs\":[\"x" + std::to_string(i - 1) +
+            "\"],\"outputs\":[{\"id\":\"x" + std::to_string(i) +
+            "\",\"bytes\":1048576}],\"cost_ns\":50000}\n";
+  }
+  text += "{\"op\":\"constant\",\"id\":\"g" + std::to_string(n) + "\",\"bytes\":1048576}\n";
+  for (int i = n; i >= 1; --i) {
+    text += "{\"op\":\"call\",\"name\":\"df\",\"inputs\":[\"g" + std::to_string(i) + "\",\"x" +
+            std::to_string(i - 1) + "\"],\"outputs\":[{\"id\":\"g" + std::to_string(i - 1) +
+            "\",\"bytes\":1048576}],\"cost_ns\":100000}\n";
+    text += "{\"op\":\"release\",\"id\":\"g" + std::to_string(i) + "\"}\n";
+    text += "{\"op\":\"release\",\"id\":\"x" + std::to_string(i) + "\"}\n";
+  }
+  absl::StatusOr<OpTrace> parsed = ParseOpTrace(text, "chain");
+  return parsed.ok() ? std::move(*parsed) : OpTrace{};
+}
+
+// Replays `trace` under `ratio` x its unlimited reserved peak with `policy`
+// (ratio 1: no budget at all) and reports records per second of the record loop.
+void RunReplay(benchmark::State& state, const OpTrace& trace, const std::string& policy,
+               double ratio) {
+  if (trace.records.empty()) {
+    state.SkipWithError("no trace");
+    return;
+  }
+  OpReplayOptions options;
+  options.policy = policy;
+  if (ratio < 1) {
+    absl::StatusOr<OpReplayReport> unlimited = ReplayOpTrace(trace, options);
+    if (!unlimited.ok()) {
+      state.SkipWithError("unlimited replay failed");
+      return;
+    }
+    options.budget = static_cast<std::size_t>(
+        ratio * static_cast<double>(unlimited->peak_reserved_bytes));
+  }
+  double seconds = 0;
+  std::uint64_t records = 0, evictions = 0;
+  for (auto _ : state) {
+    absl::StatusOr<OpReplayReport> report = ReplayOpTrace(trace, options);
+    if (!report.ok() || report->status != "ok") {
+      state.SkipWithError(report.ok() ? report->message.c_str() : "replay failed");
+      return;
+    }
+    seconds += report->replay_seconds;
+    records += report->records;
+    evictions = report->evictions;
+  }
+  // The record loop alone: set-up (device, allocator) is not replay speed.
+  state.counters["records_per_second"] = static_cast<double>(records) / seconds;
+  state.counters["evictions"] = static_cast<double>(evictions);
+}
+
+void BM_ReplayTransformer(benchmark::State& state, const char* policy, double ratio) {
+  RunReplay(state, TransformerTrace(), policy, ratio);
+}
+BENCHMARK_CAPTURE(BM_ReplayTransformer, unlimited, "lru", 1.0)
+    ->Name("replay/transformer_small/reference_unlimited")
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_ReplayTransformer, lru, "lru", 0.5)
+    ->Name("replay/transformer_small/lru/0.5")
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_ReplayTransformer, dtr, "dtr", 0.5)
+    ->Name("replay/transformer_small/dtr/0.5")
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_ReplayChain(benchmark::State& state, const char* policy) {
+  static const OpTrace* chains[2] = {nullptr, nullptr};
+  const int n = static_cast<int>(state.range(0));
+  const OpTrace*& trace = chains[n > 1000 ? 1 : 0];
+  if (trace == nullptr) trace = new OpTrace(ChainTrace(n));
+  RunReplay(state, *trace, policy, 0.5);
+}
+BENCHMARK_CAPTURE(BM_ReplayChain, lru, "lru")->Name("replay/chain/lru")->Arg(1000)->Arg(20000)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_ReplayChain, lru_sampled, "lru:sample=sqrt")
+    ->Name("replay/chain/lru:sample=sqrt")->Arg(1000)->Arg(20000)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace remat

@@ -21,7 +21,7 @@ class Dtr final : public ScoredPolicy {
   Dtr(double staleness_exp, bool neighbourhood)
       : staleness_exp_(staleness_exp), neighbourhood_(neighbourhood) {}
 
-  std::string Spec() const override {
+  std::string OwnSpec() const override {
     return absl::StrFormat("dtr:neighbourhood=%s,staleness_exp=%g",
                            neighbourhood_ ? "true" : "false", staleness_exp_);
   }

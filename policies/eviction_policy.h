@@ -13,7 +13,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "absl/types/span.h"
 #include "allocator/device.h"
@@ -60,15 +63,41 @@ struct PlanStep {
 };
 using Plan = std::vector<PlanStep>;
 
+// How many of the evictable tensors a pressure event shows the policy: all of
+// them (exact, O(n) per event), or a random sample (DTR's sqrt(n) sampling),
+// which keeps a decision cheap when the tensor table is large.
+struct Sampling {
+  enum class Kind : std::uint8_t { kAll, kSqrt, kCount, kFraction };
+  Kind kind = Kind::kAll;
+  double value = 0;  // kCount: how many; kFraction: which share, in (0, 1)
+
+  // Parses "all", "sqrt", a count ("64") or a fraction ("0.1").
+  static absl::StatusOr<Sampling> Parse(std::string_view text);
+  std::string ToString() const;  // what Parse reads back
+  // How many of n candidates to sample: at least 1 when n > 0, at most n.
+  std::size_t Size(std::size_t n) const;
+};
+
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
-  // The spec that recreates this policy: "dtr:staleness_exp=1".
-  virtual std::string Spec() const = 0;
+  // The spec that recreates this policy, parameters common to every policy
+  // included: "dtr:staleness_exp=1,sample=sqrt".
+  std::string Spec() const;
   // Steps whose candidates' bytes cover ctx.bytes_needed when they can (all
   // candidates' worth otherwise), most preferred first. Never names a
   // candidate twice, never one that allows neither action.
   virtual Plan Choose(const PressureContext& ctx) = 0;
+
+  const Sampling& sampling() const { return sampling_; }
+  void set_sampling(Sampling sampling) { sampling_ = sampling; }
+
+ protected:
+  // The policy's own part of the spec: "dtr:staleness_exp=1".
+  virtual std::string OwnSpec() const = 0;
+
+ private:
+  Sampling sampling_;
 };
 
 }  // namespace remat::policies

@@ -7,7 +7,7 @@ namespace {
 
 class Largest final : public ScoredPolicy {
  public:
-  std::string Spec() const override { return "largest"; }
+  std::string OwnSpec() const override { return "largest"; }
 
  private:
   double Score(const Candidate& c, const PressureContext&) const override {

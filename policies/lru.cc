@@ -7,7 +7,7 @@ namespace {
 
 class Lru final : public ScoredPolicy {
  public:
-  std::string Spec() const override { return "lru"; }
+  std::string OwnSpec() const override { return "lru"; }
 
  private:
   double Score(const Candidate& c, const PressureContext&) const override {

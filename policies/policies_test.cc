@@ -84,14 +84,57 @@ TEST(RegistryTest, UnknownNamesAndKeysListWhatIsKnown) {
               HasSubstr("unknown policy 'belady2' (known: lru, largest, dtr)"));
   auto bad_key = Create("dtr:staleness=2");
   EXPECT_THAT(std::string(bad_key.status().message()),
-              HasSubstr("no parameter 'staleness' (it knows: staleness_exp, neighbourhood)"));
-  EXPECT_THAT(std::string(Create("lru:x=1").status().message()), HasSubstr("it knows: none"));
+              HasSubstr("no parameter 'staleness' (it knows: staleness_exp, neighbourhood, sample)"));
+  EXPECT_THAT(std::string(Create("lru:x=1").status().message()), HasSubstr("it knows: sample)"));
   EXPECT_THAT(std::string(Create("dtr:staleness_exp=abc").status().message()),
               HasSubstr("is not a number"));
   EXPECT_THAT(std::string(Create("dtr:staleness_exp=-1").status().message()),
               HasSubstr("out of range"));
   EXPECT_THAT(std::string(Create("dtr:neighbourhood=maybe").status().message()),
               HasSubstr("not true or false"));
+}
+
+TEST(SamplingTest, EveryPolicyTakesASampleParameterThatRoundTrips) {
+  for (const std::string& name : KnownPolicies()) {
+    for (const char* sample : {"sqrt", "64", "0.25"}) {
+      auto policy = Create(name + ":sample=" + sample);
+      ASSERT_TRUE(policy.ok()) << name << " " << sample << ": " << policy.status();
+      EXPECT_THAT((*policy)->Spec(), HasSubstr(std::string("sample=") + sample));
+      auto again = Create((*policy)->Spec());
+      ASSERT_TRUE(again.ok()) << (*policy)->Spec() << ": " << again.status();
+      EXPECT_EQ((*again)->Spec(), (*policy)->Spec());
+    }
+    // The default shows nothing: specs stay as they were.
+    EXPECT_EQ((*Create(name + ":sample=all"))->Spec(), (*Create(name))->Spec());
+  }
+  EXPECT_EQ((*Create("dtr:sample=sqrt,staleness_exp=2"))->Spec(),
+            "dtr:neighbourhood=true,staleness_exp=2,sample=sqrt");
+}
+
+TEST(SamplingTest, RejectsWhatIsNotASample) {
+  for (const char* bad : {"0", "-1", "1.5", "abc", "", "nan", "1e13"}) {
+    auto policy = Create(std::string("lru:sample=") + bad);
+    EXPECT_EQ(policy.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(policy.status().message()), HasSubstr("sample=")) << bad;
+  }
+}
+
+TEST(SamplingTest, SizesStayWithinOneAndN) {
+  const Sampling all = *Sampling::Parse("all");
+  const Sampling sqrt = *Sampling::Parse("sqrt");
+  const Sampling count = *Sampling::Parse("64");
+  const Sampling share = *Sampling::Parse("0.1");
+  EXPECT_EQ(all.Size(10000), 10000u);
+  EXPECT_EQ(sqrt.Size(10000), 100u);
+  EXPECT_EQ(sqrt.Size(10), 4u);  // ceil(sqrt(10))
+  EXPECT_EQ(count.Size(10000), 64u);
+  EXPECT_EQ(count.Size(10), 10u);
+  EXPECT_EQ(share.Size(10000), 1000u);
+  EXPECT_EQ(share.Size(3), 1u);
+  for (const Sampling& s : {all, sqrt, count, share}) {
+    EXPECT_EQ(s.Size(0), 0u);
+    EXPECT_EQ(s.Size(1), 1u);
+  }
 }
 
 // --- Plans --------------------------------------------------------------------

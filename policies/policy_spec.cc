@@ -82,6 +82,15 @@ absl::Status PolicyParams::Bool(const std::string& key, bool* value) {
   return absl::OkStatus();
 }
 
+absl::Status PolicyParams::Text(const std::string& key, std::string* value) {
+  known_.push_back(key);
+  auto it = params_.find(key);
+  if (it == params_.end()) return absl::OkStatus();
+  *value = it->second;
+  params_.erase(it);
+  return absl::OkStatus();
+}
+
 absl::Status PolicyParams::Finish() const {
   if (params_.empty()) return absl::OkStatus();
   const std::string unknown = params_.begin()->first;

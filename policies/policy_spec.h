@@ -37,6 +37,8 @@ class PolicyParams {
   // the key is absent. Errors name the policy, the key and the bad text.
   absl::Status Double(const std::string& key, double* value, double min, double max);
   absl::Status Bool(const std::string& key, bool* value);
+  // The raw text, for parameters with their own syntax.
+  absl::Status Text(const std::string& key, std::string* value);
   // Fails on any key no accessor consumed, listing the known keys.
   absl::Status Finish() const;
 

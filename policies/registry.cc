@@ -37,6 +37,15 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> Create(std::string_view spec) {
     PolicyParams params(parsed->name, std::move(parsed->params));
     absl::StatusOr<std::unique_ptr<EvictionPolicy>> policy = e.make(params);
     if (!policy.ok()) return policy.status();
+    // Parameters every policy has.
+    std::string sample = "all";
+    if (absl::Status st = params.Text("sample", &sample); !st.ok()) return st;
+    absl::StatusOr<Sampling> sampling = Sampling::Parse(sample);
+    if (!sampling.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("policy %s: %s", parsed->name, sampling.status().message()));
+    }
+    (*policy)->set_sampling(*sampling);
     if (absl::Status leftover = params.Finish(); !leftover.ok()) return leftover;
     return policy;
   }

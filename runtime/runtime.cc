@@ -1,6 +1,7 @@
 #include "runtime/runtime.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -26,7 +27,7 @@ const char* TensorStateName(TensorState state) {
 struct Runtime::Storage {
   std::uint64_t serial = 0;
   std::size_t bytes = 0;
-  TensorState state = TensorState::kDropped;  // until SetResident at creation
+  TensorState state = TensorState::kFreed;  // not yet on the device: SetResident at creation
   void* device = nullptr;  // resident, prefetching
   void* host = nullptr;    // offloading, on_host, prefetching (until the copy in completes)
   Event copy_event;        // the offload's or the prefetch's copy, while copy_in_flight
@@ -35,15 +36,22 @@ struct Runtime::Storage {
   bool allow_drop = false;
   bool allow_offload = false;
   RecomputeFn recompute;
-  std::vector<Storage*> inputs;     // what the closure reads
-  std::vector<Storage*> consumers;  // droppable storages whose closures read this one
+  // (Inline: most ops read two or three tensors, and are read by a few.)
+  absl::InlinedVector<Storage*, 3> inputs;     // what the closure reads
+  absl::InlinedVector<Storage*, 2> consumers;  // droppable storages whose closures read this one
   std::int64_t compute_ns = 0;
   std::int64_t last_access_ns = 0;
   std::uint64_t accesses = 0;
   absl::InlinedVector<Stream, 2> used_streams;  // streams that used the device block
   int handles = 0;     // tensors over this storage the owner has not freed
   int dependents = 0;  // uncollected storages whose closures read this one
-  std::vector<TensorId> tensor_ids;
+  absl::InlinedVector<TensorId, 1> tensor_ids;
+  static constexpr std::size_t kNoSlot = SIZE_MAX;
+  std::size_t candidate_slot = kNoSlot;  // index in candidates_, while a candidate
+  mutable std::uint64_t walk_mark = 0;   // the last DroppedChainCost walk that saw it
+  // Kept by SetState, so building a candidate reads no neighbour that cannot matter.
+  int dropped_inputs = 0;                 // entries of `inputs` now dropped
+  std::int64_t dropped_consumer_ns = 0;   // summed compute_ns of `consumers` now dropped
 };
 
 // The runtime's lock, remembering which runtime the thread holds: the
@@ -99,20 +107,24 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(CachingAllocator* alloc
   if (!(options.link_gbps > 0) || options.link_latency_ns < 0) {
     return absl::InvalidArgumentError("link bandwidth must be positive and latency >= 0");
   }
-  absl::StatusOr<std::unique_ptr<policies::EvictionPolicy>> policy =
-      policies::Create(options.policy);
-  if (!policy.ok()) return policy.status();
+  std::shared_ptr<policies::EvictionPolicy> policy = options.custom_policy;
+  if (policy == nullptr) {
+    absl::StatusOr<std::unique_ptr<policies::EvictionPolicy>> made =
+        policies::Create(options.policy);
+    if (!made.ok()) return made.status();
+    policy = std::move(*made);
+  }
   absl::StatusOr<Stream> copy_stream = allocator->device()->CreateStream();
   if (!copy_stream.ok()) return copy_stream.status();
   std::unique_ptr<Runtime> runtime(
-      new Runtime(allocator, std::move(options), std::move(*policy), *copy_stream));
+      new Runtime(allocator, std::move(options), std::move(policy), *copy_stream));
   allocator->SetPressureHandler(
       [r = runtime.get()](const PressureRequest& request) { return r->OnPressure(request); });
   return runtime;
 }
 
 Runtime::Runtime(CachingAllocator* allocator, RuntimeOptions options,
-                 std::unique_ptr<policies::EvictionPolicy> policy, Stream copy_stream)
+                 std::shared_ptr<policies::EvictionPolicy> policy, Stream copy_stream)
     : allocator_(allocator),
       device_(allocator->device()),
       options_(std::move(options)),
@@ -165,12 +177,32 @@ absl::StatusOr<Runtime::Storage*> Runtime::Live(TensorId id) const {
 }
 
 void Runtime::SetState(Storage* s, TensorState state) {
-  if (s->state == TensorState::kResident && state != TensorState::kResident) {
-    resident_.erase(s->serial);
-  } else if (s->state != TensorState::kResident && state == TensorState::kResident) {
-    resident_.emplace(s->serial, s);
-  }
+  const bool was_dropped = s->state == TensorState::kDropped;
+  const bool dropped = state == TensorState::kDropped;
   s->state = state;
+  if (was_dropped != dropped) {
+    const int sign = dropped ? 1 : -1;
+    for (Storage* in : s->inputs) in->dropped_consumer_ns += sign * s->compute_ns;
+    for (Storage* out : s->consumers) out->dropped_inputs += sign;
+  }
+  Reindex(s);
+}
+
+void Runtime::Reindex(Storage* s) {
+  const bool candidate = s->state == TensorState::kResident && s->pins == 0 && s->bytes > 0 &&
+                         (MayDrop(s) || MayOffload(s));
+  const bool indexed = s->candidate_slot != Storage::kNoSlot;
+  if (candidate == indexed) return;
+  if (candidate) {
+    s->candidate_slot = candidates_.size();
+    candidates_.push_back(s);
+    return;
+  }
+  Storage* last = candidates_.back();
+  candidates_[s->candidate_slot] = last;
+  last->candidate_slot = s->candidate_slot;
+  candidates_.pop_back();
+  s->candidate_slot = Storage::kNoSlot;
 }
 
 void Runtime::SetResident(Storage* s, void* ptr) {
@@ -195,11 +227,14 @@ bool Runtime::MayOffload(const Storage* s) const {
   return options_.enable_offload && s->allow_offload;
 }
 
-void Runtime::Pin(Storage* s) { ++s->pins; }
+void Runtime::Pin(Storage* s) {
+  if (s->pins++ == 0) Reindex(s);
+}
 
 void Runtime::UnpinStorage(Storage* s) {
-  --s->pins;
-  if (s->pins == 0) MaybeCollect(s);
+  if (--s->pins > 0) return;
+  Reindex(s);
+  if (s->handles == 0) MaybeCollect(s);  // else the owner still holds it: nothing to collect
 }
 
 void Runtime::SettleCopies(Storage* s) {
@@ -267,7 +302,7 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, 
     return absl::InvalidArgumentError("a tensor that may be dropped needs a recompute closure");
   }
   if (options.compute_ns < 0) return absl::InvalidArgumentError("compute_ns must be >= 0");
-  std::vector<Storage*> inputs;
+  absl::InlinedVector<Storage*, 3> inputs;
   for (TensorId in : options.inputs) {
     absl::StatusOr<Storage*> s = Live(in);
     if (!s.ok()) {
@@ -293,6 +328,7 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, 
     for (Storage* in : s->inputs) {
       ++in->dependents;
       in->consumers.push_back(s);
+      if (in->state == TensorState::kDropped) ++s->dropped_inputs;
     }
   }
   const TensorId id = next_id_++;
@@ -409,8 +445,8 @@ RuntimeStats Runtime::stats() const {
 void Runtime::MaybeCollect(Storage* first) {
   // Collecting a storage may free its inputs in turn. A storage can be
   // reached twice (an input read twice), so the dead are destroyed at the end.
-  std::vector<Storage*> work = {first};
-  std::vector<std::uint64_t> dead;
+  absl::InlinedVector<Storage*, 8> work = {first};
+  absl::InlinedVector<std::uint64_t, 8> dead;
   while (!work.empty()) {
     Storage* s = work.back();
     work.pop_back();
@@ -522,8 +558,7 @@ absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
 
     absl::StatusOr<void*> out = AllocateDevice(s->bytes, stream);
     if (!out.ok()) return unwind(out.status());
-    std::vector<void*> input_ptrs;
-    input_ptrs.reserve(s->inputs.size());
+    absl::InlinedVector<void*, 4> input_ptrs;
     for (Storage* in : s->inputs) input_ptrs.push_back(in->device);
     absl::Status ran = s->recompute(RecomputeArgs{input_ptrs, *out, s->bytes, stream});
     if (!ran.ok()) {
@@ -551,50 +586,78 @@ bool Runtime::OnPressure(const PressureRequest& request) ABSL_NO_THREAD_SAFETY_A
   return Evict(request);
 }
 
+policies::Candidate Runtime::MakeCandidate(const Storage* s) const {
+  policies::Candidate c;
+  c.bytes = s->bytes;
+  c.compute_ns = s->compute_ns;
+  c.transfer_ns =
+      2 * (options_.link_latency_ns +
+           static_cast<std::int64_t>(static_cast<double>(s->bytes) / options_.link_gbps));
+  c.can_drop = MayDrop(s);
+  c.can_offload = MayOffload(s);
+  c.last_access_ns = s->last_access_ns;
+  c.accesses = s->accesses;
+  // A recompute of this tensor first regenerates its dropped ancestors; its
+  // dropped consumers would need it regenerated in turn.
+  if (s->dropped_inputs > 0) {
+    for (const Storage* in : s->inputs) c.neighbourhood_ns += DroppedChainCost(in);
+  }
+  c.neighbourhood_ns += s->dropped_consumer_ns;
+  c.address = reinterpret_cast<std::uintptr_t>(s->device);
+  return c;
+}
+
+void Runtime::GatherCandidates() {
+  scratch_.clear();
+  scratch_storages_.clear();
+  const std::size_t n = candidates_.size();
+  const std::size_t k = policy_->sampling().Size(n);
+  if (k == n) {
+    scratch_storages_.assign(candidates_.begin(), candidates_.end());
+  } else {
+    // k distinct slots, uniformly (a partial Fisher-Yates shuffle of the
+    // index itself: the order of candidates_ carries no meaning).
+    for (std::size_t i = 0; i < k; ++i) {
+      rng_state_ ^= rng_state_ << 13;
+      rng_state_ ^= rng_state_ >> 7;
+      rng_state_ ^= rng_state_ << 17;
+      const std::size_t j = i + static_cast<std::size_t>(rng_state_ % (n - i));
+      std::swap(candidates_[i], candidates_[j]);
+      candidates_[i]->candidate_slot = i;
+      candidates_[j]->candidate_slot = j;
+      scratch_storages_.push_back(candidates_[i]);
+    }
+  }
+  for (const Storage* s : scratch_storages_) {
+    scratch_.push_back(MakeCandidate(s));
+    scratch_.back().id = scratch_.size() - 1;
+  }
+}
+
 bool Runtime::Evict(const PressureRequest& request) {
   ++stats_.pressure_events;
-  std::vector<policies::Candidate> candidates;
-  std::vector<Storage*> by_index;
-  const std::int64_t now = device_->NowNs();
-  for (const auto& [serial, s] : resident_) {
-    if (s->pins > 0 || s->bytes == 0) continue;
-    const bool drop = MayDrop(s);
-    const bool offload = MayOffload(s);
-    if (!drop && !offload) continue;
-    policies::Candidate c;
-    c.id = by_index.size();
-    c.bytes = s->bytes;
-    c.compute_ns = s->compute_ns;
-    c.transfer_ns = 2 * (options_.link_latency_ns +
-                         static_cast<std::int64_t>(static_cast<double>(s->bytes) /
-                                                   options_.link_gbps));
-    c.can_drop = drop;
-    c.can_offload = offload;
-    c.last_access_ns = s->last_access_ns;
-    c.accesses = s->accesses;
-    // A recompute of this tensor first regenerates its dropped ancestors.
-    for (const Storage* in : s->inputs) c.neighbourhood_ns += DroppedChainCost(in);
-    for (const Storage* out : s->consumers) {
-      if (out->state == TensorState::kDropped) c.neighbourhood_ns += out->compute_ns;
-    }
-    c.address = reinterpret_cast<std::uintptr_t>(s->device);
-    candidates.push_back(c);
-    by_index.push_back(s);
-  }
-  if (candidates.empty()) return false;
+  const auto choose_start = std::chrono::steady_clock::now();
+  GatherCandidates();
+  if (scratch_.empty()) return false;
+  stats_.candidates_shown += scratch_.size();
   policies::PressureContext ctx;
   ctx.bytes_needed = request.bytes;
   ctx.stream = request.stream;
-  ctx.now_ns = now;
-  ctx.candidates = candidates;
+  ctx.now_ns = device_->NowNs();
+  ctx.candidates = scratch_;
   const policies::Plan plan = policy_->Choose(ctx);
+  stats_.choose_wall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now() - choose_start)
+                               .count();
+  // The plan's storages, before carrying it out changes candidates_ (and so
+  // possibly scratch_storages_'s source; the copy is ours).
   std::size_t freed = 0;
   bool progress = false;
   for (const policies::PlanStep& step : plan) {
-    if (step.id >= by_index.size()) continue;  // a policy bug must not crash us
-    Storage* s = by_index[step.id];
+    if (step.id >= scratch_storages_.size()) continue;  // a policy bug must not crash us
+    Storage* s = scratch_storages_[step.id];
     if (s->state != TensorState::kResident || s->pins > 0) continue;
-    const policies::Candidate& c = candidates[step.id];
+    const policies::Candidate& c = scratch_[step.id];
     bool done = false;
     if (step.action == policies::EvictAction::kOffload && c.can_offload) {
       done = OffloadStorage(s, request.stream);
@@ -619,14 +682,17 @@ std::int64_t Runtime::DroppedChainCost(const Storage* root) const {
   // even when a 100,000-long chain behind it is dropped.
   constexpr std::size_t kMaxNeighbourhood = 32;
   if (root->state != TensorState::kDropped) return 0;
+  // Visited storages carry this walk's mark: no search through `seen`.
+  const std::uint64_t mark = ++walk_mark_;
   absl::InlinedVector<const Storage*, kMaxNeighbourhood> seen = {root};
+  root->walk_mark = mark;
   std::int64_t cost = 0;
   for (std::size_t i = 0; i < seen.size(); ++i) {
     cost += seen[i]->compute_ns;
     for (const Storage* in : seen[i]->inputs) {
       if (seen.size() >= kMaxNeighbourhood) break;
-      if (in->state == TensorState::kDropped &&
-          std::find(seen.begin(), seen.end(), in) == seen.end()) {
+      if (in->state == TensorState::kDropped && in->walk_mark != mark) {
+        in->walk_mark = mark;
         seen.push_back(in);
       }
     }

@@ -43,6 +43,7 @@
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -88,6 +89,9 @@ struct TensorOptions {
 
 struct RuntimeOptions {
   std::string policy = "dtr";      // a policies::Create spec
+  // A policy object of your own, used instead of `policy` when set (the
+  // runtime calls it under its lock; it must not call back into the runtime).
+  std::shared_ptr<policies::EvictionPolicy> custom_policy;
   bool enable_drop = true;         // false: never drop (--no-recompute)
   bool enable_offload = true;      // false: never offload (--no-swap)
   std::size_t host_pool_bytes = 64 * kGiB;
@@ -105,6 +109,8 @@ struct RuntimeStats {
   std::uint64_t tensors_created = 0;
   std::uint64_t live_tensors = 0;
   std::uint64_t pressure_events = 0;
+  std::uint64_t candidates_shown = 0;  // candidates handed to the policy, over all events
+  std::int64_t choose_wall_ns = 0;     // host time spent building candidates and choosing
   std::uint64_t drops = 0;           // evictions under pressure that dropped
   std::uint64_t released_drops = 0;  // freed by the owner, bytes dropped, kept for a closure
   std::uint64_t offloads = 0;
@@ -179,7 +185,7 @@ class Runtime {
   };
 
   Runtime(CachingAllocator* allocator, RuntimeOptions options,
-          std::unique_ptr<policies::EvictionPolicy> policy, Stream copy_stream);
+          std::shared_ptr<policies::EvictionPolicy> policy, Stream copy_stream);
 
   friend class Guard;
   class Lock;
@@ -205,9 +211,14 @@ class Runtime {
   void UnpinStorage(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCollect(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetResident(Storage* s, void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every state change goes through here (it keeps resident_ in step).
+  // Every state change goes through here (it keeps candidates_ in step).
   void SetState(Storage* s, TensorState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LeaveDevice(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps candidates_ in step with the storage's state and pins.
+  void Reindex(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills scratch_ (and scratch_storages_) with what the policy sees now.
+  void GatherCandidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  policies::Candidate MakeCandidate(const Storage* s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Storage*> Live(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Event> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string DescribePressure(std::size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -215,7 +226,7 @@ class Runtime {
   CachingAllocator* const allocator_;
   Device* const device_;
   const RuntimeOptions options_;
-  const std::unique_ptr<policies::EvictionPolicy> policy_;
+  const std::shared_ptr<policies::EvictionPolicy> policy_;
   const Stream copy_stream_;
 
   mutable Mutex mu_;
@@ -223,8 +234,15 @@ class Runtime {
   // By creation order, so candidate lists (and so plans and simulations) are
   // deterministic.
   absl::btree_map<std::uint64_t, std::unique_ptr<Storage>> storages_ ABSL_GUARDED_BY(mu_);
-  // The resident ones, which the pressure handler scans for candidates.
-  absl::btree_map<std::uint64_t, Storage*> resident_ ABSL_GUARDED_BY(mu_);
+  // What a policy may evict now: resident, unpinned, non-empty, evictable.
+  // A vector (each storage knows its slot) so a pressure event samples from
+  // it in O(1) per candidate.
+  std::vector<Storage*> candidates_ ABSL_GUARDED_BY(mu_);
+  mutable std::uint64_t walk_mark_ ABSL_GUARDED_BY(mu_) = 0;  // see DroppedChainCost
+  std::uint64_t rng_state_ ABSL_GUARDED_BY(mu_) = 0x9e3779b97f4a7c15ull;  // for sampling
+  // Reused across pressure events.
+  std::vector<policies::Candidate> scratch_ ABSL_GUARDED_BY(mu_);
+  std::vector<Storage*> scratch_storages_ ABSL_GUARDED_BY(mu_);
   std::uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
   TensorId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   PinnedHostPool host_pool_ ABSL_GUARDED_BY(mu_);

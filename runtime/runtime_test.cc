@@ -1,6 +1,7 @@
 #include "runtime/runtime.h"
 
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -308,6 +309,90 @@ TEST_F(RuntimeTest, PinnedHostPoolExhaustionFallsBackToDropping) {
   EXPECT_EQ(StateOf(a), TensorState::kDropped);
 }
 
+// Evicts the candidates of the sizes it is told, event by event, and keeps
+// what it was shown: candidates are known by their sizes.
+class ScriptedPolicy : public policies::EvictionPolicy {
+ public:
+  explicit ScriptedPolicy(std::vector<std::vector<std::size_t>> script)
+      : script_(std::move(script)) {}
+  policies::Plan Choose(const policies::PressureContext& ctx) override {
+    shown.emplace_back(ctx.candidates.begin(), ctx.candidates.end());
+    const std::size_t event = shown.size() - 1;
+    policies::Plan plan;
+    if (event >= script_.size()) return plan;
+    for (std::size_t bytes : script_[event]) {
+      for (const policies::Candidate& c : ctx.candidates) {
+        if (c.bytes == bytes) plan.push_back({c.id, policies::EvictAction::kDrop});
+      }
+    }
+    return plan;
+  }
+  std::vector<std::vector<policies::Candidate>> shown;
+
+ protected:
+  std::string OwnSpec() const override { return "scripted"; }
+
+ private:
+  std::vector<std::vector<std::size_t>> script_;
+};
+
+const policies::Candidate* BySize(const std::vector<policies::Candidate>& cs, std::size_t bytes) {
+  for (const policies::Candidate& c : cs) {
+    if (c.bytes == bytes) return &c;
+  }
+  return nullptr;
+}
+
+TEST_F(RuntimeTest, CandidatesCarryTheirEvictedNeighbourhood) {
+  // x -> a -> b -> c -> d, costs 10, 20, 30, 40 us; b and c get dropped, then
+  // a's dropped consumer (b) and d's dropped ancestors (c, b) show in their costs.
+  auto policy = std::make_shared<ScriptedPolicy>(
+      std::vector<std::vector<std::size_t>>{{3 * kMiB, 4 * kMiB}, {5 * kMiB}});
+  Make(22 * kMiB, {.custom_policy = policy});
+  TensorId x = Produce(kMiB, {}, false, false);
+  TensorId a = Produce(2 * kMiB, {x}, true, false, 10'000);
+  TensorId b = Produce(3 * kMiB, {a}, true, false, 20'000);
+  TensorId c = Produce(4 * kMiB, {b}, true, false, 30'000);
+  TensorId d = Produce(5 * kMiB, {c}, true, false, 40'000);
+  TensorId e = Produce(8 * kMiB, {}, false, false);
+  ASSERT_GE(policy->shown.size(), 2u);
+  EXPECT_EQ(StateOf(b), TensorState::kDropped);
+  EXPECT_EQ(StateOf(c), TensorState::kDropped);
+  EXPECT_EQ(StateOf(d), TensorState::kDropped);
+  const std::vector<policies::Candidate>& second = policy->shown[1];
+  ASSERT_EQ(second.size(), 2u);  // a and d: x may not go, b and c are gone
+  ASSERT_NE(BySize(second, 2 * kMiB), nullptr);
+  ASSERT_NE(BySize(second, 5 * kMiB), nullptr);
+  EXPECT_EQ(BySize(second, 2 * kMiB)->neighbourhood_ns, 20'000);  // b waits on a
+  EXPECT_EQ(BySize(second, 5 * kMiB)->neighbourhood_ns, 50'000);  // d needs c and b first
+  EXPECT_EQ(BySize(second, 5 * kMiB)->compute_ns, 40'000);
+  // Recomputing d brings c and b back, in the room e leaves.
+  ASSERT_TRUE(runtime_->Free(e).ok());
+  Check(d);
+  EXPECT_EQ(StateOf(c), TensorState::kResident);
+  EXPECT_EQ(runtime_->stats().recomputes, 3u);
+  Check(a);
+}
+
+TEST_F(RuntimeTest, APolicyThatSamplesSeesOnlyItsSample) {
+  // Ten droppable 1 MiB tensors fill the budget; each new one needs one out.
+  for (const char* spec : {"lru", "lru:sample=1"}) {
+    SCOPED_TRACE(spec);
+    Make(12 * kMiB, {.policy = spec});
+    TensorId x = Produce(kMiB, {}, false, false);
+    for (int i = 0; i < 40; ++i) Produce(kMiB, {x}, true, false);
+    const RuntimeStats st = runtime_->stats();
+    ASSERT_GT(st.pressure_events, 0u);
+    if (std::string(spec) == "lru") {
+      // Every unpinned droppable tensor is a candidate of every event.
+      EXPECT_GE(st.candidates_shown, st.pressure_events * 5);
+    } else {
+      EXPECT_EQ(st.candidates_shown, st.pressure_events);
+    }
+    EXPECT_GT(st.choose_wall_ns, 0);
+  }
+}
+
 TEST_F(RuntimeTest, BadInputIsAClearError) {
   Make(8 * kMiB);
   EXPECT_EQ(runtime_->Acquire(12345).status().code(), absl::StatusCode::kNotFound);
@@ -390,10 +475,15 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Mode{"lru", true, false}, Mode{"lru", false, true}, Mode{"lru", true, true},
                       Mode{"largest", true, false}, Mode{"largest", false, true},
                       Mode{"largest", true, true}, Mode{"dtr", true, false},
-                      Mode{"dtr", false, true}, Mode{"dtr", true, true}),
+                      Mode{"dtr", false, true}, Mode{"dtr", true, true},
+                      Mode{"lru:sample=sqrt", true, true}, Mode{"dtr:sample=2", true, true}),
     [](const testing::TestParamInfo<Mode>& info) {
-      return std::string(info.param.policy) + (info.param.drop ? "_drop" : "") +
-             (info.param.offload ? "_offload" : "");
+      std::string name = std::string(info.param.policy) + (info.param.drop ? "_drop" : "") +
+                         (info.param.offload ? "_offload" : "");
+      for (char& ch : name) {
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      }
+      return name;
     });
 
 }  // namespace

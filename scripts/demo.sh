@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install_deps.sh
-cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DREMAT_BUILD_TESTS=OFF > /dev/null
+cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DREMAT_BUILD_TESTS=OFF -DREMAT_BUILD_TOOLS=ON > /dev/null
 cmake --build build-release -j"${REMAT_JOBS:-2}" --target remat
 trace=examples/traces/training_step.csv
 echo "== remat replay $trace"

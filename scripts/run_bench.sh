@@ -23,9 +23,10 @@ generator=()
 if [[ ! -f $build/CMakeCache.txt ]] && command -v ninja >/dev/null; then
   generator=(-G Ninja)
 fi
-# Only what the benchmark needs: no tests, no command-line tool.
+# No tests; the command-line tool stays on because demo.sh shares this build
+# directory (an option set OFF here would stick in its cache).
 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DREMAT_BUILD_BENCH=ON -DREMAT_BUILD_TESTS=OFF -DREMAT_BUILD_TOOLS=OFF >/dev/null
+  -DREMAT_BUILD_BENCH=ON -DREMAT_BUILD_TESTS=OFF -DREMAT_BUILD_TOOLS=ON >/dev/null
 cmake --build "$build" --target allocator_bench -j "$jobs"
 
 date=$(date -u +%Y-%m-%d)

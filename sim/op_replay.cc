@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/sim_device.h"
@@ -102,6 +103,9 @@ class Replayer {
     report_.offloaded_bytes = rs.offloaded_bytes;
     report_.restored_bytes = rs.restored_bytes;
     report_.evictions = rs.drops + rs.offloads;
+    report_.pressure_events = rs.pressure_events;
+    report_.candidates_shown = rs.candidates_shown;
+    report_.choose_wall_ns = rs.choose_wall_ns;
     report_.stall_ns = std::max<std::int64_t>(
         0, report_.time_ns - report_.compute_ns - report_.recompute_ns);
     report_.verified_accesses = counters_->verified;
@@ -125,7 +129,7 @@ class Replayer {
 
   // Enqueues the call's work for `out` on the stream: the compute itself in
   // the cost, and in verify mode the bytes (and, the first time, their checksum).
-  absl::Status Launch(Stream stream, std::uint32_t out, const std::vector<std::uint32_t>& inputs,
+  absl::Status Launch(Stream stream, std::uint32_t out, absl::Span<const std::uint32_t> inputs,
                       absl::Span<void* const> input_ptrs, void* out_ptr, std::int64_t cost_ns,
                       bool first) {
     if (!options_.verify) return device_->LaunchHostFunc(stream, [] {}, cost_ns);
@@ -198,10 +202,11 @@ class Replayer {
   }
 
   absl::Status Call(const OpRecord& r, Stream compute) {
-    std::vector<Guard> in_guards;
-    std::vector<void*> in_ptrs;
+    absl::InlinedVector<Guard, 4> in_guards;
+    absl::InlinedVector<void*, 4> in_ptrs;
     std::vector<TensorId> in_ids;
-    const std::vector<std::uint32_t> inputs(r.inputs.begin(), r.inputs.end());
+    in_ids.reserve(r.inputs.size());
+    const absl::Span<const std::uint32_t> inputs = r.inputs;
     for (std::uint32_t t : inputs) {
       absl::StatusOr<Guard> g = runtime_->Acquire(ids_[t], compute);
       if (!g.ok()) return g.status();
@@ -225,8 +230,12 @@ class Replayer {
       options.compute_ns = r.cost_ns;
       options.allow_drop = true;
       options.allow_offload = true;
-      options.recompute = [this, out, inputs, cost = r.cost_ns](const RecomputeArgs& args) {
-        return Launch(args.stream, out, inputs, args.inputs, args.output, cost, /*first=*/false);
+      // Two words, so the closure lives inside the AnyInvocable: the call's
+      // inputs and cost are found through the output's producing record.
+      options.recompute = [this, out](const RecomputeArgs& args) {
+        const OpRecord& call = trace_.records[trace_.tensors[out].producer];
+        return Launch(args.stream, out, call.inputs, args.inputs, args.output, call.cost_ns,
+                      /*first=*/false);
       };
       absl::StatusOr<Guard> g = runtime_->Create(Bytes(out), std::move(options), compute);
       if (!g.ok()) return g.status();

@@ -51,6 +51,9 @@ struct OpReplayReport {
   std::uint64_t restored_bytes = 0;
   std::int64_t stall_ns = 0;       // time the compute stream spent neither computing nor recomputing
   std::uint64_t evictions = 0;
+  std::uint64_t pressure_events = 0;   // times the runtime asked the policy for a plan
+  std::uint64_t candidates_shown = 0;  // candidates handed to the policy, over all events
+  std::int64_t choose_wall_ns = 0;     // host time building candidates and choosing
   std::uint64_t verified_accesses = 0;
   std::uint64_t mismatches = 0;
   double wall_seconds = 0;    // the whole run, set-up included

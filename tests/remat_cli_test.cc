@@ -128,9 +128,18 @@ TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
         "\"peak_live_bytes\":", "\"baseline_ns\":", "\"time_ns\":", "\"overhead\":",
         "\"recomputed_ops\":", "\"recompute_ns\":", "\"offloaded_bytes\":", "\"restored_bytes\":",
         "\"stall_ns\":", "\"evictions\":", "\"wall_seconds\":", "\"verified_accesses\":",
-        "\"mismatches\":0"}) {
+        "\"mismatches\":0", "\"pressure_events\":", "\"candidates_per_event\":",
+        "\"choose_ns_per_event\":"}) {
     EXPECT_THAT(run.out, HasSubstr(key));
   }
+  // A sampling policy names its sample; a bad sample is a usage error.
+  const Outcome sampled = Remat("sim " + Trace("chain_100.jsonl") +
+                                " --budget-ratio 0.5 --policy lru:sample=sqrt --json");
+  ASSERT_EQ(sampled.status, 0) << sampled.out;
+  EXPECT_THAT(sampled.out, HasSubstr("\"policy\":\"lru:sample=sqrt\""));
+  EXPECT_EQ(Remat("sim " + Trace("chain_100.jsonl") + " --budget-ratio 0.5 --policy lru:sample=0")
+                .status,
+            2);
   // Exactly one of --budget-ratio and --budget.
   EXPECT_EQ(Remat("sim " + Trace("chain_100.jsonl")).status, 2);
   EXPECT_EQ(Remat("sim " + Trace("chain_100.jsonl") + " --budget-ratio 0.5 --budget 1GiB").status,

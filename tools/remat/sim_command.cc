@@ -72,6 +72,13 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
                                FormatBytes(r.offloaded_bytes), FormatBytes(r.restored_bytes),
                                static_cast<double>(r.stall_ns) / 1e6);
   std::cout << absl::StrFormat("  evictions        %d\n", r.evictions);
+  if (r.pressure_events > 0) {
+    std::cout << absl::StrFormat(
+        "  decisions        %d, %.0f candidates and %.2f us each on average\n",
+        r.pressure_events,
+        static_cast<double>(r.candidates_shown) / static_cast<double>(r.pressure_events),
+        static_cast<double>(r.choose_wall_ns) / 1e3 / static_cast<double>(r.pressure_events));
+  }
   if (f.verify) {
     std::cout << absl::StrFormat("  verified         %d accesses, %d mismatches\n",
                                  r.verified_accesses, r.mismatches);
@@ -109,6 +116,15 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("restored_bytes").Uint(r.restored_bytes);
   w.Key("stall_ns").Int(r.stall_ns);
   w.Key("evictions").Uint(r.evictions);
+  w.Key("pressure_events").Uint(r.pressure_events);
+  w.Key("candidates_per_event")
+      .Double(r.pressure_events > 0 ? static_cast<double>(r.candidates_shown) /
+                                          static_cast<double>(r.pressure_events)
+                                    : 0.0);
+  w.Key("choose_ns_per_event")
+      .Double(r.pressure_events > 0 ? static_cast<double>(r.choose_wall_ns) /
+                                          static_cast<double>(r.pressure_events)
+                                    : 0.0);
   w.Key("records").Uint(r.records);
   w.Key("wall_seconds").Double(r.wall_seconds);
   w.Key("replay_seconds").Double(r.replay_seconds);
