@@ -209,7 +209,7 @@ REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, FreeSet::iterator 
   stats_.requested_bytes.Increase(sp, static_cast<std::int64_t>(requested));
   stats_.active.Increase(sp, 1);
   stats_.active_bytes.Increase(sp, static_cast<std::int64_t>(block->size));
-  RecordTrace(TraceAction::kAlloc, block->addr, block->size, stream);
+  RecordTrace(TraceAction::kAlloc, block->addr, block->size, requested, stream);
   return reinterpret_cast<void*>(block->addr);
 }
 
@@ -256,7 +256,7 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     if (!progress && free_epoch_ == epoch) break;
   }
   ++stats_.num_ooms;
-  RecordTrace(TraceAction::kOom, 0, size, stream);
+  RecordTrace(TraceAction::kOom, 0, size, requested, stream);
   return absl::ResourceExhaustedError(OomMessage(requested, size, stream));
 }
 
@@ -297,7 +297,7 @@ CachingAllocator::Block* CachingAllocator::ReserveSegment(Pool& pool, std::size_
   stats_.segment.Increase(sp, 1);
   stats_.reserved_bytes.Increase(sp, static_cast<std::int64_t>(segment_size));
   ++stats_.num_device_alloc;
-  RecordTrace(TraceAction::kSegmentAlloc, seg->addr, segment_size, stream);
+  RecordTrace(TraceAction::kSegmentAlloc, seg->addr, segment_size, segment_size, stream);
   InsertFree(b);
   return b;
 }
@@ -347,7 +347,8 @@ REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stre
   stats_.allocation.Decrease(sp, 1);
   stats_.allocated_bytes.Decrease(sp, static_cast<std::int64_t>(block->size));
   stats_.requested_bytes.Decrease(sp, static_cast<std::int64_t>(block->requested));
-  RecordTrace(TraceAction::kFreeRequested, block->addr, block->size, block->stream);
+  RecordTrace(TraceAction::kFreeRequested, block->addr, block->size, block->requested,
+              block->stream);
   block->allocated = false;
   if (stream != nullptr) block->stream = *stream;
   if (events.empty()) {
@@ -364,7 +365,7 @@ REMAT_HOT_INLINE void CachingAllocator::ReturnBlock(Block* block, Stream stream)
   const StatPool sp = StatPoolOf(PoolOf(block));
   stats_.active.Decrease(sp, 1);
   stats_.active_bytes.Decrease(sp, static_cast<std::int64_t>(block->size));
-  RecordTrace(TraceAction::kFreeCompleted, block->addr, block->size, stream);
+  RecordTrace(TraceAction::kFreeCompleted, block->addr, block->size, block->requested, stream);
   block->pending_free = false;
   block->pending_events = 0;
   block->requested = 0;
@@ -649,7 +650,7 @@ std::size_t CachingAllocator::ReleaseCachedSegments() {
     stats_.segment.Decrease(sp, 1);
     stats_.reserved_bytes.Decrease(sp, static_cast<std::int64_t>(seg->size));
     ++stats_.num_device_free;
-    RecordTrace(TraceAction::kSegmentFree, seg->addr, seg->size, seg->stream);
+    RecordTrace(TraceAction::kSegmentFree, seg->addr, seg->size, seg->size, seg->stream);
     released += seg->size;
     ++free_epoch_;
     DeleteBlock(b);
@@ -810,13 +811,15 @@ MemoryMap CachingAllocator::GetMemoryMap() const {
   return map;
 }
 
-REMAT_HOT_INLINE void CachingAllocator::RecordTrace(TraceAction action, std::uintptr_t addr, std::size_t size,
-                                   Stream stream) {
+REMAT_HOT_INLINE void CachingAllocator::RecordTrace(TraceAction action, std::uintptr_t addr,
+                                                    std::size_t size, std::size_t requested,
+                                                    Stream stream) {
   if (ring_.empty()) return;
   TraceEvent& e = ring_[ring_next_];
   e.action = action;
   e.address = addr;
   e.size = size;
+  e.requested_size = requested;
   e.stream = stream;
   e.time_ns = device_->NowNs();
   if (++ring_next_ == ring_.size()) ring_next_ = 0;

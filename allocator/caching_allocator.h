@@ -71,7 +71,7 @@ struct AllocatorOptions {
   // Events kept in the snapshot's ring, at most kMaxEventRingCapacity; 0
   // (the default) records none. Off by default for the reason PyTorch's
   // memory history is opt-in: three stamped events per alloc/free pair are a
-  // tenth of its cost. The ring is allocated up front (40 B an event).
+  // tenth of its cost. The ring is allocated up front (48 B an event).
   std::size_t event_ring_capacity = 0;
   // Safety net against a handler that reports progress it did not make.
   int max_pressure_rounds = 1 << 20;
@@ -262,8 +262,8 @@ class CachingAllocator {
   // Releases whole free segments; returns bytes released.
   std::size_t ReleaseCachedSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Event> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RecordTrace(TraceAction action, std::uintptr_t addr, std::size_t size, Stream stream)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordTrace(TraceAction action, std::uintptr_t addr, std::size_t size,
+                   std::size_t requested, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string DescribeBadPointer(const void* ptr, const char* op) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string OomMessage(std::size_t requested, std::size_t size, Stream stream) const

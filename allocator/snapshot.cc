@@ -62,6 +62,7 @@ std::string SnapshotToJson(const Snapshot& snapshot) {
     w.Key("action").String(TraceActionName(e.action));
     w.Key("addr").Uint(e.address);
     w.Key("size").Uint(e.size);
+    w.Key("requested_size").Uint(e.requested_size);
     w.Key("stream").Uint(e.stream.handle);
     w.Key("time_ns").Int(e.time_ns);
     w.EndObject();

@@ -44,7 +44,8 @@ const char* TraceActionName(TraceAction action);  // "alloc", "free_requested", 
 struct TraceEvent {
   TraceAction action = TraceAction::kAlloc;
   std::uintptr_t address = 0;
-  std::size_t size = 0;
+  std::size_t size = 0;            // the block's (rounded) or the segment's bytes
+  std::size_t requested_size = 0;  // the caller's bytes (alloc, frees, oom); segments: size
   Stream stream;
   std::int64_t time_ns = 0;  // the device's clock (virtual on SimDevice)
 };

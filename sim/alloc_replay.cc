@@ -1,7 +1,9 @@
 #include "sim/alloc_replay.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -33,6 +35,28 @@ absl::StatusOr<std::vector<Stream>> MapStreams(const AllocLog& log, Device& devi
   return streams;
 }
 
+// Lets the device's host clock follow the log's, so recorded events carry the
+// log's times. The log's clock reads time since midnight: a step back of more
+// than half a day is taken as a midnight passed, a smaller one (threads
+// writing out of order) leaves the clock where it is.
+class LogClock {
+ public:
+  explicit LogClock(SimDevice* device) : device_(device) {}
+
+  void Follow(std::int64_t log_time_ns) {
+    std::int64_t step = log_time_ns - last_ns_;
+    if (step < -kDayNs / 2) step += kDayNs;
+    if (step <= 0) return;
+    device_->AdvanceHost(step);
+    last_ns_ = log_time_ns;
+  }
+
+ private:
+  static constexpr std::int64_t kDayNs = std::int64_t{86'400} * 1'000'000'000;
+  SimDevice* device_;
+  std::int64_t last_ns_ = 0;  // the device clock starts at the log's midnight
+};
+
 absl::Status ReplayBug(const AllocLog& log, const AllocRecord& record, const absl::Status& status) {
   return absl::InternalError(
       absl::StrFormat("%s:%d: the allocator rejected a call the log allows: %s", log.name,
@@ -41,6 +65,10 @@ absl::Status ReplayBug(const AllocLog& log, const AllocRecord& record, const abs
 
 }  // namespace
 
+std::size_t HistoryCapacity(const AllocLog& log, std::size_t history_events) {
+  return std::min<std::size_t>(history_events, 4 * log.records.size());
+}
+
 absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOptions& options) {
   SimDeviceOptions device_options;
   device_options.capacity = options.capacity;
@@ -48,9 +76,9 @@ absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOpt
   REMAT_ASSIGN_OR_RETURN(std::unique_ptr<SimDevice> device, SimDevice::Create(device_options));
   AllocatorOptions allocator_options;
   allocator_options.budget = options.budget;
-  // The report reads statistics, never the event ring; keeping it would cost
-  // a device clock read per event.
-  allocator_options.event_ring_capacity = 0;
+  // Off unless asked for: the report reads statistics, never the event ring,
+  // and keeping it costs a device clock read per event.
+  allocator_options.event_ring_capacity = HistoryCapacity(log, options.history_events);
   REMAT_ASSIGN_OR_RETURN(std::unique_ptr<CachingAllocator> allocator,
                          CachingAllocator::Create(device.get(), allocator_options));
   REMAT_ASSIGN_OR_RETURN(std::vector<Stream> streams, MapStreams(log, *device));
@@ -58,8 +86,11 @@ absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOpt
   std::vector<void*> slots(log.num_slots, nullptr);
   std::uint64_t ooms = 0;
   std::uint64_t skipped_frees = 0;
+  std::optional<LogClock> clock;
+  if (allocator_options.event_ring_capacity > 0) clock.emplace(device.get());
   const auto start = std::chrono::steady_clock::now();
   for (const AllocRecord& record : log.records) {
+    if (clock) clock->Follow(record.time_ns);
     switch (record.action) {
       case AllocAction::kAllocate: {
         absl::StatusOr<void*> ptr = allocator->Allocate(record.size, streams[record.stream]);
@@ -96,11 +127,17 @@ absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOpt
   // Statistics first, then free what the log left live, so that the allocator
   // is not destroyed holding allocations (it would warn about them).
   const AllocatorStats stats = allocator->GetStats();
+  ReplayReport report;
+  if (options.snapshot) {
+    report.snapshot = allocator->TakeSnapshot();
+    report.history_truncated =
+        report.snapshot->events.size() == allocator_options.event_ring_capacity &&
+        allocator_options.event_ring_capacity < 4 * log.records.size();
+  }
   for (void* ptr : slots) {
     if (ptr != nullptr) (void)allocator->Free(ptr);
   }
 
-  ReplayReport report;
   report.log_name = log.name;
   report.device = device->Describe();
   report.capacity = options.capacity;

@@ -16,14 +16,22 @@
 //   allocation's later free is then skipped.
 // * free: FreeOnStream on the free's stream, as RMM frees (stream-ordered).
 // * allocate failure: counted, nothing replayed (the original run failed it).
+//
+// With history on (ReplayOptions::history_events), the allocator records its
+// events and the device's clock follows the log's (each record first lets the
+// host clock advance to the record's time), so the snapshot's events and the
+// timeline drawn from them carry the log's times. Nothing else changes: the
+// replay makes the same calls and reaches the same numbers.
 #ifndef REMAT_SIM_ALLOC_REPLAY_H_
 #define REMAT_SIM_ALLOC_REPLAY_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "allocator/snapshot.h"
 #include "base/units.h"
 #include "sim/rmm_log.h"
 
@@ -34,7 +42,18 @@ struct ReplayOptions {
   std::size_t capacity = 80 * kGiB;
   // Cap on what the allocator may reserve (0: none beyond the capacity).
   std::size_t budget = 0;
+  // Events the allocator keeps for the snapshot, the newest when there are
+  // more (0: none; at most kMaxEventRingCapacity). The ring is sized to what
+  // the log can produce when that is less: HistoryCapacity().
+  std::size_t history_events = 0;
+  // Take ReplayReport::snapshot at the end of the replay.
+  bool snapshot = false;
 };
+
+// The event ring a replay of `log` uses for `history_events`: at most the 4
+// events a record can produce (alloc, segment_alloc, and the segment_free that
+// undoes it or an oom; free_requested and free_completed).
+std::size_t HistoryCapacity(const AllocLog& log, std::size_t history_events);
 
 struct ReplayReport {
   std::string log_name;
@@ -65,8 +84,14 @@ struct ReplayReport {
   // From the replay.
   std::uint64_t ooms = 0;           // allocations that did not fit
   std::uint64_t skipped_frees = 0;  // frees of those allocations
-  double replay_seconds = 0;        // the replay loop alone
+  double replay_seconds = 0;        // the replay loop alone (recording history included)
   double events_per_second = 0;
+
+  // With ReplayOptions::snapshot: the allocator at the end of the replay,
+  // before what the log left live is freed, with its event history.
+  std::optional<Snapshot> snapshot;
+  // The ring filled up: the snapshot's history lost its oldest events.
+  bool history_truncated = false;
 };
 
 // Fails only on bad options (InvalidArgument: a zero or too large capacity, a

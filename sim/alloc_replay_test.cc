@@ -1,6 +1,7 @@
 #include "sim/alloc_replay.h"
 
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -169,6 +170,53 @@ TEST(AllocReplayTest, TightBudgetOnTrainingStepOoms) {
   EXPECT_GT(r.retries, 0u);
   EXPECT_LE(r.peak_reserved_bytes, options.budget);
   EXPECT_EQ(r.events, log.records.size());
+}
+
+TEST(AllocReplayTest, HistoryFollowsTheLogsClockAndChangesNothing) {
+  const AllocLog log = MustRead("tiny.csv");
+  ReplayOptions options;
+  options.history_events = 1000;
+  options.snapshot = true;
+  const ReplayReport r = MustReplay(log, options);
+  const ReplayReport plain = MustReplay(log);
+  EXPECT_EQ(r.peak_allocated_bytes, plain.peak_allocated_bytes);
+  EXPECT_EQ(r.peak_reserved_bytes, plain.peak_reserved_bytes);
+  EXPECT_EQ(r.device_allocs, plain.device_allocs);
+  EXPECT_FALSE(plain.snapshot.has_value());
+
+  ASSERT_TRUE(r.snapshot.has_value());
+  EXPECT_FALSE(r.history_truncated);
+  const std::vector<TraceEvent>& events = r.snapshot->events;
+  ASSERT_EQ(events.size(), 16u);
+  constexpr std::int64_t k10am = std::int64_t{10} * 3600 * 1'000'000'000;
+  EXPECT_EQ(events.front().action, TraceAction::kSegmentAlloc);
+  EXPECT_EQ(events.front().time_ns, k10am + 125'000);
+  EXPECT_EQ(events.back().action, TraceAction::kFreeCompleted);
+  EXPECT_EQ(events.back().time_ns, k10am + 1'750'000);
+  std::vector<std::size_t> requested;
+  for (const TraceEvent& e : events) {
+    if (e.action == TraceAction::kAlloc) requested.push_back(e.requested_size);
+  }
+  EXPECT_EQ(requested, (std::vector<std::size_t>{1000, 3000, 4 * kMiB, 512, 24 * kMiB}));
+  // Taken before the leftovers are freed: the 512 B allocation is still live.
+  std::size_t live_requested = 0;
+  for (const SegmentInfo& seg : r.snapshot->segments) live_requested += seg.requested_size;
+  EXPECT_EQ(live_requested, 512u);
+}
+
+TEST(AllocReplayTest, ASmallHistoryKeepsTheNewestEvents) {
+  const AllocLog log = MustRead("tiny.csv");
+  EXPECT_EQ(HistoryCapacity(log, 1000), 4 * log.records.size());
+  EXPECT_EQ(HistoryCapacity(log, 3), 3u);
+  ReplayOptions options;
+  options.history_events = 3;
+  options.snapshot = true;
+  const ReplayReport r = MustReplay(log, options);
+  ASSERT_TRUE(r.snapshot.has_value());
+  EXPECT_TRUE(r.history_truncated);
+  ASSERT_EQ(r.snapshot->events.size(), 3u);
+  EXPECT_EQ(r.snapshot->events.back().action, TraceAction::kFreeCompleted);
+  EXPECT_EQ(r.snapshot->events.back().requested_size, 24 * kMiB);
 }
 
 TEST(AllocReplayTest, RejectsBadOptions) {

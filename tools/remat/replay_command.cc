@@ -4,6 +4,13 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/snapshot_pickle.h"
+#include "allocator/snapshot_timeline.h"
+#include "base/file.h"
+#include "base/status_macros.h"
 #include "base/units.h"
 #include "sim/alloc_replay.h"
 #include "sim/rmm_log.h"
@@ -14,11 +21,21 @@
 namespace remat::tools {
 namespace {
 
+// Events kept for --snapshot and --timeline unless --history-events says
+// otherwise: enough for a million-record log, and a ring of at most 192 MiB
+// (48 B an event, allocated up front, never more than the log can produce).
+constexpr std::uint64_t kDefaultHistoryEvents = std::uint64_t{1} << 22;
+
 struct ReplayFlags {
   std::string log_path;
   std::uint64_t capacity = 80 * kGiB;
   std::uint64_t budget = 0;  // 0: none
   bool json = false;
+  std::string snapshot_path;  // "": none
+  std::string timeline_path;  // "": none
+  std::uint64_t history_events = kDefaultHistoryEvents;
+
+  bool wants_snapshot() const { return !snapshot_path.empty() || !timeline_path.empty(); }
 };
 
 constexpr char kFooter[] =
@@ -38,22 +55,78 @@ allocated (sizes rounded to 512 B), peak reserved (device segments);
 fragmentation = 1 - peak active / peak reserved; segments; retries (slow-path
 rounds that emptied the cache); OOMs; and the replay loop's speed.
 
+--snapshot writes the allocator at the end of the replay (segments, their
+blocks, and the event history) as a PyTorch memory snapshot pickle: open it at
+https://pytorch.org/memory_viz. --timeline writes allocated and reserved bytes
+over the log's time as a Chrome trace (JSON) for https://ui.perfetto.dev. Both
+keep the newest --history-events events (default 4194304); while they record,
+the simulated clock follows the log's, so events carry the log's times.
+tools/torch_snapshot_to_trace.py turns a PyTorch snapshot back into a log.
+
 Examples:
   remat replay examples/traces/training_step.csv
-  remat replay run.csv --budget 40GiB --json)";
+  remat replay run.csv --budget 40GiB --json
+  remat replay run.csv --snapshot run.pickle --timeline run.json)";
+
+// Refuses output paths that cannot be written before the replay runs.
+absl::Status CheckOutputs(const ReplayFlags& flags) {
+  for (const std::string* path : {&flags.snapshot_path, &flags.timeline_path}) {
+    if (!path->empty()) REMAT_RETURN_IF_ERROR(CheckWritable(*path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteOutputs(const ReplayFlags& flags, const Snapshot& snapshot) {
+  if (!flags.snapshot_path.empty()) {
+    REMAT_RETURN_IF_ERROR(WriteSnapshotPickle(snapshot, flags.snapshot_path));
+  }
+  if (!flags.timeline_path.empty()) {
+    REMAT_RETURN_IF_ERROR(WriteSnapshotTimeline(snapshot, flags.timeline_path));
+  }
+  return absl::OkStatus();
+}
+
+// Rows under the text report saying what was written.
+void PrintOutputs(const ReplayFlags& flags, const Snapshot& snapshot) {
+  if (!flags.snapshot_path.empty()) {
+    std::cout << absl::StrFormat("  %-18s %s (%d segments, %d events)\n", "snapshot",
+                                 flags.snapshot_path, snapshot.segments.size(),
+                                 snapshot.events.size());
+  }
+  if (!flags.timeline_path.empty()) {
+    std::cout << absl::StrFormat("  %-18s %s\n", "timeline", flags.timeline_path);
+  }
+}
 
 int RunReplay(const ReplayFlags& flags) {
+  if (absl::Status outputs = CheckOutputs(flags); !outputs.ok()) {
+    return ReportError("replay", outputs);
+  }
   absl::StatusOr<AllocLog> log = ReadRmmLog(flags.log_path);
   if (!log.ok()) return ReportError("replay", log.status());
   ReplayOptions options;
   options.capacity = flags.capacity;
   options.budget = flags.budget;
+  options.snapshot = flags.wants_snapshot();
+  options.history_events = options.snapshot ? flags.history_events : 0;
   absl::StatusOr<ReplayReport> report = ReplayAllocLog(*log, options);
   if (!report.ok()) return ReportError("replay", report.status());
+  if (options.snapshot) {
+    if (absl::Status written = WriteOutputs(flags, *report->snapshot); !written.ok()) {
+      return ReportError("replay", written);
+    }
+    if (report->history_truncated) {
+      std::cerr << absl::StrFormat(
+          "remat replay: the history kept only the newest %d events; raise --history-events "
+          "for all of them\n",
+          report->snapshot->events.size());
+    }
+  }
   if (flags.json) {
     std::cout << ReplayReportToJson(*report) << "\n";
   } else {
     std::cout << ReplayReportToText(*report);
+    if (options.snapshot) PrintOutputs(flags, *report->snapshot);
   }
   return kExitOk;
 }
@@ -71,6 +144,19 @@ Subcommand AddReplayCommand(CLI::App& remat) {
   AddByteSizeOption(*cmd, "--budget", &flags->budget,
                     "Cap on the bytes the allocator may reserve (default: the capacity)");
   cmd->add_flag("--json", flags->json, "Print the report as one JSON object");
+  cmd->add_option("--snapshot", flags->snapshot_path,
+                  "Write the allocator at the end, with its event history, as a PyTorch memory "
+                  "snapshot pickle")
+      ->type_name("FILE");
+  cmd->add_option("--timeline", flags->timeline_path,
+                  "Write allocated and reserved bytes over time as a Chrome/Perfetto trace (JSON)")
+      ->type_name("FILE");
+  cmd->add_option(
+         "--history-events", flags->history_events,
+         "Events kept for --snapshot and --timeline: the newest, when there are more (0: none)")
+      ->type_name("N")
+      ->default_str(std::to_string(kDefaultHistoryEvents))
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{kMaxEventRingCapacity}));
   cmd->footer(kFooter);
   return Subcommand{cmd, [flags] { return RunReplay(*flags); }};
 }
