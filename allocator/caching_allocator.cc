@@ -724,6 +724,20 @@ absl::StatusOr<std::size_t> CachingAllocator::BlockSize(const void* ptr) const {
   return it->second->size;
 }
 
+absl::StatusOr<std::size_t> CachingAllocator::AdjacentFreeBytes(const void* ptr) const {
+  MutexLock lock(&mu_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end()) {
+    return absl::InvalidArgumentError(DescribeBadPointer(ptr, "AdjacentFreeBytes"));
+  }
+  const Block* b = it->second;
+  std::size_t bytes = 0;
+  for (const Block* n : {b->prev, b->next}) {
+    if (n != nullptr && !n->allocated && !n->pending_free) bytes += n->size;
+  }
+  return bytes;
+}
+
 AllocatorStats CachingAllocator::GetStats() const {
   MutexLock lock(&mu_);
   AllocatorStats stats = stats_;

@@ -129,6 +129,9 @@ class CachingAllocator {
   absl::Status SetOwner(void* ptr, std::uint64_t owner);
   // Rounded size of a live allocation (the block it holds).
   absl::StatusOr<std::size_t> BlockSize(const void* ptr) const;
+  // Bytes of the free blocks right before and after a live allocation in its
+  // segment: what freeing it would coalesce with (for allocator-aware policies).
+  absl::StatusOr<std::size_t> AdjacentFreeBytes(const void* ptr) const;
 
   AllocatorStats GetStats() const;
   void ResetPeakStats();

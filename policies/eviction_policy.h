@@ -41,9 +41,30 @@ struct Candidate {
   std::int64_t last_access_ns = 0; // device clock at its last use
   std::uint64_t accesses = 0;      // uses so far
   // Cost of the evicted tensors a recompute of this one would also have to
-  // regenerate (DTR's evicted neighbourhood, or its equivalence-class estimate).
+  // regenerate, or that would need it regenerated (DTR's evicted
+  // neighbourhood): ancestors_ns + consumers_ns.
   std::int64_t neighbourhood_ns = 0;
+  std::int64_t ancestors_ns = 0;   // dropped ancestors it needs first (each once, up to 32)
+  std::int64_t consumers_ns = 0;   // dropped tensors whose closures read it
+  // DTR's equivalence-class estimate of the neighbourhood: the summed cost of
+  // the distinct classes of dropped tensors adjacent to it (Needs::classes).
+  std::int64_t classes_ns = 0;
+  std::uint64_t recomputes = 0;    // times it has been regenerated
   std::uintptr_t address = 0;      // device address of its block
+  // Free bytes right before and after its block (Needs::adjacent_free).
+  std::size_t adjacent_free_bytes = 0;
+  // Time until its next use, when the program told the runtime (a trace
+  // replay knows it); -1 when unknown.
+  std::int64_t next_use_ns = -1;
+  std::int64_t first_access_ns = 0;  // device clock at its creation
+};
+
+// What a policy needs beyond the basic candidate fields; each costs the
+// runtime work per pressure event, so only policies that ask get it.
+struct Needs {
+  bool classes = false;        // Candidate::classes_ns
+  bool adjacent_free = false;  // Candidate::adjacent_free_bytes
+  bool memory_map = false;     // PressureContext::memory_map
 };
 
 struct PressureContext {
@@ -88,6 +109,11 @@ class EvictionPolicy {
   // candidates' worth otherwise), most preferred first. Never names a
   // candidate twice, never one that allows neither action.
   virtual Plan Choose(const PressureContext& ctx) = 0;
+
+  virtual Needs needs() const { return {}; }
+  // How far ahead (in the program's time) a driver that knows the future
+  // should prefetch offloaded tensors for this policy; 0: no prefetching.
+  virtual std::int64_t prefetch_window_ns() const { return 0; }
 
   const Sampling& sampling() const { return sampling_; }
   void set_sampling(Sampling sampling) { sampling_ = sampling; }

@@ -14,6 +14,13 @@ namespace remat::policies {
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeLru(PolicyParams& params);
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeLargest(PolicyParams& params);
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeDtr(PolicyParams& params);
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeDtrEq(PolicyParams& params);
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeDtrLocal(PolicyParams& params);
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeMsps(PolicyParams& params);
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeMegEngine(PolicyParams& params);
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeWindow(PolicyParams& params);
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeHybrid(PolicyParams& params);
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeBelady(PolicyParams& params);
 
 }  // namespace remat::policies
 

@@ -64,7 +64,8 @@ TEST(PolicySpecTest, RejectsMalformedSpecs) {
 }
 
 TEST(RegistryTest, CreatesEveryKnownPolicy) {
-  EXPECT_THAT(KnownPolicies(), ElementsAre("lru", "largest", "dtr"));
+  EXPECT_THAT(KnownPolicies(), ElementsAre("lru", "largest", "dtr", "dtr-eq", "dtr-local", "msps",
+                                          "megengine", "window", "hybrid", "belady"));
   for (const std::string& name : KnownPolicies()) {
     auto policy = Create(name);
     ASSERT_TRUE(policy.ok()) << name << ": " << policy.status();
@@ -81,7 +82,8 @@ TEST(RegistryTest, UnknownNamesAndKeysListWhatIsKnown) {
   auto unknown = Create("belady2");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(unknown.status().message()),
-              HasSubstr("unknown policy 'belady2' (known: lru, largest, dtr)"));
+              HasSubstr("unknown policy 'belady2' (known: lru, largest, dtr, dtr-eq, dtr-local, "
+                        "msps, megengine, window, hybrid, belady)"));
   auto bad_key = Create("dtr:staleness=2");
   EXPECT_THAT(std::string(bad_key.status().message()),
               HasSubstr("no parameter 'staleness' (it knows: staleness_exp, neighbourhood, sample)"));
@@ -211,6 +213,110 @@ TEST(PolicyTest, PlansAreDeterministicOnTies) {
   for (const std::string& name : KnownPolicies()) {
     EXPECT_THAT(Ids(PlanFor(name, c, 300)), ElementsAre(3, 5, 7)) << name;
   }
+}
+
+}  // namespace
+}  // namespace remat::policies
+
+namespace remat::policies {
+namespace {
+
+// --- The other policies ----------------------------------------------------------
+
+TEST(PolicyTest, DtrEqCountsEachAdjacentClassOnce) {
+  // Same size and staleness: the one next to the cheaper class of dropped tensors goes.
+  Candidate a = Make(1, 100, 0, 1000), b = Make(2, 100, 0, 1000);
+  a.classes_ns = 50'000;
+  b.classes_ns = 5'000;
+  a.neighbourhood_ns = b.neighbourhood_ns = 0;  // dtr-eq looks at classes only
+  EXPECT_THAT(Ids(PlanFor("dtr-eq", {a, b}, 100)), ElementsAre(2));
+  EXPECT_THAT(Ids(PlanFor("dtr", {a, b}, 100)), ElementsAre(1));  // a tie: the lower id
+}
+
+TEST(PolicyTest, DtrLocalIgnoresTheNeighbourhood) {
+  Candidate a = Make(1, 100, 0, 1000), b = Make(2, 100, 0, 2000);
+  a.neighbourhood_ns = a.ancestors_ns = 1'000'000;
+  EXPECT_THAT(Ids(PlanFor("dtr-local", {a, b}, 100)), ElementsAre(1));
+  EXPECT_THAT(Ids(PlanFor("dtr", {a, b}, 100)), ElementsAre(2));
+}
+
+TEST(PolicyTest, MspsRanksMemorySavedPerSecondWithoutStaleness) {
+  const std::int64_t now = 1'000'000;
+  // b was used just now but saves more bytes per recompute second: msps takes it.
+  Candidate a = Make(1, 100, 0, 1000), b = Make(2, 400, now - 1, 1000);
+  EXPECT_THAT(Ids(PlanFor("msps", {a, b}, 100, now)), ElementsAre(2));
+  EXPECT_THAT(Ids(PlanFor("dtr", {a, b}, 100, now)), ElementsAre(1));
+  b.ancestors_ns = 100'000;  // its dropped ancestors make it dear
+  EXPECT_THAT(Ids(PlanFor("msps", {a, b}, 100, now)), ElementsAre(1));
+}
+
+TEST(PolicyTest, MegEngineLikesFreeNeighboursAndKeepsTheOftenRecomputed) {
+  Candidate a = Make(1, 100, 0, 1000), b = Make(2, 100, 0, 1000);
+  b.adjacent_free_bytes = 1000;  // freeing b makes an 1100-byte hole
+  EXPECT_THAT(Ids(PlanFor("megengine", {a, b}, 100)), ElementsAre(2));
+  b.recomputes = 40;  // 1.2^40: recomputed too often
+  EXPECT_THAT(Ids(PlanFor("megengine", {a, b}, 100)), ElementsAre(1));
+  EXPECT_THAT(Ids(PlanFor("megengine:r=1", {a, b}, 100)), ElementsAre(2));
+}
+
+TEST(PolicyTest, BeladyEvictsWhatIsUsedFarthestAhead) {
+  Candidate soon = Make(1, 100, 0), late = Make(2, 100, 0), never = Make(3, 100, 0);
+  soon.next_use_ns = 10;
+  late.next_use_ns = 10'000;
+  never.next_use_ns = -1;  // no hint: never used again
+  EXPECT_THAT(Ids(PlanFor("belady", {soon, late, never}, 200)), ElementsAre(3, 2));
+}
+
+TEST(PolicyTest, HybridOffloadsWhatTheLinkCanHideAndDropsTheRest) {
+  // Both cost the same to recompute and copy; only a's copy fits before its next use.
+  Candidate a = Make(1, 100, 0, 50'000, 40'000), b = Make(2, 100, 0, 50'000, 40'000);
+  a.next_use_ns = 1'000'000;
+  b.next_use_ns = 1'000;
+  const Plan plan = PlanFor("hybrid", {a, b}, 200);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0], (PlanStep{1, EvictAction::kOffload}));  // hidden: cheapest, first
+  EXPECT_EQ(plan[1], (PlanStep{2, EvictAction::kOffload}));  // copy < recompute
+  b.compute_ns = 1'000;  // now recompute is the cheapest of all: b first, dropped
+  EXPECT_EQ(PlanFor("hybrid", {a, b}, 200)[0], (PlanStep{2, EvictAction::kDrop}));
+  // Online: the access history predicts the next use.
+  Candidate c = Make(3, 100, 900'000, 50'000, 40'000);
+  c.first_access_ns = 100'000;
+  c.accesses = 3;  // every 400 us: next at 1.3 ms, 300 us from now
+  EXPECT_EQ(PlanFor("hybrid", {c}, 100)[0], (PlanStep{3, EvictAction::kOffload}));
+  EXPECT_EQ((*Create("hybrid:prefetch_us=500"))->prefetch_window_ns(), 500'000);
+}
+
+// Two segments; the request needs 3 contiguous units.
+TEST(PolicyTest, WindowEvictsTheCheapestContiguousRun) {
+  MemoryMap map;
+  MemoryMapSegment seg;
+  seg.address = 0x10000;
+  seg.size = 2 << 20;
+  seg.is_large = true;
+  // Blocks: [A 512K dear][free 512K][B 512K cheap][C 512K cheap]
+  const std::size_t k = 512 << 10;
+  seg.blocks = {{0x10000, k, BlockState::kActiveAllocated, 1},
+                {0x10000 + k, k, BlockState::kInactive, 0},
+                {0x10000 + 2 * k, k, BlockState::kActiveAllocated, 2},
+                {0x10000 + 3 * k, k, BlockState::kActiveAllocated, 3}};
+  map.segments.push_back(seg);
+  Candidate a = Make(1, k, 0, 9'000'000), b = Make(2, k, 0, 1000), c = Make(3, k, 0, 1000);
+  a.address = 0x10000;
+  b.address = 0x10000 + 2 * k;
+  c.address = 0x10000 + 3 * k;
+  auto policy = Create("window");
+  ASSERT_TRUE(policy.ok());
+  EXPECT_TRUE((*policy)->needs().memory_map);
+  std::vector<Candidate> cs = {a, b, c};
+  PressureContext ctx;
+  ctx.bytes_needed = 3 * k;  // 1.5 MiB: the free block, b and c
+  ctx.now_ns = 1'000'000;
+  ctx.candidates = cs;
+  ctx.memory_map = &map;
+  EXPECT_THAT(Ids((*policy)->Choose(ctx)), ElementsAre(2, 3));
+  // Without the map it ranks like dtr and still covers the bytes.
+  ctx.memory_map = nullptr;
+  EXPECT_EQ((*policy)->Choose(ctx).size(), 3u);
 }
 
 }  // namespace

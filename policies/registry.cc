@@ -19,6 +19,13 @@ constexpr Entry kPolicies[] = {
     {"lru", &MakeLru},
     {"largest", &MakeLargest},
     {"dtr", &MakeDtr},
+    {"dtr-eq", &MakeDtrEq},
+    {"dtr-local", &MakeDtrLocal},
+    {"msps", &MakeMsps},
+    {"megengine", &MakeMegEngine},
+    {"window", &MakeWindow},
+    {"hybrid", &MakeHybrid},
+    {"belady", &MakeBelady},
 };
 
 }  // namespace

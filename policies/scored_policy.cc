@@ -17,6 +17,21 @@ EvictAction CheaperAction(const Candidate& c) {
                                                             : EvictAction::kOffload;
 }
 
+EvictAction ScoredPolicy::Action(const Candidate& c, const PressureContext&) const {
+  return CheaperAction(c);
+}
+
+double Staleness(const Candidate& c, const PressureContext& ctx) {
+  return static_cast<double>(std::max<std::int64_t>(ctx.now_ns - c.last_access_ns, 1));
+}
+
+double EvictionCost(const Candidate& c, double recompute_ns) {
+  if (c.can_offload && (!c.can_drop || static_cast<double>(c.transfer_ns) < recompute_ns)) {
+    return static_cast<double>(c.transfer_ns);
+  }
+  return recompute_ns;
+}
+
 Plan ScoredPolicy::Choose(const PressureContext& ctx) {
   std::vector<std::pair<double, const Candidate*>> scored;
   scored.reserve(ctx.candidates.size());
@@ -34,7 +49,7 @@ Plan ScoredPolicy::Choose(const PressureContext& ctx) {
   for (auto end = scored.end(); end != scored.begin() && covered < ctx.bytes_needed; --end) {
     std::pop_heap(scored.begin(), end, later);
     const Candidate* c = (end - 1)->second;
-    plan.push_back(PlanStep{c->id, CheaperAction(*c)});
+    plan.push_back(PlanStep{c->id, Action(*c, ctx)});
     covered += c->bytes;
   }
   return plan;

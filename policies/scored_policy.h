@@ -17,7 +17,15 @@ class ScoredPolicy : public EvictionPolicy {
   // Lower scores are evicted first. Ties go to the lower tensor id, so plans
   // are deterministic.
   virtual double Score(const Candidate& c, const PressureContext& ctx) const = 0;
+  // How to evict a chosen candidate: CheaperAction unless a policy knows better.
+  virtual EvictAction Action(const Candidate& c, const PressureContext& ctx) const;
 };
+
+// Time since the candidate's last use, at least 1 ns.
+double Staleness(const Candidate& c, const PressureContext& ctx);
+// The cost of bringing it back the way CheaperAction would evict it:
+// recompute (with `recompute_ns` as its cost) or the copy round trip.
+double EvictionCost(const Candidate& c, double recompute_ns);
 
 // The cheaper allowed way to evict `c` (it must allow at least one).
 EvictAction CheaperAction(const Candidate& c);

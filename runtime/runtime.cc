@@ -50,6 +50,11 @@ struct Runtime::Storage {
   std::size_t candidate_slot = kNoSlot;  // index in candidates_, while a candidate
   mutable std::uint64_t walk_mark = 0;   // the last DroppedChainCost walk that saw it
   // Kept by SetState, so building a candidate reads no neighbour that cannot matter.
+  std::int64_t first_access_ns = 0;
+  std::int64_t next_use_at = -1;          // HintNextUse's device time; -1 unknown
+  std::uint64_t recomputes = 0;
+  static constexpr std::uint32_t kNoClass = UINT32_MAX;
+  std::uint32_t class_node = kNoClass;    // while dropped: its node in classes_
   int dropped_inputs = 0;                 // entries of `inputs` now dropped
   std::int64_t dropped_consumer_ns = 0;   // summed compute_ns of `consumers` now dropped
 };
@@ -184,8 +189,59 @@ void Runtime::SetState(Storage* s, TensorState state) {
     const int sign = dropped ? 1 : -1;
     for (Storage* in : s->inputs) in->dropped_consumer_ns += sign * s->compute_ns;
     for (Storage* out : s->consumers) out->dropped_inputs += sign;
+    if (dropped) {
+      ++dropped_count_;
+      JoinClasses(s);
+    } else {
+      // Classes only merge (as DTR's union-find does); a member that comes
+      // back takes its own cost out of its class.
+      classes_[ClassRoot(s->class_node)].cost_ns -= s->compute_ns;
+      s->class_node = Storage::kNoClass;
+      if (--dropped_count_ == 0) classes_.clear();
+    }
   }
   Reindex(s);
+}
+
+std::uint32_t Runtime::ClassRoot(std::uint32_t node) {
+  while (classes_[node].parent != node) {
+    classes_[node].parent = classes_[classes_[node].parent].parent;  // path halving
+    node = classes_[node].parent;
+  }
+  return node;
+}
+
+void Runtime::JoinClasses(Storage* s) {
+  s->class_node = static_cast<std::uint32_t>(classes_.size());
+  classes_.push_back(ClassNode{s->class_node, s->compute_ns});
+  auto join = [&](const Storage* other) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (other->state != TensorState::kDropped || other->class_node == Storage::kNoClass) return;
+    const std::uint32_t a = ClassRoot(s->class_node), b = ClassRoot(other->class_node);
+    if (a == b) return;
+    classes_[b].parent = a;
+    classes_[a].cost_ns += classes_[b].cost_ns;
+  };
+  for (const Storage* in : s->inputs) join(in);
+  for (const Storage* out : s->consumers) join(out);
+}
+
+std::int64_t Runtime::AdjacentClassesCost(const Storage* s) {
+  absl::InlinedVector<std::uint32_t, 8> roots;
+  std::int64_t cost = 0;
+  auto add = [&](const Storage* other) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (other->state != TensorState::kDropped || other->class_node == Storage::kNoClass) return;
+    const std::uint32_t root = ClassRoot(other->class_node);
+    if (std::find(roots.begin(), roots.end(), root) != roots.end()) return;
+    roots.push_back(root);
+    cost += std::max<std::int64_t>(classes_[root].cost_ns, 0);
+  };
+  if (s->dropped_inputs > 0) {
+    for (const Storage* in : s->inputs) add(in);
+  }
+  if (s->dropped_consumer_ns > 0) {
+    for (const Storage* out : s->consumers) add(out);
+  }
+  return cost;
 }
 
 void Runtime::Reindex(Storage* s) {
@@ -336,7 +392,7 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, 
   s->handles = 1;
   s->pins = 1;
   s->used_streams.push_back(stream);
-  s->last_access_ns = device_->NowNs();
+  s->last_access_ns = s->first_access_ns = device_->NowNs();
   s->accesses = 1;
   SetResident(s, *ptr);
   storages_.emplace(s->serial, std::move(owned));
@@ -426,6 +482,15 @@ absl::Status Runtime::Free(TensorId id) {
   --stats_.live_tensors;
   --s->handles;
   MaybeCollect(s);
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::HintNextUse(TensorId id, std::int64_t at_ns) {
+  if (at_ns < 0) return absl::InvalidArgumentError("a next use cannot be before time 0");
+  Lock lock(this);
+  absl::StatusOr<Storage*> found = Live(id);
+  if (!found.ok()) return found.status();
+  (*found)->next_use_at = at_ns;
   return absl::OkStatus();
 }
 
@@ -569,6 +634,7 @@ absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
                                       ran.message())));
     }
     ++stats_.recomputes;
+    ++s->recomputes;
     stats_.recompute_ns += s->compute_ns;
     SetResident(s, *out);
     s->used_streams.push_back(stream);
@@ -586,7 +652,8 @@ bool Runtime::OnPressure(const PressureRequest& request) ABSL_NO_THREAD_SAFETY_A
   return Evict(request);
 }
 
-policies::Candidate Runtime::MakeCandidate(const Storage* s) const {
+policies::Candidate Runtime::MakeCandidate(const Storage* s, const policies::Needs& needs,
+                                           std::int64_t now) {
   policies::Candidate c;
   c.bytes = s->bytes;
   c.compute_ns = s->compute_ns;
@@ -596,14 +663,27 @@ policies::Candidate Runtime::MakeCandidate(const Storage* s) const {
   c.can_drop = MayDrop(s);
   c.can_offload = MayOffload(s);
   c.last_access_ns = s->last_access_ns;
+  c.first_access_ns = s->first_access_ns;
   c.accesses = s->accesses;
+  c.recomputes = s->recomputes;
   // A recompute of this tensor first regenerates its dropped ancestors; its
   // dropped consumers would need it regenerated in turn.
   if (s->dropped_inputs > 0) {
-    for (const Storage* in : s->inputs) c.neighbourhood_ns += DroppedChainCost(in);
+    for (const Storage* in : s->inputs) c.ancestors_ns += DroppedChainCost(in);
   }
-  c.neighbourhood_ns += s->dropped_consumer_ns;
+  c.consumers_ns = s->dropped_consumer_ns;
+  c.neighbourhood_ns = c.ancestors_ns + c.consumers_ns;
+  if (needs.classes) c.classes_ns = AdjacentClassesCost(s);
   c.address = reinterpret_cast<std::uintptr_t>(s->device);
+  if (needs.adjacent_free) {
+    absl::StatusOr<std::size_t> free = allocator_->AdjacentFreeBytes(s->device);
+    c.adjacent_free_bytes = free.ok() ? *free : 0;
+  }
+  if (s->next_use_at >= 0) {
+    c.next_use_ns = s->next_use_at == kNeverUsedAgain
+                        ? kNeverUsedAgain
+                        : std::max<std::int64_t>(s->next_use_at - now, 0);
+  }
   return c;
 }
 
@@ -628,8 +708,10 @@ void Runtime::GatherCandidates() {
       scratch_storages_.push_back(candidates_[i]);
     }
   }
+  const policies::Needs needs = policy_->needs();
+  const std::int64_t now = device_->NowNs();
   for (const Storage* s : scratch_storages_) {
-    scratch_.push_back(MakeCandidate(s));
+    scratch_.push_back(MakeCandidate(s, needs, now));
     scratch_.back().id = scratch_.size() - 1;
   }
 }
@@ -645,6 +727,11 @@ bool Runtime::Evict(const PressureRequest& request) {
   ctx.stream = request.stream;
   ctx.now_ns = device_->NowNs();
   ctx.candidates = scratch_;
+  MemoryMap map;
+  if (policy_->needs().memory_map) {
+    map = allocator_->GetMemoryMap();
+    ctx.memory_map = &map;
+  }
   const policies::Plan plan = policy_->Choose(ctx);
   stats_.choose_wall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                std::chrono::steady_clock::now() - choose_start)

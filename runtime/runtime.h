@@ -171,6 +171,11 @@ class Runtime {
   absl::Status Prefetch(TensorId id, Stream stream = kDefaultStream);
   // The owner drops its reference. Pinned tensors are freed when unpinned.
   absl::Status Free(TensorId id);
+  // Tells policies when the tensor will next be used (device clock;
+  // kNeverUsedAgain if it will not be): a trace replay knows, and belady and
+  // hybrid use it. Without a hint a tensor's next use is unknown.
+  static constexpr std::int64_t kNeverUsedAgain = INT64_MAX;
+  absl::Status HintNextUse(TensorId id, std::int64_t at_ns);
 
   absl::StatusOr<TensorState> State(TensorId id) const;
   RuntimeStats stats() const;
@@ -218,7 +223,8 @@ class Runtime {
   void Reindex(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills scratch_ (and scratch_storages_) with what the policy sees now.
   void GatherCandidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  policies::Candidate MakeCandidate(const Storage* s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  policies::Candidate MakeCandidate(const Storage* s, const policies::Needs& needs,
+                                    std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Storage*> Live(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Event> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string DescribePressure(std::size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -239,6 +245,17 @@ class Runtime {
   // it in O(1) per candidate.
   std::vector<Storage*> candidates_ ABSL_GUARDED_BY(mu_);
   mutable std::uint64_t walk_mark_ ABSL_GUARDED_BY(mu_) = 0;  // see DroppedChainCost
+  // DTR's equivalence classes of dropped storages (union-find over slots;
+  // cleared whenever nothing is dropped, so it does not grow without end).
+  struct ClassNode {
+    std::uint32_t parent;
+    std::int64_t cost_ns;
+  };
+  std::vector<ClassNode> classes_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t dropped_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint32_t ClassRoot(std::uint32_t node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void JoinClasses(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::int64_t AdjacentClassesCost(const Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::uint64_t rng_state_ ABSL_GUARDED_BY(mu_) = 0x9e3779b97f4a7c15ull;  // for sampling
   // Reused across pressure events.
   std::vector<policies::Candidate> scratch_ ABSL_GUARDED_BY(mu_);

@@ -328,6 +328,7 @@ class ScriptedPolicy : public policies::EvictionPolicy {
     return plan;
   }
   std::vector<std::vector<policies::Candidate>> shown;
+  const std::vector<std::vector<std::size_t>>& script() const { return script_; }
 
  protected:
   std::string OwnSpec() const override { return "scripted"; }
@@ -372,6 +373,39 @@ TEST_F(RuntimeTest, CandidatesCarryTheirEvictedNeighbourhood) {
   EXPECT_EQ(StateOf(c), TensorState::kResident);
   EXPECT_EQ(runtime_->stats().recomputes, 3u);
   Check(a);
+}
+
+TEST_F(RuntimeTest, CandidatesCarryClassesFreeNeighboursHintsAndHistory) {
+  // x -> a -> b -> c; b and c dropped (one class, 50 us). Then a's classes,
+  // its free neighbours, its next-use hint and its recompute count show.
+  auto policy = std::make_shared<ScriptedPolicy>(
+      std::vector<std::vector<std::size_t>>{{3 * kMiB, 4 * kMiB}, {}});
+  struct Needing : ScriptedPolicy {
+    using ScriptedPolicy::ScriptedPolicy;
+    policies::Needs needs() const override { return {.classes = true, .adjacent_free = true}; }
+  };
+  auto needing = std::make_shared<Needing>(policy->script());
+  Make(22 * kMiB, {.custom_policy = needing});
+  TensorId x = Produce(kMiB, {}, false, false);
+  TensorId a = Produce(2 * kMiB, {x}, true, false, 10'000);
+  TensorId b = Produce(3 * kMiB, {a}, true, false, 20'000);
+  Produce(4 * kMiB, {b}, true, false, 30'000);
+  ASSERT_TRUE(runtime_->HintNextUse(a, device_->NowNs() + 5'000'000).ok());
+  EXPECT_FALSE(runtime_->HintNextUse(a, -1).ok());
+  EXPECT_FALSE(runtime_->HintNextUse(999, 0).ok());
+  // 19 MiB cannot fit even once b and c are gone: a second event shows a
+  // among its freed neighbours; then nothing more goes, and it fails.
+  EXPECT_TRUE(absl::IsResourceExhausted(runtime_->Create(19 * kMiB, TensorOptions{}).status()));
+  ASSERT_GE(needing->shown.size(), 2u);
+  const policies::Candidate* ca = BySize(needing->shown[1], 2 * kMiB);
+  ASSERT_NE(ca, nullptr);
+  EXPECT_EQ(ca->classes_ns, 50'000);              // b and c: one class
+  EXPECT_EQ(ca->consumers_ns, 20'000);            // b reads a
+  EXPECT_EQ(ca->adjacent_free_bytes, 18 * kMiB);  // b's, c's and the rest, coalesced
+  EXPECT_GT(ca->next_use_ns, 4'000'000);
+  EXPECT_LE(ca->next_use_ns, 5'000'000);
+  EXPECT_EQ(ca->accesses, 2u);  // created, then read to produce b
+  EXPECT_EQ(ca->recomputes, 0u);
 }
 
 TEST_F(RuntimeTest, APolicyThatSamplesSeesOnlyItsSample) {
@@ -476,7 +510,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{"largest", true, false}, Mode{"largest", false, true},
                       Mode{"largest", true, true}, Mode{"dtr", true, false},
                       Mode{"dtr", false, true}, Mode{"dtr", true, true},
-                      Mode{"lru:sample=sqrt", true, true}, Mode{"dtr:sample=2", true, true}),
+                      Mode{"lru:sample=sqrt", true, true}, Mode{"dtr:sample=2", true, true},
+                      Mode{"dtr-eq", true, true}, Mode{"dtr-local", true, false},
+                      Mode{"msps", true, true}, Mode{"megengine", true, true},
+                      Mode{"window", true, true}, Mode{"hybrid", true, true},
+                      Mode{"belady", true, true}),
     [](const testing::TestParamInfo<Mode>& info) {
       std::string name = std::string(info.param.policy) + (info.param.drop ? "_drop" : "") +
                          (info.param.offload ? "_offload" : "");

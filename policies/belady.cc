@@ -1,0 +1,31 @@
+// belady: the offline reference. Evicts the tensor whose next use is farthest
+// in the future (never used again: first), which is optimal for a cache of
+// equal-cost pages and a strong reference for tensors. It needs the future:
+// a trace replay tells the runtime each tensor's next use (Runtime::HintNextUse);
+// a tensor without a hint counts as never used again.
+#include <limits>
+
+#include "policies/factories.h"
+#include "policies/scored_policy.h"
+
+namespace remat::policies {
+namespace {
+
+class Belady final : public ScoredPolicy {
+ public:
+  std::string OwnSpec() const override { return "belady"; }
+
+ private:
+  double Score(const Candidate& c, const PressureContext&) const override {
+    if (c.next_use_ns < 0) return -std::numeric_limits<double>::infinity();
+    return -static_cast<double>(c.next_use_ns);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeBelady(PolicyParams&) {
+  return std::make_unique<Belady>();
+}
+
+}  // namespace remat::policies
