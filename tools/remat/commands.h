@@ -23,6 +23,9 @@ Subcommand AddReplayCommand(CLI::App& remat);
 // remat sim TRACE (--budget-ratio R | --budget BYTES) [--policy SPEC] ...
 Subcommand AddSimCommand(CLI::App& remat);
 
+// remat run [--budget B] [--trace FILE] [--device cuda|sim] [--stats] -- CMD ARGS...
+Subcommand AddRunCommand(CLI::App& remat);
+
 }  // namespace remat::tools
 
 #endif  // REMAT_TOOLS_REMAT_COMMANDS_H_

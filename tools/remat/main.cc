@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   const std::vector<remat::tools::Subcommand> subcommands = {
       remat::tools::AddReplayCommand(app),
       remat::tools::AddSimCommand(app),
+      remat::tools::AddRunCommand(app),
   };
 
   try {

@@ -1,0 +1,249 @@
+#include "integrations/env/env_allocator.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+
+#include "absl/strings/str_format.h"
+#include "allocator/sim_device.h"
+#include "allocator/snapshot_pickle.h"
+#include "base/units.h"
+#ifdef REMAT_HAVE_CUDA
+#include "allocator/cuda_device.h"
+#endif
+
+namespace remat::env {
+namespace {
+
+thread_local std::string tls_last_error;
+
+const char* Get(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+absl::Status BytesFrom(const char* name, std::size_t* out) {
+  const char* v = Get(name);
+  if (v == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::uint64_t> bytes = ParseBytes(v);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s=%s: %s", name, v, bytes.status().message()));
+  }
+  *out = static_cast<std::size_t>(*bytes);
+  return absl::OkStatus();
+}
+
+absl::Status FlagFrom(const char* name, bool* out) {
+  const char* v = Get(name);
+  if (v == nullptr) return absl::OkStatus();
+  const std::string_view s(v);
+  if (s == "1" || s == "true" || s == "yes") {
+    *out = true;
+  } else if (s == "0" || s == "false" || s == "no") {
+    *out = false;
+  } else {
+    return absl::InvalidArgumentError(absl::StrFormat("%s=%s: expected 1 or 0", name, v));
+  }
+  return absl::OkStatus();
+}
+
+void PrintStats(int device, const CachingAllocator& alloc) {
+  const AllocatorStats s = alloc.GetStats();
+  std::fprintf(stderr,
+               "remat: device %d (%s): peak allocated %s, peak reserved %s, budget %s, "
+               "%lld allocations, %lld retries, %lld out of memory\n",
+               device, alloc.device()->Describe().c_str(),
+               FormatBytes(static_cast<std::uint64_t>(s.allocated_bytes.all().peak)).c_str(),
+               FormatBytes(static_cast<std::uint64_t>(s.reserved_bytes.all().peak)).c_str(),
+               FormatBytes(alloc.budget()).c_str(),
+               static_cast<long long>(s.allocation.all().allocated),
+               static_cast<long long>(s.num_alloc_retries), static_cast<long long>(s.num_ooms));
+}
+
+}  // namespace
+
+const char* LastError() { return tls_last_error.c_str(); }
+
+void SetLastError(const absl::Status& status) {
+  tls_last_error = status.ok() ? std::string() : std::string(status.message());
+}
+
+absl::StatusOr<Config> ConfigFromEnvironment() {
+  Config c;
+  if (const char* d = Get("REMAT_DEVICE")) {
+    const std::string_view device(d);
+    if (device == "sim") {
+      c.device = Config::DeviceKind::kSim;
+    } else if (device == "cuda") {
+      c.device = Config::DeviceKind::kCuda;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("REMAT_DEVICE=%s: expected cuda or sim", d));
+    }
+  }
+  if (absl::Status s = BytesFrom("REMAT_BUDGET", &c.budget); !s.ok()) return s;
+  if (absl::Status s = BytesFrom("REMAT_SIM_CAPACITY", &c.sim_capacity); !s.ok()) return s;
+  if (absl::Status s = FlagFrom("REMAT_STATS", &c.stats); !s.ok()) return s;
+  if (absl::Status s = FlagFrom("REMAT_SIM_BACKED", &c.sim_backed); !s.ok()) return s;
+  if (const char* t = Get("REMAT_TRACE")) c.trace_path = t;
+  if (const char* t = Get("REMAT_SNAPSHOT")) c.snapshot_path = t;
+  return c;
+}
+
+Allocators& Allocators::Process() {
+  // Leaked on purpose: calls made while the process exits must still work.
+  static Allocators* const process = [] {
+    auto* a = new Allocators(ConfigFromEnvironment());
+    std::atexit([] { Process().Finish(); });
+    return a;
+  }();
+  return *process;
+}
+
+Allocators::Allocators(absl::StatusOr<Config> config) : config_(std::move(config)) {}
+
+Stream Allocators::StreamFor(std::uint64_t stream) const {
+  if (config_.ok() && config_->device == Config::DeviceKind::kSim) return kDefaultStream;
+  return Stream{static_cast<std::uintptr_t>(stream)};
+}
+
+absl::StatusOr<CachingAllocator*> Allocators::For(int device) {
+  if (!config_.ok()) return config_.status();
+  if (device < 0 || device >= kMaxDevices) {
+    return absl::InvalidArgumentError(absl::StrFormat("device %d is out of range", device));
+  }
+  if (CachingAllocator* a = ready_[device].load(std::memory_order_acquire)) return a;
+  MutexLock lock(&mu_);
+  if (CachingAllocator* a = ready_[device].load(std::memory_order_relaxed)) return a;
+  PerDevice& d = devices_[device];
+  if (config_->device == Config::DeviceKind::kSim) {
+    absl::StatusOr<std::unique_ptr<SimDevice>> sim = SimDevice::Create(
+        {.capacity = config_->sim_capacity, .backed = config_->sim_backed});
+    if (!sim.ok()) return sim.status();
+    d.device = std::move(*sim);
+  } else {
+#ifdef REMAT_HAVE_CUDA
+    absl::StatusOr<std::unique_ptr<CudaDevice>> cuda = CudaDevice::Create(device);
+    if (!cuda.ok()) return cuda.status();
+    d.device = std::move(*cuda);
+#else
+    return absl::FailedPreconditionError(
+        "remat was built without CUDA: set REMAT_DEVICE=sim to use the simulated device");
+#endif
+  }
+  const std::size_t capacity = d.device->Capacity();
+  if (config_->budget > capacity) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("REMAT_BUDGET (%s) is larger than device %d (%s)",
+                        FormatBytes(config_->budget), device, FormatBytes(capacity)));
+  }
+  AllocatorOptions options;
+  options.budget = config_->budget;
+  if (!config_->snapshot_path.empty()) options.event_ring_capacity = 1 << 16;
+  absl::StatusOr<std::unique_ptr<CachingAllocator>> alloc =
+      CachingAllocator::Create(d.device.get(), options);
+  if (!alloc.ok()) return alloc.status();
+  d.allocator = std::move(*alloc);
+  ready_[device].store(d.allocator.get(), std::memory_order_release);
+  return d.allocator.get();
+}
+
+absl::StatusOr<void*> Allocators::Allocate(int device, std::size_t bytes, std::uint64_t stream) {
+  absl::StatusOr<CachingAllocator*> alloc = For(device);
+  if (!alloc.ok()) return alloc.status();
+  absl::StatusOr<void*> ptr = (*alloc)->Allocate(bytes, StreamFor(stream));
+  if (config_->trace_path.empty()) return ptr;
+  if (ptr.ok()) {
+    trace_.Allocate(*ptr, bytes, stream);
+  } else {
+    trace_.AllocateFailure(bytes, stream);
+  }
+  return ptr;
+}
+
+CachingAllocator* Allocators::Owner(const void* ptr) {
+  for (int i = 0; i < kMaxDevices; ++i) {
+    CachingAllocator* a = ready_[i].load(std::memory_order_acquire);
+    if (a != nullptr && a->BlockSize(ptr).ok()) return a;
+  }
+  return nullptr;
+}
+
+bool Allocators::Owns(const void* ptr) { return ptr != nullptr && Owner(ptr) != nullptr; }
+
+absl::Status Allocators::Free(const void* ptr, const std::uint64_t* stream) {
+  if (ptr == nullptr) return absl::OkStatus();
+  CachingAllocator* a = Owner(ptr);
+  if (a == nullptr) {
+    return absl::NotFoundError(absl::StrFormat("%p was not allocated by remat", ptr));
+  }
+  void* p = const_cast<void*>(ptr);
+  absl::Status s = stream != nullptr ? a->FreeOnStream(p, StreamFor(*stream)) : a->Free(p);
+  if (s.ok() && !config_->trace_path.empty()) trace_.Free(ptr, stream != nullptr ? *stream : 0);
+  return s;
+}
+
+absl::Status Allocators::RecordStream(const void* ptr, std::uint64_t stream) {
+  CachingAllocator* a = Owner(ptr);
+  if (a == nullptr) {
+    return absl::NotFoundError(absl::StrFormat("%p was not allocated by remat", ptr));
+  }
+  return a->RecordStream(const_cast<void*>(ptr), StreamFor(stream));
+}
+
+absl::Status Allocators::EmptyCache() {
+  for (int i = 0; i < kMaxDevices; ++i) {
+    if (CachingAllocator* a = ready_[i].load(std::memory_order_acquire)) {
+      if (absl::Status s = a->EmptyCache(); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Allocators::SetMemoryFraction(int device, double fraction) {
+  if (!(fraction > 0 && fraction <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("memory fraction %g is not in (0, 1]", fraction));
+  }
+  absl::StatusOr<CachingAllocator*> alloc = For(device);
+  if (!alloc.ok()) return alloc.status();
+  const auto capacity = static_cast<double>((*alloc)->device()->Capacity());
+  return (*alloc)->SetBudget(static_cast<std::size_t>(fraction * capacity));
+}
+
+absl::StatusOr<Allocators::MemInfo> Allocators::GetMemInfo(int device) {
+  absl::StatusOr<CachingAllocator*> alloc = For(device);
+  if (!alloc.ok()) return alloc.status();
+  MemInfo info;
+  info.total = (*alloc)->budget();
+  const auto allocated =
+      static_cast<std::size_t>((*alloc)->GetStats().allocated_bytes.all().current);
+  info.free = info.total > allocated ? info.total - allocated : 0;
+  return info;
+}
+
+void Allocators::Finish() {
+  if (finished_.exchange(true) || !config_.ok()) return;
+  if (!config_->trace_path.empty()) {
+    if (absl::Status s = trace_.WriteTo(config_->trace_path); !s.ok()) {
+      std::fprintf(stderr, "remat: cannot write the trace: %s\n", std::string(s.message()).c_str());
+    }
+  }
+  for (int i = 0; i < kMaxDevices; ++i) {
+    CachingAllocator* a = ready_[i].load(std::memory_order_acquire);
+    if (a == nullptr) continue;
+    if (config_->stats) PrintStats(i, *a);
+    if (!config_->snapshot_path.empty()) {
+      // One file per device after the first: FILE, FILE.1, ...
+      const std::string path =
+          i == 0 ? config_->snapshot_path : absl::StrFormat("%s.%d", config_->snapshot_path, i);
+      if (absl::Status s = WriteSnapshotPickle(a->TakeSnapshot(), path); !s.ok()) {
+        std::fprintf(stderr, "remat: cannot write the snapshot: %s\n",
+                     std::string(s.message()).c_str());
+      }
+    }
+  }
+}
+
+}  // namespace remat::env

@@ -1,0 +1,122 @@
+#include "integrations/env/env_allocator.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "base/file.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sim/alloc_replay.h"
+#include "sim/rmm_log.h"
+
+namespace remat::env {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Sets REMAT_* variables for one test and clears them after.
+class EnvTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (const char* v : {"REMAT_DEVICE", "REMAT_BUDGET", "REMAT_TRACE", "REMAT_STATS",
+                          "REMAT_SNAPSHOT", "REMAT_SIM_CAPACITY", "REMAT_SIM_BACKED"}) {
+      unsetenv(v);
+    }
+  }
+};
+
+TEST_F(EnvTest, ReadsEveryVariable) {
+  setenv("REMAT_DEVICE", "sim", 1);
+  setenv("REMAT_BUDGET", "1.5GiB", 1);
+  setenv("REMAT_TRACE", "/tmp/t.csv", 1);
+  setenv("REMAT_STATS", "1", 1);
+  setenv("REMAT_SIM_CAPACITY", "8GiB", 1);
+  absl::StatusOr<Config> c = ConfigFromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->device, Config::DeviceKind::kSim);
+  EXPECT_EQ(c->budget, 3 * kGiB / 2);
+  EXPECT_EQ(c->trace_path, "/tmp/t.csv");
+  EXPECT_TRUE(c->stats);
+  EXPECT_EQ(c->sim_capacity, 8 * kGiB);
+}
+
+TEST_F(EnvTest, ABadVariableIsNamedInTheError) {
+  setenv("REMAT_DEVICE", "tpu", 1);
+  EXPECT_THAT(std::string(ConfigFromEnvironment().status().message()),
+              HasSubstr("REMAT_DEVICE=tpu"));
+  setenv("REMAT_DEVICE", "sim", 1);
+  setenv("REMAT_BUDGET", "lots", 1);
+  EXPECT_THAT(std::string(ConfigFromEnvironment().status().message()),
+              HasSubstr("REMAT_BUDGET=lots"));
+  // A bad configuration fails every call, with the same reason.
+  Allocators bad(ConfigFromEnvironment());
+  absl::StatusOr<void*> p = bad.Allocate(0, 1024, 0);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("REMAT_BUDGET=lots"));
+}
+
+TEST_F(EnvTest, ServesUnderTheBudgetAndReportsMemInfo) {
+  Config c;
+  c.device = Config::DeviceKind::kSim;
+  c.budget = 64 * kMiB;
+  c.sim_capacity = kGiB;
+  Allocators a(c);
+  absl::StatusOr<Allocators::MemInfo> info = a.GetMemInfo(0);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->total, 64 * kMiB);
+  EXPECT_EQ(info->free, 64 * kMiB);
+  absl::StatusOr<void*> p = a.Allocate(0, 40 * kMiB, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(a.Owns(*p));
+  EXPECT_EQ(a.GetMemInfo(0)->free, 24 * kMiB);
+  absl::StatusOr<void*> over = a.Allocate(0, 40 * kMiB, 0);
+  EXPECT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+  // Any stream a program names is served (on the simulator, as the default one).
+  std::uint64_t stream = 0x1234;
+  ASSERT_TRUE(a.Free(*p, &stream).ok());
+  EXPECT_EQ(a.GetMemInfo(0)->free, 64 * kMiB);
+  int foreign = 0;
+  EXPECT_TRUE(absl::IsNotFound(a.Free(&foreign)));
+  EXPECT_FALSE(a.Owns(&foreign));
+  EXPECT_TRUE(a.Free(nullptr).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(a.Allocate(-1, 1, 0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(a.SetMemoryFraction(0, 1.5)));
+  ASSERT_TRUE(a.SetMemoryFraction(0, 0.25).ok());
+  EXPECT_EQ(a.GetMemInfo(0)->total, kGiB / 4);
+}
+
+TEST_F(EnvTest, ABudgetLargerThanTheDeviceIsRefused) {
+  Config c;
+  c.device = Config::DeviceKind::kSim;
+  c.budget = 2 * kGiB;
+  c.sim_capacity = kGiB;
+  Allocators a(c);
+  EXPECT_THAT(std::string(a.Allocate(0, 1, 0).status().message()),
+              HasSubstr("larger than device 0"));
+}
+
+TEST_F(EnvTest, TheTraceAtFinishReplays) {
+  const std::string dir = ::testing::TempDir();
+  Config c;
+  c.device = Config::DeviceKind::kSim;
+  c.budget = 64 * kMiB;
+  c.trace_path = dir + "/env_trace.csv";
+  c.snapshot_path = dir + "/env_snapshot.pickle";
+  Allocators a(c);
+  void* x = *a.Allocate(0, 3 * kMiB, 0);
+  void* y = *a.Allocate(0, 1000, 0);
+  EXPECT_FALSE(a.Allocate(0, 100 * kMiB, 0).ok());
+  ASSERT_TRUE(a.Free(x).ok());
+  ASSERT_TRUE(a.Free(y).ok());
+  a.Finish();
+  a.Finish();  // once only
+  absl::StatusOr<AllocLog> log = ReadRmmLog(c.trace_path);
+  ASSERT_TRUE(log.ok()) << log.status();
+  EXPECT_EQ(log->allocations, 2u);
+  EXPECT_EQ(log->frees, 2u);
+  EXPECT_EQ(log->alloc_failures, 1u);
+  EXPECT_TRUE(std::filesystem::exists(c.snapshot_path));
+}
+
+}  // namespace
+}  // namespace remat::env

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs the probes under `remat run --device sim`, then replays the trace the
+# runtime probe left. Usage: run_probes.sh REMAT RUNTIME_PROBE DRIVER_PROBE WORKDIR
+set -euo pipefail
+remat=$1 runtime_probe=$2 driver_probe=$3 work=$4
+mkdir -p "$work"
+budget=$((64 * 1024 * 1024))
+
+"$remat" run --device sim --budget "$budget" --trace "$work/probe.csv" --stats -- \
+  "$runtime_probe" "$budget"
+"$remat" run --device sim --budget "$budget" -- "$driver_probe" "$budget"
+
+# The trace replays through the allocator; its allocation failures are in it.
+"$remat" replay "$work/probe.csv" --budget "$budget" --json > "$work/replay.json"
+grep -q '"alloc_failures_in_log":[1-9]' "$work/replay.json" || {
+  echo "the replayed trace lost its allocation failures:"; cat "$work/replay.json"; exit 1; }
+
+# The program's exit status comes through, and signals as 128+N.
+set +e
+"$remat" run --device sim -- sh -c 'exit 7'; [[ $? -eq 7 ]] || { echo "exit status lost"; exit 1; }
+"$remat" run --device sim -- sh -c 'kill -TERM $$'; [[ $? -eq 143 ]] || { echo "signal lost"; exit 1; }
+"$remat" run --device sim -- /nonexistent/program 2>/dev/null; [[ $? -eq 127 ]] || {
+  echo "a missing program should exit 127"; exit 1; }
+set -e
+echo "preload probes: all passed"

@@ -1,0 +1,138 @@
+// libremat_torch.so: remat's caching allocator as PyTorch's CUDA allocator,
+// loaded with
+//
+//   torch.cuda.memory.CUDAPluggableAllocator(path, "remat_malloc", "remat_free")
+//
+// One CachingAllocator per device, created on first use and configured from
+// the environment (REMAT_BUDGET, REMAT_TRACE, REMAT_STATS, REMAT_SNAPSHOT,
+// REMAT_DEVICE=sim; see integrations/env/env_allocator.h). Out of memory
+// returns NULL, and remat_torch_last_error() says why.
+//
+// Besides malloc and free, the optional hooks a pluggable allocator can have
+// (PyTorch's set_init_fn, set_reset_fn, set_memory_fraction_fn and
+// set_record_stream_fn take these signatures), and a snapshot on request.
+// Everything not named remat_* stays hidden (version script).
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "allocator/snapshot_pickle.h"
+#include "integrations/env/env_allocator.h"
+
+#define REMAT_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using remat::env::Allocators;
+using remat::env::SetLastError;
+
+std::uint64_t StreamValue(void* stream) {
+  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(stream));
+}
+
+// No C++ exception may reach PyTorch's C caller.
+template <typename F>
+auto Guarded(F f, decltype(f()) on_error) noexcept -> decltype(f()) {
+  try {
+    return f();
+  } catch (...) {
+    SetLastError(absl::InternalError("remat: an unexpected C++ exception"));
+    return on_error;
+  }
+}
+
+}  // namespace
+
+REMAT_EXPORT void* remat_malloc(std::size_t size, int device, void* stream) {
+  return Guarded(
+      [&]() -> void* {
+        absl::StatusOr<void*> p = Allocators::Process().Allocate(device, size, StreamValue(stream));
+        SetLastError(p.status());
+        return p.ok() ? *p : nullptr;
+      },
+      nullptr);
+}
+
+REMAT_EXPORT void remat_free(void* ptr, std::size_t size, int device, void* stream) {
+  (void)size;
+  (void)device;
+  Guarded(
+      [&] {
+        const std::uint64_t s = StreamValue(stream);
+        SetLastError(Allocators::Process().Free(ptr, &s));
+        return 0;
+      },
+      0);
+}
+
+REMAT_EXPORT void remat_init(int device) {
+  Guarded(
+      [&] {
+        SetLastError(Allocators::Process().For(device).status());
+        return 0;
+      },
+      0);
+}
+
+REMAT_EXPORT void remat_reset(void) {
+  Guarded(
+      [] {
+        SetLastError(Allocators::Process().EmptyCache());
+        return 0;
+      },
+      0);
+}
+
+REMAT_EXPORT void remat_set_memory_fraction(double fraction, int device) {
+  Guarded(
+      [&] {
+        SetLastError(Allocators::Process().SetMemoryFraction(device, fraction));
+        return 0;
+      },
+      0);
+}
+
+REMAT_EXPORT void remat_record_stream(void* ptr, void* stream) {
+  Guarded(
+      [&] {
+        SetLastError(Allocators::Process().RecordStream(ptr, StreamValue(stream)));
+        return 0;
+      },
+      0);
+}
+
+// Bytes allocated to PyTorch and reserved from the device, now and at peak.
+REMAT_EXPORT int remat_torch_memory_stats(int device, std::uint64_t out[4]) {
+  return Guarded(
+      [&]() -> int {
+        absl::StatusOr<remat::CachingAllocator*> a = Allocators::Process().For(device);
+        SetLastError(a.status());
+        if (!a.ok() || out == nullptr) return -1;
+        const remat::AllocatorStats s = (*a)->GetStats();
+        out[0] = static_cast<std::uint64_t>(s.allocated_bytes.all().current);
+        out[1] = static_cast<std::uint64_t>(s.allocated_bytes.all().peak);
+        out[2] = static_cast<std::uint64_t>(s.reserved_bytes.all().current);
+        out[3] = static_cast<std::uint64_t>(s.reserved_bytes.all().peak);
+        return 0;
+      },
+      -1);
+}
+
+// Writes `device`'s state as a PyTorch memory snapshot pickle; 0 on success.
+REMAT_EXPORT int remat_torch_write_snapshot(int device, const char* path) {
+  return Guarded(
+      [&]() -> int {
+        if (path == nullptr) {
+          SetLastError(absl::InvalidArgumentError("no snapshot path"));
+          return -1;
+        }
+        absl::StatusOr<remat::CachingAllocator*> a = Allocators::Process().For(device);
+        absl::Status s = a.ok() ? remat::WriteSnapshotPickle((*a)->TakeSnapshot(), path)
+                                : a.status();
+        SetLastError(s);
+        return s.ok() ? 0 : -1;
+      },
+      -1);
+}
+
+REMAT_EXPORT const char* remat_torch_last_error(void) { return remat::env::LastError(); }

@@ -1,0 +1,107 @@
+// libremat_torch.so's C functions, called as PyTorch calls them: loaded with
+// dlopen, on the simulated device.
+#include <dlfcn.h>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+using Malloc = void* (*)(std::size_t, int, void*);
+using Free = void (*)(void*, std::size_t, int, void*);
+using Reset = void (*)();
+using Fraction = void (*)(double, int);
+using RecordStream = void (*)(void*, void*);
+using Stats = int (*)(int, std::uint64_t*);
+using Snapshot = int (*)(int, const char*);
+using LastError = const char* (*)();
+
+class TorchAllocatorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    setenv("REMAT_DEVICE", "sim", 1);
+    setenv("REMAT_BUDGET", "64MiB", 1);
+    setenv("REMAT_SIM_CAPACITY", "1GiB", 1);
+    lib_ = dlopen(REMAT_TORCH_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+  }
+  template <typename F>
+  F Get(const char* name) {
+    return reinterpret_cast<F>(dlsym(lib_, name));
+  }
+  static void* lib_;
+};
+void* TorchAllocatorTest::lib_ = nullptr;
+
+TEST_F(TorchAllocatorTest, ServesMallocAndFreeWithPyTorchsSignatures) {
+  ASSERT_NE(lib_, nullptr) << dlerror();
+  auto remat_malloc = Get<Malloc>("remat_malloc");
+  auto remat_free = Get<Free>("remat_free");
+  auto stats = Get<Stats>("remat_torch_memory_stats");
+  auto last_error = Get<LastError>("remat_torch_last_error");
+  ASSERT_TRUE(remat_malloc && remat_free && stats && last_error);
+  void* stream = reinterpret_cast<void*>(0x1234);  // any stream PyTorch names
+  void* p = remat_malloc(3 << 20, 0, stream);
+  ASSERT_NE(p, nullptr) << last_error();
+  std::uint64_t s[4] = {};
+  ASSERT_EQ(stats(0, s), 0);
+  EXPECT_EQ(s[0], 3u << 20);
+  // Out of memory: NULL, and the reason where the caller can read it.
+  EXPECT_EQ(remat_malloc(std::size_t{1} << 30, 0, stream), nullptr);
+  EXPECT_THAT(last_error(), HasSubstr("out of memory"));
+  remat_free(p, 3 << 20, 0, stream);
+  EXPECT_STREQ(last_error(), "");
+  ASSERT_EQ(stats(0, s), 0);
+  EXPECT_EQ(s[0], 0u);
+  EXPECT_EQ(s[1], 3u << 20);
+  // A pointer it never handed out changes nothing and says so.
+  int foreign = 0;
+  remat_free(&foreign, 4, 0, stream);
+  EXPECT_THAT(last_error(), HasSubstr("not allocated by remat"));
+  EXPECT_EQ(remat_malloc(16, -1, stream), nullptr);  // no such device
+}
+
+TEST_F(TorchAllocatorTest, TheOptionalHooksWork) {
+  ASSERT_NE(lib_, nullptr) << dlerror();
+  auto remat_malloc = Get<Malloc>("remat_malloc");
+  auto remat_free = Get<Free>("remat_free");
+  auto reset = Get<Reset>("remat_reset");
+  auto fraction = Get<Fraction>("remat_set_memory_fraction");
+  auto record = Get<RecordStream>("remat_record_stream");
+  auto snapshot = Get<Snapshot>("remat_torch_write_snapshot");
+  auto stats = Get<Stats>("remat_torch_memory_stats");
+  auto last_error = Get<LastError>("remat_torch_last_error");
+  ASSERT_TRUE(reset && fraction && record && snapshot && stats && last_error);
+  void* p = remat_malloc(1 << 20, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  record(p, reinterpret_cast<void*>(0x99));
+  EXPECT_STREQ(last_error(), "");
+  remat_free(p, 1 << 20, 0, nullptr);
+  reset();  // empty cache: reserved goes back to zero
+  std::uint64_t s[4] = {};
+  ASSERT_EQ(stats(0, s), 0);
+  EXPECT_EQ(s[2], 0u);
+  fraction(0.01, 0);  // 1% of 1 GiB
+  EXPECT_EQ(remat_malloc(20 << 20, 0, nullptr), nullptr);
+  fraction(2.0, 0);
+  EXPECT_THAT(last_error(), HasSubstr("not in (0, 1]"));
+  fraction(1.0, 0);
+  const std::string path = ::testing::TempDir() + "/torch_snapshot.pickle";
+  ASSERT_EQ(snapshot(0, path.c_str()), 0) << last_error();
+  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_EQ(snapshot(0, "/nonexistent-dir/s.pickle"), -1);
+}
+
+TEST_F(TorchAllocatorTest, OnlyRematSymbolsAreExported) {
+  ASSERT_NE(lib_, nullptr) << dlerror();
+  // Abseil and our C++ code stay inside.
+  EXPECT_EQ(dlsym(lib_, "_ZN5remat3env10Allocators7ProcessEv"), nullptr);
+  EXPECT_NE(dlsym(lib_, "remat_malloc"), nullptr);
+}
+
+}  // namespace
