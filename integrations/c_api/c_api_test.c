@@ -1,0 +1,781 @@
+/* Every function of remat.h, from C, on the simulated device, linked against
+ * libremat.so alone. A failed check prints where and remat_last_error(), and
+ * the program exits with status 1. */
+#include <remat/remat.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KIB ((uint64_t)1 << 10)
+#define MIB ((uint64_t)1 << 20)
+#define GIB ((uint64_t)1 << 30)
+
+static int failures = 0;
+
+#define CHECK(cond)                                                                     \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n  last error: %s\n", __FILE__, __LINE__, \
+              #cond, remat_last_error());                                               \
+      ++failures;                                                                       \
+      return;                                                                           \
+    }                                                                                   \
+  } while (0)
+
+/* The call returns `want`; on a failure code, with a message. */
+#define CHECK_STATUS(call, want)                                                         \
+  do {                                                                                   \
+    remat_status got_ = (call);                                                          \
+    if (got_ != (want)) {                                                                \
+      fprintf(stderr, "%s:%d: %s returned %s, want %s\n  last error: %s\n", __FILE__,    \
+              __LINE__, #call, remat_status_name(got_), remat_status_name(want),         \
+              remat_last_error());                                                       \
+      ++failures;                                                                        \
+      return;                                                                            \
+    }                                                                                    \
+    if ((want) != REMAT_OK && remat_last_error()[0] == '\0') {                           \
+      fprintf(stderr, "%s:%d: %s failed without a message\n", __FILE__, __LINE__, #call); \
+      ++failures;                                                                        \
+      return;                                                                            \
+    }                                                                                    \
+  } while (0)
+
+#define CHECK_OK(call) CHECK_STATUS(call, REMAT_OK)
+
+#define CHECK_ERROR_HAS(text)                                                       \
+  do {                                                                              \
+    if (strstr(remat_last_error(), (text)) == NULL) {                               \
+      fprintf(stderr, "%s:%d: last error lacks \"%s\": %s\n", __FILE__, __LINE__,   \
+              (text), remat_last_error());                                          \
+      ++failures;                                                                   \
+      return;                                                                       \
+    }                                                                               \
+  } while (0)
+
+static remat_allocator* make_allocator(uint64_t capacity, uint64_t budget, int backed) {
+  remat_allocator_options options;
+  remat_allocator* allocator = NULL;
+  if (remat_allocator_options_init(&options) != REMAT_OK) return NULL;
+  options.sim_capacity_bytes = capacity;
+  options.budget_bytes = budget;
+  options.sim_backed = backed;
+  options.history_events = 64;
+  if (remat_allocator_create(&options, &allocator) != REMAT_OK) {
+    fprintf(stderr, "remat_allocator_create: %s\n", remat_last_error());
+    return NULL;
+  }
+  return allocator;
+}
+
+static int same_stats(const remat_stats* a, const remat_stats* b) {
+  return memcmp(a, b, sizeof(*a)) == 0;
+}
+
+/* --- Status and arguments ------------------------------------------------------ */
+
+static void test_status_names_and_version(void) {
+  CHECK(strcmp(remat_status_name(REMAT_OK), "REMAT_OK") == 0);
+  CHECK(strcmp(remat_status_name(REMAT_OUT_OF_MEMORY), "REMAT_OUT_OF_MEMORY") == 0);
+  CHECK(strcmp(remat_status_name((remat_status)99), "REMAT_UNKNOWN") == 0);
+  CHECK(strlen(remat_version()) >= 5);
+  remat_string_free(NULL);
+}
+
+static void test_null_arguments(void) {
+  remat_allocator* allocator = (remat_allocator*)0x1;
+  void* p = NULL;
+  CHECK_STATUS(remat_allocator_options_init(NULL), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_allocator_create(NULL, NULL), REMAT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("remat_allocator_create");
+  CHECK_ERROR_HAS("out is NULL");
+  CHECK_STATUS(remat_allocate(NULL, 16, 0, &p), REMAT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("allocator is NULL");
+  CHECK_STATUS(remat_get_stats(NULL, NULL), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_runtime_create(NULL, "lru", NULL), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_tensor_acquire(NULL, 1, 0, &p), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_allocator_destroy(NULL));
+  CHECK_OK(remat_runtime_destroy(NULL));
+  /* A bad device kind or capacity fails, leaving *out alone. */
+  {
+    remat_allocator_options options;
+    CHECK_OK(remat_allocator_options_init(&options));
+    options.device = (remat_device_kind)7;
+    CHECK_STATUS(remat_allocator_create(&options, &allocator), REMAT_INVALID_ARGUMENT);
+    CHECK_ERROR_HAS("unknown device kind 7");
+    CHECK_OK(remat_allocator_options_init(&options));
+    options.sim_capacity_bytes = 0;
+    CHECK_STATUS(remat_allocator_create(&options, &allocator), REMAT_INVALID_ARGUMENT);
+    CHECK_OK(remat_allocator_options_init(&options));
+    options.budget_bytes = 1;  /* below the smallest segment */
+    CHECK_STATUS(remat_allocator_create(&options, &allocator), REMAT_INVALID_ARGUMENT);
+    CHECK(allocator == (remat_allocator*)0x1);
+  }
+}
+
+/* The CUDA device: usable where a GPU is, a clean failure elsewhere. */
+static void test_cuda_device_or_clean_failure(void) {
+  remat_allocator_options options;
+  remat_allocator* allocator = NULL;
+  remat_status st;
+  CHECK_OK(remat_allocator_options_init(&options));
+  options.device = REMAT_DEVICE_CUDA;
+  options.cuda_device = 0;
+  st = remat_allocator_create(&options, &allocator);
+  if (st == REMAT_OK) {
+    void* p = NULL;
+    CHECK_OK(remat_allocate(allocator, MIB, 0, &p));
+    CHECK(p != NULL);
+    CHECK_OK(remat_deallocate(allocator, p));
+    CHECK_OK(remat_allocator_destroy(allocator));
+    printf("  (CUDA device available: allocated and freed on it)\n");
+  } else {
+    CHECK_STATUS(st, REMAT_FAILED_PRECONDITION);
+    CHECK(allocator == NULL);
+    printf("  (no CUDA device: %s)\n", remat_last_error());
+  }
+  options.cuda_device = -1;
+  CHECK_STATUS(remat_allocator_create(&options, &allocator), REMAT_INVALID_ARGUMENT);
+}
+
+/* --- Allocator ------------------------------------------------------------------- */
+
+static void test_allocate_and_free(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 0);
+  remat_stats stats;
+  void* small = NULL;
+  void* large = NULL;
+  CHECK(a != NULL);
+  CHECK_OK(remat_allocate(a, 1000, 0, &small));
+  CHECK_OK(remat_allocate(a, 30 * MIB, 0, &large));
+  CHECK(small != NULL && large != NULL && small != large);
+  CHECK_OK(remat_get_stats(a, &stats));
+  CHECK(stats.allocated_bytes == 1024 + 30 * MIB);  /* rounded to 512 B */
+  CHECK(stats.requested_bytes == 1000 + 30 * MIB);
+  CHECK(stats.allocations == 2);
+  CHECK(stats.reserved_bytes >= stats.allocated_bytes);
+  CHECK(stats.device_capacity_bytes == GIB);
+  CHECK(stats.budget_bytes == GIB);
+  CHECK_OK(remat_deallocate(a, small));
+  CHECK_OK(remat_deallocate(a, large));
+  CHECK_OK(remat_deallocate(a, NULL));
+  CHECK_OK(remat_get_stats(a, &stats));
+  CHECK(stats.allocated_bytes == 0 && stats.allocations == 0);
+  CHECK(stats.allocated_bytes_peak == 1024 + 30 * MIB);
+  CHECK(stats.reserved_bytes > 0);  /* cached */
+  CHECK_OK(remat_empty_cache(a));
+  CHECK_OK(remat_get_stats(a, &stats));
+  CHECK(stats.reserved_bytes == 0 && stats.segments == 0);
+  CHECK(stats.num_device_alloc == stats.num_device_free);
+  CHECK_OK(remat_reset_peak_stats(a));
+  CHECK_OK(remat_get_stats(a, &stats));
+  CHECK(stats.allocated_bytes_peak == 0);
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
+static void test_oom_under_budget(void) {
+  remat_allocator* a = make_allocator(GIB, 8 * MIB, 0);
+  remat_stats before;
+  remat_stats after;
+  void* p = NULL;
+  void* q = (void*)0x1;
+  CHECK(a != NULL);
+  CHECK_OK(remat_allocate(a, 4 * MIB, 0, &p));
+  CHECK_OK(remat_get_stats(a, &before));
+  CHECK_STATUS(remat_allocate(a, 16 * MIB, 0, &q), REMAT_OUT_OF_MEMORY);
+  CHECK_ERROR_HAS("remat_allocate");
+  CHECK_ERROR_HAS("out of memory");
+  CHECK_ERROR_HAS("budget");
+  CHECK(q == (void*)0x1);  /* untouched */
+  CHECK_OK(remat_get_stats(a, &after));
+  CHECK(after.num_ooms == before.num_ooms + 1);
+  CHECK(after.allocated_bytes == before.allocated_bytes);
+  /* Raising the budget makes it fit. */
+  CHECK_OK(remat_set_budget(a, 64 * MIB));
+  CHECK_OK(remat_allocate(a, 16 * MIB, 0, &q));
+  CHECK_OK(remat_deallocate(a, q));
+  CHECK_OK(remat_deallocate(a, p));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
+static void test_bad_frees_change_nothing(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 0);
+  remat_stats before;
+  remat_stats after;
+  void* p = NULL;
+  void* keep = NULL;
+  int local = 0;
+  CHECK(a != NULL);
+  CHECK_OK(remat_allocate(a, 4096, 0, &keep));
+  CHECK_OK(remat_allocate(a, 4096, 0, &p));
+  CHECK_OK(remat_deallocate(a, p));
+  CHECK_OK(remat_get_stats(a, &before));
+
+  CHECK_STATUS(remat_deallocate(a, p), REMAT_INVALID_ARGUMENT);  /* double free */
+  CHECK_ERROR_HAS("remat_deallocate");
+  CHECK_OK(remat_get_stats(a, &after));
+  CHECK(same_stats(&before, &after));
+
+  CHECK_STATUS(remat_deallocate(a, &local), REMAT_INVALID_ARGUMENT);  /* foreign */
+  CHECK_OK(remat_get_stats(a, &after));
+  CHECK(same_stats(&before, &after));
+
+  CHECK_STATUS(remat_deallocate(a, (char*)keep + 512), REMAT_INVALID_ARGUMENT);  /* interior */
+  CHECK_STATUS(remat_deallocate_on_stream(a, &local, 0), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_record_stream(a, &local, 0), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_get_stats(a, &after));
+  CHECK(same_stats(&before, &after));
+
+  CHECK_OK(remat_deallocate(a, keep));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
+static void test_zero_and_enormous_sizes(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 0);
+  remat_stats before;
+  remat_stats after;
+  void* p = (void*)0x1;
+  CHECK(a != NULL);
+  CHECK_OK(remat_get_stats(a, &before));
+  CHECK_OK(remat_allocate(a, 0, 0, &p));
+  CHECK(p == NULL);
+  CHECK_OK(remat_deallocate(a, p));
+  p = (void*)0x1;
+  CHECK_STATUS(remat_allocate(a, (size_t)-1, 0, &p), REMAT_INVALID_ARGUMENT);
+  CHECK(p == (void*)0x1);
+  CHECK_STATUS(remat_allocate(a, (size_t)(GIB + 1), 0, &p), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_allocate(a, (size_t)-1 - 100, 0, &p), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_get_stats(a, &after));
+  CHECK(after.allocated_bytes == 0 && after.reserved_bytes == 0 && after.num_ooms == 0);
+  CHECK(same_stats(&before, &after));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
+static void count_call(void* counter) { ++*(int*)counter; }
+
+static void test_streams_and_host_work(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 0);
+  uint64_t s1 = 0;
+  uint64_t s2 = 0;
+  void* p = NULL;
+  int calls = 0;
+  remat_stats stats;
+  CHECK(a != NULL);
+  CHECK_OK(remat_stream_create(a, &s1));
+  CHECK_OK(remat_stream_create(a, &s2));
+  CHECK(s1 != 0 && s2 != 0 && s1 != s2);
+  CHECK_OK(remat_allocate(a, 64 * KIB, s1, &p));
+  CHECK_OK(remat_record_stream(a, p, s2));
+  CHECK_OK(remat_launch_host_func(a, s2, count_call, &calls, 1000));
+  CHECK_OK(remat_deallocate_on_stream(a, p, s1));
+  CHECK_OK(remat_get_stats(a, &stats));
+  /* Used on s2, whose work has not run: the free waits for it. */
+  CHECK(stats.allocated_bytes == 0);
+  CHECK(calls == 0);
+  CHECK_OK(remat_stream_synchronize(a, s2));
+  CHECK(calls == 1);
+  CHECK_OK(remat_stream_synchronize(a, s1));
+  CHECK_OK(remat_stream_synchronize(a, 0));
+  CHECK_STATUS(remat_launch_host_func(a, s1, NULL, NULL, 0), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_launch_host_func(a, s1, count_call, &calls, -1), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_empty_cache(a));
+  CHECK_OK(remat_stream_destroy(a, s1));
+  CHECK_OK(remat_stream_destroy(a, s2));
+  CHECK(remat_stream_destroy(a, s2) != REMAT_OK);  /* already gone */
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
+static void test_budget_and_snapshot(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 0);
+  remat_stats stats;
+  char* json = NULL;
+  void* p = NULL;
+  CHECK(a != NULL);
+  CHECK_STATUS(remat_set_budget(a, MIB), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_set_budget(a, 2 * GIB), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_set_budget(a, 64 * MIB));
+  CHECK_OK(remat_get_stats(a, &stats));
+  CHECK(stats.budget_bytes == 64 * MIB);
+  CHECK_OK(remat_set_budget(a, 0));
+  CHECK_OK(remat_get_stats(a, &stats));
+  CHECK(stats.budget_bytes == GIB);
+  CHECK_OK(remat_allocate(a, 3 * MIB, 0, &p));
+  CHECK_STATUS(remat_snapshot_json(a, NULL), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_snapshot_json(a, &json));
+  CHECK(json != NULL && json[0] == '{');
+  CHECK(strstr(json, "segments") != NULL);
+  CHECK(strstr(json, "active_allocated") != NULL);
+  remat_string_free(json);
+  CHECK_OK(remat_deallocate(a, p));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
+/* --- Runtime --------------------------------------------------------------------- */
+
+/* out[j] = in[j] * 31 + tag + j, or tag * 7 + j without an input: what the
+ * "kernel" of each tensor computes. */
+static void fill(unsigned char* out, const unsigned char* in, size_t bytes, unsigned tag) {
+  size_t j;
+  for (j = 0; j < bytes; ++j) {
+    out[j] = in != NULL ? (unsigned char)(in[j] * 31u + tag + j) : (unsigned char)(tag * 7u + j);
+  }
+}
+
+typedef struct kernel {
+  remat_allocator* allocator;
+  unsigned tag;
+  int* destroyed;  /* counts destroy calls */
+  int* runs;       /* counts recompute calls */
+} kernel;
+
+typedef struct job {
+  const unsigned char* in;
+  unsigned char* out;
+  size_t bytes;
+  unsigned tag;
+} job;
+
+static void run_job(void* arg) {
+  job* j = (job*)arg;
+  fill(j->out, j->in, j->bytes, j->tag);
+  free(j);
+}
+
+/* The recompute callback: enqueues the kernel on the stream, in stream
+ * order, as a GPU kernel launch would. */
+static int recompute(void* user_data, void* const* inputs, size_t num_inputs, void* output,
+                     size_t bytes, uint64_t stream) {
+  kernel* k = (kernel*)user_data;
+  job* j = (job*)malloc(sizeof(job));
+  if (j == NULL) return 1;
+  j->in = num_inputs > 0 ? (const unsigned char*)inputs[0] : NULL;
+  j->out = (unsigned char*)output;
+  j->bytes = bytes;
+  j->tag = k->tag;
+  if (k->runs != NULL) ++*k->runs;
+  if (remat_launch_host_func(k->allocator, stream, run_job, j, 10000) != REMAT_OK) {
+    free(j);
+    return 2;
+  }
+  return 0;
+}
+
+static void destroy_kernel(void* user_data) {
+  kernel* k = (kernel*)user_data;
+  ++*k->destroyed;
+  free(k);
+}
+
+static kernel* new_kernel(remat_allocator* a, unsigned tag, int* destroyed, int* runs) {
+  kernel* k = (kernel*)malloc(sizeof(kernel));
+  if (k == NULL) abort();
+  k->allocator = a;
+  k->tag = tag;
+  k->destroyed = destroyed;
+  k->runs = runs;
+  return k;
+}
+
+static void test_unknown_policy_and_one_runtime_per_allocator(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 0);
+  remat_runtime* rt = NULL;
+  remat_runtime* second = NULL;
+  remat_runtime_options options;
+  CHECK(a != NULL);
+  CHECK_STATUS(remat_runtime_create(a, "belady-ish", &rt), REMAT_INVALID_ARGUMENT);
+  CHECK(rt == NULL);
+  CHECK_ERROR_HAS("belady-ish");
+  CHECK_ERROR_HAS("lru");
+  CHECK_ERROR_HAS("largest");
+  CHECK_ERROR_HAS("dtr");
+  CHECK_STATUS(remat_runtime_create(a, "dtr:no_such_knob=3", &rt), REMAT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("no_such_knob");
+
+  CHECK_OK(remat_runtime_options_init(&options));
+  CHECK(options.enable_drop && options.enable_offload && options.host_pool_bytes > 0);
+  options.policy = "largest";
+  CHECK_OK(remat_runtime_create_with_options(a, &options, &rt));
+  CHECK(rt != NULL);
+  CHECK_STATUS(remat_runtime_create(a, NULL, &second), REMAT_FAILED_PRECONDITION);
+  CHECK_STATUS(remat_allocator_destroy(a), REMAT_FAILED_PRECONDITION);
+  CHECK_ERROR_HAS("runtime");
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_runtime_create(a, NULL, &second));  /* NULL: the default policy */
+  CHECK_OK(remat_runtime_destroy(second));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
+#define CHAIN 12
+
+/* A chain x -> y1 -> ... -> y12 of 1 MiB tensors under a 4 MiB budget: most
+ * are dropped, and every one comes back with the bytes it was made with. */
+static void test_dropped_tensors_come_back_with_their_bytes(void) {
+  const size_t bytes = (size_t)MIB;
+  remat_allocator* a = make_allocator(GIB, 4 * MIB, 1);
+  remat_runtime* rt = NULL;
+  remat_runtime_options ropts;
+  remat_runtime_stats rstats;
+  uint64_t ids[CHAIN + 1];
+  unsigned char* want[CHAIN + 1];
+  int destroyed = 0;
+  int runs = 0;
+  int i;
+  int dropped = 0;
+  void* ptr = NULL;
+  kernel x_kernel = {NULL, 1, NULL, NULL};
+  x_kernel.allocator = a;
+  CHECK(a != NULL);
+  CHECK_OK(remat_runtime_options_init(&ropts));
+  ropts.policy = "lru";
+  ropts.enable_offload = 0;
+  CHECK_OK(remat_runtime_create_with_options(a, &ropts, &rt));
+
+  /* x: an input of the step, never evicted. */
+  want[0] = (unsigned char*)malloc(bytes);
+  fill(want[0], NULL, bytes, 1);
+  CHECK_OK(remat_tensor_create(rt, bytes, NULL, 0, &ids[0], &ptr));
+  CHECK(recompute(&x_kernel, NULL, 0, ptr, bytes, 0) == 0);  /* in stream order */
+  CHECK_OK(remat_tensor_release(rt, ids[0]));
+
+  for (i = 1; i <= CHAIN; ++i) {
+    remat_tensor_options topts;
+    void* in_ptr = NULL;
+    void* out_ptr = NULL;
+    kernel* k = new_kernel(a, (unsigned)(i + 1), &destroyed, &runs);
+    CHECK_OK(remat_tensor_options_init(&topts));
+    topts.inputs = &ids[i - 1];
+    topts.num_inputs = 1;
+    topts.compute_ns = 10000;
+    topts.allow_drop = 1;
+    topts.recompute = recompute;
+    topts.user_data = k;
+    topts.destroy = destroy_kernel;
+    want[i] = (unsigned char*)malloc(bytes);
+    fill(want[i], want[i - 1], bytes, (unsigned)(i + 1));
+    /* The first computation: the input pinned, the kernel run once. */
+    CHECK_OK(remat_tensor_acquire(rt, ids[i - 1], 0, &in_ptr));
+    CHECK_OK(remat_tensor_create(rt, bytes, &topts, 0, &ids[i], &out_ptr));
+    CHECK(recompute(k, &in_ptr, 1, out_ptr, bytes, 0) == 0);
+    CHECK_OK(remat_tensor_release(rt, ids[i]));
+    CHECK_OK(remat_tensor_release(rt, ids[i - 1]));
+  }
+  CHECK(runs == CHAIN);
+  for (i = 1; i <= CHAIN; ++i) {
+    remat_tensor_state state;
+    CHECK_OK(remat_tensor_get_state(rt, ids[i], &state));
+    if (state == REMAT_TENSOR_DROPPED) ++dropped;
+  }
+  CHECK(dropped >= CHAIN / 2);
+
+  /* Newest first, then oldest first: each acquire may recompute a chain. */
+  for (i = CHAIN; i >= 0; i -= 3) {
+    CHECK_OK(remat_tensor_acquire(rt, ids[i], 0, &ptr));
+    CHECK_OK(remat_stream_synchronize(a, 0));
+    CHECK(memcmp(ptr, want[i], bytes) == 0);
+    CHECK_OK(remat_tensor_release(rt, ids[i]));
+  }
+  for (i = 0; i <= CHAIN; ++i) {
+    CHECK_OK(remat_tensor_acquire(rt, ids[i], 0, &ptr));
+    CHECK_OK(remat_stream_synchronize(a, 0));
+    if (memcmp(ptr, want[i], bytes) != 0) {
+      fprintf(stderr, "tensor %d came back with other bytes\n", i);
+      CHECK(0);
+    }
+    CHECK_OK(remat_tensor_release(rt, ids[i]));
+  }
+  CHECK_OK(remat_runtime_get_stats(rt, &rstats));
+  CHECK(rstats.drops > 0);
+  CHECK(rstats.recomputes > 0);
+  CHECK(rstats.tensors_created == CHAIN + 1);
+  CHECK(rstats.live_tensors == CHAIN + 1);
+  CHECK(rstats.pinned_by_api == 0);
+  CHECK(runs == CHAIN + (int)rstats.recomputes);
+
+  /* Freed tensors' callbacks go once nothing can need them. */
+  for (i = CHAIN; i >= 0; --i) CHECK_OK(remat_tensor_free(rt, ids[i]));
+  CHECK(destroyed == CHAIN);
+  CHECK_OK(remat_runtime_get_stats(rt, &rstats));
+  CHECK(rstats.live_tensors == 0 && rstats.resident_bytes == 0);
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_allocator_destroy(a));
+  for (i = 0; i <= CHAIN; ++i) free(want[i]);
+}
+
+/* Offloaded to host and back, with a prefetch, bytes intact. */
+static void test_offloaded_tensor_comes_back_with_its_bytes(void) {
+  const size_t bytes = 2 * (size_t)MIB;
+  remat_allocator* a = make_allocator(GIB, 4 * MIB, 1);
+  remat_runtime* rt = NULL;
+  remat_runtime_options ropts;
+  remat_tensor_options topts;
+  remat_runtime_stats rstats;
+  remat_tensor_state state;
+  unsigned char* want = (unsigned char*)malloc(bytes);
+  uint64_t z = 0;
+  uint64_t big = 0;
+  uint64_t view = 0;
+  void* ptr = NULL;
+  kernel z_kernel = {NULL, 42, NULL, NULL};
+  z_kernel.allocator = a;
+  CHECK(a != NULL && want != NULL);
+  CHECK_OK(remat_runtime_options_init(&ropts));
+  ropts.policy = "lru";
+  ropts.enable_drop = 0;
+  ropts.host_pool_bytes = 64 * MIB;
+  CHECK_OK(remat_runtime_create_with_options(a, &ropts, &rt));
+  CHECK_OK(remat_tensor_options_init(&topts));
+  topts.allow_offload = 1;
+  fill(want, NULL, bytes, 42);
+  CHECK_OK(remat_tensor_create(rt, bytes, &topts, 0, &z, &ptr));
+  CHECK(recompute(&z_kernel, NULL, 0, ptr, bytes, 0) == 0);  /* writes in stream order */
+  CHECK_OK(remat_tensor_release(rt, z));
+  CHECK_OK(remat_tensor_create_view(rt, z, &view));
+
+  /* Needs all of the budget: z goes to host. */
+  CHECK_OK(remat_tensor_create(rt, 4 * MIB, NULL, 0, &big, &ptr));
+  CHECK_OK(remat_tensor_get_state(rt, z, &state));
+  CHECK(state == REMAT_TENSOR_OFFLOADING || state == REMAT_TENSOR_ON_HOST);
+  CHECK_OK(remat_tensor_get_state(rt, view, &state));
+  CHECK(state == REMAT_TENSOR_OFFLOADING || state == REMAT_TENSOR_ON_HOST);
+  CHECK_OK(remat_tensor_release(rt, big));
+  CHECK_OK(remat_tensor_free(rt, big));
+
+  CHECK_OK(remat_tensor_prefetch(rt, z, 0));
+  CHECK_OK(remat_tensor_get_state(rt, z, &state));
+  CHECK(state == REMAT_TENSOR_PREFETCHING);
+  CHECK_OK(remat_tensor_acquire(rt, view, 0, &ptr));
+  CHECK_OK(remat_stream_synchronize(a, 0));
+  CHECK(memcmp(ptr, want, bytes) == 0);
+  CHECK_OK(remat_tensor_release(rt, view));
+  CHECK_OK(remat_runtime_get_stats(rt, &rstats));
+  CHECK(rstats.offloads == 1 && rstats.prefetches == 1);
+  CHECK(rstats.offloaded_bytes == bytes && rstats.restored_bytes == bytes);
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_allocator_destroy(a));
+  free(want);
+}
+
+static int failing_recompute(void* user_data, void* const* inputs, size_t num_inputs,
+                             void* output, size_t bytes, uint64_t stream) {
+  (void)inputs;
+  (void)num_inputs;
+  (void)output;
+  (void)bytes;
+  (void)stream;
+  ++*(int*)user_data;
+  remat_recompute_set_error("kernel launch failed: too many resources requested");
+  return 7;
+}
+
+static void test_failing_callback_reaches_acquire(void) {
+  remat_allocator* a = make_allocator(GIB, 4 * MIB, 1);
+  remat_runtime* rt = NULL;
+  remat_tensor_options topts;
+  remat_tensor_state state;
+  remat_stats before;
+  remat_stats after;
+  uint64_t t = 0;
+  uint64_t big = 0;
+  void* ptr = (void*)0x1;
+  int calls = 0;
+  CHECK(a != NULL);
+  CHECK_OK(remat_runtime_create(a, "lru", &rt));
+  CHECK_OK(remat_tensor_options_init(&topts));
+  topts.allow_drop = 1;
+  topts.recompute = failing_recompute;
+  topts.user_data = &calls;
+  CHECK_OK(remat_tensor_create(rt, 2 * MIB, &topts, 0, &t, NULL));
+  CHECK_OK(remat_tensor_release(rt, t));
+  CHECK_OK(remat_tensor_create(rt, 4 * MIB, NULL, 0, &big, NULL));
+  CHECK_OK(remat_tensor_get_state(rt, t, &state));
+  CHECK(state == REMAT_TENSOR_DROPPED);
+  CHECK_OK(remat_tensor_release(rt, big));
+  CHECK_OK(remat_tensor_free(rt, big));
+  CHECK_OK(remat_get_stats(a, &before));
+
+  ptr = (void*)0x1;
+  CHECK_STATUS(remat_tensor_acquire(rt, t, 0, &ptr), REMAT_INTERNAL);
+  CHECK_ERROR_HAS("remat_tensor_acquire");
+  CHECK_ERROR_HAS("returned 7");
+  CHECK_ERROR_HAS("too many resources requested");
+  CHECK(ptr == (void*)0x1);
+  CHECK(calls == 1);
+  CHECK_OK(remat_tensor_get_state(rt, t, &state));
+  CHECK(state == REMAT_TENSOR_DROPPED);
+  CHECK_OK(remat_get_stats(a, &after));
+  CHECK(after.allocated_bytes == before.allocated_bytes);
+  /* Not pinned by the failed acquire. */
+  CHECK_STATUS(remat_tensor_release(rt, t), REMAT_FAILED_PRECONDITION);
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
+static void test_release_and_free_errors(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 0);
+  remat_runtime* rt = NULL;
+  remat_runtime_stats rstats;
+  remat_tensor_state state;
+  uint64_t t = 0;
+  uint64_t id_out = 12345;
+  void* p1 = NULL;
+  void* p2 = NULL;
+  CHECK(a != NULL);
+  CHECK_OK(remat_runtime_create(a, "dtr", &rt));
+  CHECK_OK(remat_tensor_create(rt, 8 * KIB, NULL, 0, &t, &p1));
+  CHECK_OK(remat_tensor_release(rt, t));
+  /* Released once already: nothing of ours pins it. */
+  CHECK_STATUS(remat_tensor_release(rt, t), REMAT_FAILED_PRECONDITION);
+  CHECK_ERROR_HAS("not pinned");
+  CHECK_STATUS(remat_tensor_release(rt, 999999), REMAT_NOT_FOUND);
+  CHECK_STATUS(remat_tensor_acquire(rt, 999999, 0, &p1), REMAT_NOT_FOUND);
+  CHECK_STATUS(remat_tensor_free(rt, 999999), REMAT_NOT_FOUND);
+  CHECK_STATUS(remat_tensor_prefetch(rt, 999999, 0), REMAT_NOT_FOUND);
+  CHECK_STATUS(remat_tensor_get_state(rt, 999999, &state), REMAT_NOT_FOUND);
+  CHECK_STATUS(remat_tensor_create_view(rt, 999999, &id_out), REMAT_NOT_FOUND);
+  CHECK(id_out == 12345);
+
+  /* Pins count. */
+  CHECK_OK(remat_tensor_acquire(rt, t, 0, &p1));
+  CHECK_OK(remat_tensor_acquire(rt, t, 0, &p2));
+  CHECK(p1 == p2);
+  CHECK_OK(remat_runtime_get_stats(rt, &rstats));
+  CHECK(rstats.pinned_by_api == 2);
+  CHECK_OK(remat_tensor_release(rt, t));
+  CHECK_OK(remat_tensor_release(rt, t));
+  CHECK_STATUS(remat_tensor_release(rt, t), REMAT_FAILED_PRECONDITION);
+
+  /* Freed while pinned: it goes with its last pin. */
+  CHECK_OK(remat_tensor_acquire(rt, t, 0, &p1));
+  CHECK_OK(remat_tensor_free(rt, t));
+  CHECK_STATUS(remat_tensor_free(rt, t), REMAT_FAILED_PRECONDITION);
+  CHECK_STATUS(remat_tensor_acquire(rt, t, 0, &p2), REMAT_FAILED_PRECONDITION);
+  CHECK_ERROR_HAS("freed");
+  CHECK_OK(remat_tensor_release(rt, t));
+  CHECK_OK(remat_runtime_get_stats(rt, &rstats));
+  CHECK(rstats.live_tensors == 0 && rstats.resident_bytes == 0 && rstats.pinned_by_api == 0);
+
+  /* A droppable tensor needs a callback; NULL id_out is refused. */
+  {
+    remat_tensor_options topts;
+    CHECK_OK(remat_tensor_options_init(&topts));
+    topts.allow_drop = 1;
+    CHECK_STATUS(remat_tensor_create(rt, KIB, &topts, 0, &t, NULL), REMAT_INVALID_ARGUMENT);
+    CHECK_ERROR_HAS("recompute");
+    CHECK_STATUS(remat_tensor_create(rt, KIB, NULL, 0, NULL, NULL), REMAT_INVALID_ARGUMENT);
+    topts.allow_drop = 0;
+    topts.num_inputs = 1;
+    CHECK_STATUS(remat_tensor_create(rt, KIB, &topts, 0, &t, NULL), REMAT_INVALID_ARGUMENT);
+  }
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
+static int never_called(void* user_data, void* const* inputs, size_t num_inputs, void* output,
+                        size_t bytes, uint64_t stream) {
+  (void)user_data;
+  (void)inputs;
+  (void)num_inputs;
+  (void)output;
+  (void)bytes;
+  (void)stream;
+  return 0;
+}
+
+static void count_destroy(void* counter) { ++*(int*)counter; }
+
+/* destroy runs exactly once on every path: failed creates, freed tensors,
+ * the runtime's end (with pins still held). */
+static void test_user_data_destroyed_once(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 0);
+  remat_runtime* rt = NULL;
+  remat_tensor_options topts;
+  uint64_t missing = 4242;
+  uint64_t t1 = 0;
+  uint64_t t2 = 0;
+  int destroyed = 0;
+  CHECK(a != NULL);
+  CHECK_OK(remat_runtime_create(a, "lru", &rt));
+  CHECK_OK(remat_tensor_options_init(&topts));
+  topts.allow_drop = 1;
+  topts.recompute = never_called;
+  topts.user_data = &destroyed;
+  topts.destroy = count_destroy;
+
+  CHECK_STATUS(remat_tensor_create(NULL, KIB, &topts, 0, &t1, NULL), REMAT_INVALID_ARGUMENT);
+  CHECK(destroyed == 1);
+  topts.inputs = &missing;
+  topts.num_inputs = 1;
+  CHECK_STATUS(remat_tensor_create(rt, KIB, &topts, 0, &t1, NULL), REMAT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("4242");
+  CHECK(destroyed == 2);
+  topts.inputs = NULL;
+  topts.num_inputs = 0;
+
+  CHECK_OK(remat_tensor_create(rt, KIB, &topts, 0, &t1, NULL));
+  CHECK_OK(remat_tensor_create(rt, KIB, &topts, 0, &t2, NULL));
+  CHECK(destroyed == 2);
+  CHECK_OK(remat_tensor_release(rt, t1));
+  CHECK_OK(remat_tensor_free(rt, t1));
+  CHECK(destroyed == 3);
+  /* t2 still pinned by its create: the runtime's end releases it. */
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK(destroyed == 4);
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
+/* remat_last_error keeps the last failure across successful calls. */
+static void test_last_error_survives_success(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 0);
+  void* p = NULL;
+  CHECK(a != NULL);
+  CHECK_STATUS(remat_deallocate(a, &p), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_allocate(a, KIB, 0, &p));
+  CHECK_ERROR_HAS("remat_deallocate");
+  CHECK_OK(remat_deallocate(a, p));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
+typedef void (*test_fn)(void);
+typedef struct test_case {
+  const char* name;
+  test_fn fn;
+} test_case;
+
+int main(void) {
+  static const test_case tests[] = {
+      {"status_names_and_version", test_status_names_and_version},
+      {"null_arguments", test_null_arguments},
+      {"cuda_device_or_clean_failure", test_cuda_device_or_clean_failure},
+      {"allocate_and_free", test_allocate_and_free},
+      {"oom_under_budget", test_oom_under_budget},
+      {"bad_frees_change_nothing", test_bad_frees_change_nothing},
+      {"zero_and_enormous_sizes", test_zero_and_enormous_sizes},
+      {"streams_and_host_work", test_streams_and_host_work},
+      {"budget_and_snapshot", test_budget_and_snapshot},
+      {"unknown_policy_and_one_runtime_per_allocator",
+       test_unknown_policy_and_one_runtime_per_allocator},
+      {"dropped_tensors_come_back_with_their_bytes",
+       test_dropped_tensors_come_back_with_their_bytes},
+      {"offloaded_tensor_comes_back_with_its_bytes", test_offloaded_tensor_comes_back_with_its_bytes},
+      {"failing_callback_reaches_acquire", test_failing_callback_reaches_acquire},
+      {"release_and_free_errors", test_release_and_free_errors},
+      {"user_data_destroyed_once", test_user_data_destroyed_once},
+      {"last_error_survives_success", test_last_error_survives_success},
+  };
+  size_t i;
+  /* Nothing has failed on this thread yet. */
+  if (strcmp(remat_last_error(), "") != 0) {
+    fprintf(stderr, "remat_last_error() is not empty at start: %s\n", remat_last_error());
+    return 1;
+  }
+  for (i = 0; i < sizeof(tests) / sizeof(tests[0]); ++i) {
+    const int before = failures;
+    printf("[ RUN  ] %s\n", tests[i].name);
+    fflush(stdout);
+    tests[i].fn();
+    printf("[ %s ] %s\n", failures == before ? " OK " : "FAIL", tests[i].name);
+  }
+  printf("%d of %d tests failed\n", failures, (int)(sizeof(tests) / sizeof(tests[0])));
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,280 @@
+/* remat.h: the C ABI of remat.
+ *
+ * A plain C99 header over remat's caching device allocator and its runtime
+ * (tensors evicted under pressure by dropping them for recompute or offloading
+ * them to host memory, brought back byte for byte on their next use). Link
+ * with -lremat (pkg-config remat, or CMake find_package(remat) and the target
+ * remat::remat).
+ *
+ * Errors. Every function that can fail returns a remat_status; on failure it
+ * records a message, read with remat_last_error() on the same thread, and
+ * leaves its out-parameters and the objects it was given as they were. A
+ * successful call leaves the last message alone. No C++ exception crosses this
+ * interface.
+ *
+ * Streams are uint64_t values: on the CUDA device, the cudaStream_t itself; on
+ * the simulated device, a handle from remat_stream_create. 0 is the device's
+ * default stream everywhere.
+ *
+ * Threads. Allocator and runtime functions may be called from any number of
+ * threads at once, except the *_destroy functions, which must not race with
+ * other calls on the object they destroy.
+ */
+#ifndef REMAT_REMAT_H_
+#define REMAT_REMAT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define REMAT_API __attribute__((visibility("default")))
+#else
+#define REMAT_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Every enum has a *_MAX_ENUM member so that it is 32 bits wide and any int
+ * value the caller stores in it is a valid value in C and C++ alike (the
+ * library rejects the ones it does not know). */
+
+/* ------------------------------------------------------------------------ */
+/* Status                                                                    */
+
+typedef enum remat_status {
+  REMAT_OK = 0,
+  REMAT_INVALID_ARGUMENT = 1,    /* a bad pointer, id, size, option or spec */
+  REMAT_OUT_OF_MEMORY = 2,       /* the budget or the device cannot hold it */
+  REMAT_NOT_FOUND = 3,           /* no such tensor */
+  REMAT_FAILED_PRECONDITION = 4, /* not now: no GPU, built without CUDA, object in use */
+  REMAT_INTERNAL = 5,            /* a device fault, a failing callback, a bug */
+  REMAT_STATUS_MAX_ENUM = 0x7FFFFFFF
+} remat_status;
+
+/* The message of the last failing call on this thread ("" if none). Valid
+ * until the next failing call on this thread. */
+REMAT_API const char* remat_last_error(void);
+/* "REMAT_OK", "REMAT_OUT_OF_MEMORY", ...; "REMAT_UNKNOWN" for other values. */
+REMAT_API const char* remat_status_name(remat_status status);
+/* The library's version, "MAJOR.MINOR.PATCH". */
+REMAT_API const char* remat_version(void);
+/* Frees a string this library returned (remat_snapshot_json). NULL is fine. */
+REMAT_API void remat_string_free(char* str);
+
+/* ------------------------------------------------------------------------ */
+/* Allocator                                                                 */
+
+typedef struct remat_allocator remat_allocator;
+
+typedef enum remat_device_kind {
+  REMAT_DEVICE_SIM = 0, /* a simulated GPU: runs anywhere, deterministic time */
+  REMAT_DEVICE_CUDA = 1, /* a CUDA GPU (needs a build with the CUDA toolkit) */
+  REMAT_DEVICE_KIND_MAX_ENUM = 0x7FFFFFFF
+} remat_device_kind;
+
+typedef struct remat_allocator_options {
+  remat_device_kind device;
+  int cuda_device;             /* the GPU's ordinal (REMAT_DEVICE_CUDA) */
+  uint64_t budget_bytes;       /* cap on reserved bytes; 0: the device's capacity */
+  uint64_t max_split_bytes;    /* blocks above it are never split; 0: no limit */
+  uint64_t history_events;     /* allocator events kept for snapshots; 0: none */
+  uint64_t sim_capacity_bytes; /* the simulated device's memory */
+  int sim_backed;              /* nonzero: real host memory behind every pointer
+                                * (dereferenceable); zero: addresses only */
+} remat_allocator_options;
+
+/* Defaults: the simulated device, unbacked, 80 GiB, no budget. */
+REMAT_API remat_status remat_allocator_options_init(remat_allocator_options* options);
+/* options NULL: the defaults. */
+REMAT_API remat_status remat_allocator_create(const remat_allocator_options* options,
+                                              remat_allocator** out);
+/* Fails (REMAT_FAILED_PRECONDITION) while a runtime uses the allocator.
+ * Allocations still live are released with it. NULL is fine. */
+REMAT_API remat_status remat_allocator_destroy(remat_allocator* allocator);
+
+/* bytes of device memory usable on `stream`; *out = NULL for 0 bytes.
+ * REMAT_OUT_OF_MEMORY when the budget cannot hold it (after the cache has been
+ * released and the runtime, if any, has evicted what it could);
+ * REMAT_INVALID_ARGUMENT for a size beyond the device. */
+REMAT_API remat_status remat_allocate(remat_allocator* allocator, size_t bytes, uint64_t stream,
+                                      void** out);
+/* Frees on the stream the block was allocated on. NULL is fine. A pointer
+ * this allocator did not return, or one already freed, is
+ * REMAT_INVALID_ARGUMENT and changes nothing. */
+REMAT_API remat_status remat_deallocate(remat_allocator* allocator, void* ptr);
+/* Frees on `stream` (as cudaFreeAsync): the block is reusable on it at once. */
+REMAT_API remat_status remat_deallocate_on_stream(remat_allocator* allocator, void* ptr,
+                                                  uint64_t stream);
+/* Marks that `stream` also uses the block: its free waits for that stream. */
+REMAT_API remat_status remat_record_stream(remat_allocator* allocator, void* ptr,
+                                           uint64_t stream);
+/* Returns every whole free segment to the device. */
+REMAT_API remat_status remat_empty_cache(remat_allocator* allocator);
+/* 0: the device's capacity. Below 2 MiB or beyond the device is invalid. */
+REMAT_API remat_status remat_set_budget(remat_allocator* allocator, uint64_t budget_bytes);
+
+typedef struct remat_stats {
+  uint64_t allocated_bytes;      /* live allocations (rounded sizes) */
+  uint64_t allocated_bytes_peak;
+  uint64_t reserved_bytes;       /* device segments held */
+  uint64_t reserved_bytes_peak;
+  uint64_t active_bytes;         /* allocated, or freed and waiting for streams */
+  uint64_t active_bytes_peak;
+  uint64_t requested_bytes;      /* what callers asked for, before rounding */
+  uint64_t requested_bytes_peak;
+  uint64_t inactive_split_bytes; /* free blocks inside split segments */
+  uint64_t allocations;          /* live allocations (count) */
+  uint64_t allocations_peak;
+  uint64_t segments;             /* device segments held (count) */
+  uint64_t segments_peak;
+  uint64_t num_alloc_retries;    /* rounds that released cache or asked the runtime */
+  uint64_t num_ooms;
+  uint64_t num_device_alloc;     /* segments reserved from the device */
+  uint64_t num_device_free;      /* segments returned to it */
+  uint64_t budget_bytes;         /* the budget in force */
+  uint64_t device_capacity_bytes;
+} remat_stats;
+
+REMAT_API remat_status remat_get_stats(remat_allocator* allocator, remat_stats* out);
+/* Peaks start again from the current values. */
+REMAT_API remat_status remat_reset_peak_stats(remat_allocator* allocator);
+/* Segments, blocks, recent events and statistics as JSON; free *out with
+ * remat_string_free. */
+REMAT_API remat_status remat_snapshot_json(remat_allocator* allocator, char** out);
+
+/* Streams and stream-ordered host work of the allocator's device. On CUDA,
+ * these are cudaStreamCreate/Destroy/Synchronize and cudaLaunchHostFunc. */
+REMAT_API remat_status remat_stream_create(remat_allocator* allocator, uint64_t* out);
+REMAT_API remat_status remat_stream_destroy(remat_allocator* allocator, uint64_t stream);
+/* Blocks until all work enqueued on `stream` has completed. */
+REMAT_API remat_status remat_stream_synchronize(remat_allocator* allocator, uint64_t stream);
+/* Enqueues fn(user_data) on `stream`, after its earlier work and before its
+ * later work (on the simulated device, this is how a "kernel" writes memory
+ * in stream order; cost_ns is the time it takes there, ignored on CUDA).
+ * fn must not call into remat. */
+REMAT_API remat_status remat_launch_host_func(remat_allocator* allocator, uint64_t stream,
+                                              void (*fn)(void* user_data), void* user_data,
+                                              int64_t cost_ns);
+
+/* ------------------------------------------------------------------------ */
+/* Runtime                                                                   */
+
+typedef struct remat_runtime remat_runtime;
+
+typedef struct remat_runtime_options {
+  const char* policy;        /* an eviction-policy spec: "dtr", "lru", "largest",
+                              * "dtr:staleness_exp=2"; NULL: "dtr" */
+  int enable_drop;           /* nonzero: tensors may be dropped for recompute */
+  int enable_offload;        /* nonzero: tensors may be offloaded to host */
+  uint64_t host_pool_bytes;  /* pinned host memory for offloads */
+  uint64_t live_budget;      /* cap on resident tensor bytes; 0: none */
+} remat_runtime_options;
+
+/* Defaults: "dtr", drop and offload enabled, 64 GiB of host pool. */
+REMAT_API remat_status remat_runtime_options_init(remat_runtime_options* options);
+/* One runtime per allocator: it relieves the allocator's memory pressure by
+ * evicting its tensors. An unknown policy is REMAT_INVALID_ARGUMENT with a
+ * message listing the known ones. The allocator must outlive the runtime. */
+REMAT_API remat_status remat_runtime_create(remat_allocator* allocator, const char* policy_spec,
+                                            remat_runtime** out);
+REMAT_API remat_status remat_runtime_create_with_options(remat_allocator* allocator,
+                                                         const remat_runtime_options* options,
+                                                         remat_runtime** out);
+/* Releases every pin still held through this API, then the runtime and all
+ * its tensors. NULL is fine. */
+REMAT_API remat_status remat_runtime_destroy(remat_runtime* runtime);
+
+/* Regenerates a dropped tensor: enqueue, on `stream`, the work that writes
+ * `bytes` bytes at `output` from `inputs` (the device pointers of the
+ * tensor's inputs, in order, pinned during the call). Return 0 on success,
+ * anything else on failure (then remat_recompute_set_error may say why).
+ * It runs inside remat_tensor_acquire (or create/prefetch, when they must
+ * restore), on that thread, with the runtime locked: it must not call
+ * remat_tensor_* or remat_runtime_* functions; remat_launch_host_func and
+ * the device's own API (CUDA kernel launches) are fine. */
+typedef int (*remat_recompute_fn)(void* user_data, void* const* inputs, size_t num_inputs,
+                                  void* output, size_t bytes, uint64_t stream);
+
+/* From inside a failing remat_recompute_fn: the message the failing call
+ * reports after "the recompute callback returned N". */
+REMAT_API remat_status remat_recompute_set_error(const char* message);
+
+typedef struct remat_tensor_options {
+  const uint64_t* inputs;      /* tensors the callback reads, in order */
+  size_t num_inputs;
+  int64_t compute_ns;          /* what one recompute costs (for the policy) */
+  int allow_drop;              /* needs `recompute` */
+  int allow_offload;
+  remat_recompute_fn recompute;
+  void* user_data;             /* given to recompute */
+  /* Called once with user_data when it is no longer needed: when the tensor
+   * can never be recomputed again, when the runtime is destroyed, or before
+   * remat_tensor_create returns if it fails. NULL: nothing to do. */
+  void (*destroy)(void* user_data);
+} remat_tensor_options;
+
+typedef enum remat_tensor_state {
+  REMAT_TENSOR_RESIDENT = 0,
+  REMAT_TENSOR_OFFLOADING = 1, /* device-to-host copy in flight */
+  REMAT_TENSOR_ON_HOST = 2,
+  REMAT_TENSOR_PREFETCHING = 3, /* host-to-device copy in flight */
+  REMAT_TENSOR_DROPPED = 4,
+  REMAT_TENSOR_FREED = 5,
+  REMAT_TENSOR_STATE_MAX_ENUM = 0x7FFFFFFF
+} remat_tensor_state;
+
+/* Defaults: no inputs, neither drop nor offload, no callback. */
+REMAT_API remat_status remat_tensor_options_init(remat_tensor_options* options);
+/* Allocates and registers a tensor of `bytes` (options NULL: the defaults).
+ * It is returned pinned, at *ptr_out (ptr_out may be NULL): write its first
+ * contents, then remat_tensor_release it. */
+REMAT_API remat_status remat_tensor_create(remat_runtime* runtime, size_t bytes,
+                                           const remat_tensor_options* options, uint64_t stream,
+                                           uint64_t* id_out, void** ptr_out);
+/* A second tensor over `base`'s storage: evicted and restored with it. */
+REMAT_API remat_status remat_tensor_create_view(remat_runtime* runtime, uint64_t base,
+                                                uint64_t* id_out);
+/* Brings the tensor back if it was evicted (recomputing or copying in on
+ * `stream`) and pins it: its device pointer stays valid until the matching
+ * remat_tensor_release. Pins count: each acquire needs its own release.
+ * On the simulated device, synchronize the stream before reading the bytes. */
+REMAT_API remat_status remat_tensor_acquire(remat_runtime* runtime, uint64_t id, uint64_t stream,
+                                            void** ptr_out);
+/* Undoes one remat_tensor_create or remat_tensor_acquire. A tensor this API
+ * holds no pin on is REMAT_FAILED_PRECONDITION (REMAT_NOT_FOUND when there is
+ * no such tensor). */
+REMAT_API remat_status remat_tensor_release(remat_runtime* runtime, uint64_t id);
+/* The owner's reference goes. A pinned tensor goes when its last pin does; a
+ * tensor another one's callback reads stays (evictable) while that needs it. */
+REMAT_API remat_status remat_tensor_free(remat_runtime* runtime, uint64_t id);
+/* Starts copying an offloaded tensor back ahead of its use (no-op otherwise). */
+REMAT_API remat_status remat_tensor_prefetch(remat_runtime* runtime, uint64_t id, uint64_t stream);
+REMAT_API remat_status remat_tensor_get_state(remat_runtime* runtime, uint64_t id,
+                                              remat_tensor_state* out);
+
+typedef struct remat_runtime_stats {
+  uint64_t tensors_created;
+  uint64_t live_tensors;
+  uint64_t pressure_events;
+  uint64_t drops;            /* evictions that dropped */
+  uint64_t released_drops;   /* freed by the owner, bytes dropped, kept for a callback */
+  uint64_t offloads;
+  uint64_t recomputes;
+  int64_t recompute_ns;      /* estimated cost of the recomputes run */
+  uint64_t offloaded_bytes;
+  uint64_t restored_bytes;
+  uint64_t prefetches;
+  uint64_t resident_bytes;   /* tensor storage on the device now */
+  uint64_t peak_resident_bytes;
+  uint64_t pinned_by_api;    /* pins held through this API now */
+} remat_runtime_stats;
+
+REMAT_API remat_status remat_runtime_get_stats(remat_runtime* runtime, remat_runtime_stats* out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* REMAT_REMAT_H_ */

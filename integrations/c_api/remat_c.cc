@@ -1,0 +1,753 @@
+// The C ABI (remat.h) over CachingAllocator and Runtime.
+//
+// Every entry point runs its body through Call(), which turns absl::Status
+// failures and any C++ exception into a remat_status and a thread-local
+// message: nothing C++ crosses the boundary.
+//
+// Pins. Runtime::Create and Runtime::Acquire return move-only Guards; the C
+// caller holds pins by tensor id instead, so each runtime keeps the Guards in
+// a map (id -> stack of guards) under its own lock. That lock is never held
+// while calling into the Runtime (Guard::Release takes the runtime's lock), so
+// the two locks never nest.
+#include "integrations/c_api/remat.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/device.h"
+#include "allocator/sim_device.h"
+#include "base/mutex.h"
+#include "base/units.h"
+#include "runtime/runtime.h"
+#if defined(REMAT_HAVE_CUDA)
+#include "allocator/cuda_device.h"
+#endif
+
+#ifndef REMAT_VERSION_STRING
+#define REMAT_VERSION_STRING "0.0.0"
+#endif
+
+struct remat_allocator {
+  std::unique_ptr<remat::Device> device;
+  std::unique_ptr<remat::CachingAllocator> allocator;  // declared after: destroyed first
+  // The runtime installed as the allocator's pressure handler, if any.
+  std::atomic<bool> has_runtime{false};
+};
+
+struct remat_runtime {
+  remat_allocator* owner = nullptr;
+  std::unique_ptr<remat::Runtime> runtime;
+  remat::Mutex mu;
+  // Pins the C caller holds, per tensor. Destroyed before `runtime` by
+  // remat_runtime_destroy (a Guard unpins through its runtime).
+  absl::flat_hash_map<std::uint64_t, std::vector<remat::Guard>> pins ABSL_GUARDED_BY(mu);
+  std::uint64_t pin_count ABSL_GUARDED_BY(mu) = 0;
+};
+
+namespace {
+
+// --- Errors -------------------------------------------------------------------------
+
+thread_local std::string tls_last_error;
+// Set when recording a message itself ran out of memory.
+thread_local bool tls_error_lost = false;
+// What a failing recompute callback said through remat_recompute_set_error.
+thread_local std::string tls_callback_error;
+
+void SetError(absl::string_view message) noexcept {
+  try {
+    tls_last_error.assign(message.data(), message.size());
+    tls_error_lost = false;
+  } catch (...) {
+    tls_error_lost = true;
+  }
+}
+
+remat_status Fail(remat_status code, const char* fn, absl::string_view message) noexcept {
+  try {
+    SetError(absl::StrCat(fn, ": ", message));
+  } catch (...) {
+    tls_error_lost = true;
+  }
+  return code;
+}
+
+remat_status CodeOf(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return REMAT_OK;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return REMAT_INVALID_ARGUMENT;
+    case absl::StatusCode::kResourceExhausted:
+      return REMAT_OUT_OF_MEMORY;
+    case absl::StatusCode::kNotFound:
+      return REMAT_NOT_FOUND;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kUnavailable:
+      return REMAT_FAILED_PRECONDITION;
+    default:
+      return REMAT_INTERNAL;
+  }
+}
+
+remat_status FromStatus(const char* fn, const absl::Status& status) {
+  if (status.ok()) return REMAT_OK;
+  return Fail(CodeOf(status.code()), fn, status.message());
+}
+
+// Runs one entry point's body; no exception leaves it.
+template <typename Body>
+remat_status Call(const char* fn, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Fail(REMAT_OUT_OF_MEMORY, fn, "out of host memory");
+  } catch (const std::exception& e) {
+    return Fail(REMAT_INTERNAL, fn, absl::StrCat("unexpected C++ exception: ", e.what()));
+  } catch (...) {
+    return Fail(REMAT_INTERNAL, fn, "unexpected C++ exception");
+  }
+}
+
+remat_status NullArgument(const char* fn, const char* name) {
+  return Fail(REMAT_INVALID_ARGUMENT, fn, absl::StrCat(name, " is NULL"));
+}
+
+remat::Stream ToStream(std::uint64_t handle) {
+  return remat::Stream{static_cast<std::uintptr_t>(handle)};
+}
+
+std::uint64_t U64(std::int64_t v) { return v < 0 ? 0 : static_cast<std::uint64_t>(v); }
+
+// --- Devices ------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<remat::Device>> MakeDevice(const remat_allocator_options& o) {
+  switch (o.device) {
+    case REMAT_DEVICE_SIM: {
+      remat::SimDeviceOptions sim;
+      sim.capacity = static_cast<std::size_t>(o.sim_capacity_bytes);
+      sim.backed = o.sim_backed != 0;
+      absl::StatusOr<std::unique_ptr<remat::SimDevice>> made = remat::SimDevice::Create(sim);
+      if (!made.ok()) return made.status();
+      return std::unique_ptr<remat::Device>(std::move(*made));
+    }
+    case REMAT_DEVICE_CUDA: {
+#if defined(REMAT_HAVE_CUDA)
+      absl::StatusOr<std::unique_ptr<remat::CudaDevice>> made =
+          remat::CudaDevice::Create(o.cuda_device);
+      if (!made.ok()) return made.status();
+      return std::unique_ptr<remat::Device>(std::move(*made));
+#else
+      return absl::FailedPreconditionError(
+          "this libremat was built without the CUDA toolkit; only REMAT_DEVICE_SIM is available");
+#endif
+    }
+    case REMAT_DEVICE_KIND_MAX_ENUM:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown device kind %d (REMAT_DEVICE_SIM or REMAT_DEVICE_CUDA)",
+                      static_cast<int>(o.device)));
+}
+
+remat_tensor_state StateOf(remat::TensorState s) {
+  switch (s) {
+    case remat::TensorState::kResident:
+      return REMAT_TENSOR_RESIDENT;
+    case remat::TensorState::kOffloading:
+      return REMAT_TENSOR_OFFLOADING;
+    case remat::TensorState::kOnHost:
+      return REMAT_TENSOR_ON_HOST;
+    case remat::TensorState::kPrefetching:
+      return REMAT_TENSOR_PREFETCHING;
+    case remat::TensorState::kDropped:
+      return REMAT_TENSOR_DROPPED;
+    case remat::TensorState::kFreed:
+      return REMAT_TENSOR_FREED;
+  }
+  return REMAT_TENSOR_FREED;
+}
+
+// --- Recompute callbacks -----------------------------------------------------------
+
+// Owns a C callback's user_data: destroy() runs exactly once, when the
+// closure holding this goes (or at once, if it is never handed over).
+class CCallback {
+ public:
+  CCallback(remat_recompute_fn fn, void* user_data, void (*destroy)(void*))
+      : fn_(fn), user_data_(user_data), destroy_(destroy) {}
+  CCallback(const CCallback&) = delete;
+  CCallback& operator=(const CCallback&) = delete;
+  ~CCallback() {
+    if (destroy_ != nullptr) destroy_(user_data_);
+  }
+
+  absl::Status Run(const remat::RecomputeArgs& args) const {
+    try {
+      tls_callback_error.clear();
+      const int rc = fn_(user_data_, args.inputs.data(), args.inputs.size(), args.output,
+                         args.bytes, static_cast<std::uint64_t>(args.stream.handle));
+      if (rc == 0) return absl::OkStatus();
+      std::string message = absl::StrFormat("the recompute callback returned %d", rc);
+      if (!tls_callback_error.empty()) absl::StrAppend(&message, ": ", tls_callback_error);
+      tls_callback_error.clear();
+      return absl::InternalError(message);
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("the recompute callback threw: ", e.what()));
+    } catch (...) {
+      return absl::InternalError("the recompute callback threw");
+    }
+  }
+
+ private:
+  const remat_recompute_fn fn_;
+  void* const user_data_;
+  void (*const destroy_)(void*);
+};
+
+// A host function handed to the device: fn(user_data), once.
+struct HostFunc {
+  void (*fn)(void*);
+  void* user_data;
+  void operator()() && { fn(user_data); }
+};
+
+}  // namespace
+
+// --- Status ---------------------------------------------------------------------------
+
+extern "C" {
+
+const char* remat_last_error(void) {
+  if (tls_error_lost) return "(the error message was lost: out of host memory)";
+  return tls_last_error.c_str();
+}
+
+const char* remat_status_name(remat_status status) {
+  switch (status) {
+    case REMAT_OK:
+      return "REMAT_OK";
+    case REMAT_INVALID_ARGUMENT:
+      return "REMAT_INVALID_ARGUMENT";
+    case REMAT_OUT_OF_MEMORY:
+      return "REMAT_OUT_OF_MEMORY";
+    case REMAT_NOT_FOUND:
+      return "REMAT_NOT_FOUND";
+    case REMAT_FAILED_PRECONDITION:
+      return "REMAT_FAILED_PRECONDITION";
+    case REMAT_INTERNAL:
+      return "REMAT_INTERNAL";
+    case REMAT_STATUS_MAX_ENUM:
+      break;
+  }
+  return "REMAT_UNKNOWN";
+}
+
+const char* remat_version(void) { return REMAT_VERSION_STRING; }
+
+void remat_string_free(char* str) { std::free(str); }
+
+// --- Allocator --------------------------------------------------------------------------
+
+remat_status remat_allocator_options_init(remat_allocator_options* options) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (options == nullptr) return NullArgument(fn, "options");
+    std::memset(options, 0, sizeof(*options));
+    options->device = REMAT_DEVICE_SIM;
+    options->cuda_device = 0;
+    options->sim_capacity_bytes = 80 * remat::kGiB;
+    options->sim_backed = 0;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_allocator_create(const remat_allocator_options* options, remat_allocator** out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (out == nullptr) return NullArgument(fn, "out");
+    remat_allocator_options o;
+    if (options != nullptr) {
+      o = *options;
+    } else {
+      remat_allocator_options_init(&o);
+    }
+    if (o.cuda_device < 0) {
+      return Fail(REMAT_INVALID_ARGUMENT, fn,
+                  absl::StrFormat("cuda_device must be >= 0, not %d", o.cuda_device));
+    }
+    absl::StatusOr<std::unique_ptr<remat::Device>> device = MakeDevice(o);
+    if (!device.ok()) return FromStatus(fn, device.status());
+    remat::AllocatorOptions ao;
+    ao.budget = static_cast<std::size_t>(o.budget_bytes);
+    if (o.max_split_bytes != 0) ao.max_split_size = static_cast<std::size_t>(o.max_split_bytes);
+    ao.event_ring_capacity = static_cast<std::size_t>(o.history_events);
+    auto made = remat::CachingAllocator::Create(device->get(), ao);
+    if (!made.ok()) return FromStatus(fn, made.status());
+    auto handle = std::make_unique<remat_allocator>();
+    handle->device = std::move(*device);
+    handle->allocator = std::move(*made);
+    *out = handle.release();
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_allocator_destroy(remat_allocator* allocator) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return REMAT_OK;
+    if (allocator->has_runtime.load()) {
+      return Fail(REMAT_FAILED_PRECONDITION, fn,
+                  "a runtime still uses this allocator; remat_runtime_destroy it first");
+    }
+    delete allocator;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_allocate(remat_allocator* allocator, size_t bytes, uint64_t stream, void** out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    if (out == nullptr) return NullArgument(fn, "out");
+    absl::StatusOr<void*> p = allocator->allocator->Allocate(bytes, ToStream(stream));
+    if (!p.ok()) return FromStatus(fn, p.status());
+    *out = *p;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_deallocate(remat_allocator* allocator, void* ptr) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    return FromStatus(fn, allocator->allocator->Free(ptr));
+  });
+}
+
+remat_status remat_deallocate_on_stream(remat_allocator* allocator, void* ptr, uint64_t stream) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    return FromStatus(fn, allocator->allocator->FreeOnStream(ptr, ToStream(stream)));
+  });
+}
+
+remat_status remat_record_stream(remat_allocator* allocator, void* ptr, uint64_t stream) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    return FromStatus(fn, allocator->allocator->RecordStream(ptr, ToStream(stream)));
+  });
+}
+
+remat_status remat_empty_cache(remat_allocator* allocator) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    return FromStatus(fn, allocator->allocator->EmptyCache());
+  });
+}
+
+remat_status remat_set_budget(remat_allocator* allocator, uint64_t budget_bytes) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    const std::size_t budget = budget_bytes == 0 ? allocator->device->Capacity()
+                                                 : static_cast<std::size_t>(budget_bytes);
+    return FromStatus(fn, allocator->allocator->SetBudget(budget));
+  });
+}
+
+remat_status remat_get_stats(remat_allocator* allocator, remat_stats* out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    if (out == nullptr) return NullArgument(fn, "out");
+    remat::AllocatorStats s = allocator->allocator->GetStats();
+    remat_stats r;
+    std::memset(&r, 0, sizeof(r));
+    r.allocated_bytes = U64(s.allocated_bytes.all().current);
+    r.allocated_bytes_peak = U64(s.allocated_bytes.all().peak);
+    r.reserved_bytes = U64(s.reserved_bytes.all().current);
+    r.reserved_bytes_peak = U64(s.reserved_bytes.all().peak);
+    r.active_bytes = U64(s.active_bytes.all().current);
+    r.active_bytes_peak = U64(s.active_bytes.all().peak);
+    r.requested_bytes = U64(s.requested_bytes.all().current);
+    r.requested_bytes_peak = U64(s.requested_bytes.all().peak);
+    r.inactive_split_bytes = U64(s.inactive_split_bytes.all().current);
+    r.allocations = U64(s.allocation.all().current);
+    r.allocations_peak = U64(s.allocation.all().peak);
+    r.segments = U64(s.segment.all().current);
+    r.segments_peak = U64(s.segment.all().peak);
+    r.num_alloc_retries = U64(s.num_alloc_retries);
+    r.num_ooms = U64(s.num_ooms);
+    r.num_device_alloc = U64(s.num_device_alloc);
+    r.num_device_free = U64(s.num_device_free);
+    r.budget_bytes = allocator->allocator->budget();
+    r.device_capacity_bytes = allocator->device->Capacity();
+    *out = r;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_reset_peak_stats(remat_allocator* allocator) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    allocator->allocator->ResetPeakStats();
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_snapshot_json(remat_allocator* allocator, char** out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    if (out == nullptr) return NullArgument(fn, "out");
+    const std::string json = remat::SnapshotToJson(allocator->allocator->TakeSnapshot());
+    char* copy = static_cast<char*>(std::malloc(json.size() + 1));
+    if (copy == nullptr) return Fail(REMAT_OUT_OF_MEMORY, fn, "out of host memory");
+    std::memcpy(copy, json.c_str(), json.size() + 1);
+    *out = copy;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_stream_create(remat_allocator* allocator, uint64_t* out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    if (out == nullptr) return NullArgument(fn, "out");
+    absl::StatusOr<remat::Stream> s = allocator->device->CreateStream();
+    if (!s.ok()) return FromStatus(fn, s.status());
+    *out = static_cast<std::uint64_t>(s->handle);
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_stream_destroy(remat_allocator* allocator, uint64_t stream) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    return FromStatus(fn, allocator->device->DestroyStream(ToStream(stream)));
+  });
+}
+
+remat_status remat_stream_synchronize(remat_allocator* allocator, uint64_t stream) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    return FromStatus(fn, allocator->device->SynchronizeStream(ToStream(stream)));
+  });
+}
+
+remat_status remat_launch_host_func(remat_allocator* allocator, uint64_t stream,
+                                    void (*func)(void*), void* user_data, int64_t cost_ns) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    if (func == nullptr) return NullArgument(fn, "fn");
+    if (cost_ns < 0) {
+      return Fail(REMAT_INVALID_ARGUMENT, fn,
+                  absl::StrFormat("cost_ns must be >= 0, not %d", cost_ns));
+    }
+    return FromStatus(fn, allocator->device->LaunchHostFunc(
+                              ToStream(stream), HostFunc{func, user_data}, cost_ns));
+  });
+}
+
+// --- Runtime -----------------------------------------------------------------------------
+
+remat_status remat_runtime_options_init(remat_runtime_options* options) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (options == nullptr) return NullArgument(fn, "options");
+    const remat::RuntimeOptions defaults;
+    std::memset(options, 0, sizeof(*options));
+    options->policy = nullptr;
+    options->enable_drop = defaults.enable_drop ? 1 : 0;
+    options->enable_offload = defaults.enable_offload ? 1 : 0;
+    options->host_pool_bytes = defaults.host_pool_bytes;
+    options->live_budget = defaults.live_budget;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_runtime_create_with_options(remat_allocator* allocator,
+                                               const remat_runtime_options* options,
+                                               remat_runtime** out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    if (out == nullptr) return NullArgument(fn, "out");
+    remat_runtime_options o;
+    if (options != nullptr) {
+      o = *options;
+    } else {
+      remat_runtime_options_init(&o);
+    }
+    remat::RuntimeOptions ro;
+    if (o.policy != nullptr) ro.policy = o.policy;
+    ro.enable_drop = o.enable_drop != 0;
+    ro.enable_offload = o.enable_offload != 0;
+    ro.host_pool_bytes = static_cast<std::size_t>(o.host_pool_bytes);
+    ro.live_budget = static_cast<std::size_t>(o.live_budget);
+
+    bool expected = false;
+    if (!allocator->has_runtime.compare_exchange_strong(expected, true)) {
+      return Fail(REMAT_FAILED_PRECONDITION, fn,
+                  "the allocator already has a runtime (one per allocator)");
+    }
+    try {
+      auto made = remat::Runtime::Create(allocator->allocator.get(), std::move(ro));
+      if (!made.ok()) {
+        allocator->has_runtime.store(false);
+        return FromStatus(fn, made.status());
+      }
+      auto handle = std::make_unique<remat_runtime>();
+      handle->owner = allocator;
+      handle->runtime = std::move(*made);
+      *out = handle.release();
+      return REMAT_OK;
+    } catch (...) {
+      allocator->has_runtime.store(false);
+      throw;
+    }
+  });
+}
+
+remat_status remat_runtime_create(remat_allocator* allocator, const char* policy_spec,
+                                  remat_runtime** out) {
+  remat_runtime_options o;
+  remat_runtime_options_init(&o);
+  o.policy = policy_spec;
+  return remat_runtime_create_with_options(allocator, &o, out);
+}
+
+remat_status remat_runtime_destroy(remat_runtime* runtime) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return REMAT_OK;
+    {
+      // Pins go before the runtime they unpin through.
+      absl::flat_hash_map<std::uint64_t, std::vector<remat::Guard>> pins;
+      {
+        remat::MutexLock lock(&runtime->mu);
+        pins.swap(runtime->pins);
+        runtime->pin_count = 0;
+      }
+    }
+    remat_allocator* owner = runtime->owner;
+    runtime->runtime.reset();
+    owner->has_runtime.store(false);
+    delete runtime;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_recompute_set_error(const char* message) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (message == nullptr) return NullArgument(fn, "message");
+    tls_callback_error = message;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_tensor_options_init(remat_tensor_options* options) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (options == nullptr) return NullArgument(fn, "options");
+    std::memset(options, 0, sizeof(*options));
+    options->inputs = nullptr;
+    options->recompute = nullptr;
+    options->user_data = nullptr;
+    options->destroy = nullptr;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_tensor_create(remat_runtime* runtime, size_t bytes,
+                                 const remat_tensor_options* options, uint64_t stream,
+                                 uint64_t* id_out, void** ptr_out) {
+  const char* const fn = __func__;
+  // Takes user_data's ownership first, so that destroy runs on every path.
+  std::unique_ptr<CCallback> callback;
+  if (options != nullptr && (options->recompute != nullptr || options->destroy != nullptr)) {
+    try {
+      callback = std::make_unique<CCallback>(options->recompute, options->user_data,
+                                             options->destroy);
+    } catch (...) {
+      if (options->destroy != nullptr) options->destroy(options->user_data);
+      return Fail(REMAT_OUT_OF_MEMORY, fn, "out of host memory");
+    }
+  }
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    if (id_out == nullptr) return NullArgument(fn, "id_out");
+    remat::TensorOptions to;
+    if (options != nullptr) {
+      if (options->num_inputs > 0 && options->inputs == nullptr) {
+        return Fail(REMAT_INVALID_ARGUMENT, fn,
+                    absl::StrFormat("inputs is NULL but num_inputs is %d", options->num_inputs));
+      }
+      to.inputs.assign(options->inputs, options->inputs + options->num_inputs);
+      to.compute_ns = options->compute_ns;
+      to.allow_drop = options->allow_drop != 0;
+      to.allow_offload = options->allow_offload != 0;
+      if (options->recompute != nullptr) {
+        to.recompute = [cb = std::move(callback)](const remat::RecomputeArgs& args) {
+          return cb->Run(args);
+        };
+      }
+    }
+    absl::StatusOr<remat::Guard> guard =
+        runtime->runtime->Create(bytes, std::move(to), ToStream(stream));
+    if (!guard.ok()) return FromStatus(fn, guard.status());
+    const std::uint64_t id = guard->id();
+    void* const ptr = guard->ptr();
+    {
+      remat::MutexLock lock(&runtime->mu);
+      runtime->pins[id].push_back(std::move(*guard));
+      ++runtime->pin_count;
+    }
+    *id_out = id;
+    if (ptr_out != nullptr) *ptr_out = ptr;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_tensor_create_view(remat_runtime* runtime, uint64_t base, uint64_t* id_out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    if (id_out == nullptr) return NullArgument(fn, "id_out");
+    absl::StatusOr<remat::TensorId> id = runtime->runtime->CreateView(base);
+    if (!id.ok()) return FromStatus(fn, id.status());
+    *id_out = *id;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_tensor_acquire(remat_runtime* runtime, uint64_t id, uint64_t stream,
+                                  void** ptr_out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    absl::StatusOr<remat::Guard> guard = runtime->runtime->Acquire(id, ToStream(stream));
+    if (!guard.ok()) return FromStatus(fn, guard.status());
+    void* const ptr = guard->ptr();
+    {
+      remat::MutexLock lock(&runtime->mu);
+      runtime->pins[id].push_back(std::move(*guard));
+      ++runtime->pin_count;
+    }
+    if (ptr_out != nullptr) *ptr_out = ptr;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_tensor_release(remat_runtime* runtime, uint64_t id) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    remat::Guard guard;
+    {
+      remat::MutexLock lock(&runtime->mu);
+      auto it = runtime->pins.find(id);
+      if (it != runtime->pins.end()) {
+        guard = std::move(it->second.back());
+        it->second.pop_back();
+        if (it->second.empty()) runtime->pins.erase(it);
+        --runtime->pin_count;
+      }
+    }
+    if (!guard) {
+      absl::StatusOr<remat::TensorState> state = runtime->runtime->State(id);
+      if (!state.ok()) return FromStatus(fn, state.status());
+      return Fail(REMAT_FAILED_PRECONDITION, fn,
+                  absl::StrFormat("tensor %d is not pinned through this API (a release must "
+                                  "follow remat_tensor_create or remat_tensor_acquire)",
+                                  id));
+    }
+    guard.Release();  // outside our lock: it takes the runtime's
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_tensor_free(remat_runtime* runtime, uint64_t id) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    return FromStatus(fn, runtime->runtime->Free(id));
+  });
+}
+
+remat_status remat_tensor_prefetch(remat_runtime* runtime, uint64_t id, uint64_t stream) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    return FromStatus(fn, runtime->runtime->Prefetch(id, ToStream(stream)));
+  });
+}
+
+remat_status remat_tensor_get_state(remat_runtime* runtime, uint64_t id, remat_tensor_state* out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    if (out == nullptr) return NullArgument(fn, "out");
+    absl::StatusOr<remat::TensorState> state = runtime->runtime->State(id);
+    if (!state.ok()) return FromStatus(fn, state.status());
+    *out = StateOf(*state);
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_runtime_get_stats(remat_runtime* runtime, remat_runtime_stats* out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    if (out == nullptr) return NullArgument(fn, "out");
+    const remat::RuntimeStats s = runtime->runtime->stats();
+    remat_runtime_stats r;
+    std::memset(&r, 0, sizeof(r));
+    r.tensors_created = s.tensors_created;
+    r.live_tensors = s.live_tensors;
+    r.pressure_events = s.pressure_events;
+    r.drops = s.drops;
+    r.released_drops = s.released_drops;
+    r.offloads = s.offloads;
+    r.recomputes = s.recomputes;
+    r.recompute_ns = s.recompute_ns;
+    r.offloaded_bytes = s.offloaded_bytes;
+    r.restored_bytes = s.restored_bytes;
+    r.prefetches = s.prefetches;
+    r.resident_bytes = s.resident_bytes;
+    r.peak_resident_bytes = s.peak_resident_bytes;
+    {
+      remat::MutexLock lock(&runtime->mu);
+      r.pinned_by_api = runtime->pin_count;
+    }
+    *out = r;
+    return REMAT_OK;
+  });
+}
+
+}  // extern "C"
