@@ -65,6 +65,7 @@ struct Needs {
   bool classes = false;        // Candidate::classes_ns
   bool adjacent_free = false;  // Candidate::adjacent_free_bytes
   bool memory_map = false;     // PressureContext::memory_map
+  bool next_use = false;       // Candidate::next_use_ns: drivers that know the future hint it
 };
 
 struct PressureContext {

@@ -25,6 +25,7 @@ class Hybrid final : public ScoredPolicy {
     return absl::StrFormat("hybrid:hidden_weight=%g,prefetch_us=%g,staleness_exp=%g",
                            hidden_weight_, prefetch_us_, staleness_exp_);
   }
+  Needs needs() const override { return {.next_use = true}; }
   std::int64_t prefetch_window_ns() const override {
     return static_cast<std::int64_t>(prefetch_us_ * 1000);
   }

@@ -11,7 +11,7 @@ failures=0
 for entry in "${traces[@]}"; do
   trace=${entry%%:*}
   scale=${entry##*:}
-  for policy in lru largest dtr; do
+  for policy in lru largest dtr dtr-eq dtr-local msps megengine window hybrid belady; do
     for ratio in 0.3 0.4 0.5 0.6 0.7 0.8 0.9; do
       if ! out=$("$remat" sim "$trace" --budget-ratio "$ratio" --accounting live --policy "$policy" \
           --verify --scale "$scale" --thrash-limit 100 --json); then

@@ -63,6 +63,9 @@ class Replayer {
     runtime_ = std::move(*runtime);
 
     ids_.assign(trace_.tensors.size(), 0);
+    hints_ = runtime_->policy().needs().next_use;
+    prefetch_window_ns_ = runtime_->policy().prefetch_window_ns();
+    if (hints_ || prefetch_window_ns_ > 0) PlanTheFuture();
     checksums_ = std::make_shared<std::vector<std::uint64_t>>(trace_.tensors.size(), 0);
     counters_ = std::make_shared<Counters>();
     report_.policy = runtime_->policy().Spec();
@@ -71,6 +74,7 @@ class Replayer {
     const auto loop_start = std::chrono::steady_clock::now();
     for (const OpRecord& r : trace_.records) {
       absl::Status s = Step(r);
+      if (s.ok() && (hints_ || prefetch_window_ns_ > 0)) s = LookAhead(r);
       ++report_.records;
       if (absl::IsResourceExhausted(s)) {
         report_.status = "oom";
@@ -121,6 +125,67 @@ class Replayer {
     std::uint64_t verified = 0;
     std::uint64_t mismatches = 0;
   };
+
+  // For each record, the next record reading each storage it touches, and
+  // the trace's compute time up to each record: what a policy that knows the
+  // future (belady, hybrid) is told.
+  void PlanTheFuture() {
+    const std::size_t n = trace_.records.size();
+    cum_cost_.assign(n + 1, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      const OpRecord& r = trace_.records[i];
+      cum_cost_[i + 1] = cum_cost_[i] + (r.kind == OpKind::kCall ? r.cost_ns : 0);
+    }
+    next_read_.assign(n, {});
+    std::vector<std::uint32_t> next(trace_.tensors.size(), kNoOpIndex);  // by storage
+    for (std::size_t i = n; i-- > 0;) {
+      const OpRecord& r = trace_.records[i];
+      auto& after = next_read_[i];
+      for (std::uint32_t t : r.outputs) {
+        after.emplace_back(t, next[trace_.tensors[t].storage]);
+      }
+      if (r.kind == OpKind::kCall || r.kind == OpKind::kUse) {
+        for (std::uint32_t t : r.inputs) after.emplace_back(t, next[trace_.tensors[t].storage]);
+        for (std::uint32_t t : r.inputs) next[trace_.tensors[t].storage] = static_cast<std::uint32_t>(i);
+      }
+    }
+  }
+
+  // After record `r`: hints the next use of what it touched, and prefetches
+  // offloaded tensors read within the policy's window.
+  absl::Status LookAhead(const OpRecord& r) {
+    const auto i = static_cast<std::size_t>(&r - trace_.records.data());
+    if (hints_) {
+      const std::int64_t now = device_->NowNs();
+      for (const auto& [t, next] : next_read_[i]) {
+        if (trace_.tensors[t].released_by != kNoOpIndex && trace_.tensors[t].released_by <= i) {
+          continue;
+        }
+        const std::int64_t at = next == kNoOpIndex
+                                    ? Runtime::kNeverUsedAgain
+                                    : now + (cum_cost_[next] - cum_cost_[i + 1]);
+        (void)runtime_->HintNextUse(ids_[t], at);  // a view's storage may be gone: no matter
+      }
+    }
+    if (prefetch_window_ns_ > 0) {
+      for (std::size_t j = i + 1; j < trace_.records.size() && j <= i + 64 &&
+                                  cum_cost_[j] - cum_cost_[i + 1] <= prefetch_window_ns_;
+           ++j) {
+        const OpRecord& ahead = trace_.records[j];
+        if (ahead.kind != OpKind::kCall && ahead.kind != OpKind::kUse) continue;
+        for (std::uint32_t t : ahead.inputs) {
+          absl::StatusOr<TensorState> st = runtime_->State(ids_[t]);
+          if (!st.ok() || (*st != TensorState::kOnHost && *st != TensorState::kOffloading)) {
+            continue;
+          }
+          absl::Status s = runtime_->Prefetch(ids_[t], kDefaultStream);
+          if (absl::IsResourceExhausted(s)) return absl::OkStatus();  // no room: on access then
+          if (!s.ok()) return s;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
 
   std::size_t Bytes(std::uint32_t t) const {
     const std::uint64_t b = trace_.tensors[trace_.tensors[t].storage].bytes;
@@ -257,6 +322,11 @@ class Replayer {
   std::unique_ptr<CachingAllocator> alloc_;
   std::unique_ptr<Runtime> runtime_;
   std::vector<TensorId> ids_;  // trace tensor -> runtime tensor
+  bool hints_ = false;
+  std::int64_t prefetch_window_ns_ = 0;
+  std::vector<std::int64_t> cum_cost_;  // compute before each record
+  // Per record: (tensor it touched, the next record reading its storage).
+  std::vector<absl::InlinedVector<std::pair<std::uint32_t, std::uint32_t>, 4>> next_read_;
   std::shared_ptr<std::vector<std::uint64_t>> checksums_;  // by storage
   std::shared_ptr<Counters> counters_;
   OpReplayReport report_;
