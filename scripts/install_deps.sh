@@ -8,6 +8,7 @@ packages=(
   cmake g++ make pkg-config python3
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libjemalloc-dev libmimalloc-dev libcli11-dev libsimdjson-dev
+  python3-matplotlib  # remat sweep's plot
   "$@"
 )
 

@@ -3,12 +3,14 @@
 // from $REMAT_BIN, the repository's from $REMAT_SOURCE_DIR (set by CTest).
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -154,6 +156,23 @@ TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
   const Outcome malformed = Remat("sim " + bad + " --budget-ratio 0.5");
   EXPECT_EQ(malformed.status, 2);
   EXPECT_THAT(malformed.out, HasSubstr("bad.jsonl:2"));
+}
+
+TEST_F(RematCliTest, SweepWritesTheCsvAndTheTableAndRejectsBadUsage) {
+  const std::string out = ::testing::TempDir() + "/sweep_out";
+  const Outcome run = Remat("sweep " + Trace("chain_100.jsonl") +
+                            " --ratios 0.4,0.8 --policies lru,dtr:staleness_exp=2,window --jobs 2 "
+                            "--no-plot --out " + out);
+  ASSERT_EQ(run.status, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("dtr:staleness_exp=2"));  // a spec among the list, kept whole
+  EXPECT_THAT(run.out, HasSubstr("*"));
+  absl::StatusOr<std::string> csv = remat::ReadFile(out + "/results.csv");
+  ASSERT_TRUE(csv.ok()) << csv.status();
+  EXPECT_EQ(std::count(csv->begin(), csv->end(), '\n'), 7);  // a header and 3 x 2 runs
+  EXPECT_EQ(Remat("sweep --out " + out).status, 2);  // neither a trace nor a model
+  EXPECT_EQ(Remat("sweep " + Trace("chain_100.jsonl") + " --policies nope --out " + out).status, 2);
+  EXPECT_EQ(Remat("sweep " + Trace("chain_100.jsonl") + " --ratios 0.9:0.1:0.1 --out " + out).status,
+            2);
 }
 
 }  // namespace

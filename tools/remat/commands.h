@@ -26,6 +26,12 @@ Subcommand AddSimCommand(CLI::App& remat);
 // remat run [--budget B] [--trace FILE] [--device cuda|sim] [--stats] -- CMD ARGS...
 Subcommand AddRunCommand(CLI::App& remat);
 
+// remat gen SPEC -o FILE [--tflops T] [--hbm-gbps B] [--launch-ns N]
+Subcommand AddGenCommand(CLI::App& remat);
+
+// remat sweep (TRACE | --model SPEC) --ratios R --policies P --out DIR ...
+Subcommand AddSweepCommand(CLI::App& remat);
+
 }  // namespace remat::tools
 
 #endif  // REMAT_TOOLS_REMAT_COMMANDS_H_

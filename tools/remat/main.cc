@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
       remat::tools::AddReplayCommand(app),
       remat::tools::AddSimCommand(app),
       remat::tools::AddRunCommand(app),
+      remat::tools::AddSweepCommand(app),
+      remat::tools::AddGenCommand(app),
   };
 
   try {

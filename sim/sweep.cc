@@ -1,0 +1,261 @@
+#include "sim/sweep.h"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <cmath>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "base/units.h"
+#include "policies/registry.h"
+
+namespace remat {
+namespace {
+
+absl::StatusOr<double> ParseNumber(std::string_view text) {
+  double v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v)) {
+    return absl::InvalidArgumentError(absl::StrFormat("'%s' is not a number", std::string(text)));
+  }
+  return v;
+}
+
+// (Debian's Abseil has its own string_view: absl::StrSplit does not take ours.)
+std::vector<std::string_view> Split(std::string_view text, char sep) {
+  std::vector<std::string_view> parts;
+  while (true) {
+    const std::size_t at = text.find(sep);
+    parts.push_back(text.substr(0, at));
+    if (at == std::string_view::npos) return parts;
+    text.remove_prefix(at + 1);
+  }
+}
+
+}  // namespace
+
+double SweepResult::Overhead(const SweepRow& row) const {
+  return baseline.time_ns > 0
+             ? static_cast<double>(row.report.time_ns) / static_cast<double>(baseline.time_ns)
+             : 0.0;
+}
+
+absl::StatusOr<std::vector<double>> ParseRatios(std::string_view text) {
+  std::vector<double> ratios;
+  const std::vector<std::string_view> range = Split(text, ':');
+  if (range.size() == 3) {
+    absl::StatusOr<double> from = ParseNumber(range[0]), to = ParseNumber(range[1]),
+                           step = ParseNumber(range[2]);
+    if (!from.ok()) return from.status();
+    if (!to.ok()) return to.status();
+    if (!step.ok()) return step.status();
+    if (!(*step > 0) || *to < *from) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ratios %s: expected FROM:TO:STEP with FROM <= TO and STEP > 0", std::string(text)));
+    }
+    const auto count = static_cast<int>(std::floor((*to - *from) / *step + 1e-9)) + 1;
+    if (count > 1000) return absl::InvalidArgumentError("ratios: more than 1000 of them");
+    for (int i = 0; i < count; ++i) {
+      ratios.push_back(std::round((*from + i * *step) * 1e9) / 1e9);
+    }
+  } else if (range.size() == 1) {
+    for (std::string_view item : Split(text, ',')) {
+      absl::StatusOr<double> v = ParseNumber(item);
+      if (!v.ok()) return v.status();
+      ratios.push_back(*v);
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ratios '%s': expected FROM:TO:STEP or a list like 0.3,0.5", std::string(text)));
+  }
+  for (double r : ratios) {
+    if (!(r > 0) || r > 100) {
+      return absl::InvalidArgumentError(absl::StrFormat("ratio %g is not in (0, 100]", r));
+    }
+  }
+  return ratios;
+}
+
+absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& options) {
+  if (options.ratios.empty() || options.policies.empty()) {
+    return absl::InvalidArgumentError("a sweep needs at least one ratio and one policy");
+  }
+  for (const std::string& spec : options.policies) {
+    absl::StatusOr<std::unique_ptr<policies::EvictionPolicy>> p = policies::Create(spec);
+    if (!p.ok()) return p.status();
+  }
+  OpReplayOptions base;
+  base.link_gbps = options.link_gbps;
+  base.enable_drop = options.enable_drop;
+  base.enable_offload = options.enable_offload;
+  base.thrash_limit = options.thrash_limit;
+  SweepResult result;
+  result.trace = trace.name;
+  result.live = options.live;
+  absl::StatusOr<OpReplayReport> unlimited = ReplayOpTrace(trace, base);
+  if (!unlimited.ok()) return unlimited.status();
+  result.baseline = *unlimited;
+  const double peak = static_cast<double>(options.live ? unlimited->peak_live_bytes
+                                                       : unlimited->peak_reserved_bytes);
+  for (const std::string& policy : options.policies) {
+    for (double ratio : options.ratios) {
+      SweepRow row;
+      row.policy = policy;
+      row.ratio = ratio;
+      row.budget = static_cast<std::uint64_t>(ratio * peak);
+      result.rows.push_back(std::move(row));
+    }
+  }
+
+  std::atomic<std::size_t> next{0};
+  std::mutex mu;  // the first error, and the progress callback
+  std::size_t done = 0;
+  absl::Status error;
+  auto work = [&] {
+    for (std::size_t i = next++; i < result.rows.size(); i = next++) {
+      SweepRow& row = result.rows[i];
+      OpReplayOptions o = base;
+      o.policy = row.policy;
+      if (options.live) {
+        o.live_budget = std::max<std::uint64_t>(row.budget, 1);
+      } else {
+        o.budget = std::max<std::uint64_t>(row.budget, 2 * kMiB);  // the smallest segment
+      }
+      absl::StatusOr<OpReplayReport> r = ReplayOpTrace(trace, o);
+      std::lock_guard<std::mutex> lock(mu);
+      if (!r.ok()) {
+        if (error.ok()) error = r.status();
+        continue;
+      }
+      row.report = *r;
+      row.report.budget_bytes = row.budget;
+      ++done;
+      if (options.progress) options.progress(done, result.rows.size(), row);
+    }
+  };
+  const int jobs = std::clamp<int>(options.jobs, 1, static_cast<int>(result.rows.size()));
+  std::vector<std::thread> threads;
+  for (int j = 1; j < jobs; ++j) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+  if (!error.ok()) return error;
+  return result;
+}
+
+std::string SweepCsv(const SweepResult& result) {
+  std::string csv =
+      "trace,policy,accounting,ratio,budget_bytes,status,overhead,time_ns,baseline_ns,"
+      "peak_reserved_bytes,peak_live_bytes,recomputed_ops,recompute_ns,offloaded_bytes,"
+      "restored_bytes,stall_ns,evictions,pressure_events,choose_ns_per_event,wall_seconds\n";
+  for (const SweepRow& row : result.rows) {
+    const OpReplayReport& r = row.report;
+    const double choose = r.pressure_events > 0 ? static_cast<double>(r.choose_wall_ns) /
+                                                      static_cast<double>(r.pressure_events)
+                                                : 0.0;
+    // Specs contain commas: quoted.
+    absl::StrAppendFormat(&csv, "%s,\"%s\",%s,%g,%d,%s,%.6f,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%.6f\n",
+                          result.trace, row.policy, result.live ? "live" : "reserved", row.ratio,
+                          row.budget, r.status, result.Overhead(row), r.time_ns,
+                          result.baseline.time_ns, r.peak_reserved_bytes, r.peak_live_bytes,
+                          r.recomputed_ops, r.recompute_ns, r.offloaded_bytes, r.restored_bytes,
+                          r.stall_ns, r.evictions, r.pressure_events, choose, r.wall_seconds);
+  }
+  return csv;
+}
+
+std::string SweepTable(const SweepResult& result) {
+  std::vector<std::string> policies;
+  std::vector<double> ratios;
+  for (const SweepRow& row : result.rows) {
+    if (std::find(policies.begin(), policies.end(), row.policy) == policies.end()) {
+      policies.push_back(row.policy);
+    }
+    if (std::find(ratios.begin(), ratios.end(), row.ratio) == ratios.end()) {
+      ratios.push_back(row.ratio);
+    }
+  }
+  std::sort(ratios.begin(), ratios.end());
+  std::size_t width = 9;
+  for (const std::string& p : policies) width = std::max(width, p.size() + 2);
+  std::string out = absl::StrFormat("overhead (time / unlimited time; %s budget; * best)\n",
+                                    result.live ? "live" : "reserved");
+  absl::StrAppendFormat(&out, "%-7s", "ratio");
+  for (const std::string& p : policies) absl::StrAppendFormat(&out, "%*s", width, p);
+  out += "\n";
+  for (double ratio : ratios) {
+    const SweepRow* best = nullptr;
+    for (const SweepRow& row : result.rows) {
+      if (row.ratio != ratio || row.report.status != "ok") continue;
+      if (best == nullptr || result.Overhead(row) < result.Overhead(*best)) best = &row;
+    }
+    absl::StrAppendFormat(&out, "%-7g", ratio);
+    for (const std::string& p : policies) {
+      for (const SweepRow& row : result.rows) {
+        if (row.ratio != ratio || row.policy != p) continue;
+        const std::string cell = row.report.status == "ok"
+                                     ? absl::StrFormat("%.3f%s", result.Overhead(row),
+                                                       &row == best ? "*" : " ")
+                                     : row.report.status + " ";
+        absl::StrAppendFormat(&out, "%*s", width, cell);
+      }
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+std::string SweepPlotScript(const std::string& csv_path, const std::string& png_path,
+                            const std::string& script_path) {
+  // Paths as Python string literals.
+  auto quote = [](const std::string& text) {
+    std::string q = "'";
+    for (char c : text) {
+      if (c == '\\' || c == '\'') q += '\\';
+      q += c;
+    }
+    return q + "'";
+  };
+  std::string script = R"PY(# Drawn by remat sweep; edit and run again: python3 SCRIPT
+import csv
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+rows = list(csv.DictReader(open(CSV)))
+policies = list(dict.fromkeys(r["policy"] for r in rows))
+ok = [float(r["overhead"]) for r in rows if r["status"] == "ok"]
+top = max(ok) * 1.08 if ok else 2.0
+fig, ax = plt.subplots(figsize=(8, 5))
+for policy in policies:
+    mine = sorted(((float(r["ratio"]), r) for r in rows if r["policy"] == policy), key=lambda p: p[0])
+    xs = [x for x, r in mine if r["status"] == "ok"]
+    ys = [float(r["overhead"]) for x, r in mine if r["status"] == "ok"]
+    line, = ax.plot(xs, ys, marker="o", label=policy)
+    failed = [x for x, r in mine if r["status"] != "ok"]
+    if failed:
+        ax.scatter(failed, [top] * len(failed), marker="x", s=60, color=line.get_color())
+ax.axhline(1.0, color="grey", linewidth=0.8)
+accounting = rows[0]["accounting"] if rows else "reserved"
+ax.set_xlabel("budget / unlimited peak (" + accounting + " bytes)")
+ax.set_ylabel("overhead (time / unlimited time)")
+ax.set_title((rows[0]["trace"] if rows else "") + ": overhead by budget (x: oom or thrash)")
+ax.legend()
+ax.grid(alpha=0.3)
+fig.tight_layout()
+fig.savefig(PNG, dpi=120)
+)PY";
+  auto replace = [&script](const std::string& key, const std::string& value) {
+    for (std::size_t at = script.find(key); at != std::string::npos;
+         at = script.find(key, at + value.size())) {
+      script.replace(at, key.size(), value);
+    }
+  };
+  replace("SCRIPT", script_path);
+  replace("CSV", quote(csv_path));
+  replace("PNG", quote(png_path));
+  return script;
+}
+
+}  // namespace remat

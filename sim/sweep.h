@@ -1,0 +1,68 @@
+// A policy sweep: every policy at every budget ratio over one op trace, run
+// in parallel, with the table and the CSV that `remat sweep` prints and writes.
+//
+// Each run is a ReplayOpTrace of its own (its own device, allocator and
+// runtime), so runs share nothing but the parsed trace. Budgets are ratios of
+// the peak of one unlimited replay, in reserved or live bytes, as in `remat sim`.
+#ifndef REMAT_SIM_SWEEP_H_
+#define REMAT_SIM_SWEEP_H_
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "sim/op_replay.h"
+#include "sim/op_trace.h"
+
+namespace remat {
+
+struct SweepOptions {
+  std::vector<double> ratios;
+  std::vector<std::string> policies;
+  bool live = false;  // budget on live tensor bytes (else the allocator's reserved bytes)
+  bool enable_drop = true;
+  bool enable_offload = true;
+  double link_gbps = 25.0;
+  double thrash_limit = 1.0;
+  int jobs = 1;
+  // Called (from one thread at a time) after each run.
+  std::function<void(std::size_t done, std::size_t total, const struct SweepRow& row)> progress;
+};
+
+struct SweepRow {
+  std::string policy;
+  double ratio = 0;
+  std::uint64_t budget = 0;
+  OpReplayReport report;
+};
+
+struct SweepResult {
+  std::string trace;
+  bool live = false;
+  OpReplayReport baseline;  // the unlimited run
+  std::vector<SweepRow> rows;  // policy-major, in the order asked for
+  double Overhead(const SweepRow& row) const;
+};
+
+// "0.2:0.9:0.1" (from:to:step, both ends included) or "0.3,0.5,0.7".
+absl::StatusOr<std::vector<double>> ParseRatios(std::string_view text);
+
+// Every policy spec must be known (policies::Create) before anything runs.
+absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& options);
+
+// One row per run: trace, policy, accounting, ratio, then `remat sim --json`'s fields.
+std::string SweepCsv(const SweepResult& result);
+// Overhead by ratio (rows) and policy (columns); the best of each row marked
+// with *; failed runs show their status.
+std::string SweepTable(const SweepResult& result);
+// A matplotlib script drawing overhead against budget ratio, one line per
+// policy, failures marked, from the CSV; `script_path` is where it will live.
+std::string SweepPlotScript(const std::string& csv_path, const std::string& png_path,
+                            const std::string& script_path);
+
+}  // namespace remat
+
+#endif  // REMAT_SIM_SWEEP_H_

@@ -1,0 +1,86 @@
+#include "sim/sweep.h"
+
+#include <atomic>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace remat {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+OpTrace Chain() {
+  absl::StatusOr<OpTrace> t = ReadOpTrace(std::string(REMAT_EXAMPLE_TRACES_DIR) + "/chain_100.jsonl");
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(*t) : OpTrace{};
+}
+
+TEST(SweepTest, ParsesRatiosAsRangesAndLists) {
+  EXPECT_THAT(*ParseRatios("0.2:0.5:0.1"), ElementsAre(0.2, 0.3, 0.4, 0.5));
+  EXPECT_THAT(*ParseRatios("0.3,0.7"), ElementsAre(0.3, 0.7));
+  EXPECT_THAT(*ParseRatios("0.5"), ElementsAre(0.5));
+  for (const char* bad : {"", "a:b:c", "0.9:0.2:0.1", "0.2:0.9:0", "0", "-1", "0.2:0.9", "1,x"}) {
+    EXPECT_FALSE(ParseRatios(bad).ok()) << bad;
+  }
+}
+
+TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
+  const OpTrace trace = Chain();
+  SweepOptions o;
+  o.ratios = {0.4, 0.7};
+  o.policies = {"lru", "dtr", "window"};
+  o.jobs = 2;
+  std::atomic<int> calls{0};
+  o.progress = [&](std::size_t done, std::size_t total, const SweepRow&) {
+    EXPECT_LE(done, total);
+    ++calls;
+  };
+  absl::StatusOr<SweepResult> r = RunSweep(trace, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->rows.size(), 6u);
+  EXPECT_EQ(calls, 6);
+  for (const SweepRow& row : r->rows) {
+    EXPECT_EQ(row.report.status, "ok") << row.policy << " " << row.ratio;
+    EXPECT_GE(r->Overhead(row), 1.0);
+    EXPECT_LE(row.report.peak_reserved_bytes, std::max<std::uint64_t>(row.budget, 2 << 20));
+  }
+  // The same run alone gives the same figures: runs share nothing.
+  SweepOptions one = o;
+  one.policies = {"dtr"};
+  one.ratios = {0.4};
+  one.jobs = 1;
+  one.progress = nullptr;
+  absl::StatusOr<SweepResult> alone = RunSweep(trace, one);
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ(alone->rows[0].report.time_ns, r->rows[2].report.time_ns);
+
+  const std::string table = SweepTable(*r);
+  EXPECT_THAT(table, HasSubstr("lru"));
+  EXPECT_THAT(table, HasSubstr("*"));
+  const std::string csv = SweepCsv(*r);
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7);
+  EXPECT_THAT(csv, HasSubstr("\"window\",reserved,0.4,"));
+  EXPECT_THAT(SweepPlotScript("r.csv", "o.png", "p.py"), HasSubstr("savefig('o.png'"));
+}
+
+TEST(SweepTest, FailuresAreResultsAndBadPoliciesAreErrors) {
+  const OpTrace trace = Chain();
+  SweepOptions o;
+  o.ratios = {0.01};
+  o.policies = {"lru"};
+  o.live = true;
+  absl::StatusOr<SweepResult> r = RunSweep(trace, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NE(r->rows[0].report.status, "ok");
+  EXPECT_THAT(SweepTable(*r), HasSubstr(r->rows[0].report.status));
+  o.policies = {"lru", "nope"};
+  EXPECT_THAT(std::string(RunSweep(trace, o).status().message()), HasSubstr("unknown policy"));
+  o.policies = {};
+  EXPECT_FALSE(RunSweep(trace, o).ok());
+}
+
+}  // namespace
+}  // namespace remat

@@ -1,0 +1,188 @@
+// remat sweep: every policy at every budget ratio over one op trace (a file,
+// or a model generated on the fly), in parallel; a table, a CSV and a plot.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "base/file.h"
+#include "sim/model_gen.h"
+#include "sim/op_trace.h"
+#include "sim/sweep.h"
+#include "tools/remat/commands.h"
+#include "tools/remat/exit_codes.h"
+
+namespace remat::tools {
+namespace {
+
+struct SweepFlags {
+  std::string trace_path;
+  std::string model;
+  std::string ratios = "0.2:0.9:0.1";
+  std::string policies = "lru,dtr,dtr-eq,msps,window,hybrid";
+  std::string accounting = "reserved";
+  bool no_swap = false;
+  bool no_recompute = false;
+  double link_gbps = 25.0;
+  double thrash_limit = 1.0;
+  int jobs = 0;
+  std::string out_dir;
+  bool no_plot = false;
+};
+
+std::vector<std::string> SplitPolicies(const std::string& text) {
+  // Specs hold commas of their own ("dtr:a=1,b=2"): a new spec starts at a
+  // piece without '=' (a policy name), the rest continue the previous one.
+  std::vector<std::string> specs;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string piece = text.substr(start, comma == std::string::npos ? std::string::npos
+                                                                            : comma - start);
+    if (!specs.empty() && piece.find('=') != std::string::npos &&
+        specs.back().find(':') != std::string::npos) {
+      specs.back() += "," + piece;
+    } else {
+      specs.push_back(piece);
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return specs;
+}
+
+// Draws DIR/overhead.png with the script it leaves beside it; false if no
+// plotting library is there (the CSV and the table are the results).
+// (Paths come from the command line; single quotes in them break the command.)
+bool Plot(const std::string& dir) {
+  const std::string script = dir + "/plot_overhead.py";
+  if (!WriteFile(script, SweepPlotScript(dir + "/results.csv", dir + "/overhead.png", script))
+           .ok()) {
+    return false;
+  }
+  // The python3 on PATH first; then the system's, where Debian's
+  // python3-matplotlib lives when PATH has another Python (pyenv, venv).
+  for (const char* python : {"python3", "/usr/bin/python3"}) {
+    const std::string command =
+        std::string(python) + " '" + script + "' 2>'" + dir + "/plot_errors.txt'";
+    if (std::system(command.c_str()) == 0) {
+      std::filesystem::remove(dir + "/plot_errors.txt");
+      return true;
+    }
+  }
+  return false;
+}
+
+int RunSweepCommand(const SweepFlags& f) {
+  if (f.trace_path.empty() == f.model.empty()) {
+    std::cerr << "remat sweep: give exactly one of TRACE and --model SPEC\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<std::vector<double>> ratios = ParseRatios(f.ratios);
+  if (!ratios.ok()) return ReportError("sweep", ratios.status());
+  absl::StatusOr<OpTrace> trace;
+  if (!f.model.empty()) {
+    absl::StatusOr<GeneratedTrace> generated = GenerateModelTrace(f.model);
+    if (!generated.ok()) return ReportError("sweep", generated.status());
+    trace = ParseOpTrace(generated->text, generated->spec);
+  } else {
+    trace = ReadOpTrace(f.trace_path);
+  }
+  if (!trace.ok()) return ReportError("sweep", trace.status());
+  std::error_code ec;
+  std::filesystem::create_directories(f.out_dir, ec);
+  if (ec) {
+    std::cerr << "remat sweep: " << f.out_dir << ": " << ec.message() << "\n";
+    return kExitUsage;
+  }
+  if (absl::Status s = CheckWritable(f.out_dir + "/results.csv"); !s.ok()) {
+    return ReportError("sweep", s);
+  }
+
+  SweepOptions o;
+  o.ratios = *ratios;
+  o.policies = SplitPolicies(f.policies);
+  o.live = f.accounting == "live";
+  o.enable_offload = !f.no_swap;
+  o.enable_drop = !f.no_recompute;
+  o.link_gbps = f.link_gbps;
+  o.thrash_limit = f.thrash_limit;
+  o.jobs = f.jobs > 0 ? f.jobs : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  o.progress = [tty](std::size_t done, std::size_t total, const SweepRow& row) {
+    if (tty) {
+      const int width = 30;
+      const int filled = static_cast<int>(width * done / total);
+      std::fprintf(stderr, "\r[%s%s] %zu/%zu", std::string(filled, '#').c_str(),
+                   std::string(width - filled, '.').c_str(), done, total);
+      if (done == total) std::fprintf(stderr, "\n");
+    } else {
+      std::fprintf(stderr, "sweep: %zu/%zu %s at %g: %s\n", done, total, row.policy.c_str(),
+                   row.ratio, row.report.status.c_str());
+    }
+  };
+  absl::StatusOr<SweepResult> result = RunSweep(*trace, o);
+  if (!result.ok()) return ReportError("sweep", result.status());
+  if (absl::Status s = WriteFile(f.out_dir + "/results.csv", SweepCsv(*result)); !s.ok()) {
+    return ReportError("sweep", s);
+  }
+  std::cout << SweepTable(*result);
+  std::cout << "wrote " << f.out_dir << "/results.csv\n";
+  if (!f.no_plot) {
+    if (Plot(f.out_dir)) {
+      std::cout << "drew " << f.out_dir << "/overhead.png (" << f.out_dir
+                << "/plot_overhead.py redraws it)\n";
+    } else {
+      std::cout << "no plot: python3 with matplotlib is needed (Debian: python3-matplotlib); see "
+                << f.out_dir << "/plot_errors.txt\n";
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Subcommand AddSweepCommand(CLI::App& remat) {
+  auto flags = std::make_shared<SweepFlags>();
+  CLI::App* cmd = remat.add_subcommand(
+      "sweep", "Run every policy at every budget ratio; a table, results.csv and overhead.png");
+  cmd->add_option("TRACE", flags->trace_path, "Op trace (JSON Lines)")->type_name("FILE");
+  cmd->add_option("--model", flags->model,
+                  "Generate the trace instead (a `remat gen` SPEC, e.g. gpt2:layers=12)");
+  cmd->add_option("--ratios", flags->ratios, "FROM:TO:STEP or a list (0.3,0.5)")
+      ->capture_default_str();
+  cmd->add_option("--policies", flags->policies, "Comma-separated policy specs")
+      ->capture_default_str();
+  cmd->add_option("--accounting", flags->accounting, "What the budget counts")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"reserved", "live"}));
+  cmd->add_flag("--no-swap", flags->no_swap, "Never offload to host memory");
+  cmd->add_flag("--no-recompute", flags->no_recompute, "Never drop for recompute");
+  cmd->add_option("--link-gbps", flags->link_gbps, "Host link bandwidth, GB/s")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-3, 1e6));
+  cmd->add_option("--thrash-limit", flags->thrash_limit,
+                  "Stop a run when recompute exceeds this x the trace's compute")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 1e9));
+  cmd->add_option("--jobs", flags->jobs, "Runs at once (default: one per core)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--out", flags->out_dir, "Directory for results.csv and overhead.png")
+      ->required()
+      ->type_name("DIR");
+  cmd->add_flag("--no-plot", flags->no_plot, "Skip the plot");
+  cmd->footer(
+      "Example: remat sweep --model gpt2:layers=4,seq=512 --ratios 0.3:0.9:0.1 --out sweep/\n"
+      "Budgets are ratios of an unlimited replay's peak, as in `remat sim`.");
+  return Subcommand{cmd, [flags] { return RunSweepCommand(*flags); }};
+}
+
+}  // namespace remat::tools
