@@ -1,0 +1,337 @@
+#include "sim/chain_run.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/sim_device.h"
+#include "base/json_writer.h"
+#include "policies/registry.h"
+#include "runtime/runtime.h"
+
+namespace remat {
+namespace {
+
+constexpr char kRevolve[] = "revolve";
+constexpr std::size_t kMaxStateBytes = kGiB;
+
+// The device, the allocator and the runtime of one run, destroyed in reverse.
+struct Env {
+  std::unique_ptr<SimDevice> device;
+  std::unique_ptr<CachingAllocator> alloc;
+  std::unique_ptr<Runtime> runtime;
+};
+
+absl::StatusOr<Env> MakeEnv(const std::string& policy, bool enable_drop, std::size_t live_budget) {
+  Env env;
+  absl::StatusOr<std::unique_ptr<SimDevice>> device =
+      SimDevice::Create({.capacity = SimDevice::kMaxCapacity});
+  if (!device.ok()) return device.status();
+  env.device = std::move(*device);
+  absl::StatusOr<std::unique_ptr<CachingAllocator>> alloc =
+      CachingAllocator::Create(env.device.get(), {});
+  if (!alloc.ok()) return alloc.status();
+  env.alloc = std::move(*alloc);
+  RuntimeOptions rt;
+  rt.policy = policy;
+  rt.enable_drop = enable_drop;
+  rt.enable_offload = false;
+  rt.live_budget = live_budget;
+  absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Create(env.alloc.get(), rt);
+  if (!runtime.ok()) return runtime.status();
+  env.runtime = std::move(*runtime);
+  return env;
+}
+
+// What a run has done so far. The forward-step count is shared with the
+// recompute closures, which the runtime may run after the run returns an error.
+struct Progress {
+  std::shared_ptr<std::uint64_t> forward = std::make_shared<std::uint64_t>(0);
+  std::uint64_t reversed = 0;
+  TensorId adjoint = 0;
+};
+
+class ChainRunner {
+ public:
+  ChainRunner(const ChainRunOptions& options, Env& env) : o_(options), env_(env) {}
+
+  // One forward step on the compute stream.
+  absl::Status Step() {
+    ++*progress_.forward;
+    return env_.device->LaunchHostFunc(
+        kDefaultStream, [] {}, o_.step_ns);
+  }
+
+  // Reverses the next step from the pinned working state: the step again,
+  // recorded, then its reverse, into the adjoint (created by the first turn).
+  absl::Status Turn() {
+    if (progress_.adjoint == 0) {
+      absl::StatusOr<Guard> a = env_.runtime->Create(o_.state_bytes, TensorOptions{});
+      if (!a.ok()) return a.status();
+      progress_.adjoint = a->id();
+    }
+    absl::StatusOr<Guard> a = env_.runtime->Acquire(progress_.adjoint);
+    if (!a.ok()) return a.status();
+    // The recorded step writes its output like any other (it is of no use
+    // after the reverse): a turn needs the same room as an advance, so the
+    // room for a step's output never serves as one more slot.
+    TensorId output = 0;
+    {
+      absl::StatusOr<Guard> out = env_.runtime->Create(o_.state_bytes, TensorOptions{});
+      if (!out.ok()) return out.status();
+      output = out->id();
+      if (absl::Status s = Step(); !s.ok()) return s;
+      ++progress_.reversed;
+      if (absl::Status s = env_.device->LaunchHostFunc(
+              kDefaultStream, [] {}, o_.reverse_ns);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return env_.runtime->Free(output);
+  }
+
+  // Online: a forward sweep of droppable states, then the reverse, with the
+  // runtime regenerating dropped states on access.
+  absl::Status RunOnline() {
+    const std::int64_t n = o_.steps;
+    std::vector<TensorId> ids(static_cast<std::size_t>(n), 0);
+    {
+      absl::StatusOr<Guard> x0 = env_.runtime->Create(o_.state_bytes, TensorOptions{});
+      if (!x0.ok()) return x0.status();
+      ids[0] = x0->id();
+    }
+    for (std::int64_t q = 1; q < n; ++q) {
+      absl::StatusOr<Guard> in = env_.runtime->Acquire(ids[q - 1]);
+      if (!in.ok()) return in.status();
+      TensorOptions options;
+      options.inputs = {ids[q - 1]};
+      options.compute_ns = o_.step_ns;
+      options.allow_drop = true;
+      options.recompute = [device = env_.device.get(), forward = progress_.forward,
+                           ns = o_.step_ns](const RecomputeArgs& args) {
+        ++*forward;
+        return device->LaunchHostFunc(
+            args.stream, [] {}, ns);
+      };
+      absl::StatusOr<Guard> out = env_.runtime->Create(o_.state_bytes, std::move(options));
+      if (!out.ok()) return out.status();
+      ids[q] = out->id();
+      if (absl::Status s = Step(); !s.ok()) return s;
+    }
+    for (std::int64_t m = n; m >= 1; --m) {
+      {
+        absl::StatusOr<Guard> x = env_.runtime->Acquire(ids[m - 1]);
+        if (!x.ok()) return x.status();
+        if (absl::Status s = Turn(); !s.ok()) return s;
+      }
+      if (absl::Status s = env_.runtime->Free(ids[m - 1]); !s.ok()) return s;
+    }
+    return env_.runtime->Free(progress_.adjoint);
+  }
+
+  // Revolve: the planner's schedule, with unevictable states freed once no
+  // slot and no working state holds them.
+  absl::Status RunSchedule(absl::Span<const revolve::Action> schedule) {
+    absl::flat_hash_map<TensorId, int> holders;
+    absl::flat_hash_map<std::int64_t, TensorId> slots;
+    auto let_go = [&](TensorId id) -> absl::Status {
+      if (--holders[id] > 0) return absl::OkStatus();
+      holders.erase(id);
+      return env_.runtime->Free(id);
+    };
+    TensorId working = 0;  // 0: spent by a turn
+    {
+      absl::StatusOr<Guard> x0 = env_.runtime->Create(o_.state_bytes, TensorOptions{});
+      if (!x0.ok()) return x0.status();
+      working = x0->id();
+      holders[working] = 1;
+    }
+    for (const revolve::Action& a : schedule) {
+      switch (a.kind) {
+        case revolve::ActionKind::kTakeshot: {
+          auto [it, fresh] = slots.try_emplace(a.slot, working);
+          if (!fresh) {
+            if (absl::Status s = let_go(it->second); !s.ok()) return s;
+            it->second = working;
+          }
+          ++holders[working];
+          break;
+        }
+        case revolve::ActionKind::kRestore:
+          if (working != 0) {
+            if (absl::Status s = let_go(working); !s.ok()) return s;
+          }
+          working = slots.at(a.slot);
+          ++holders[working];
+          break;
+        case revolve::ActionKind::kAdvance:
+          for (std::int64_t j = 0; j < a.steps; ++j) {
+            TensorId next = 0;
+            {
+              absl::StatusOr<Guard> in = env_.runtime->Acquire(working);
+              if (!in.ok()) return in.status();
+              absl::StatusOr<Guard> out = env_.runtime->Create(o_.state_bytes, TensorOptions{});
+              if (!out.ok()) return out.status();
+              next = out->id();
+              if (absl::Status s = Step(); !s.ok()) return s;
+            }
+            if (absl::Status s = let_go(working); !s.ok()) return s;
+            working = next;
+            holders[working] = 1;
+          }
+          break;
+        case revolve::ActionKind::kFirstTurn:
+        case revolve::ActionKind::kYouTurn: {
+          {
+            absl::StatusOr<Guard> x = env_.runtime->Acquire(working);
+            if (!x.ok()) return x.status();
+            if (absl::Status s = Turn(); !s.ok()) return s;
+          }
+          if (absl::Status s = let_go(working); !s.ok()) return s;
+          working = 0;
+          break;
+        }
+      }
+    }
+    for (const auto& [slot, id] : slots) {
+      if (absl::Status s = let_go(id); !s.ok()) return s;
+    }
+    return env_.runtime->Free(progress_.adjoint);
+  }
+
+  const Progress& progress() const { return progress_; }
+
+ private:
+  const ChainRunOptions& o_;
+  Env& env_;
+  Progress progress_;
+};
+
+}  // namespace
+
+absl::StatusOr<ChainRunReport> RunChain(const ChainRunOptions& o) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  if (absl::Status s = revolve::CheckChain(o.steps, o.slots); !s.ok()) return s;
+  if (o.state_bytes == 0 || o.state_bytes > kMaxStateBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the state size must be between 1 byte and %s (got %d bytes)",
+                        FormatBytes(kMaxStateBytes), o.state_bytes));
+  }
+  if (o.step_ns < 0 || o.reverse_ns < 0) {
+    return absl::InvalidArgumentError("step costs cannot be negative");
+  }
+  const bool offline = o.policy == kRevolve;
+  if (!offline) {
+    absl::StatusOr<std::unique_ptr<policies::EvictionPolicy>> p = policies::Create(o.policy);
+    if (!p.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(p.status().message(), "; or 'revolve', the offline binomial schedule"));
+    }
+  }
+  absl::StatusOr<std::uint64_t> optimal = revolve::OptimalAdvances(o.steps, o.slots);
+  if (!optimal.ok()) return optimal.status();
+
+  ChainRunReport report;
+  report.status = "ok";
+  report.steps = o.steps;
+  report.slots = o.slots;
+  report.optimal_advances = *optimal;
+  report.state_bytes = o.state_bytes;
+  // Slots past N hold nothing; with them clamped the product fits easily.
+  report.budget_states = std::min(o.slots, o.steps) + 3;
+  report.budget_bytes = static_cast<std::uint64_t>(report.budget_states) * o.state_bytes;
+
+  std::vector<revolve::Action> schedule;
+  std::uint64_t planned = 0;
+  if (offline) {
+    absl::StatusOr<std::vector<revolve::Action>> plan = revolve::Plan(o.steps, o.slots);
+    if (!plan.ok()) return plan.status();
+    absl::StatusOr<revolve::Execution> checked = revolve::Execute(*plan, o.steps, o.slots);
+    if (!checked.ok()) {
+      return absl::InternalError(
+          absl::StrCat("the planner's schedule is invalid: ", checked.status().message()));
+    }
+    planned = checked->advances;
+    schedule = std::move(*plan);
+    report.schedule_actions = schedule.size();
+  }
+
+  absl::StatusOr<Env> env =
+      MakeEnv(offline ? "lru" : o.policy, /*enable_drop=*/!offline, report.budget_bytes);
+  if (!env.ok()) return env.status();
+  report.policy = offline ? kRevolve : env->runtime->policy().Spec();
+  ChainRunner runner(o, *env);
+  absl::Status ran = offline ? runner.RunSchedule(schedule) : runner.RunOnline();
+  if (absl::IsResourceExhausted(ran)) {
+    report.status = "oom";
+    report.message = std::string(ran.message());
+  } else if (!ran.ok()) {
+    return ran;
+  }
+  (void)env->device->Synchronize();
+  const RuntimeStats rs = env->runtime->stats();
+  const Progress& p = runner.progress();
+  report.forward_steps = *p.forward;
+  report.reversed_steps = p.reversed;
+  report.advances = report.forward_steps - report.reversed_steps;
+  const std::uint64_t sweep = static_cast<std::uint64_t>(o.steps - 1);
+  report.repeated_advances = report.advances > sweep ? report.advances - sweep : 0;
+  if (report.optimal_advances > 0) {
+    report.ratio =
+        static_cast<double>(report.advances) / static_cast<double>(report.optimal_advances);
+  } else {
+    report.ratio = report.advances == 0 ? 1.0 : HUGE_VAL;
+  }
+  report.recomputes = rs.recomputes;
+  report.evictions = rs.drops + rs.offloads;
+  report.peak_resident_bytes = rs.peak_resident_bytes;
+  report.time_ns = env->device->NowNs();
+  if (offline && report.status == "ok" &&
+      (report.advances != planned || rs.recomputes != 0 || rs.drops != 0)) {
+    return absl::InternalError(absl::StrFormat(
+        "the runtime carried out the schedule with %d advances, %d recomputes and %d drops; "
+        "the planner counted %d advances",
+        report.advances, rs.recomputes, rs.drops, planned));
+  }
+  if (o.keep_schedule) report.schedule = std::move(schedule);
+  env->runtime.reset();
+  report.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  return report;
+}
+
+std::string ChainReportToJson(const ChainRunReport& r) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("steps").Int(r.steps);
+  w.Key("slots").Int(r.slots);
+  w.Key("policy").String(r.policy);
+  w.Key("status").String(r.status);
+  if (!r.message.empty()) w.Key("message").String(r.message);
+  w.Key("advances").Uint(r.advances);
+  w.Key("optimal_advances").Uint(r.optimal_advances);
+  w.Key("ratio").Double(r.ratio);
+  w.Key("repeated_advances").Uint(r.repeated_advances);
+  w.Key("forward_steps").Uint(r.forward_steps);
+  w.Key("reversed_steps").Uint(r.reversed_steps);
+  w.Key("recomputes").Uint(r.recomputes);
+  w.Key("evictions").Uint(r.evictions);
+  w.Key("state_bytes").Uint(r.state_bytes);
+  w.Key("budget_states").Int(r.budget_states);
+  w.Key("budget_bytes").Uint(r.budget_bytes);
+  w.Key("peak_resident_bytes").Uint(r.peak_resident_bytes);
+  if (r.policy == kRevolve) w.Key("schedule_actions").Uint(r.schedule_actions);
+  w.Key("time_ns").Int(r.time_ns);
+  w.Key("wall_seconds").Double(r.wall_seconds);
+  w.EndObject();
+  return w.Take();
+}
+
+}  // namespace remat
