@@ -135,6 +135,7 @@ Runtime::Runtime(CachingAllocator* allocator, RuntimeOptions options,
       options_(std::move(options)),
       policy_(std::move(policy)),
       copy_stream_(copy_stream),
+      track_classes_(policy_->needs().classes),
       host_pool_(allocator->device(), options_.host_pool_bytes) {}
 
 Runtime::~Runtime() {
@@ -189,15 +190,17 @@ void Runtime::SetState(Storage* s, TensorState state) {
     const int sign = dropped ? 1 : -1;
     for (Storage* in : s->inputs) in->dropped_consumer_ns += sign * s->compute_ns;
     for (Storage* out : s->consumers) out->dropped_inputs += sign;
-    if (dropped) {
-      ++dropped_count_;
-      JoinClasses(s);
-    } else {
-      // Classes only merge (as DTR's union-find does); a member that comes
-      // back takes its own cost out of its class.
-      classes_[ClassRoot(s->class_node)].cost_ns -= s->compute_ns;
-      s->class_node = Storage::kNoClass;
-      if (--dropped_count_ == 0) classes_.clear();
+    if (track_classes_) {
+      if (dropped) {
+        ++dropped_count_;
+        JoinClasses(s);
+      } else {
+        // Classes only merge (as DTR's union-find does); a member that comes
+        // back takes its own cost out of its class.
+        classes_[ClassRoot(s->class_node)].cost_ns -= s->compute_ns;
+        s->class_node = Storage::kNoClass;
+        if (--dropped_count_ == 0) classes_.clear();
+      }
     }
   }
   Reindex(s);

@@ -234,6 +234,7 @@ class Runtime {
   const RuntimeOptions options_;
   const std::shared_ptr<policies::EvictionPolicy> policy_;
   const Stream copy_stream_;
+  const bool track_classes_;  // the policy reads Candidate::classes_ns
 
   mutable Mutex mu_;
   absl::flat_hash_map<TensorId, Tensor> tensors_ ABSL_GUARDED_BY(mu_);
