@@ -161,10 +161,14 @@ TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
 TEST_F(RematCliTest, SweepWritesTheCsvAndTheTableAndRejectsBadUsage) {
   const std::string out = ::testing::TempDir() + "/sweep_out";
   const Outcome run = Remat("sweep " + Trace("chain_100.jsonl") +
-                            " --ratios 0.4,0.8 --policies lru,dtr:staleness_exp=2,window --jobs 2 "
+                            " --ratios 0.4,0.8 --policies lru:sample=4,dtr:staleness_exp=2,neighbourhood=false,"
+                            "dtr:staleness_exp=0 --jobs 2 "
                             "--no-plot --out " + out);
   ASSERT_EQ(run.status, 0) << run.out;
-  EXPECT_THAT(run.out, HasSubstr("dtr:staleness_exp=2"));  // a spec among the list, kept whole
+  // Specs with parameters of their own stay whole in the list.
+  EXPECT_THAT(run.out, HasSubstr("lru:sample=4"));
+  EXPECT_THAT(run.out, HasSubstr("dtr:staleness_exp=2,neighbourhood=false"));
+  EXPECT_THAT(run.out, HasSubstr("dtr:staleness_exp=0"));
   EXPECT_THAT(run.out, HasSubstr("*"));
   absl::StatusOr<std::string> csv = remat::ReadFile(out + "/results.csv");
   ASSERT_TRUE(csv.ok()) << csv.status();
@@ -173,6 +177,33 @@ TEST_F(RematCliTest, SweepWritesTheCsvAndTheTableAndRejectsBadUsage) {
   EXPECT_EQ(Remat("sweep " + Trace("chain_100.jsonl") + " --policies nope --out " + out).status, 2);
   EXPECT_EQ(Remat("sweep " + Trace("chain_100.jsonl") + " --ratios 0.9:0.1:0.1 --out " + out).status,
             2);
+}
+
+TEST_F(RematCliTest, ChainComparesAPolicyWithTheOptimum) {
+  const Outcome revolve = Remat("chain --steps 100 --slots 5 --policy revolve --json");
+  ASSERT_EQ(revolve.status, 0) << revolve.out;
+  EXPECT_THAT(revolve.out, HasSubstr("\"advances\":316"));
+  EXPECT_THAT(revolve.out, HasSubstr("\"optimal_advances\":316"));
+  const Outcome dtr = Remat("chain --steps 100 --slots 5 --policy dtr --json");
+  ASSERT_EQ(dtr.status, 0) << dtr.out;
+  EXPECT_THAT(dtr.out, HasSubstr("\"optimal_advances\":316"));
+  EXPECT_THAT(dtr.out, HasSubstr("\"ratio\":"));
+  EXPECT_EQ(Remat("chain --steps 0 --slots 5").status, 2);
+  EXPECT_EQ(Remat("chain --steps 10 --slots 2 --policy nope").status, 2);
+}
+
+TEST_F(RematCliTest, GenWritesATraceSimReads) {
+  const std::string out = ::testing::TempDir() + "/gen_gpt2.jsonl";
+  const Outcome gen = Remat("gen gpt2:layers=2,hidden=128,heads=4,seq=64,batch=2,vocab=512 -o " + out);
+  ASSERT_EQ(gen.status, 0) << gen.out;
+  const Outcome sim = Remat("sim " + out + " --budget-ratio 0.7 --accounting live --policy dtr " +
+                            "--verify --thrash-limit 100 --json");
+  ASSERT_EQ(sim.status, 0) << sim.out;
+  EXPECT_THAT(sim.out, HasSubstr("\"status\":\"ok\""));
+  EXPECT_THAT(sim.out, HasSubstr("\"mismatches\":0"));
+  const Outcome bad = Remat("gen gpt3:layers=2 -o " + out);
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_THAT(bad.out, HasSubstr("gpt2"));  // the known models are listed
 }
 
 }  // namespace

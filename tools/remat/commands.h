@@ -29,6 +29,9 @@ Subcommand AddRunCommand(CLI::App& remat);
 // remat gen SPEC -o FILE [--tflops T] [--hbm-gbps B] [--launch-ns N]
 Subcommand AddGenCommand(CLI::App& remat);
 
+// remat chain --steps N --slots C [--policy revolve|SPEC] [--state-bytes B] [--json] [--schedule]
+Subcommand AddChainCommand(CLI::App& remat);
+
 // remat sweep (TRACE | --model SPEC) --ratios R --policies P --out DIR ...
 Subcommand AddSweepCommand(CLI::App& remat);
 

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
       remat::tools::AddRunCommand(app),
       remat::tools::AddSweepCommand(app),
       remat::tools::AddGenCommand(app),
+      remat::tools::AddChainCommand(app),
   };
 
   try {

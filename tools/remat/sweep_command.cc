@@ -47,8 +47,10 @@ std::vector<std::string> SplitPolicies(const std::string& text) {
     const std::size_t comma = text.find(',', start);
     const std::string piece = text.substr(start, comma == std::string::npos ? std::string::npos
                                                                             : comma - start);
-    if (!specs.empty() && piece.find('=') != std::string::npos &&
-        specs.back().find(':') != std::string::npos) {
+    // "k=v" continues a spec with parameters; "name" or "name:k=v" starts one.
+    const std::size_t eq = piece.find('='), colon = piece.find(':');
+    const bool continues = eq != std::string::npos && (colon == std::string::npos || eq < colon);
+    if (!specs.empty() && continues && specs.back().find(':') != std::string::npos) {
       specs.back() += "," + piece;
     } else {
       specs.push_back(piece);
