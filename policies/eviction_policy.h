@@ -72,6 +72,9 @@ struct PressureContext {
   std::size_t bytes_needed = 0;  // what the pending request lacks
   Stream stream;                 // the stream of the pending request
   std::int64_t now_ns = 0;       // device clock
+  // How long the host link stays busy with the copies already queued (the
+  // runtime's estimate): what an offload now waits for before it starts.
+  std::int64_t link_backlog_ns = 0;
   absl::Span<const Candidate> candidates;
   const MemoryMap* memory_map = nullptr;  // for allocator-aware policies; may be null
 };

@@ -8,7 +8,9 @@
 // rank DTR-like by cost / (bytes x staleness^e). It asks drivers that know
 // the future to prefetch restores `prefetch_us` ahead, so they arrive before
 // use.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "policies/factories.h"
@@ -17,7 +19,7 @@
 namespace remat::policies {
 namespace {
 
-class Hybrid final : public ScoredPolicy {
+class Hybrid final : public EvictionPolicy {
  public:
   Hybrid(double staleness_exp, double prefetch_us, double hidden_weight)
       : staleness_exp_(staleness_exp), prefetch_us_(prefetch_us), hidden_weight_(hidden_weight) {}
@@ -30,6 +32,31 @@ class Hybrid final : public ScoredPolicy {
     return static_cast<std::int64_t>(prefetch_us_ * 1000);
   }
 
+  // Ranks by score, then walks the ranking keeping count of the link: each
+  // offload queues behind the copies before it, so a copy is hidden only if
+  // the backlog and the round trip both fit before the next use.
+  Plan Choose(const PressureContext& ctx) override {
+    std::vector<std::pair<double, const Candidate*>> ranked;
+    ranked.reserve(ctx.candidates.size());
+    for (const Candidate& c : ctx.candidates) {
+      if (c.can_drop || c.can_offload) ranked.emplace_back(Score(c, ctx), &c);
+    }
+    std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first < b.first : a.second->id < b.second->id;
+    });
+    Plan plan;
+    std::size_t covered = 0;
+    std::int64_t backlog = ctx.link_backlog_ns;
+    for (const auto& [score, c] : ranked) {
+      if (covered >= ctx.bytes_needed) break;
+      const EvictAction action = Action(*c, ctx, backlog);
+      if (action == EvictAction::kOffload) backlog += c->transfer_ns / 2;  // the copy out
+      plan.push_back(PlanStep{c->id, action});
+      covered += c->bytes;
+    }
+    return plan;
+  }
+
  private:
   // Time until the next use: the hint, else the access history's estimate, else -1.
   static std::int64_t NextUse(const Candidate& c, const PressureContext& ctx) {
@@ -40,14 +67,14 @@ class Hybrid final : public ScoredPolicy {
     const std::int64_t expected = c.last_access_ns + interval - ctx.now_ns;
     return expected > 0 ? expected : -1;
   }
-  static bool HiddenOffload(const Candidate& c, const PressureContext& ctx) {
+  static bool HiddenOffload(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) {
     if (!c.can_offload) return false;
     const std::int64_t next = NextUse(c, ctx);
-    return next >= 0 && c.transfer_ns <= next;
+    return next >= 0 && backlog + c.transfer_ns <= next;
   }
-  double Score(const Candidate& c, const PressureContext& ctx) const override {
+  double Score(const Candidate& c, const PressureContext& ctx) const {
     double cost;
-    if (HiddenOffload(c, ctx)) {
+    if (HiddenOffload(c, ctx, ctx.link_backlog_ns)) {
       cost = hidden_weight_ * static_cast<double>(c.transfer_ns);  // it still uses the link
     } else {
       cost = EvictionCost(c, static_cast<double>(c.compute_ns + c.ancestors_ns));
@@ -55,12 +82,14 @@ class Hybrid final : public ScoredPolicy {
     const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));
     return cost / (bytes * std::pow(Staleness(c, ctx), staleness_exp_));
   }
-  EvictAction Action(const Candidate& c, const PressureContext& ctx) const override {
-    if (HiddenOffload(c, ctx)) return EvictAction::kOffload;
+  // Offload when the link hides it; else the cheaper of recompute and a copy
+  // that first waits for the backlog.
+  static EvictAction Action(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) {
+    if (HiddenOffload(c, ctx, backlog)) return EvictAction::kOffload;
     if (!c.can_offload) return EvictAction::kDrop;
     if (!c.can_drop) return EvictAction::kOffload;
-    return c.compute_ns + c.ancestors_ns <= c.transfer_ns ? EvictAction::kDrop
-                                                          : EvictAction::kOffload;
+    return c.compute_ns + c.ancestors_ns <= c.transfer_ns + backlog ? EvictAction::kDrop
+                                                                    : EvictAction::kOffload;
   }
 
   double staleness_exp_, prefetch_us_, hidden_weight_;

@@ -275,7 +275,8 @@ TEST(PolicyTest, HybridOffloadsWhatTheLinkCanHideAndDropsTheRest) {
   const Plan plan = PlanFor("hybrid", {a, b}, 200);
   ASSERT_EQ(plan.size(), 2u);
   EXPECT_EQ(plan[0], (PlanStep{1, EvictAction::kOffload}));  // hidden: cheapest, first
-  EXPECT_EQ(plan[1], (PlanStep{2, EvictAction::kOffload}));  // copy < recompute
+  // b's copy (40 us) would wait 20 us behind a's: 60 us, more than recomputing (50 us).
+  EXPECT_EQ(plan[1], (PlanStep{2, EvictAction::kDrop}));
   b.compute_ns = 1'000;  // now recompute is the cheapest of all: b first, dropped
   EXPECT_EQ(PlanFor("hybrid", {a, b}, 200)[0], (PlanStep{2, EvictAction::kDrop}));
   // Online: the access history predicts the next use.
@@ -284,6 +285,29 @@ TEST(PolicyTest, HybridOffloadsWhatTheLinkCanHideAndDropsTheRest) {
   c.accesses = 3;  // every 400 us: next at 1.3 ms, 300 us from now
   EXPECT_EQ(PlanFor("hybrid", {c}, 100)[0], (PlanStep{3, EvictAction::kOffload}));
   EXPECT_EQ((*Create("hybrid:prefetch_us=500"))->prefetch_window_ns(), 500'000);
+}
+
+TEST(PolicyTest, HybridCountsTheLinksBacklog) {
+  // Each copy takes 40 us out and back; the next use is 50 us away: one copy
+  // fits, a second queued behind it does not.
+  Candidate a = Make(1, 100, 0, 50'000, 40'000), b = Make(2, 100, 0, 50'000, 40'000);
+  a.next_use_ns = b.next_use_ns = 50'000;
+  b.compute_ns = 30'000;  // cheaper to recompute than to wait for the link
+  auto policy = Create("hybrid");
+  ASSERT_TRUE(policy.ok());
+  std::vector<Candidate> cs = {a, b};
+  PressureContext ctx;
+  ctx.bytes_needed = 200;
+  ctx.now_ns = 1'000'000;
+  ctx.candidates = cs;
+  Plan plan = (*policy)->Choose(ctx);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0], (PlanStep{1, EvictAction::kOffload}));
+  EXPECT_EQ(plan[1], (PlanStep{2, EvictAction::kDrop}));  // 20 us of backlog + 40 > 50
+  // With the link already busy for 45 us, nothing is hidden.
+  ctx.link_backlog_ns = 45'000;
+  plan = (*policy)->Choose(ctx);
+  EXPECT_EQ(plan[0].action, EvictAction::kDrop);
 }
 
 // Two segments; the request needs 3 contiguous units.

@@ -472,6 +472,7 @@ absl::Status Runtime::Prefetch(TensorId id, Stream stream) {
   SetState(s, TensorState::kPrefetching);
   s->used_streams.assign({stream, copy_stream_});
   stats_.restored_bytes += s->bytes;
+  QueueOnLink(s->bytes);
   ++stats_.prefetches;
   return absl::OkStatus();
 }
@@ -583,6 +584,7 @@ absl::Status Runtime::Restore(Storage* s, Stream stream) {
   SetResident(s, *ptr);
   s->used_streams.push_back(stream);
   stats_.restored_bytes += s->bytes;
+  QueueOnLink(s->bytes);
   return absl::OkStatus();
 }
 
@@ -729,6 +731,7 @@ bool Runtime::Evict(const PressureRequest& request) {
   ctx.bytes_needed = request.bytes;
   ctx.stream = request.stream;
   ctx.now_ns = device_->NowNs();
+  ctx.link_backlog_ns = std::max<std::int64_t>(link_free_at_ns_ - ctx.now_ns, 0);
   ctx.candidates = scratch_;
   MemoryMap map;
   if (policy_->needs().memory_map) {
@@ -790,6 +793,12 @@ std::int64_t Runtime::DroppedChainCost(const Storage* root) const {
   return cost;
 }
 
+void Runtime::QueueOnLink(std::size_t bytes) {
+  const std::int64_t start = std::max(link_free_at_ns_, device_->NowNs());
+  link_free_at_ns_ = start + options_.link_latency_ns +
+                     static_cast<std::int64_t>(static_cast<double>(bytes) / options_.link_gbps);
+}
+
 void Runtime::HandBack(Storage* s, Stream to) {
   for (Stream used : s->used_streams) (void)WaitOn(to, used);
   absl::Status freed = allocator_->FreeOnStream(s->device, to);
@@ -828,6 +837,7 @@ bool Runtime::OffloadStorage(Storage* s, Stream to) {
   s->copy_in_flight = true;
   SetState(s, TensorState::kOffloading);
   stats_.offloaded_bytes += s->bytes;
+  QueueOnLink(s->bytes);
   ++stats_.offloads;
   return true;
 }

@@ -246,6 +246,10 @@ class Runtime {
   // it in O(1) per candidate.
   std::vector<Storage*> candidates_ ABSL_GUARDED_BY(mu_);
   mutable std::uint64_t walk_mark_ ABSL_GUARDED_BY(mu_) = 0;  // see DroppedChainCost
+  // When the host link will have carried every copy queued so far (estimated
+  // from the link's bandwidth): the backlog a new offload waits behind.
+  std::int64_t link_free_at_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  void QueueOnLink(std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DTR's equivalence classes of dropped storages (union-find over slots;
   // cleared whenever nothing is dropped, so it does not grow without end).
   struct ClassNode {
