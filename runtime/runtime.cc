@@ -248,7 +248,10 @@ std::int64_t Runtime::AdjacentClassesCost(const Storage* s) {
 }
 
 void Runtime::Reindex(Storage* s) {
-  const bool candidate = s->state == TensorState::kResident && s->pins == 0 && s->bytes > 0 &&
+  // A prefetched tensor (its copy in may still run) can go again: its block
+  // is handed back behind the copy, like any other use.
+  const bool on_device = s->state == TensorState::kResident || s->state == TensorState::kPrefetching;
+  const bool candidate = on_device && s->pins == 0 && s->bytes > 0 &&
                          (MayDrop(s) || MayOffload(s));
   const bool indexed = s->candidate_slot != Storage::kNoSlot;
   if (candidate == indexed) return;
@@ -749,7 +752,15 @@ bool Runtime::Evict(const PressureRequest& request) {
   for (const policies::PlanStep& step : plan) {
     if (step.id >= scratch_storages_.size()) continue;  // a policy bug must not crash us
     Storage* s = scratch_storages_[step.id];
-    if (s->state != TensorState::kResident || s->pins > 0) continue;
+    if (s->pins > 0) continue;
+    if (s->state == TensorState::kPrefetching) {
+      // Evicted before its use: the copy in is abandoned (stream order keeps
+      // the block until it completes).
+      if (s->copy_in_flight) spare_events_.push_back(s->copy_event);
+      s->copy_in_flight = false;
+      SetState(s, TensorState::kResident);
+    }
+    if (s->state != TensorState::kResident) continue;
     const policies::Candidate& c = scratch_[step.id];
     bool done = false;
     if (step.action == policies::EvictAction::kOffload && c.can_offload) {

@@ -170,6 +170,21 @@ TEST_F(RuntimeTest, PrefetchBringsATensorBackAheadOfUse) {
   EXPECT_EQ(StateOf(a), TensorState::kResident);
 }
 
+TEST_F(RuntimeTest, APrefetchedTensorCanBeEvictedAgainBeforeItsUse) {
+  // Otherwise prefetches pile up unevictable and a budget fills with them.
+  Make(8 * kMiB, {.policy = "lru"});
+  TensorId a = Produce(4 * kMiB, {}, false, true);
+  TensorId b = Produce(6 * kMiB, {}, false, false);
+  ASSERT_TRUE(runtime_->Free(b).ok());
+  ASSERT_TRUE(runtime_->Prefetch(a).ok());
+  ASSERT_EQ(StateOf(a), TensorState::kPrefetching);
+  TensorId c = Produce(6 * kMiB, {}, false, false);  // no room unless a goes again
+  EXPECT_NE(StateOf(a), TensorState::kPrefetching);
+  EXPECT_NE(StateOf(a), TensorState::kResident);
+  ASSERT_TRUE(runtime_->Free(c).ok());
+  Check(a);  // the bytes survived the round trips
+}
+
 TEST_F(RuntimeTest, ChooseCheaperWayOutWhenBothAreAllowed) {
   Make(8 * kMiB, {.policy = "lru"});
   // Recompute of 10 ns beats a 4 MiB round trip over 25 GB/s.
