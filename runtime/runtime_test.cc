@@ -471,7 +471,10 @@ class RuntimePropertyTest : public RuntimeTest, public ::testing::WithParamInter
 
 TEST_P(RuntimePropertyTest, EveryAcquireSeesTheBytesProduced) {
   const Mode mode = GetParam();
-  const char* env = std::getenv("REMAT_PROPERTY_SEEDS");
+  // REMAT_RUNTIME_SEEDS for this test alone (CI's sanitizer builds), else
+  // REMAT_PROPERTY_SEEDS as the other property tests.
+  const char* env = std::getenv("REMAT_RUNTIME_SEEDS");
+  if (env == nullptr) env = std::getenv("REMAT_PROPERTY_SEEDS");
   const int seeds = env != nullptr ? std::atoi(env) : 3;
   std::uint64_t evictions = 0;
   for (std::uint64_t seed = 1; seed <= static_cast<std::uint64_t>(seeds); ++seed) {
