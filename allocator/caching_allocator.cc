@@ -724,6 +724,15 @@ absl::StatusOr<std::size_t> CachingAllocator::BlockSize(const void* ptr) const {
   return it->second->size;
 }
 
+bool CachingAllocator::ContainsAddress(const void* ptr) const {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  MutexLock lock(&mu_);
+  auto it = segments_.upper_bound(addr);
+  if (it == segments_.begin()) return false;
+  --it;
+  return addr < it->first + it->second->size;
+}
+
 absl::StatusOr<std::size_t> CachingAllocator::AdjacentFreeBytes(const void* ptr) const {
   MutexLock lock(&mu_);
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));

@@ -132,6 +132,9 @@ class CachingAllocator {
   // Bytes of the free blocks right before and after a live allocation in its
   // segment: what freeing it would coalesce with (for allocator-aware policies).
   absl::StatusOr<std::size_t> AdjacentFreeBytes(const void* ptr) const;
+  // Whether `ptr` lies inside one of the segments this allocator reserved
+  // (live, cached or freed block alike): such a pointer is never foreign.
+  bool ContainsAddress(const void* ptr) const;
 
   AllocatorStats GetStats() const;
   void ResetPeakStats();

@@ -77,19 +77,19 @@ class Hybrid final : public EvictionPolicy {
     if (HiddenOffload(c, ctx, ctx.link_backlog_ns)) {
       cost = hidden_weight_ * static_cast<double>(c.transfer_ns);  // it still uses the link
     } else {
-      cost = EvictionCost(c, static_cast<double>(c.compute_ns + c.ancestors_ns));
+      cost = EvictionCost(c, static_cast<double>(c.compute_ns + c.neighbourhood_ns));
     }
     const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));
     return cost / (bytes * std::pow(Staleness(c, ctx), staleness_exp_));
   }
-  // Offload when the link hides it; else the cheaper of recompute and a copy
-  // that first waits for the backlog.
+  // Offload when the link hides it; else the cheaper of recompute (with the
+  // dropped neighbours it drags along) and the copy round trip.
   static EvictAction Action(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) {
     if (HiddenOffload(c, ctx, backlog)) return EvictAction::kOffload;
     if (!c.can_offload) return EvictAction::kDrop;
     if (!c.can_drop) return EvictAction::kOffload;
-    return c.compute_ns + c.ancestors_ns <= c.transfer_ns + backlog ? EvictAction::kDrop
-                                                                    : EvictAction::kOffload;
+    return c.compute_ns + c.neighbourhood_ns <= c.transfer_ns ? EvictAction::kDrop
+                                                              : EvictAction::kOffload;
   }
 
   double staleness_exp_, prefetch_us_, hidden_weight_;

@@ -217,13 +217,13 @@ std::string SweepPlotScript(const std::string& csv_path, const std::string& png_
     }
     return q + "'";
   };
-  std::string script = R"PY(# Drawn by remat sweep; edit and run again: python3 SCRIPT
+  std::string script = R"PY(# Drawn by remat sweep; edit and run again: python3 @@SCRIPT@@
 import csv
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-rows = list(csv.DictReader(open(CSV)))
+rows = list(csv.DictReader(open(@@CSV@@)))
 policies = list(dict.fromkeys(r["policy"] for r in rows))
 ok = [float(r["overhead"]) for r in rows if r["status"] == "ok"]
 top = max(ok) * 1.08 if ok else 2.0
@@ -244,18 +244,23 @@ ax.set_title((rows[0]["trace"] if rows else "") + ": overhead by budget (x: oom 
 ax.legend()
 ax.grid(alpha=0.3)
 fig.tight_layout()
-fig.savefig(PNG, dpi=120)
+fig.savefig(@@PNG@@, dpi=120)
 )PY";
-  auto replace = [&script](const std::string& key, const std::string& value) {
-    for (std::size_t at = script.find(key); at != std::string::npos;
-         at = script.find(key, at + value.size())) {
-      script.replace(at, key.size(), value);
+  // One pass over the template: a path that contains a token is not rescanned.
+  std::string out;
+  for (std::size_t at = 0; at < script.size();) {
+    const std::size_t token = script.find("@@", at);
+    if (token == std::string::npos) {
+      out.append(script, at, std::string::npos);
+      break;
     }
-  };
-  replace("SCRIPT", script_path);
-  replace("CSV", quote(csv_path));
-  replace("PNG", quote(png_path));
-  return script;
+    out.append(script, at, token - at);
+    const std::size_t end = script.find("@@", token + 2);
+    const std::string key = script.substr(token + 2, end - token - 2);
+    out += key == "SCRIPT" ? script_path : key == "CSV" ? quote(csv_path) : quote(png_path);
+    at = end + 2;
+  }
+  return out;
 }
 
 }  // namespace remat

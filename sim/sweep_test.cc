@@ -64,6 +64,10 @@ TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7);
   EXPECT_THAT(csv, HasSubstr("\"window\",reserved,0.4,"));
   EXPECT_THAT(SweepPlotScript("r.csv", "o.png", "p.py"), HasSubstr("savefig('o.png'"));
+  // Paths that hold the template's own words come through whole.
+  const std::string odd = SweepPlotScript("/tmp/PNG/CSV.csv", "/tmp/PNG/o.png", "/tmp/PNG/p.py");
+  EXPECT_THAT(odd, HasSubstr("open('/tmp/PNG/CSV.csv')"));
+  EXPECT_THAT(odd, HasSubstr("savefig('/tmp/PNG/o.png'"));
 }
 
 TEST(SweepTest, FailuresAreResultsAndBadPoliciesAreErrors) {

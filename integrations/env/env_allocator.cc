@@ -1,5 +1,7 @@
 #include "integrations/env/env_allocator.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
@@ -101,7 +103,8 @@ Allocators& Allocators::Process() {
   return *process;
 }
 
-Allocators::Allocators(absl::StatusOr<Config> config) : config_(std::move(config)) {}
+Allocators::Allocators(absl::StatusOr<Config> config)
+    : config_(std::move(config)), created_pid_(getpid()) {}
 
 Stream Allocators::StreamFor(std::uint64_t stream) const {
   if (config_.ok() && config_->device == Config::DeviceKind::kSim) return kDefaultStream;
@@ -152,8 +155,10 @@ absl::StatusOr<CachingAllocator*> Allocators::For(int device) {
 absl::StatusOr<void*> Allocators::Allocate(int device, std::size_t bytes, std::uint64_t stream) {
   absl::StatusOr<CachingAllocator*> alloc = For(device);
   if (!alloc.ok()) return alloc.status();
+  if (config_->trace_path.empty()) return (*alloc)->Allocate(bytes, StreamFor(stream));
+  // The call and its record under one lock: the log's order is the allocator's.
+  MutexLock lock(&trace_mu_);
   absl::StatusOr<void*> ptr = (*alloc)->Allocate(bytes, StreamFor(stream));
-  if (config_->trace_path.empty()) return ptr;
   if (ptr.ok()) {
     trace_.Allocate(*ptr, bytes, stream);
   } else {
@@ -163,9 +168,12 @@ absl::StatusOr<void*> Allocators::Allocate(int device, std::size_t bytes, std::u
 }
 
 CachingAllocator* Allocators::Owner(const void* ptr) {
+  // Any address inside our segments is ours, live or not: a double or
+  // interior free must never reach the real cudaFree, which would free a
+  // segment the cache still holds.
   for (int i = 0; i < kMaxDevices; ++i) {
     CachingAllocator* a = ready_[i].load(std::memory_order_acquire);
-    if (a != nullptr && a->BlockSize(ptr).ok()) return a;
+    if (a != nullptr && a->ContainsAddress(ptr)) return a;
   }
   return nullptr;
 }
@@ -179,8 +187,13 @@ absl::Status Allocators::Free(const void* ptr, const std::uint64_t* stream) {
     return absl::NotFoundError(absl::StrFormat("%p was not allocated by remat", ptr));
   }
   void* p = const_cast<void*>(ptr);
-  absl::Status s = stream != nullptr ? a->FreeOnStream(p, StreamFor(*stream)) : a->Free(p);
-  if (s.ok() && !config_->trace_path.empty()) trace_.Free(ptr, stream != nullptr ? *stream : 0);
+  auto free = [&] {
+    return stream != nullptr ? a->FreeOnStream(p, StreamFor(*stream)) : a->Free(p);
+  };
+  if (config_->trace_path.empty()) return free();
+  MutexLock lock(&trace_mu_);
+  absl::Status s = free();
+  if (s.ok()) trace_.Free(ptr, stream != nullptr ? *stream : 0);
   return s;
 }
 
@@ -223,10 +236,23 @@ absl::StatusOr<Allocators::MemInfo> Allocators::GetMemInfo(int device) {
   return info;
 }
 
+// Outputs of a process other than the one the files were meant for (a
+// forked child, or a program a shell started under `remat run`, which names
+// its own child in REMAT_ROOT_PID) get the process id appended, so processes
+// never overwrite each other's files.
+std::string Allocators::OutputPath(const std::string& path) const {
+  const pid_t pid = getpid();
+  bool root = pid == created_pid_;
+  if (const char* r = std::getenv("REMAT_ROOT_PID"); r != nullptr && *r != '\0') {
+    root = root && std::to_string(pid) == r;
+  }
+  return root ? path : absl::StrFormat("%s.%d", path, pid);
+}
+
 void Allocators::Finish() {
   if (finished_.exchange(true) || !config_.ok()) return;
   if (!config_->trace_path.empty()) {
-    if (absl::Status s = trace_.WriteTo(config_->trace_path); !s.ok()) {
+    if (absl::Status s = trace_.WriteTo(OutputPath(config_->trace_path)); !s.ok()) {
       std::fprintf(stderr, "remat: cannot write the trace: %s\n", std::string(s.message()).c_str());
     }
   }
@@ -236,8 +262,8 @@ void Allocators::Finish() {
     if (config_->stats) PrintStats(i, *a);
     if (!config_->snapshot_path.empty()) {
       // One file per device after the first: FILE, FILE.1, ...
-      const std::string path =
-          i == 0 ? config_->snapshot_path : absl::StrFormat("%s.%d", config_->snapshot_path, i);
+      const std::string base = OutputPath(config_->snapshot_path);
+      const std::string path = i == 0 ? base : absl::StrFormat("%s.%d", base, i);
       if (absl::Status s = WriteSnapshotPickle(a->TakeSnapshot(), path); !s.ok()) {
         std::fprintf(stderr, "remat: cannot write the snapshot: %s\n",
                      std::string(s.message()).c_str());

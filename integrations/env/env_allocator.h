@@ -12,6 +12,10 @@
 //   REMAT_SIM_CAPACITY=BYTES  the simulated GPU's size (default 80 GiB)
 //   REMAT_SIM_BACKED=1      back simulated device memory with host memory
 //
+// A process other than the one the outputs are for (a forked child; a program
+// a shell ran under `remat run`, which sets REMAT_ROOT_PID to its own child)
+// writes FILE.<pid>, so processes never overwrite each other's files.
+//
 // One CachingAllocator per device index, created on first use and never
 // destroyed, so calls made while the process exits (from other libraries'
 // destructors) still work. On a SimDevice every stream is served as the
@@ -94,6 +98,9 @@ class Allocators {
   Mutex mu_;  // guards creation; each allocator is thread-safe itself
   std::array<std::atomic<CachingAllocator*>, kMaxDevices> ready_{};
   std::array<PerDevice, kMaxDevices> devices_ ABSL_GUARDED_BY(mu_);
+  std::string OutputPath(const std::string& path) const;
+  const int created_pid_;
+  Mutex trace_mu_;  // a call and its trace record, together
   RmmLogRecorder trace_;
   std::atomic<bool> finished_{false};
 };

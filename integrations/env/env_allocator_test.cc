@@ -75,6 +75,11 @@ TEST_F(EnvTest, ServesUnderTheBudgetAndReportsMemInfo) {
   std::uint64_t stream = 0x1234;
   ASSERT_TRUE(a.Free(*p, &stream).ok());
   EXPECT_EQ(a.GetMemInfo(0)->free, 64 * kMiB);
+  // A second free of a block in our (cached) segment is ours to refuse, never
+  // a foreign pointer to hand to the real cudaFree.
+  EXPECT_TRUE(a.Owns(*p));
+  EXPECT_TRUE(absl::IsInvalidArgument(a.Free(*p)));
+  EXPECT_TRUE(absl::IsInvalidArgument(a.Free(static_cast<char*>(*p) + 4096)));
   int foreign = 0;
   EXPECT_TRUE(absl::IsNotFound(a.Free(&foreign)));
   EXPECT_FALSE(a.Owns(&foreign));

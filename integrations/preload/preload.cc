@@ -181,6 +181,9 @@ absl::Status Allocate(void** out, std::size_t bytes, std::uint64_t stream) {
   Inside inside;
   remat::MutexLock gate(&Gate());
   absl::StatusOr<void*> p = Allocators::Process().Allocate(device, bytes, stream);
+  // A request larger than the whole device is out of memory to CUDA too
+  // (programs probe by halving a size until it fits).
+  if (absl::IsInvalidArgument(p.status())) return absl::ResourceExhaustedError(p.status().message());
   if (!p.ok()) return p.status();
   *out = *p;
   return absl::OkStatus();

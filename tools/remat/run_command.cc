@@ -83,6 +83,8 @@ int RunProgram(const RunFlags& f) {
   if (child == 0) {
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGQUIT, &old_quit, nullptr);
+    // The process whose outputs are FILE; others (a shell's children) write FILE.<pid>.
+    setenv("REMAT_ROOT_PID", std::to_string(getpid()).c_str(), 1);
     execvp(argv[0], argv.data());
     std::cerr << "remat run: cannot run " << argv[0] << ": " << std::strerror(errno) << "\n";
     _exit(errno == ENOENT ? 127 : 126);

@@ -15,6 +15,13 @@ budget=$((64 * 1024 * 1024))
 grep -q '"alloc_failures_in_log":[1-9]' "$work/replay.json" || {
   echo "the replayed trace lost its allocation failures:"; cat "$work/replay.json"; exit 1; }
 
+# Programs a shell starts each write their own trace (FILE.<pid>), never over each other.
+rm -f "$work"/shell.csv*
+"$remat" run --device sim --budget "$budget" --trace "$work/shell.csv" -- \
+  sh -c "'$driver_probe' $budget >/dev/null 2>&1; '$driver_probe' $budget >/dev/null 2>&1"
+traces=$(ls "$work"/shell.csv.* 2>/dev/null | wc -l)
+[[ $traces -eq 2 ]] || { echo "expected two per-process traces, found $traces"; ls "$work"; exit 1; }
+
 # The program's exit status comes through, and signals as 128+N.
 set +e
 "$remat" run --device sim -- sh -c 'exit 7'; [[ $? -eq 7 ]] || { echo "exit status lost"; exit 1; }
