@@ -5,11 +5,15 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/sim_device.h"
+#include "base/units.h"
 #include "runtime/runtime.h"
+#include "sim/sim_timeline.h"
 
 namespace remat {
 namespace {
@@ -34,12 +38,19 @@ std::uint64_t Checksum(const unsigned char* p, std::size_t bytes) {
   return h;
 }
 
+// kTimeline: whether the run is recorded into options.timeline. Without it
+// every recording hook compiles away, so a plain run pays nothing for the
+// feature. Run and the recording hooks are kept out of line: otherwise the
+// recording instantiation's extra code changes how the compiler inlines the
+// plain one (callgrind: out of line, a plain replay runs the same number of
+// instructions as before timelines existed).
+template <bool kTimeline>
 class Replayer {
  public:
   Replayer(const OpTrace& trace, const OpReplayOptions& options)
       : trace_(trace), options_(options) {}
 
-  absl::StatusOr<OpReplayReport> Run() {
+  ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<OpReplayReport> Run() {
     const auto wall_start = std::chrono::steady_clock::now();
     SimDeviceOptions dev;
     dev.capacity = SimDevice::kMaxCapacity;
@@ -48,8 +59,16 @@ class Replayer {
     absl::StatusOr<std::unique_ptr<SimDevice>> device = SimDevice::Create(dev);
     if (!device.ok()) return device.status();
     device_ = std::move(*device);
+    Device* alloc_device = device_.get();
+    if constexpr (kTimeline) {
+      // Between the device and the allocator (and so the runtime): every
+      // copy the runtime enqueues is seen with its place on the clock.
+      observed_ = std::make_unique<ObservedSimDevice>(
+          device_.get(), [this](const ObservedCopy& copy) { OnCopy(copy); });
+      alloc_device = observed_.get();
+    }
     absl::StatusOr<std::unique_ptr<CachingAllocator>> alloc =
-        CachingAllocator::Create(device_.get(), {.budget = options_.budget});
+        CachingAllocator::Create(alloc_device, {.budget = options_.budget});
     if (!alloc.ok()) return alloc.status();
     alloc_ = std::move(*alloc);
     RuntimeOptions rt;
@@ -71,26 +90,34 @@ class Replayer {
     report_.policy = runtime_->policy().Spec();
     report_.budget_bytes = options_.live_budget != 0 ? options_.live_budget : options_.budget;
     report_.status = "ok";
+    if constexpr (kTimeline) StartTimeline();
     const auto loop_start = std::chrono::steady_clock::now();
     for (const OpRecord& r : trace_.records) {
+      if constexpr (kTimeline) record_start_ns_ = Frontier();
       absl::Status s = Step(r);
       if (s.ok() && (hints_ || prefetch_window_ns_ > 0)) s = LookAhead(r);
       ++report_.records;
       if (absl::IsResourceExhausted(s)) {
         report_.status = "oom";
         report_.message = absl::StrFormat("%s:%d: %s", trace_.name, r.line, s.message());
+        if constexpr (kTimeline) {
+          EndRecord(r, runtime_->stats());
+          timeline_->SetEnd(report_.status, report_.message, Frontier());
+        }
         break;
       }
       if (!s.ok()) {
         return absl::Status(s.code(), absl::StrFormat("%s:%d: %s", trace_.name, r.line, s.message()));
       }
       const RuntimeStats rs = runtime_->stats();
+      if constexpr (kTimeline) EndRecord(r, rs);
       if (static_cast<double>(rs.recompute_ns) >
           options_.thrash_limit * static_cast<double>(std::max<std::int64_t>(report_.compute_ns, 1))) {
         report_.status = "thrash";
         report_.message = absl::StrFormat(
             "%s:%d: recompute (%d ns) exceeded %g x the compute so far (%d ns)", trace_.name,
             r.line, rs.recompute_ns, options_.thrash_limit, report_.compute_ns);
+        if constexpr (kTimeline) timeline_->SetEnd(report_.status, report_.message, Frontier());
         break;
       }
     }
@@ -100,6 +127,10 @@ class Replayer {
     const RuntimeStats rs = runtime_->stats();
     const AllocatorStats as = alloc_->GetStats();
     report_.time_ns = device_->NowNs();
+    if constexpr (kTimeline) {
+      timeline_->AddSample({report_.time_ns, device_->ReservedBytes(), rs.resident_bytes,
+                            host_bytes_});
+    }
     report_.peak_reserved_bytes = static_cast<std::uint64_t>(as.reserved_bytes.all().peak);
     report_.peak_live_bytes = rs.peak_resident_bytes;
     report_.recomputed_ops = rs.recomputes;
@@ -245,6 +276,7 @@ class Replayer {
       case OpKind::kPhase:
         return absl::OkStatus();
       case OpKind::kRelease:
+        if constexpr (kTimeline) --handles_[trace_.tensors[r.inputs[0]].storage];
         return runtime_->Free(ids_[r.inputs[0]]);
       case OpKind::kUse:
         for (std::uint32_t t : r.inputs) {
@@ -258,6 +290,7 @@ class Replayer {
         absl::StatusOr<Guard> g = runtime_->Create(Bytes(t), TensorOptions{}, compute);
         if (!g.ok()) return g.status();
         ids_[t] = g->id();
+        if constexpr (kTimeline) ++handles_[t];  // never evicted: not followed further
         return Launch(compute, t, {}, {}, g->ptr(), 0, /*first=*/true);
       }
       case OpKind::kCall:
@@ -288,6 +321,7 @@ class Replayer {
         absl::StatusOr<TensorId> view = runtime_->CreateView(ids_[tensor.alias_of]);
         if (!view.ok()) return view.status();
         ids_[out] = *view;
+        if constexpr (kTimeline) ++handles_[tensor.storage];
         continue;
       }
       TensorOptions options;
@@ -299,26 +333,237 @@ class Replayer {
       // inputs and cost are found through the output's producing record.
       options.recompute = [this, out](const RecomputeArgs& args) {
         const OpRecord& call = trace_.records[trace_.tensors[out].producer];
-        return Launch(args.stream, out, call.inputs, args.inputs, args.output, call.cost_ns,
-                      /*first=*/false);
+        absl::Status launched = Launch(args.stream, out, call.inputs, args.inputs, args.output,
+                                       call.cost_ns, /*first=*/false);
+        if constexpr (kTimeline) {
+          if (launched.ok()) OnRecompute(out, call.cost_ns, args);
+        }
+        return launched;
       };
       absl::StatusOr<Guard> g = runtime_->Create(Bytes(out), std::move(options), compute);
       if (!g.ok()) return g.status();
       ids_[out] = g->id();
+      if constexpr (kTimeline) {
+        ++handles_[out];
+        OnDevice(out, g->ptr());
+      }
       const std::int64_t cost = charged ? 0 : r.cost_ns;
+      [[maybe_unused]] const bool charge = !charged;  // the timeline's compute slice
       charged = true;
       if (absl::Status s = Launch(compute, out, inputs, in_ptrs, g->ptr(), cost, /*first=*/true);
           !s.ok()) {
         return s;
       }
+      if constexpr (kTimeline) {
+        if (charge) OnCompute(r, compute);
+      }
     }
-    if (!charged) return device_->LaunchHostFunc(compute, [] {}, r.cost_ns);
+    if constexpr (!kTimeline) {
+      if (!charged) return device_->LaunchHostFunc(compute, [] {}, r.cost_ns);
+    } else if (!charged) {  // no output with bytes: the cost alone
+      absl::Status s = device_->LaunchHostFunc(compute, [] {}, r.cost_ns);
+      if (s.ok()) OnCompute(r, compute);
+      return s;
+    }
     return absl::OkStatus();
+  }
+
+  // --- Timeline recording (kTimeline only) ---------------------------------------
+  //
+  // Slices come straight from the streams' clocks. Which tensors left the
+  // device is followed in a shadow of the runtime's states, kept by storage:
+  // a tensor arrives on the device when created, recomputed (its closure runs)
+  // or copied in (a host-to-device copy out of the buffer it was offloaded
+  // to); it leaves by an offload (a device-to-host copy out of its address),
+  // a drop or its release. Drops and releases are found by asking the
+  // runtime after the record (EndRecord), or when a tensor thought resident
+  // is recomputed.
+
+  enum class Where : std::uint8_t { kUnknown, kDevice, kDropped, kHost, kGone };
+
+  ABSL_ATTRIBUTE_NOINLINE void StartTimeline() {
+    timeline_ = options_.timeline;
+    timeline_->Clear();
+    const char* accounting = options_.live_budget != 0 ? "live" : "reserved";
+    timeline_->SetTitle(absl::StrFormat(
+        "remat sim %s: %s, %s", trace_.name, report_.policy,
+        report_.budget_bytes == 0
+            ? std::string("unlimited")
+            : absl::StrFormat("budget %s (%s)", FormatBytes(report_.budget_bytes), accounting)));
+    const std::size_t n = trace_.tensors.size();
+    where_.assign(n, Where::kUnknown);
+    handles_.assign(n, 0);
+    listed_.assign(n, 0);
+    timeline_->AddSample({0, device_->ReservedBytes(), 0, 0});
+  }
+
+  // Where the program stands: the compute stream's clock (work enqueued now
+  // starts there, or later if the host is ahead).
+  std::int64_t Frontier() const {
+    return std::max(device_->NowNs(), device_->StreamTimeNs(kDefaultStream).value_or(0));
+  }
+
+  // Stream time right after `stream`'s last work was enqueued.
+  std::int64_t StreamEnd(Stream stream) const {
+    return device_->StreamTimeNs(stream).value_or(device_->NowNs());
+  }
+
+  ABSL_ATTRIBUTE_NOINLINE void OnCompute(const OpRecord& r, Stream stream) {
+    const std::int64_t end = StreamEnd(stream);
+    const auto record = static_cast<std::uint32_t>(&r - trace_.records.data());
+    timeline_->Add({end - r.cost_ns, r.cost_ns, 0, record, SimTimeline::Kind::kCompute});
+  }
+
+  // The storage `s` is on the device at `ptr` (created, recomputed or copied in).
+  ABSL_ATTRIBUTE_NOINLINE void OnDevice(std::uint32_t s, void* ptr) {
+    if (where_[s] == Where::kHost) host_bytes_ -= Bytes(s);
+    where_[s] = Where::kDevice;
+    if (ptr != nullptr) at_device_[reinterpret_cast<std::uintptr_t>(ptr)] = s;
+    if (!listed_[s]) {
+      listed_[s] = 1;
+      resident_.push_back(s);
+    }
+  }
+
+  void RecordDrop(std::uint32_t s) {
+    // A storage the program still references can only have been dropped
+    // under pressure; one it released, only for want of a reader.
+    const SimTimeline::Kind kind =
+        handles_[s] == 0 ? SimTimeline::Kind::kReleasedDrop : SimTimeline::Kind::kEvictDrop;
+    timeline_->Add({record_start_ns_, 0, Bytes(s), s, kind});
+    ++drops_seen_;
+    where_[s] = Where::kDropped;
+  }
+
+  // Runs in the closure, under the runtime's lock: no runtime calls here.
+  ABSL_ATTRIBUTE_NOINLINE void OnRecompute(std::uint32_t out, std::int64_t cost_ns,
+                                           const RecomputeArgs& args) {
+    const std::int64_t end = StreamEnd(args.stream);
+    timeline_->Add({end - cost_ns, cost_ns, 0, out, SimTimeline::Kind::kRecompute});
+    // Dropped since the last look (a drop and its recompute in one record).
+    if (where_[out] == Where::kDevice) RecordDrop(out);
+    OnDevice(out, args.output);
+    recomputed_.push_back(out);
+  }
+
+  // Every copy the runtime enqueues (ObservedSimDevice), under its lock.
+  ABSL_ATTRIBUTE_NOINLINE void OnCopy(const ObservedCopy& copy) {
+    const std::int64_t dur = copy.end_ns - copy.start_ns;
+    switch (copy.kind) {
+      case CopyKind::kDeviceToHost: {
+        const auto it = at_device_.find(reinterpret_cast<std::uintptr_t>(copy.src));
+        const std::uint32_t s = it == at_device_.end() ? kNoOpIndex : it->second;
+        timeline_->Add({copy.start_ns, dur, copy.bytes, s, SimTimeline::Kind::kOffload});
+        timeline_->Add({Frontier(), 0, copy.bytes, s, SimTimeline::Kind::kEvictOffload});
+        if (s != kNoOpIndex && where_[s] != Where::kHost) {
+          where_[s] = Where::kHost;
+          host_bytes_ += Bytes(s);
+          at_host_[reinterpret_cast<std::uintptr_t>(copy.dst)] = s;
+        }
+        break;
+      }
+      case CopyKind::kHostToDevice: {
+        const auto it = at_host_.find(reinterpret_cast<std::uintptr_t>(copy.src));
+        std::uint32_t s = kNoOpIndex;
+        if (it != at_host_.end()) {
+          s = it->second;
+          at_host_.erase(it);
+        }
+        timeline_->Add({copy.start_ns, dur, copy.bytes, s,
+                        copy.stream == kDefaultStream ? SimTimeline::Kind::kRestore
+                                                      : SimTimeline::Kind::kPrefetch});
+        if (s != kNoOpIndex) OnDevice(s, copy.dst);
+        break;
+      }
+      case CopyKind::kDeviceToDevice:
+        timeline_->Add({copy.start_ns, dur, copy.bytes, kNoOpIndex, SimTimeline::Kind::kCopy});
+        break;
+    }
+  }
+
+  // Records a drop of `s` if the runtime has it dropped while the shadow has
+  // it on the device.
+  void CheckDropped(std::uint32_t s) {
+    if (where_[s] != Where::kDevice) return;
+    const absl::StatusOr<TensorState> state = runtime_->State(ids_[s]);
+    if (state.ok() && *state == TensorState::kDropped) RecordDrop(s);
+  }
+
+  // Asks the runtime about the storages last seen on the device until
+  // `missing` drops are found: the dropped are recorded, the freed forgotten.
+  void FindDrops(std::uint64_t missing) {
+    std::size_t kept = 0;
+    std::size_t i = 0;
+    for (; i < resident_.size() && missing > 0; ++i) {
+      const std::uint32_t s = resident_[i];
+      if (where_[s] != Where::kDevice) {
+        listed_[s] = 0;
+        continue;
+      }
+      const absl::StatusOr<TensorState> state = runtime_->State(ids_[s]);
+      if (!state.ok() || *state == TensorState::kFreed) {
+        where_[s] = Where::kGone;
+        listed_[s] = 0;
+        continue;
+      }
+      if (*state == TensorState::kDropped) {
+        RecordDrop(s);
+        listed_[s] = 0;
+        --missing;
+        continue;
+      }
+      resident_[kept++] = s;
+    }
+    for (; i < resident_.size(); ++i) resident_[kept++] = resident_[i];
+    resident_.resize(kept);
+  }
+
+  // After the release of tensor `t`: its storage, and the inputs that only
+  // its closure kept, may be gone (offloaded ones with their host bytes), or
+  // dropped for want of a reader (a released drop), as Runtime::Free leaves them.
+  void FindReleased(std::uint32_t t) {
+    absl::InlinedVector<std::uint32_t, 8> work = {trace_.tensors[t].storage};
+    while (!work.empty()) {
+      const std::uint32_t s = work.back();
+      work.pop_back();
+      if (where_[s] == Where::kGone) continue;
+      const absl::StatusOr<TensorState> state = runtime_->State(ids_[s]);
+      if (state.ok() && *state != TensorState::kFreed) {
+        if (*state == TensorState::kDropped && where_[s] == Where::kDevice) RecordDrop(s);
+        continue;
+      }
+      if (where_[s] == Where::kHost) host_bytes_ -= Bytes(s);
+      where_[s] = Where::kGone;
+      const OpRecord& producer = trace_.records[trace_.tensors[s].producer];
+      if (producer.kind != OpKind::kCall) continue;
+      for (std::uint32_t in : producer.inputs) work.push_back(trace_.tensors[in].storage);
+    }
+  }
+
+  ABSL_ATTRIBUTE_NOINLINE void EndRecord(const OpRecord& r, const RuntimeStats& rs) {
+    // Released drops happen where the program releases a tensor and where a
+    // recompute unpins the released inputs it read: looked for there first,
+    // so that only pressure drops need the scan of everything resident.
+    if (r.kind == OpKind::kRelease) FindReleased(r.inputs[0]);
+    for (const std::uint32_t s : recomputed_) {
+      const OpRecord& producer = trace_.records[trace_.tensors[s].producer];
+      for (std::uint32_t in : producer.inputs) {
+        const std::uint32_t storage = trace_.tensors[in].storage;
+        if (handles_[storage] == 0) CheckDropped(storage);
+      }
+    }
+    recomputed_.clear();
+    if (rs.drops + rs.released_drops > drops_seen_) {
+      FindDrops(rs.drops + rs.released_drops - drops_seen_);
+    }
+    timeline_->AddSample({record_start_ns_, device_->ReservedBytes(), rs.resident_bytes,
+                          host_bytes_});
   }
 
   const OpTrace& trace_;
   const OpReplayOptions options_;
   std::unique_ptr<SimDevice> device_;
+  std::unique_ptr<ObservedSimDevice> observed_;  // kTimeline: what the allocator uses
   std::unique_ptr<CachingAllocator> alloc_;
   std::unique_ptr<Runtime> runtime_;
   std::vector<TensorId> ids_;  // trace tensor -> runtime tensor
@@ -330,6 +575,19 @@ class Replayer {
   std::shared_ptr<std::vector<std::uint64_t>> checksums_;  // by storage
   std::shared_ptr<Counters> counters_;
   OpReplayReport report_;
+
+  // kTimeline only.
+  SimTimeline* timeline_ = nullptr;
+  std::int64_t record_start_ns_ = 0;      // the compute stream's time as the record began
+  std::vector<Where> where_;              // by storage: where the shadow has it
+  std::vector<std::uint32_t> handles_;    // by storage: the program's references (root, views)
+  std::vector<std::uint8_t> listed_;      // by storage: in resident_
+  std::vector<std::uint32_t> resident_;   // storages last seen arriving on the device
+  absl::flat_hash_map<std::uintptr_t, std::uint32_t> at_device_;  // address -> storage
+  absl::flat_hash_map<std::uintptr_t, std::uint32_t> at_host_;    // offload buffer -> storage
+  std::uint64_t host_bytes_ = 0;
+  std::uint64_t drops_seen_ = 0;          // drop instants recorded, released ones included
+  std::vector<std::uint32_t> recomputed_; // storages recomputed during the record
 };
 
 }  // namespace
@@ -338,7 +596,11 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
   if (options.scale == 0) return absl::InvalidArgumentError("scale must be at least 1");
   if (!(options.link_gbps > 0)) return absl::InvalidArgumentError("link bandwidth must be positive");
   if (!(options.thrash_limit > 0)) return absl::InvalidArgumentError("thrash limit must be positive");
-  Replayer replayer(trace, options);
+  if (options.timeline != nullptr) {
+    Replayer<true> replayer(trace, options);
+    return replayer.Run();
+  }
+  Replayer<false> replayer(trace, options);
   return replayer.Run();
 }
 

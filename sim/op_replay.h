@@ -12,6 +12,11 @@
 // call writes bytes computed from its inputs' bytes and its own identity, and
 // every later read checks them against a checksum taken when the tensor was
 // first produced.
+//
+// With `timeline`, the run is also recorded as a Chrome trace of the
+// simulated time (sim/sim_timeline.h). Without it nothing is recorded: the
+// recording hooks live in a separate instantiation of the replayer, so a
+// plain run pays nothing for them.
 #ifndef REMAT_SIM_OP_REPLAY_H_
 #define REMAT_SIM_OP_REPLAY_H_
 
@@ -23,6 +28,8 @@
 
 namespace remat {
 
+class SimTimeline;
+
 struct OpReplayOptions {
   std::size_t budget = 0;          // cap on reserved bytes (0: none)
   std::size_t live_budget = 0;     // cap on resident tensor bytes (0: none)
@@ -33,6 +40,8 @@ struct OpReplayOptions {
   double thrash_limit = 1.0;       // stop when recompute exceeds this x the trace's compute
   bool verify = false;
   std::uint64_t scale = 1;         // divide every size by this (rounded up)
+  // When set: cleared, then filled with the run's timeline.
+  SimTimeline* timeline = nullptr;
 };
 
 struct OpReplayReport {

@@ -5,10 +5,12 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "base/file.h"
 #include "base/json_writer.h"
 #include "base/units.h"
 #include "sim/op_replay.h"
 #include "sim/op_trace.h"
+#include "sim/sim_timeline.h"
 #include "tools/remat/byte_size_option.h"
 #include "tools/remat/commands.h"
 #include "tools/remat/exit_codes.h"
@@ -29,6 +31,7 @@ struct SimFlags {
   bool json = false;
   bool verify = false;
   std::uint64_t scale = 1;
+  std::string timeline_path;  // "": none
 };
 
 constexpr char kFooter[] = R"(The budget is either absolute (--budget) or a fraction of the peak of an
@@ -43,10 +46,19 @@ With --verify the device keeps real bytes (sizes divided by --scale) and every
 read is checked against the checksum taken when the tensor was produced; any
 mismatch makes the exit status 1.
 
+--timeline FILE.json writes the budgeted run as a Chrome trace of the
+simulated device's time (open it at https://ui.perfetto.dev or
+chrome://tracing): counters for reserved, live and host (offloaded) bytes;
+slices for each call, each recompute and each copy (restores on the compute
+stream, offloads and prefetches on the copy stream); instants for every drop
+and offload, and for an oom or thrash where the run stopped. Without it
+nothing is recorded.
+
 Examples:
   remat sim examples/traces/chain_100.jsonl --budget-ratio 0.5 --policy dtr
   remat sim examples/traces/transformer_small.jsonl --budget-ratio 0.4 --policy lru --no-swap --json
-  remat sim examples/traces/chain_100.jsonl --budget-ratio 0.3 --verify --scale 64)";
+  remat sim examples/traces/chain_100.jsonl --budget-ratio 0.3 --verify --scale 64
+  remat sim examples/traces/transformer_small.jsonl --budget-ratio 0.5 --timeline run.json)";
 
 void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFlags& f) {
   const double overhead =
@@ -87,6 +99,9 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
       "  replay speed     %.2f M records/s (%.3f ms for the record loop, %.3f s in all)\n",
       r.replay_seconds > 0 ? r.records / r.replay_seconds / 1e6 : 0.0, r.replay_seconds * 1e3,
       r.wall_seconds);
+  if (!f.timeline_path.empty()) {
+    std::cout << absl::StrFormat("  timeline         %s\n", f.timeline_path);
+  }
 }
 
 std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const SimFlags& f) {
@@ -133,6 +148,7 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
     w.Key("verified_accesses").Uint(r.verified_accesses);
     w.Key("mismatches").Uint(r.mismatches);
   }
+  if (!f.timeline_path.empty()) w.Key("timeline").String(f.timeline_path);
   w.EndObject();
   return w.Take();
 }
@@ -141,6 +157,12 @@ int RunSim(const SimFlags& f) {
   if ((f.budget_ratio > 0) == (f.budget > 0)) {
     return ReportError("sim", absl::InvalidArgumentError(
                                   "give exactly one of --budget-ratio and --budget"));
+  }
+  // A timeline that cannot be written is refused before anything runs.
+  if (!f.timeline_path.empty()) {
+    if (absl::Status writable = CheckWritable(f.timeline_path); !writable.ok()) {
+      return ReportError("sim", writable);
+    }
   }
   absl::StatusOr<OpTrace> trace = ReadOpTrace(f.trace_path);
   if (!trace.ok()) return ReportError("sim", trace.status());
@@ -168,9 +190,16 @@ int RunSim(const SimFlags& f) {
     options.budget = std::max<std::uint64_t>(budget, 2 * kMiB);
   }
   options.verify = f.verify;
+  SimTimeline timeline;
+  if (!f.timeline_path.empty()) options.timeline = &timeline;
   absl::StatusOr<OpReplayReport> report = ReplayOpTrace(*trace, options);
   if (!report.ok()) return ReportError("sim", report.status());
   report->budget_bytes = budget;
+  if (!f.timeline_path.empty()) {
+    if (absl::Status written = timeline.Write(*trace, f.timeline_path); !written.ok()) {
+      return ReportError("sim", written);
+    }
+  }
   if (f.json) {
     std::cout << ToJson(*report, *base, f) << "\n";
   } else {
@@ -211,6 +240,9 @@ Subcommand AddSimCommand(CLI::App& remat) {
   cmd->add_option("--scale", flags->scale, "Divide every size by this (with --verify)")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 30));
+  cmd->add_option("--timeline", flags->timeline_path,
+                  "Write the budgeted run as a Chrome trace of simulated time (Perfetto)")
+      ->type_name("FILE.json");
   cmd->footer(kFooter);
   return Subcommand{cmd, [flags] { return RunSim(*flags); }};
 }

@@ -1,0 +1,186 @@
+// SimTimeline: an op-trace replay (`remat sim --timeline`) on the simulated
+// device's clock, as a Chrome trace in the JSON object format, which
+// https://ui.perfetto.dev and chrome://tracing open:
+//
+//   {"traceEvents":[
+//     {"name":"process_name","ph":"M","pid":0,"tid":0,"args":{"name":"<trace>, <policy>, ..."}},
+//     {"name":"thread_name","ph":"M","pid":0,"tid":1,"args":{"name":"compute stream"}}, ...
+//     {"name":"reserved bytes","ph":"C","ts":T,"pid":0,"tid":0,"args":{"bytes":N}},
+//     {"name":"mm","cat":"compute","ph":"X","ts":T,"dur":D,"pid":0,"tid":1,"args":{"line":12}},
+//     {"name":"drop","cat":"eviction","ph":"i","s":"t","ts":T,"pid":0,"tid":3,
+//      "args":{"tensor":"x1","bytes":N}}, ...],
+//    "displayTimeUnit":"ms"}
+//
+// ts and dur are microseconds of the SimDevice's virtual clock, written with
+// their nanoseconds ("12.345"), so a run's timeline is deterministic. Events
+// come out in time order (stable: equal times keep the order they happened in).
+//
+// Tracks:
+//   counters (tid 0)    "reserved bytes" (the allocator's segments), "live bytes"
+//                       (resident tensors, the runtime's resident_bytes) and
+//                       "host bytes" (offloaded tensors held in pinned host
+//                       memory): one sample per record that moves them, taken
+//                       after the record and stamped with the time the record
+//                       started on the compute stream, plus one at time 0 and
+//                       one at the end of the run. Levels inside a record (a
+//                       recompute cascade's transient peak) are not sampled.
+//   compute stream (1)  slices, in the order the stream runs them:
+//                       cat "compute": a call, named by its op (args: line);
+//                       cat "recompute": "recompute <op>" (args: tensor);
+//                       cat "copy": "restore", a copy back on access (args:
+//                       tensor, bytes). A gap between slices is stall.
+//   copy stream (2)     cat "copy": "offload" (device to host) and "prefetch"
+//                       (host to device ahead of use) (args: tensor, bytes).
+//   evictions (3)       instants: "offload" and "drop" (cat "eviction": the
+//                       policy's evictions under pressure, as many as the
+//                       report's evictions) and "released drop" (cat
+//                       "release": a tensor its program released, its bytes
+//                       dropped but kept recomputable for a closure that reads
+//                       it) (args: tensor, bytes).
+//   global              an "oom" or "thrash" instant (args: message) where the
+//                       run stopped, when it did not finish.
+//
+// Slices are exact: a slice ends where the stream's clock stood right after
+// the work was enqueued, and starts its cost earlier. An offload instant is
+// at the compute stream's time when the runtime queued the copy out; a drop
+// is seen after the record (or when the dropped tensor is recomputed) and
+// carries the time the record started on the compute stream.
+#ifndef REMAT_SIM_SIM_TIMELINE_H_
+#define REMAT_SIM_SIM_TIMELINE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "allocator/device.h"
+#include "allocator/sim_device.h"
+#include "sim/op_trace.h"
+
+namespace remat {
+
+// Counter track names (the reserved one is allocator/snapshot_timeline.h's).
+inline constexpr char kLiveBytesTrack[] = "live bytes";
+inline constexpr char kHostBytesTrack[] = "host bytes";
+
+class SimTimeline {
+ public:
+  enum class Kind : std::uint8_t {
+    // Slices.
+    kCompute,    // `index` is the call's record
+    kRecompute,  // `index` is the tensor regenerated
+    kRestore,    // host to device on the compute stream; `index` the tensor (or kNoOpIndex)
+    kPrefetch,   // host to device on the copy stream
+    kOffload,    // device to host
+    kCopy,       // any other copy
+    // Instants (`index` is the tensor, or kNoOpIndex when unknown).
+    kEvictOffload,
+    kEvictDrop,
+    kReleasedDrop,
+  };
+  struct Entry {
+    std::int64_t ts_ns = 0;
+    std::int64_t dur_ns = 0;  // slices only
+    std::uint64_t bytes = 0;  // copies and instants
+    std::uint32_t index = kNoOpIndex;
+    Kind kind = Kind::kCompute;
+  };
+  struct Sample {
+    std::int64_t ts_ns = 0;
+    std::uint64_t reserved = 0;
+    std::uint64_t live = 0;
+    std::uint64_t host = 0;
+  };
+
+  void Clear();
+  // The process name the trace shows.
+  void SetTitle(std::string title) { title_ = std::move(title); }
+  void Add(const Entry& entry) { entries_.push_back(entry); }
+  void AddSample(const Sample& sample) { samples_.push_back(sample); }
+  // The run stopped early: "oom" or "thrash", why, and when.
+  void SetEnd(std::string status, std::string message, std::int64_t ts_ns);
+
+  const std::vector<Entry>& entries() const { return entries_; }
+  const std::vector<Sample>& samples() const { return samples_; }
+  const std::string& end_status() const { return end_status_; }
+
+  // The Chrome trace; names come from `trace`, the trace that was replayed.
+  std::string ToJson(const OpTrace& trace) const;
+  // Writes ToJson(trace) to `path`; errors as base/file.h's WriteFile.
+  absl::Status Write(const OpTrace& trace, const std::string& path) const;
+
+ private:
+  std::string title_;
+  std::vector<Entry> entries_;
+  std::vector<Sample> samples_;
+  std::string end_status_;  // "" when the run finished
+  std::string end_message_;
+  std::int64_t end_ns_ = 0;
+};
+
+// What ObservedSimDevice reports for each copy it enqueues.
+struct ObservedCopy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::size_t bytes = 0;
+  CopyKind kind = CopyKind::kHostToDevice;
+  Stream stream;
+  std::int64_t start_ns = 0;  // on the stream's clock
+  std::int64_t end_ns = 0;
+};
+
+// A Device that forwards every call to a SimDevice and reports each copy it
+// enqueues (after the SimDevice accepted it), with the copy's exact place on
+// its stream's clock. The replayer puts it between the SimDevice and the
+// allocator (and so the runtime) only when it records a timeline; the
+// callback must not call back into the runtime.
+class ObservedSimDevice final : public Device {
+ public:
+  using CopyObserver = absl::AnyInvocable<void(const ObservedCopy&)>;
+  ObservedSimDevice(SimDevice* device, CopyObserver observer)
+      : device_(device), observer_(std::move(observer)) {}
+
+  std::string Describe() const override { return device_->Describe(); }
+  std::size_t Capacity() const override { return device_->Capacity(); }
+  std::size_t FreeBytes() const override { return device_->FreeBytes(); }
+  std::int64_t NowNs() const override { return device_->NowNs(); }
+  absl::StatusOr<void*> ReserveSegment(std::size_t bytes) override {
+    return device_->ReserveSegment(bytes);
+  }
+  absl::Status ReleaseSegment(void* ptr) override { return device_->ReleaseSegment(ptr); }
+  absl::StatusOr<void*> AllocateHost(std::size_t bytes) override {
+    return device_->AllocateHost(bytes);
+  }
+  absl::Status FreeHost(void* ptr) override { return device_->FreeHost(ptr); }
+  absl::StatusOr<Stream> CreateStream() override { return device_->CreateStream(); }
+  absl::Status DestroyStream(Stream stream) override { return device_->DestroyStream(stream); }
+  absl::StatusOr<Event> CreateEvent() override { return device_->CreateEvent(); }
+  absl::Status DestroyEvent(Event event) override { return device_->DestroyEvent(event); }
+  absl::Status RecordEvent(Event event, Stream stream) override {
+    return device_->RecordEvent(event, stream);
+  }
+  absl::StatusOr<bool> QueryEvent(Event event) override { return device_->QueryEvent(event); }
+  absl::Status StreamWaitEvent(Stream stream, Event event) override {
+    return device_->StreamWaitEvent(stream, event);
+  }
+  absl::Status SynchronizeEvent(Event event) override { return device_->SynchronizeEvent(event); }
+  absl::Status SynchronizeStream(Stream stream) override {
+    return device_->SynchronizeStream(stream);
+  }
+  absl::Status Synchronize() override { return device_->Synchronize(); }
+  absl::Status CopyAsync(void* dst, const void* src, std::size_t bytes, CopyKind kind,
+                         Stream stream) override;
+  absl::Status LaunchHostFunc(Stream stream, absl::AnyInvocable<void() &&> fn,
+                              std::int64_t cost_ns = 0) override {
+    return device_->LaunchHostFunc(stream, std::move(fn), cost_ns);
+  }
+
+ private:
+  SimDevice* const device_;
+  CopyObserver observer_;
+};
+
+}  // namespace remat
+
+#endif  // REMAT_SIM_SIM_TIMELINE_H_
