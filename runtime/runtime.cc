@@ -49,6 +49,10 @@ struct Runtime::Storage {
   static constexpr std::size_t kNoSlot = SIZE_MAX;
   std::size_t candidate_slot = kNoSlot;  // index in candidates_, while a candidate
   mutable std::uint64_t walk_mark = 0;   // the last DroppedChainCost walk that saw it
+  // DroppedChainCost of this storage, valid during pressure event chain_epoch
+  // (candidates sharing an input walk its ancestors once per event).
+  mutable std::uint64_t chain_epoch = 0;
+  mutable std::int64_t chain_cost = 0;
   // Kept by SetState, so building a candidate reads no neighbour that cannot matter.
   std::int64_t first_access_ns = 0;
   std::int64_t next_use_at = -1;          // HintNextUse's device time; -1 unknown
@@ -696,6 +700,7 @@ policies::Candidate Runtime::MakeCandidate(const Storage* s, const policies::Nee
 }
 
 void Runtime::GatherCandidates() {
+  ++chain_epoch_;  // states may have changed since the last event: no memo carries over
   scratch_.clear();
   scratch_storages_.clear();
   const std::size_t n = candidates_.size();
@@ -786,6 +791,7 @@ std::int64_t Runtime::DroppedChainCost(const Storage* root) const {
   // even when a 100,000-long chain behind it is dropped.
   constexpr std::size_t kMaxNeighbourhood = 32;
   if (root->state != TensorState::kDropped) return 0;
+  if (root->chain_epoch == chain_epoch_) return root->chain_cost;
   // Visited storages carry this walk's mark: no search through `seen`.
   const std::uint64_t mark = ++walk_mark_;
   absl::InlinedVector<const Storage*, kMaxNeighbourhood> seen = {root};
@@ -801,6 +807,8 @@ std::int64_t Runtime::DroppedChainCost(const Storage* root) const {
       }
     }
   }
+  root->chain_epoch = chain_epoch_;
+  root->chain_cost = cost;
   return cost;
 }
 

@@ -246,6 +246,7 @@ class Runtime {
   // it in O(1) per candidate.
   std::vector<Storage*> candidates_ ABSL_GUARDED_BY(mu_);
   mutable std::uint64_t walk_mark_ ABSL_GUARDED_BY(mu_) = 0;  // see DroppedChainCost
+  std::uint64_t chain_epoch_ ABSL_GUARDED_BY(mu_) = 1;        // one per pressure event
   // When the host link will have carried every copy queued so far (estimated
   // from the link's bandwidth): the backlog a new offload waits behind.
   std::int64_t link_free_at_ns_ ABSL_GUARDED_BY(mu_) = 0;
