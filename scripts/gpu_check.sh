@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The checks that need a real GPU, in one run: the gpu-labelled tests, the
+# preload shim under real CUDA programs (our probes and PyTorch), the PyTorch
+# integrations, cuda_bench, and a PyTorch GPT-2 memory reference.
+#
+#   ./scripts/gpu_check.sh [BUILD_DIR [OUT_DIR]]
+#
+# BUILD_DIR (default build) must hold a Release or RelWithDebInfo build with
+# tests: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build
+# Logs, JSON and a summary go to OUT_DIR (default gpu-out). Every step runs
+# under a time limit and the script goes on past a failure; its exit status is
+# the number of failed steps. Needs python3 with torch (and transformers for the
+# GPT-2 step); without them those steps are reported as skipped.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=$(realpath "${1:-build}")
+out=$(realpath -m "${2:-gpu-out}")
+mkdir -p "$out"
+# Shared libraries carried beside a build made on another machine (optional).
+if [[ -d .devlibs ]]; then export LD_LIBRARY_PATH=$PWD/.devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; fi
+summary=$out/summary.txt
+: >"$summary"
+failed=0
+
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$? took=$((SECONDS - start))
+  local verdict=pass
+  if ((rc == 77)); then verdict=skip; elif ((rc != 0)); then verdict="FAIL rc=$rc"; failed=$((failed + 1)); fi
+  printf '%-22s %-12s %4ss\n' "$name" "$verdict" "$took" | tee -a "$summary"
+  if [[ $verdict == FAIL* ]]; then tail -n 25 "$out/$name.log"; fi
+}
+
+have_torch() { python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; }
+torch_or_skip() { have_torch || { echo "no torch with CUDA"; exit 77; }; }
+export -f have_torch torch_or_skip
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
+} | tee "$out/machine.txt"
+
+step cuda_device_test 90 "$build/bin/cuda_device_test" --gtest_brief=1
+step runtime_cuda_test 120 "$build/bin/runtime_cuda_test" --gtest_brief=1 --gtest_repeat=3
+grep -h "SKIPPED\|Skipped" "$out"/cuda_device_test.log "$out"/runtime_cuda_test.log | head -5
+
+# The preload shim under real CUDA: the runtime API probe and the driver API
+# probe, each with a budget the shim must enforce.
+probe_budget=$((256 * 1024 * 1024))
+step preload_runtime_probe 45 "$build/bin/remat" run --device cuda --budget "$probe_budget" \
+  --trace "$out/probe.csv" --stats -- "$build/bin/preload_runtime_probe" "$probe_budget"
+step preload_driver_probe 45 "$build/bin/remat" run --device cuda --budget "$probe_budget" \
+  -- "$build/bin/preload_driver_probe" "$probe_budget"
+
+# An unmodified PyTorch program under the shim: its caching allocator's
+# cudaMalloc calls go through remat, capped by the budget.
+cat >"$out/torch_mlp.py" <<'EOF'
+import torch
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(4096, 16384), torch.nn.GELU(), torch.nn.Linear(16384, 4096)).cuda()
+opt = torch.optim.AdamW(m.parameters())
+for _ in range(10):
+    loss = m(torch.randn(2048, 4096, device="cuda")).square().mean()
+    loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+torch.cuda.synchronize()
+free, total = torch.cuda.mem_get_info()
+print(f"loss {loss.item():.6f} peak {torch.cuda.max_memory_reserved() / 2**20:.0f} MiB; "
+      f"mem_get_info total {total / 2**30:.2f} GiB")
+EOF
+step torch_preload 90 bash -c "torch_or_skip; '$build/bin/remat' run --device cuda --budget 4GiB \
+  --stats --trace '$out/torch_mlp.csv' -- python3 '$out/torch_mlp.py' && \
+  '$build/bin/remat' replay '$out/torch_mlp.csv' --json"
+
+export REMAT_TORCH_LIB=$build/lib/libremat_torch.so REMAT_LIB=$build/lib/libremat.so
+step torch_pluggable 60 bash -c "torch_or_skip; REMAT_STATS=1 python3 examples/torch_pluggable.py --mode process"
+step torch_mempool 60 bash -c "torch_or_skip; python3 examples/torch_pluggable.py --mode mempool"
+step torch_offload_hooks 60 bash -c "torch_or_skip; python3 examples/torch_offload_hooks.py --device cuda"
+step torch_offload_hooks_64 60 bash -c "torch_or_skip; python3 examples/torch_offload_hooks.py --device cuda --budget-mib 64"
+
+step cuda_bench 120 "$build/bin/cuda_bench" --benchmark_min_time=0.2 \
+  --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json
+step gpt2_memory 90 bash -c "torch_or_skip; python3 bench/torch_gpt2_memory.py"
+
+echo "failed steps: $failed" | tee -a "$summary"
+exit "$failed"
