@@ -425,4 +425,13 @@ absl::Status SimDevice::LaunchHostFunc(Stream stream, absl::AnyInvocable<void() 
   return absl::OkStatus();
 }
 
+absl::Status SimDevice::Occupy(Stream stream, std::int64_t cost_ns) {
+  MutexLock lock(&mu_);
+  std::int64_t* stream_time;
+  REMAT_ASSIGN_OR_RETURN(stream_time, StreamTimeLocked(stream));
+  if (cost_ns < 0) return absl::InvalidArgumentError("Occupy: negative cost");
+  EnqueueLocked(stream_time, cost_ns);
+  return absl::OkStatus();
+}
+
 }  // namespace remat

@@ -88,6 +88,11 @@ class SimDevice final : public Device {
   absl::Status LaunchHostFunc(Stream stream, absl::AnyInvocable<void() &&> fn,
                               std::int64_t cost_ns = 0) override;
 
+  // Keeps `stream` busy for `cost_ns` after its work so far, with nothing to
+  // run: LaunchHostFunc of an empty function, without queueing one (what a
+  // simulated kernel that touches no bytes costs).
+  absl::Status Occupy(Stream stream, std::int64_t cost_ns);
+
   // --- Simulation controls and observations ---
   bool backed() const { return options_.backed; }
   const SimCostModel& cost_model() const { return options_.cost; }

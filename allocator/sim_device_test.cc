@@ -161,6 +161,27 @@ TEST(SimDeviceTest, WorkStartsNoEarlierThanTheHost) {
   EXPECT_EQ(*device->StreamTimeNs(kDefaultStream), 10010);
 }
 
+TEST(SimDeviceTest, OccupyKeepsAStreamBusyLikeAnEmptyHostFunction) {
+  auto device = MakeDevice();
+  Stream s = *device->CreateStream();
+  device->AdvanceHost(1000);
+  ASSERT_TRUE(device->Occupy(s, 500).ok());
+  ASSERT_TRUE(device->Occupy(s, 250).ok());
+  EXPECT_EQ(*device->StreamTimeNs(s), 1750);
+  // Work queued after it starts when it ends, as after a launched function.
+  std::vector<int> order;
+  ASSERT_TRUE(device->LaunchHostFunc(s, [&order] { order.push_back(1); }, 100).ok());
+  device->AdvanceHost(800);  // host at 1800: the function ends at 1850
+  EXPECT_TRUE(order.empty());
+  ASSERT_TRUE(device->SynchronizeStream(s).ok());
+  EXPECT_EQ(order, std::vector<int>{1});
+  EXPECT_EQ(device->NowNs(), 1850);
+  // Bad input changes nothing.
+  EXPECT_EQ(device->Occupy(s, -1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(device->Occupy(Stream{12345}, 10).ok());
+  EXPECT_EQ(*device->StreamTimeNs(s), 1850);
+}
+
 TEST(SimDeviceTest, ReleaseSegmentWaitsForQueuedWork) {
   auto device = MakeDevice({.capacity = kGiB, .backed = true});
   void* seg = *device->ReserveSegment(2 * kMiB);

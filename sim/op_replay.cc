@@ -121,9 +121,9 @@ class Replayer {
         break;
       }
     }
+    (void)device_->Synchronize();  // the simulated work still queued is part of the replay
     report_.replay_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
-    (void)device_->Synchronize();
     const RuntimeStats rs = runtime_->stats();
     const AllocatorStats as = alloc_->GetStats();
     report_.time_ns = device_->NowNs();
@@ -228,7 +228,7 @@ class Replayer {
   absl::Status Launch(Stream stream, std::uint32_t out, absl::Span<const std::uint32_t> inputs,
                       absl::Span<void* const> input_ptrs, void* out_ptr, std::int64_t cost_ns,
                       bool first) {
-    if (!options_.verify) return device_->LaunchHostFunc(stream, [] {}, cost_ns);
+    if (!options_.verify) return device_->Occupy(stream, cost_ns);
     std::vector<const unsigned char*> ins;
     std::vector<std::size_t> sizes;
     for (std::size_t j = 0; j < inputs.size(); ++j) {
@@ -325,7 +325,8 @@ class Replayer {
         continue;
       }
       TensorOptions options;
-      options.inputs = in_ids;
+      // The last output takes the list; earlier ones (multi-output calls) copy it.
+      options.inputs = out == r.outputs.back() ? std::move(in_ids) : in_ids;
       options.compute_ns = r.cost_ns;
       options.allow_drop = true;
       options.allow_offload = true;
@@ -359,9 +360,9 @@ class Replayer {
       }
     }
     if constexpr (!kTimeline) {
-      if (!charged) return device_->LaunchHostFunc(compute, [] {}, r.cost_ns);
+      if (!charged) return device_->Occupy(compute, r.cost_ns);
     } else if (!charged) {  // no output with bytes: the cost alone
-      absl::Status s = device_->LaunchHostFunc(compute, [] {}, r.cost_ns);
+      absl::Status s = device_->Occupy(compute, r.cost_ns);
       if (s.ok()) OnCompute(r, compute);
       return s;
     }
