@@ -75,6 +75,9 @@ struct PressureContext {
   // How long the host link stays busy with the copies already queued (the
   // runtime's estimate): what an offload now waits for before it starts.
   std::int64_t link_backlog_ns = 0;
+  // How long the link needs to bring back everything now offloaded (on host
+  // or on its way there): copies that an offload's own restore competes with.
+  std::int64_t restore_backlog_ns = 0;
   absl::Span<const Candidate> candidates;
   const MemoryMap* memory_map = nullptr;  // for allocator-aware policies; may be null
 };

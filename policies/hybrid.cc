@@ -1,13 +1,19 @@
-// hybrid: chooses per tensor between offloading and dropping.
+// hybrid: chooses per tensor between offloading and dropping, by what each
+// puts on the program's path.
 //
-// An offload is free when the copy out and back fits in the time until the
-// tensor's next use (known from a trace replay's hints, or estimated online
-// from its access history: its mean interval between uses); such tensors go
-// first, by offload. Otherwise a tensor costs the cheaper of its recompute
-// (own closure and dropped ancestors) and the copy round trip, and tensors
-// rank DTR-like by cost / (bytes x staleness^e). It asks drivers that know
-// the future to prefetch restores `prefetch_us` ahead, so they arrive before
-// use.
+// A drop frees the block at once and costs the recompute (own closure, the
+// dropped ancestors it needs first and, weighted by `consumers`, the dropped
+// tensors that read it) when the tensor is next used. An offload frees the
+// block only once the copy out is done, behind the copies already queued on
+// the link: the request under pressure waits that long. Its copy back is
+// hidden when the queued copies, the restores already owed for everything
+// offloaded and its own round trip, times `slack`, fit before its next use
+// (known from a trace replay's hints, or estimated online from the access
+// history: its mean interval between uses); otherwise that is waited for too.
+// Each tensor takes the cheaper action, and tensors rank by that cost /
+// (bytes x staleness^staleness_exp) (staleness_exp=0: Capuchin's memory saved
+// per second). Drivers that know the future prefetch restores `prefetch_us`
+// ahead, so that they arrive before use.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -21,11 +27,14 @@ namespace {
 
 class Hybrid final : public EvictionPolicy {
  public:
-  Hybrid(double staleness_exp, double prefetch_us, double hidden_weight)
-      : staleness_exp_(staleness_exp), prefetch_us_(prefetch_us), hidden_weight_(hidden_weight) {}
+  Hybrid(double staleness_exp, double prefetch_us, double slack, double consumers)
+      : staleness_exp_(staleness_exp),
+        prefetch_us_(prefetch_us),
+        slack_(slack),
+        consumers_(consumers) {}
   std::string OwnSpec() const override {
-    return absl::StrFormat("hybrid:hidden_weight=%g,prefetch_us=%g,staleness_exp=%g",
-                           hidden_weight_, prefetch_us_, staleness_exp_);
+    return absl::StrFormat("hybrid:consumers=%g,prefetch_us=%g,slack=%g,staleness_exp=%g",
+                           consumers_, prefetch_us_, slack_, staleness_exp_);
   }
   Needs needs() const override { return {.next_use = true}; }
   std::int64_t prefetch_window_ns() const override {
@@ -33,8 +42,7 @@ class Hybrid final : public EvictionPolicy {
   }
 
   // Ranks by score, then walks the ranking keeping count of the link: each
-  // offload queues behind the copies before it, so a copy is hidden only if
-  // the backlog and the round trip both fit before the next use.
+  // offload's copy out queues behind those planned before it.
   Plan Choose(const PressureContext& ctx) override {
     std::vector<std::pair<double, const Candidate*>> ranked;
     ranked.reserve(ctx.candidates.size());
@@ -67,42 +75,47 @@ class Hybrid final : public EvictionPolicy {
     const std::int64_t expected = c.last_access_ns + interval - ctx.now_ns;
     return expected > 0 ? expected : -1;
   }
-  static bool HiddenOffload(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) {
-    if (!c.can_offload) return false;
+  bool RestoreHidden(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) const {
     const std::int64_t next = NextUse(c, ctx);
-    return next >= 0 && backlog + c.transfer_ns <= next;
+    return next >= 0 &&
+           static_cast<double>(backlog + ctx.restore_backlog_ns + c.transfer_ns) * slack_ <=
+               static_cast<double>(next);
   }
-  double Score(const Candidate& c, const PressureContext& ctx) const {
-    double cost;
-    if (HiddenOffload(c, ctx, ctx.link_backlog_ns)) {
-      cost = hidden_weight_ * static_cast<double>(c.transfer_ns);  // it still uses the link
-    } else {
-      cost = EvictionCost(c, static_cast<double>(c.compute_ns + c.neighbourhood_ns));
-    }
-    const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));
-    return cost / (bytes * std::pow(Staleness(c, ctx), staleness_exp_));
+  double OffloadCost(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) const {
+    const double out = static_cast<double>(backlog + c.transfer_ns / 2);
+    return RestoreHidden(c, ctx, backlog) ? out : out + static_cast<double>(c.transfer_ns / 2);
   }
-  // Offload when the link hides it; else the cheaper of recompute (with the
-  // dropped neighbours it drags along) and the copy round trip.
-  static EvictAction Action(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) {
-    if (HiddenOffload(c, ctx, backlog)) return EvictAction::kOffload;
+  double DropCost(const Candidate& c) const {
+    return static_cast<double>(c.compute_ns + c.ancestors_ns) +
+           consumers_ * static_cast<double>(c.consumers_ns);
+  }
+  EvictAction Action(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) const {
     if (!c.can_offload) return EvictAction::kDrop;
     if (!c.can_drop) return EvictAction::kOffload;
-    return c.compute_ns + c.neighbourhood_ns <= c.transfer_ns ? EvictAction::kDrop
-                                                              : EvictAction::kOffload;
+    return OffloadCost(c, ctx, backlog) < DropCost(c) ? EvictAction::kOffload : EvictAction::kDrop;
+  }
+  double Score(const Candidate& c, const PressureContext& ctx) const {
+    const std::int64_t backlog = ctx.link_backlog_ns;
+    const double cost = Action(c, ctx, backlog) == EvictAction::kOffload
+                            ? OffloadCost(c, ctx, backlog)
+                            : DropCost(c);
+    const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));
+    if (staleness_exp_ == 0) return cost / bytes;
+    return cost / (bytes * std::pow(Staleness(c, ctx), staleness_exp_));
   }
 
-  double staleness_exp_, prefetch_us_, hidden_weight_;
+  double staleness_exp_, prefetch_us_, slack_, consumers_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeHybrid(PolicyParams& params) {
-  double e = 1.0, prefetch_us = 2000, hidden_weight = 0.05;
+  double e = 0.25, prefetch_us = 2000, slack = 2.0, consumers = 0.0;
   if (absl::Status s = params.Double("staleness_exp", &e, 0.0, 16.0); !s.ok()) return s;
   if (absl::Status s = params.Double("prefetch_us", &prefetch_us, 0.0, 1e9); !s.ok()) return s;
-  if (absl::Status s = params.Double("hidden_weight", &hidden_weight, 0.0, 1.0); !s.ok()) return s;
-  return std::make_unique<Hybrid>(e, prefetch_us, hidden_weight);
+  if (absl::Status s = params.Double("slack", &slack, 1.0, 1e6); !s.ok()) return s;
+  if (absl::Status s = params.Double("consumers", &consumers, 0.0, 1.0); !s.ok()) return s;
+  return std::make_unique<Hybrid>(e, prefetch_us, slack, consumers);
 }
 
 }  // namespace remat::policies

@@ -267,47 +267,81 @@ TEST(PolicyTest, BeladyEvictsWhatIsUsedFarthestAhead) {
   EXPECT_THAT(Ids(PlanFor("belady", {soon, late, never}, 200)), ElementsAre(3, 2));
 }
 
-TEST(PolicyTest, HybridOffloadsWhatTheLinkCanHideAndDropsTheRest) {
-  // Both cost the same to recompute and copy; only a's copy fits before its next use.
-  Candidate a = Make(1, 100, 0, 50'000, 40'000), b = Make(2, 100, 0, 50'000, 40'000);
-  a.next_use_ns = 1'000'000;
-  b.next_use_ns = 1'000;
-  const Plan plan = PlanFor("hybrid", {a, b}, 200);
-  ASSERT_EQ(plan.size(), 2u);
-  EXPECT_EQ(plan[0], (PlanStep{1, EvictAction::kOffload}));  // hidden: cheapest, first
-  // b's copy is not hidden (its next use is near) but still cheaper than recomputing.
-  EXPECT_EQ(plan[1], (PlanStep{2, EvictAction::kOffload}));
-  b.compute_ns = 1'000;  // now recompute is the cheapest of all: b first, dropped
-  EXPECT_EQ(PlanFor("hybrid", {a, b}, 200)[0], (PlanStep{2, EvictAction::kDrop}));
+// Hybrid's choice on the link's terms: a 40 us round trip (20 us out, 20 back)
+// against a 50 us recompute.
+Plan HybridPlan(const std::vector<Candidate>& candidates, std::size_t needed,
+                std::int64_t link_backlog_ns = 0, std::int64_t restore_backlog_ns = 0,
+                const std::string& spec = "hybrid") {
+  auto policy = Create(spec);
+  EXPECT_TRUE(policy.ok()) << policy.status();
+  PressureContext ctx;
+  ctx.bytes_needed = needed;
+  ctx.now_ns = 1'000'000;
+  ctx.link_backlog_ns = link_backlog_ns;
+  ctx.restore_backlog_ns = restore_backlog_ns;
+  ctx.candidates = candidates;
+  return (*policy)->Choose(ctx);
+}
+
+TEST(PolicyTest, HybridOffloadsWhenWaitingForTheCopyCostsLessThanRecomputing) {
+  Candidate a = Make(1, 100, 0, 50'000, 40'000);
+  a.next_use_ns = 1'000'000;  // far: the copy back is hidden; the request waits 20 us for the copy out
+  EXPECT_THAT(HybridPlan({a}, 100), ElementsAre(PlanStep{1, EvictAction::kOffload}));
+  a.next_use_ns = 1'000;  // near: out and back are both waited for, 40 us: still under 50
+  EXPECT_THAT(HybridPlan({a}, 100), ElementsAre(PlanStep{1, EvictAction::kOffload}));
+  a.compute_ns = 30'000;  // near, and recomputing (30 us) beats 40 us of copies
+  EXPECT_THAT(HybridPlan({a}, 100), ElementsAre(PlanStep{1, EvictAction::kDrop}));
+  a.next_use_ns = 1'000'000;  // far again: 20 us of copy out beats 30 us of recompute
+  EXPECT_THAT(HybridPlan({a}, 100), ElementsAre(PlanStep{1, EvictAction::kOffload}));
+  // ...unless the restores already owed fill the link until then: 2 x (500 + 40) > 1000.
+  EXPECT_THAT(HybridPlan({a}, 100, 0, 500'000), ElementsAre(PlanStep{1, EvictAction::kDrop}));
+  // ...or the link is busy: 15 us of backlog + 20 out > 30.
+  EXPECT_THAT(HybridPlan({a}, 100, 15'000), ElementsAre(PlanStep{1, EvictAction::kDrop}));
   // Online: the access history predicts the next use.
   Candidate c = Make(3, 100, 900'000, 50'000, 40'000);
   c.first_access_ns = 100'000;
-  c.accesses = 3;  // every 400 us: next at 1.3 ms, 300 us from now
-  EXPECT_EQ(PlanFor("hybrid", {c}, 100)[0], (PlanStep{3, EvictAction::kOffload}));
+  c.accesses = 3;  // every 400 us: next at 1.3 ms, 300 us from now; 2 x 40 fits
+  c.compute_ns = 30'000;
+  EXPECT_THAT(HybridPlan({c}, 100), ElementsAre(PlanStep{3, EvictAction::kOffload}));
+  c.accesses = 1;  // no history: the copy back counts too, 40 us > 30
+  EXPECT_THAT(HybridPlan({c}, 100), ElementsAre(PlanStep{3, EvictAction::kDrop}));
   EXPECT_EQ((*Create("hybrid:prefetch_us=500"))->prefetch_window_ns(), 500'000);
 }
 
-TEST(PolicyTest, HybridCountsTheLinksBacklog) {
-  // Each copy takes 40 us out and back; the next use is 50 us away: one copy
-  // fits, a second queued behind it does not.
+TEST(PolicyTest, HybridRanksByCostAndCountsItsOwnCopiesOnTheLink) {
+  // Both far from their next use and dearer to recompute than to copy out.
   Candidate a = Make(1, 100, 0, 50'000, 40'000), b = Make(2, 100, 0, 50'000, 40'000);
-  a.next_use_ns = b.next_use_ns = 50'000;
-  b.compute_ns = 30'000;  // cheaper to recompute than to wait for the link
-  auto policy = Create("hybrid");
-  ASSERT_TRUE(policy.ok());
-  std::vector<Candidate> cs = {a, b};
-  PressureContext ctx;
-  ctx.bytes_needed = 200;
-  ctx.now_ns = 1'000'000;
-  ctx.candidates = cs;
-  Plan plan = (*policy)->Choose(ctx);
-  ASSERT_EQ(plan.size(), 2u);
-  EXPECT_EQ(plan[0], (PlanStep{1, EvictAction::kOffload}));
-  EXPECT_EQ(plan[1], (PlanStep{2, EvictAction::kDrop}));  // 20 us of backlog + 40 > 50
-  // With the link already busy for 45 us, nothing is hidden.
-  ctx.link_backlog_ns = 45'000;
-  plan = (*policy)->Choose(ctx);
-  EXPECT_EQ(plan[0].action, EvictAction::kDrop);
+  a.next_use_ns = b.next_use_ns = 1'000'000;
+  // a goes first (lower id on a tie) and is offloaded; b's copy would queue
+  // behind a's 20 us: 40 us of waiting, still under 50.
+  EXPECT_THAT(HybridPlan({a, b}, 200), ElementsAre(PlanStep{1, EvictAction::kOffload},
+                                                   PlanStep{2, EvictAction::kOffload}));
+  b.compute_ns = 35'000;  // behind a's copy, b's 40 us now lose to its 35 us recompute
+  EXPECT_THAT(HybridPlan({a, b}, 200), ElementsAre(PlanStep{1, EvictAction::kOffload},
+                                                   PlanStep{2, EvictAction::kDrop}));
+  b.compute_ns = 1'000;  // recomputing b is the cheapest eviction of all: first
+  EXPECT_THAT(HybridPlan({a, b}, 200), ElementsAre(PlanStep{2, EvictAction::kDrop},
+                                                   PlanStep{1, EvictAction::kOffload}));
+  // Only one is needed: the cheaper alone.
+  EXPECT_THAT(Ids(HybridPlan({a, b}, 100)), ElementsAre(2));
+  // Without offload or drop allowed, the other action is taken whatever it costs.
+  a.can_drop = false;
+  a.next_use_ns = 1'000;
+  a.compute_ns = 1;
+  EXPECT_THAT(HybridPlan({a}, 100), ElementsAre(PlanStep{1, EvictAction::kOffload}));
+  a.can_drop = true;
+  a.can_offload = false;
+  a.compute_ns = 1'000'000'000;
+  EXPECT_THAT(HybridPlan({a}, 100), ElementsAre(PlanStep{1, EvictAction::kDrop}));
+}
+
+TEST(PolicyTest, HybridParametersAreCheckedAndEchoed) {
+  auto policy = Create("hybrid:slack=3,consumers=1,staleness_exp=0");
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_THAT((*policy)->Spec(), HasSubstr("slack=3"));
+  EXPECT_FALSE(Create("hybrid:slack=0.5").ok());  // a slack under 1 would promise the impossible
+  EXPECT_FALSE(Create("hybrid:consumers=2").ok());
+  EXPECT_FALSE(Create("hybrid:hidden_weight=0.1").ok());
 }
 
 // Two segments; the request needs 3 contiguous units.

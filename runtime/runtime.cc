@@ -740,6 +740,8 @@ bool Runtime::Evict(const PressureRequest& request) {
   ctx.stream = request.stream;
   ctx.now_ns = device_->NowNs();
   ctx.link_backlog_ns = std::max<std::int64_t>(link_free_at_ns_ - ctx.now_ns, 0);
+  ctx.restore_backlog_ns = static_cast<std::int64_t>(
+      static_cast<double>(host_pool_.in_use_bytes()) / options_.link_gbps);
   ctx.candidates = scratch_;
   MemoryMap map;
   if (policy_->needs().memory_map) {

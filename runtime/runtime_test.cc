@@ -423,6 +423,37 @@ TEST_F(RuntimeTest, CandidatesCarryClassesFreeNeighboursHintsAndHistory) {
   EXPECT_EQ(ca->recomputes, 0u);
 }
 
+TEST_F(RuntimeTest, PoliciesSeeTheRestoresOwedForWhatIsOffloaded) {
+  // Offloads every candidate it may; records what the link owes at each event.
+  struct Offloading : policies::EvictionPolicy {
+    policies::Plan Choose(const policies::PressureContext& ctx) override {
+      restore_backlog.push_back(ctx.restore_backlog_ns);
+      policies::Plan plan;
+      for (const policies::Candidate& c : ctx.candidates) {
+        if (c.can_offload) plan.push_back({c.id, policies::EvictAction::kOffload});
+      }
+      return plan;
+    }
+    std::string OwnSpec() const override { return "offloading"; }
+    std::vector<std::int64_t> restore_backlog;
+  };
+  auto policy = std::make_shared<Offloading>();
+  Make(8 * kMiB, {.custom_policy = policy, .link_gbps = 25.0});
+  TensorId a = Produce(4 * kMiB, {}, false, true);
+  TensorId big = Produce(6 * kMiB, {}, false, false);  // a goes to the host
+  EXPECT_NE(StateOf(a), TensorState::kResident);
+  // At the next event the policy sees a's restore owed.
+  TensorId c = Produce(kMiB, {}, false, true);
+  Produce(2 * kMiB, {}, false, false);
+  EXPECT_NE(StateOf(c), TensorState::kResident);
+  ASSERT_EQ(policy->restore_backlog.size(), 2u);
+  EXPECT_EQ(policy->restore_backlog[0], 0);
+  EXPECT_EQ(policy->restore_backlog[1], static_cast<std::int64_t>(4 * kMiB / 25.0));
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  Check(a);  // both come back byte for byte
+  Check(c);
+}
+
 TEST_F(RuntimeTest, APolicyThatSamplesSeesOnlyItsSample) {
   // Ten droppable 1 MiB tensors fill the budget; each new one needs one out.
   for (const char* spec : {"lru", "lru:sample=1"}) {
