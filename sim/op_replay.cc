@@ -1,6 +1,8 @@
 #include "sim/op_replay.h"
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -68,7 +70,8 @@ class Replayer {
       alloc_device = observed_.get();
     }
     absl::StatusOr<std::unique_ptr<CachingAllocator>> alloc =
-        CachingAllocator::Create(alloc_device, {.budget = options_.budget});
+        CachingAllocator::Create(alloc_device, {.budget = options_.budget,
+                                                .max_split_size = EffectiveMaxSplit(options_)});
     if (!alloc.ok()) return alloc.status();
     alloc_ = std::move(*alloc);
     RuntimeOptions rt;
@@ -89,6 +92,8 @@ class Replayer {
     counters_ = std::make_shared<Counters>();
     report_.policy = runtime_->policy().Spec();
     report_.budget_bytes = options_.live_budget != 0 ? options_.live_budget : options_.budget;
+    const std::size_t max_split = EffectiveMaxSplit(options_);
+    report_.max_split_bytes = max_split == std::numeric_limits<std::size_t>::max() ? 0 : max_split;
     report_.status = "ok";
     if constexpr (kTimeline) StartTimeline();
     const auto loop_start = std::chrono::steady_clock::now();
@@ -592,6 +597,19 @@ class Replayer {
 };
 
 }  // namespace
+
+void SetBudget(OpReplayOptions& options, std::uint64_t bytes, bool live) {
+  if (live) {
+    options.live_budget = std::max<std::uint64_t>(bytes, 1);
+  } else {
+    options.budget = std::max<std::uint64_t>(bytes, 2 * kMiB);
+  }
+}
+
+std::size_t EffectiveMaxSplit(const OpReplayOptions& options) {
+  if (options.max_split_size != 0) return options.max_split_size;
+  return options.budget != 0 ? kBudgetedMaxSplit : std::numeric_limits<std::size_t>::max();
+}
 
 absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpReplayOptions& options) {
   if (options.scale == 0) return absl::InvalidArgumentError("scale must be at least 1");

@@ -1,5 +1,6 @@
 #include "sim/op_replay.h"
 
+#include <limits>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -118,11 +119,49 @@ TEST(OpReplayTest, TransformerStepVerifiesUnderPressure) {
   }
 }
 
+TEST(OpReplayTest, TheSplitLimitKeepsABigFreeBlockWholeForTheNextBigRequest) {
+  // A 100 MiB buffer is freed; a 12 MiB tensor that outlives it comes next,
+  // then another 100 MiB. Split, the first block holds the small tensor and
+  // the big one needs a new segment; unsplit, it is reused whole.
+  absl::StatusOr<OpTrace> trace = ParseOpTrace(
+      "{\"op\":\"constant\",\"id\":\"a\",\"bytes\":104857600}\n"
+      "{\"op\":\"release\",\"id\":\"a\"}\n"
+      "{\"op\":\"constant\",\"id\":\"s\",\"bytes\":12582912}\n"
+      "{\"op\":\"constant\",\"id\":\"b\",\"bytes\":104857600}\n",
+      "split");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  const OpReplayReport split = Replay(*trace, {});
+  const OpReplayReport whole = Replay(*trace, {.max_split_size = 64 * kMiB});
+  EXPECT_EQ(split.max_split_bytes, 0u);  // unlimited, no budget: no limit by default
+  EXPECT_EQ(whole.max_split_bytes, 64 * kMiB);
+  EXPECT_EQ(split.peak_reserved_bytes, 200 * kMiB);  // 12 inside the first 100, then 100 more
+  EXPECT_EQ(whole.peak_reserved_bytes, 112 * kMiB);  // 12 in a segment of its own, 100 reused
+
+  // Under a reserved budget the limit is on by default; SIZE_MAX turns it off.
+  OpReplayOptions budgeted;
+  SetBudget(budgeted, 256 * kMiB, /*live=*/false);
+  EXPECT_EQ(budgeted.budget, 256 * kMiB);
+  EXPECT_EQ(EffectiveMaxSplit(budgeted), kBudgetedMaxSplit);
+  EXPECT_EQ(Replay(*trace, budgeted).max_split_bytes, kBudgetedMaxSplit);
+  budgeted.max_split_size = std::numeric_limits<std::size_t>::max();
+  EXPECT_EQ(Replay(*trace, budgeted).max_split_bytes, 0u);
+  // A live budget leaves the allocator alone; a tiny reserved one is a segment.
+  OpReplayOptions live;
+  SetBudget(live, 1000, /*live=*/true);
+  EXPECT_EQ(live.live_budget, 1000u);
+  EXPECT_EQ(EffectiveMaxSplit(live), std::numeric_limits<std::size_t>::max());
+  OpReplayOptions tiny;
+  SetBudget(tiny, 1000, /*live=*/false);
+  EXPECT_EQ(tiny.budget, 2 * kMiB);
+}
+
 TEST(OpReplayTest, BadOptionsAreErrors) {
   const OpTrace trace = Load("chain_100.jsonl");
   EXPECT_FALSE(ReplayOpTrace(trace, {.scale = 0}).ok());
   EXPECT_FALSE(ReplayOpTrace(trace, {.policy = "nope"}).ok());
   EXPECT_FALSE(ReplayOpTrace(trace, {.link_gbps = 0}).ok());
+  // The allocator refuses a split limit below its large-pool threshold.
+  EXPECT_FALSE(ReplayOpTrace(trace, {.max_split_size = kMiB}).ok());
 }
 
 }  // namespace

@@ -91,6 +91,7 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   base.enable_drop = options.enable_drop;
   base.enable_offload = options.enable_offload;
   base.thrash_limit = options.thrash_limit;
+  base.max_split_size = options.max_split_size;
   SweepResult result;
   result.trace = trace.name;
   result.live = options.live;
@@ -118,11 +119,7 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
       SweepRow& row = result.rows[i];
       OpReplayOptions o = base;
       o.policy = row.policy;
-      if (options.live) {
-        o.live_budget = std::max<std::uint64_t>(row.budget, 1);
-      } else {
-        o.budget = std::max<std::uint64_t>(row.budget, 2 * kMiB);  // the smallest segment
-      }
+      SetBudget(o, row.budget, options.live);
       absl::StatusOr<OpReplayReport> r = ReplayOpTrace(trace, o);
       std::lock_guard<std::mutex> lock(mu);
       if (!r.ok()) {

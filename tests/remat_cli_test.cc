@@ -131,8 +131,23 @@ TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
         "\"recomputed_ops\":", "\"recompute_ns\":", "\"offloaded_bytes\":", "\"restored_bytes\":",
         "\"stall_ns\":", "\"evictions\":", "\"wall_seconds\":", "\"verified_accesses\":",
         "\"mismatches\":0", "\"pressure_events\":", "\"candidates_per_event\":",
-        "\"choose_ns_per_event\":"}) {
+        "\"choose_ns_per_event\":", "\"max_split_bytes\":67108864"}) {
     EXPECT_THAT(run.out, HasSubstr(key));
+  }
+  // The split limit: a size, none or auto; too small or malformed is a usage error.
+  const Outcome none = Remat("sim " + Trace("chain_100.jsonl") +
+                             " --budget-ratio 0.5 --policy lru --max-split none --json");
+  ASSERT_EQ(none.status, 0) << none.out;
+  EXPECT_THAT(none.out, HasSubstr("\"max_split_bytes\":0,"));
+  const Outcome sized = Remat("sim " + Trace("chain_100.jsonl") +
+                              " --budget-ratio 0.5 --policy lru --max-split 32MiB --json");
+  ASSERT_EQ(sized.status, 0) << sized.out;
+  EXPECT_THAT(sized.out, HasSubstr("\"max_split_bytes\":33554432"));
+  for (const char* bad : {"1MiB", "lots", "0"}) {
+    EXPECT_EQ(Remat("sim " + Trace("chain_100.jsonl") + " --budget-ratio 0.5 --max-split " + bad)
+                  .status,
+              2)
+        << bad;
   }
   // A sampling policy names its sample; a bad sample is a usage error.
   const Outcome sampled = Remat("sim " + Trace("chain_100.jsonl") +

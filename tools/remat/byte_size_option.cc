@@ -1,5 +1,8 @@
 #include "tools/remat/byte_size_option.h"
 
+#include <limits>
+
+#include "allocator/caching_allocator.h"
 #include "base/units.h"
 
 namespace remat::tools {
@@ -25,6 +28,34 @@ CLI::Option* AddByteSizeOption(CLI::App& app, const std::string& name, std::uint
       name, [bytes](const std::string& text) { *bytes = *ParseBytes(text); }, description);
   option->check(ByteSize())->type_name("BYTES");
   if (!default_text.empty()) option->default_str(default_text);
+  return option;
+}
+
+CLI::Option* AddMaxSplitOption(CLI::App& app, std::size_t* bytes) {
+  CLI::Option* option = app.add_option_function<std::string>(
+      "--max-split",
+      [bytes](const std::string& text) {
+        if (text == "auto") {
+          *bytes = 0;
+        } else if (text == "none") {
+          *bytes = std::numeric_limits<std::size_t>::max();
+        } else {
+          *bytes = static_cast<std::size_t>(*ParseBytes(text));
+        }
+      },
+      "Split no block above this size (auto: 64MiB under a reserved budget, else no "
+      "limit; none: no limit)");
+  option
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            if (text == "auto" || text == "none") return "";
+            absl::StatusOr<std::uint64_t> parsed = ParseBytes(text);
+            if (!parsed.ok()) return std::string(parsed.status().message());
+            if (*parsed < kMinLargeAlloc) return "must be at least 10MiB, or auto or none";
+            return "";
+          },
+          "", "SIZE|none|auto"))
+      ->default_str("auto");
   return option;
 }
 

@@ -2,6 +2,7 @@
 #ifndef REMAT_TOOLS_REMAT_BYTE_SIZE_OPTION_H_
 #define REMAT_TOOLS_REMAT_BYTE_SIZE_OPTION_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -15,6 +16,12 @@ namespace remat::tools {
 CLI::Option* AddByteSizeOption(CLI::App& app, const std::string& name, std::uint64_t* bytes,
                                const std::string& description,
                                const std::string& default_text = "");
+
+// Adds `--max-split SIZE|none|auto` to `app`: the size above which the
+// simulated allocator splits no block, into `*bytes` as
+// OpReplayOptions::max_split_size takes it (auto: 0, none: SIZE_MAX). Sizes
+// under 10 MiB, the large pool's threshold, are a usage error.
+CLI::Option* AddMaxSplitOption(CLI::App& app, std::size_t* bytes);
 
 }  // namespace remat::tools
 

@@ -28,6 +28,7 @@ struct SimFlags {
   bool no_recompute = false;
   std::string accounting = "reserved";
   double thrash_limit = 1.0;
+  std::size_t max_split = 0;  // OpReplayOptions::max_split_size
   bool json = false;
   bool verify = false;
   std::uint64_t scale = 1;
@@ -70,6 +71,9 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
                                f.no_swap ? ", no swap" : "", f.no_recompute ? ", no recompute" : "");
   std::cout << absl::StrFormat("  budget           %s (%s accounting)\n",
                                FormatBytes(r.budget_bytes), f.accounting);
+  std::cout << absl::StrFormat("  split limit      %s\n", r.max_split_bytes == 0
+                                                             ? std::string("none")
+                                                             : FormatBytes(r.max_split_bytes));
   std::cout << absl::StrFormat("  peak reserved    %s (unlimited: %s)\n",
                                FormatBytes(r.peak_reserved_bytes),
                                FormatBytes(base.peak_reserved_bytes));
@@ -113,6 +117,7 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("policy").String(r.policy);
   w.Key("accounting").String(f.accounting);
   w.Key("budget_bytes").Uint(r.budget_bytes);
+  w.Key("max_split_bytes").Uint(r.max_split_bytes);
   if (f.budget_ratio > 0) w.Key("budget_ratio").Double(f.budget_ratio);
   w.Key("swap").Bool(!f.no_swap);
   w.Key("recompute").Bool(!f.no_recompute);
@@ -172,6 +177,7 @@ int RunSim(const SimFlags& f) {
   options.enable_offload = !f.no_swap;
   options.enable_drop = !f.no_recompute;
   options.thrash_limit = f.thrash_limit;
+  options.max_split_size = f.max_split;
   options.scale = f.scale;
   // The unlimited run: the baseline time and the peak the ratio refers to.
   OpReplayOptions unlimited = options;
@@ -183,12 +189,7 @@ int RunSim(const SimFlags& f) {
     const std::uint64_t peak = live ? base->peak_live_bytes : base->peak_reserved_bytes;
     budget = static_cast<std::uint64_t>(f.budget_ratio * static_cast<double>(peak));
   }
-  if (live) {
-    options.live_budget = budget;
-  } else {
-    // The allocator refuses budgets no segment fits in; such a run is an OOM.
-    options.budget = std::max<std::uint64_t>(budget, 2 * kMiB);
-  }
+  SetBudget(options, budget, live);
   options.verify = f.verify;
   SimTimeline timeline;
   if (!f.timeline_path.empty()) options.timeline = &timeline;
@@ -231,6 +232,7 @@ Subcommand AddSimCommand(CLI::App& remat) {
   cmd->add_option("--accounting", flags->accounting, "What the budget counts")
       ->capture_default_str()
       ->check(CLI::IsMember({"reserved", "live"}));
+  AddMaxSplitOption(*cmd, &flags->max_split);
   cmd->add_option("--thrash-limit", flags->thrash_limit,
                   "Stop when recompute exceeds this x the trace's compute")
       ->capture_default_str()

@@ -17,6 +17,7 @@
 #include "sim/model_gen.h"
 #include "sim/op_trace.h"
 #include "sim/sweep.h"
+#include "tools/remat/byte_size_option.h"
 #include "tools/remat/commands.h"
 #include "tools/remat/exit_codes.h"
 
@@ -33,6 +34,7 @@ struct SweepFlags {
   bool no_recompute = false;
   double link_gbps = 25.0;
   double thrash_limit = 1.0;
+  std::size_t max_split = 0;  // OpReplayOptions::max_split_size
   int jobs = 0;
   std::string out_dir;
   bool no_plot = false;
@@ -117,6 +119,7 @@ int RunSweepCommand(const SweepFlags& f) {
   o.enable_drop = !f.no_recompute;
   o.link_gbps = f.link_gbps;
   o.thrash_limit = f.thrash_limit;
+  o.max_split_size = f.max_split;
   o.jobs = f.jobs > 0 ? f.jobs : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const bool tty = isatty(STDERR_FILENO) != 0;
   o.progress = [tty](std::size_t done, std::size_t total, const SweepRow& row) {
@@ -171,6 +174,7 @@ Subcommand AddSweepCommand(CLI::App& remat) {
   cmd->add_option("--link-gbps", flags->link_gbps, "Host link bandwidth, GB/s")
       ->capture_default_str()
       ->check(CLI::Range(1e-3, 1e6));
+  AddMaxSplitOption(*cmd, &flags->max_split);
   cmd->add_option("--thrash-limit", flags->thrash_limit,
                   "Stop a run when recompute exceeds this x the trace's compute")
       ->capture_default_str()
