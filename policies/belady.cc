@@ -14,7 +14,7 @@ namespace {
 class Belady final : public ScoredPolicy {
  public:
   std::string OwnSpec() const override { return "belady"; }
-  Needs needs() const override { return {.next_use = true}; }
+  Needs needs() const override { return {.neighbourhood = false, .next_use = true}; }
 
  private:
   double Score(const Candidate& c, const PressureContext&) const override {

@@ -28,7 +28,7 @@ class DtrEq final : public ScoredPolicy {
   std::string OwnSpec() const override {
     return absl::StrFormat("dtr-eq:staleness_exp=%g", staleness_exp_);
   }
-  Needs needs() const override { return {.classes = true}; }
+  Needs needs() const override { return {.neighbourhood = false, .classes = true}; }
 
  private:
   double Score(const Candidate& c, const PressureContext& ctx) const override {
@@ -45,6 +45,7 @@ class DtrLocal final : public ScoredPolicy {
   std::string OwnSpec() const override {
     return absl::StrFormat("dtr-local:staleness_exp=%g", staleness_exp_);
   }
+  Needs needs() const override { return {.neighbourhood = false}; }
 
  private:
   double Score(const Candidate& c, const PressureContext& ctx) const override {

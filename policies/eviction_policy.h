@@ -62,6 +62,11 @@ struct Candidate {
 // What a policy needs beyond the basic candidate fields; each costs the
 // runtime work per pressure event, so only policies that ask get it.
 struct Needs {
+  // Candidate::ancestors_ns (and so neighbourhood_ns) in every candidate: a
+  // walk over the dropped ancestors of each. Policies that do not score by it
+  // say false and get it, through PressureContext::Complete, for the
+  // candidates they evict (to choose drop or offload).
+  bool neighbourhood = true;
   bool classes = false;        // Candidate::classes_ns
   bool adjacent_free = false;  // Candidate::adjacent_free_bytes
   bool memory_map = false;     // PressureContext::memory_map
@@ -80,6 +85,14 @@ struct PressureContext {
   std::int64_t restore_backlog_ns = 0;
   absl::Span<const Candidate> candidates;
   const MemoryMap* memory_map = nullptr;  // for allocator-aware policies; may be null
+
+  // Fills in what Needs left out of a copy of a candidate (its
+  // ancestors_ns and neighbourhood_ns); a no-op where nothing was left out.
+  void Complete(Candidate& c) const {
+    if (complete_fn != nullptr) complete_fn(complete_arg, c);
+  }
+  void (*complete_fn)(const void* arg, Candidate& c) = nullptr;  // set by the runtime
+  const void* complete_arg = nullptr;
 };
 
 struct PlanStep {

@@ -8,6 +8,7 @@ namespace {
 class Lru final : public ScoredPolicy {
  public:
   std::string OwnSpec() const override { return "lru"; }
+  Needs needs() const override { return {.neighbourhood = false}; }
 
  private:
   double Score(const Candidate& c, const PressureContext&) const override {

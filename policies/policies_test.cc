@@ -267,6 +267,32 @@ TEST(PolicyTest, BeladyEvictsWhatIsUsedFarthestAhead) {
   EXPECT_THAT(Ids(PlanFor("belady", {soon, late, never}, 200)), ElementsAre(3, 2));
 }
 
+TEST(PolicyTest, PoliciesThatDoNotScoreByTheNeighbourhoodGetItForWhatTheyEvict) {
+  // Cheap to recompute alone (10 us against a 100 us round trip): dropped;
+  // with 1 ms of dropped ancestors it must come back through, offloaded.
+  Candidate a = Make(1, 100, 0, 10'000, 100'000);
+  for (const char* spec : {"lru", "largest", "dtr-local", "dtr-eq", "belady"}) {
+    SCOPED_TRACE(spec);
+    auto policy = Create(spec);
+    ASSERT_TRUE(policy.ok());
+    EXPECT_FALSE((*policy)->needs().neighbourhood);
+    std::vector<Candidate> cs = {a};
+    PressureContext ctx;
+    ctx.bytes_needed = 100;
+    ctx.now_ns = 1'000'000;
+    ctx.candidates = cs;
+    EXPECT_THAT((*policy)->Choose(ctx), ElementsAre(PlanStep{1, EvictAction::kDrop}));
+    ctx.complete_fn = [](const void*, Candidate& c) {
+      c.ancestors_ns = 1'000'000;
+      c.neighbourhood_ns = c.ancestors_ns + c.consumers_ns;
+    };
+    EXPECT_THAT((*policy)->Choose(ctx), ElementsAre(PlanStep{1, EvictAction::kOffload}));
+  }
+  for (const char* spec : {"dtr", "msps", "megengine", "window", "hybrid"}) {
+    EXPECT_TRUE((*Create(spec))->needs().neighbourhood) << spec;
+  }
+}
+
 // Hybrid's choice on the link's terms: a 40 us round trip (20 us out, 20 back)
 // against a 50 us recompute.
 Plan HybridPlan(const std::vector<Candidate>& candidates, std::size_t needed,

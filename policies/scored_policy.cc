@@ -48,9 +48,10 @@ Plan ScoredPolicy::Choose(const PressureContext& ctx) {
   std::size_t covered = 0;
   for (auto end = scored.end(); end != scored.begin() && covered < ctx.bytes_needed; --end) {
     std::pop_heap(scored.begin(), end, later);
-    const Candidate* c = (end - 1)->second;
-    plan.push_back(PlanStep{c->id, Action(*c, ctx)});
-    covered += c->bytes;
+    Candidate chosen = *(end - 1)->second;
+    ctx.Complete(chosen);  // the neighbourhood the action weighs, if it was left out
+    plan.push_back(PlanStep{chosen.id, Action(chosen, ctx)});
+    covered += chosen.bytes;
   }
   return plan;
 }

@@ -680,9 +680,7 @@ policies::Candidate Runtime::MakeCandidate(const Storage* s, const policies::Nee
   c.recomputes = s->recomputes;
   // A recompute of this tensor first regenerates its dropped ancestors; its
   // dropped consumers would need it regenerated in turn.
-  if (s->dropped_inputs > 0) {
-    for (const Storage* in : s->inputs) c.ancestors_ns += DroppedChainCost(in);
-  }
+  if (needs.neighbourhood) c.ancestors_ns = AncestorsCost(s);
   c.consumers_ns = s->dropped_consumer_ns;
   c.neighbourhood_ns = c.ancestors_ns + c.consumers_ns;
   if (needs.classes) c.classes_ns = AdjacentClassesCost(s);
@@ -743,6 +741,10 @@ bool Runtime::Evict(const PressureRequest& request) {
   ctx.restore_backlog_ns = static_cast<std::int64_t>(
       static_cast<double>(host_pool_.in_use_bytes()) / options_.link_gbps);
   ctx.candidates = scratch_;
+  if (!policy_->needs().neighbourhood) {
+    ctx.complete_fn = &Runtime::CompleteCandidate;
+    ctx.complete_arg = this;
+  }
   MemoryMap map;
   if (policy_->needs().memory_map) {
     map = allocator_->GetMemoryMap();
@@ -783,6 +785,22 @@ bool Runtime::Evict(const PressureRequest& request) {
     if (freed >= request.bytes) break;
   }
   return progress;
+}
+
+std::int64_t Runtime::AncestorsCost(const Storage* s) const {
+  std::int64_t cost = 0;
+  if (s->dropped_inputs > 0) {
+    for (const Storage* in : s->inputs) cost += DroppedChainCost(in);
+  }
+  return cost;
+}
+
+void Runtime::CompleteCandidate(const void* self, policies::Candidate& c) {
+  // Called from the policy's Choose, which Evict runs under the runtime's lock.
+  const auto* rt = static_cast<const Runtime*>(self);
+  if (c.id >= rt->scratch_storages_.size()) return;
+  c.ancestors_ns = rt->AncestorsCost(rt->scratch_storages_[c.id]);
+  c.neighbourhood_ns = c.ancestors_ns + c.consumers_ns;
 }
 
 std::int64_t Runtime::DroppedChainCost(const Storage* root) const {

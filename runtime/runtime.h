@@ -208,6 +208,12 @@ class Runtime {
   // then gives the block back to the allocator on `to`.
   void HandBack(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::int64_t DroppedChainCost(const Storage* root) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Summed DroppedChainCost of its inputs: Candidate::ancestors_ns.
+  std::int64_t AncestorsCost(const Storage* s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PressureContext::complete_fn: fills in a candidate's ancestors.
+  // Runs inside Evict's Choose, with mu_ held (which the analysis cannot see).
+  static void CompleteCandidate(const void* self, policies::Candidate& c)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::Status WaitOn(Stream waiter, Stream producer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What this runtime's options and the tensor's own allow.
   bool MayDrop(const Storage* s) const;

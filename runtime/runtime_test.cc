@@ -390,6 +390,42 @@ TEST_F(RuntimeTest, CandidatesCarryTheirEvictedNeighbourhood) {
   Check(a);
 }
 
+TEST_F(RuntimeTest, ANeighbourhoodLeftOutIsFilledInOnRequest) {
+  // As above, for a policy that does not score by the neighbourhood: the
+  // candidates leave their ancestors out, and Complete fills them in.
+  struct Lazy : ScriptedPolicy {
+    using ScriptedPolicy::ScriptedPolicy;
+    policies::Needs needs() const override { return {.neighbourhood = false}; }
+    policies::Plan Choose(const policies::PressureContext& ctx) override {
+      completed.clear();
+      for (policies::Candidate c : ctx.candidates) {
+        ctx.Complete(c);
+        completed.push_back(c);
+      }
+      return ScriptedPolicy::Choose(ctx);
+    }
+    std::vector<policies::Candidate> completed;
+  };
+  auto policy = std::make_shared<Lazy>(
+      std::vector<std::vector<std::size_t>>{{3 * kMiB, 4 * kMiB}, {5 * kMiB}});
+  Make(22 * kMiB, {.custom_policy = policy});
+  TensorId x = Produce(kMiB, {}, false, false);
+  TensorId a = Produce(2 * kMiB, {x}, true, false, 10'000);
+  TensorId b = Produce(3 * kMiB, {a}, true, false, 20'000);
+  TensorId c = Produce(4 * kMiB, {b}, true, false, 30'000);
+  Produce(5 * kMiB, {c}, true, false, 40'000);
+  Produce(8 * kMiB, {}, false, false);
+  ASSERT_GE(policy->shown.size(), 2u);
+  const policies::Candidate* shown = BySize(policy->shown[1], 5 * kMiB);
+  const policies::Candidate* full = BySize(policy->completed, 5 * kMiB);
+  ASSERT_NE(shown, nullptr);
+  ASSERT_NE(full, nullptr);
+  EXPECT_EQ(shown->ancestors_ns, 0);  // left out
+  EXPECT_EQ(full->ancestors_ns, 50'000);  // c and b, filled in
+  EXPECT_EQ(full->neighbourhood_ns, 50'000);
+  EXPECT_EQ(BySize(policy->completed, 2 * kMiB)->consumers_ns, 20'000);  // always there
+}
+
 TEST_F(RuntimeTest, CandidatesCarryClassesFreeNeighboursHintsAndHistory) {
   // x -> a -> b -> c; b and c dropped (one class, 50 us). Then a's classes,
   // its free neighbours, its next-use hint and its recompute count show.
