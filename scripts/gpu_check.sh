@@ -10,7 +10,8 @@
 # Logs, JSON and a summary go to OUT_DIR (default gpu-out). Every step runs
 # under a time limit and the script goes on past a failure; its exit status is
 # the number of failed steps. Needs python3 with torch (and transformers for the
-# GPT-2 step); without them those steps are reported as skipped.
+# GPT-2 steps); without them those steps are reported as skipped.
+# GPU_CHECK_ONLY="step step..." runs only those steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=$(realpath "${1:-build}")
@@ -25,6 +26,8 @@ failed=0
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2
+  # GPU_CHECK_ONLY="a b": run only the steps named (a rerun of what failed).
+  if [[ -n ${GPU_CHECK_ONLY:-} && " $GPU_CHECK_ONLY " != *" $name "* ]]; then return; fi
   local start=$SECONDS
   timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$? took=$((SECONDS - start))
@@ -83,6 +86,17 @@ step torch_offload_hooks_64 60 bash -c "torch_or_skip; python3 examples/torch_of
 step cuda_bench 120 "$build/bin/cuda_bench" --benchmark_min_time=0.2 \
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json
 step gpt2_memory 90 bash -c "torch_or_skip; python3 bench/torch_gpt2_memory.py"
+
+# An op trace captured from PyTorch on the GPU (costs timed with CUDA events),
+# replayed by remat sim: a small MLP, then GPT-2 small at the size remat gen models.
+step capture_mlp 90 bash -c "torch_or_skip; python3 tools/capture_torch_trace.py --model mlp \
+  --device cuda -o '$out/mlp_torch.jsonl' && '$build/bin/remat' sim '$out/mlp_torch.jsonl' \
+  --budget-ratio 0.5 --policy dtr --json"
+step capture_gpt2 240 bash -c "torch_or_skip; python3 tools/capture_torch_trace.py --model gpt2 \
+  --layers 12 --hidden 768 --heads 12 --seq 1024 --batch 8 --device cuda --dtype bf16 \
+  -o '$out/gpt2_torch.jsonl' && '$build/bin/remat' sim '$out/gpt2_torch.jsonl' --budget-ratio 0.5 \
+  --policy msps && for r in 0.3 0.5 0.7; do for p in msps dtr hybrid; do \
+  '$build/bin/remat' sim '$out/gpt2_torch.jsonl' --budget-ratio \$r --policy \$p --json; done; done"
 
 echo "failed steps: $failed" | tee -a "$summary"
 exit "$failed"

@@ -14,10 +14,10 @@ TorchDispatchMode and written as one JSON Lines record:
 
 Costs are measured: with CUDA events around each operation on a GPU, with the
 host clock on the CPU (each timed once: run a warm-up step first, as --warmup
-does); views cost 0. Operations that write into an existing storage (in-place,
-`out=`) are calls with no outputs: their time counts, and the storage keeps its
-producer, so remat recomputes it without the write (an approximation for
-memory and time; the bytes would differ).
+does); views cost 0. An operation that only writes into an existing storage
+(in-place, `out=`) becomes a call with one zero-byte output, released at once:
+its time counts, and the storage keeps its producer, so remat would recompute
+it without the write (an approximation for memory and time, not for bytes).
 
   python3 tools/capture_torch_trace.py --model mlp -o mlp.jsonl
   python3 tools/capture_torch_trace.py --model gpt2 --layers 12 --seq 1024 --batch 8 \\
@@ -42,6 +42,17 @@ _FREE = {"aten::detach", "aten::view", "aten::_unsafe_view", "aten::alias", "ate
          "aten::transpose", "aten::permute", "aten::expand", "aten::slice", "aten::select",
          "aten::split", "aten::split_with_sizes", "aten::unsqueeze", "aten::squeeze",
          "aten::as_strided", "aten::unbind", "aten::reshape", "aten::lift_fresh"}
+
+
+def _has_storage(t):
+    """A tensor with bytes of its own somewhere (not sparse, not a wrapper)."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    try:
+        t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 class Recorder(TorchDispatchMode):
@@ -108,7 +119,7 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         flat_in, _ = tree_flatten((args, kwargs))
-        in_tensors = [t for t in flat_in if isinstance(t, torch.Tensor)]
+        in_tensors = [t for t in flat_in if _has_storage(t)]
         inputs = []
         for t in in_tensors:
             name = self._name_of(t)
@@ -132,7 +143,7 @@ class Recorder(TorchDispatchMode):
         flat_out, _ = tree_flatten(result)
         outputs = []
         for t in flat_out:
-            if not isinstance(t, torch.Tensor):
+            if not _has_storage(t):
                 continue
             key = self._key(t)
             if key in self.names:
@@ -140,6 +151,15 @@ class Recorder(TorchDispatchMode):
             name = self._new_name(key)
             outputs.append({"id": name, "bytes": t.untyped_storage().nbytes()})
             self._watch(t)
+        scratch = None
+        if not outputs:
+            if not timed:
+                return result  # a view of what is known: nothing to record
+            # A call defines at least one tensor: a zero-byte one, released at
+            # once, carries the time of an operation that only writes in place.
+            self.count += 1
+            scratch = f"t{self.count}"
+            outputs.append({"id": scratch, "bytes": 0})
         record = {"op": "call", "name": op_name, "inputs": inputs, "outputs": outputs}
         if not timed:
             record["cost_ns"] = 0
@@ -148,6 +168,8 @@ class Recorder(TorchDispatchMode):
         else:
             record["_events"] = (start, end)
         self._emit(record)
+        if scratch is not None:
+            self._emit({"op": "release", "id": scratch})
         return result
 
     def flush(self):
