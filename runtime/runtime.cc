@@ -57,6 +57,7 @@ struct Runtime::Storage {
   std::int64_t first_access_ns = 0;
   std::int64_t next_use_at = -1;          // HintNextUse's device time; -1 unknown
   std::uint64_t recomputes = 0;
+  std::uint64_t pressure_drops = 0;       // drops by Evict (not for want of a reader)
   static constexpr std::uint32_t kNoClass = UINT32_MAX;
   std::uint32_t class_node = kNoClass;    // while dropped: its node in classes_
   int dropped_inputs = 0;                 // entries of `inputs` now dropped
@@ -300,7 +301,22 @@ void Runtime::Pin(Storage* s) {
 void Runtime::UnpinStorage(Storage* s) {
   if (--s->pins > 0) return;
   Reindex(s);
-  if (s->handles == 0) MaybeCollect(s);  // else the owner still holds it: nothing to collect
+  if (s->handles > 0) return;  // the owner still holds it: nothing to collect
+  if (deferring_collect_ && s->dependents > 1) {  // another closure may read it again
+    deferred_collect_.push_back(s->serial);
+  } else {
+    MaybeCollect(s);
+  }
+}
+
+void Runtime::CollectDeferred() {
+  deferring_collect_ = false;
+  // By serial: collecting one may collect another of the list first.
+  for (std::uint64_t serial : deferred_collect_) {
+    auto it = storages_.find(serial);
+    if (it != storages_.end()) MaybeCollect(it->second.get());
+  }
+  deferred_collect_.clear();
 }
 
 void Runtime::SettleCopies(Storage* s) {
@@ -513,6 +529,14 @@ absl::StatusOr<TensorState> Runtime::State(TensorId id) const {
   return it->second.storage->state;
 }
 
+absl::StatusOr<std::uint64_t> Runtime::PressureDrops(TensorId id) const {
+  Lock lock(this);
+  auto it = tensors_.find(id);
+  if (it == tensors_.end()) return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
+  if (it->second.storage == nullptr) return absl::NotFoundError(absl::StrFormat("tensor %d is freed", id));
+  return it->second.storage->pressure_drops;
+}
+
 RuntimeStats Runtime::stats() const {
   Lock lock(this);
   return stats_;
@@ -602,6 +626,14 @@ absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
   // Regenerate dropped tensors with an explicit stack: a frame's inputs are
   // made resident and pinned one by one (a dropped input pushes its own
   // frame), then its closure runs and the inputs are unpinned.
+  //
+  // Tensors the program has released but a closure still needs are dropped
+  // as soon as nothing pins them (MaybeCollect). Within one regeneration that
+  // would drop a shared ancestor after its first consumer ran and regenerate
+  // it for the next, again and again down a graph of diamonds (a ResNet's
+  // skip connections): exponential. Until the target is back they stay
+  // resident, unpinned, for the policy to evict like any other tensor.
+  deferring_collect_ = true;
   struct Frame {
     Storage* s;
     std::size_t pinned = 0;  // inputs [0, pinned) are resident and pinned
@@ -612,6 +644,7 @@ absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
     for (const Frame& f : stack) {
       for (std::size_t i = 0; i < f.pinned; ++i) UnpinStorage(f.s->inputs[i]);
     }
+    CollectDeferred();
     return error;
   };
   while (!stack.empty()) {
@@ -653,6 +686,7 @@ absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
     for (Storage* in : s->inputs) UnpinStorage(in);
     stack.pop_back();
   }
+  CollectDeferred();
   return absl::OkStatus();
 }
 
@@ -779,7 +813,10 @@ bool Runtime::Evict(const PressureRequest& request) {
       done = DropStorage(s, request.stream);
     }
     if (!done) continue;
-    if (s->state == TensorState::kDropped) ++stats_.drops;
+    if (s->state == TensorState::kDropped) {
+      ++stats_.drops;
+      ++s->pressure_drops;
+    }
     progress = true;
     freed += s->bytes;
     if (freed >= request.bytes) break;

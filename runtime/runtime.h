@@ -178,6 +178,10 @@ class Runtime {
   absl::Status HintNextUse(TensorId id, std::int64_t at_ns);
 
   absl::StatusOr<TensorState> State(TensorId id) const;
+  // Times the tensor's storage was dropped under pressure (a policy's choice),
+  // as opposed to dropped because its owner released it and only a closure
+  // still needs it. NotFound once freed.
+  absl::StatusOr<std::uint64_t> PressureDrops(TensorId id) const;
   RuntimeStats stats() const;
   const policies::EvictionPolicy& policy() const { return *policy_; }
   Stream copy_stream() const { return copy_stream_; }
@@ -221,6 +225,8 @@ class Runtime {
   void Pin(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnpinStorage(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCollect(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a regeneration's deferral (see MakeResident): collects what it kept.
+  void CollectDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetResident(Storage* s, void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every state change goes through here (it keeps candidates_ in step).
   void SetState(Storage* s, TensorState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -253,6 +259,10 @@ class Runtime {
   std::vector<Storage*> candidates_ ABSL_GUARDED_BY(mu_);
   mutable std::uint64_t walk_mark_ ABSL_GUARDED_BY(mu_) = 0;  // see DroppedChainCost
   std::uint64_t chain_epoch_ ABSL_GUARDED_BY(mu_) = 1;        // one per pressure event
+  // While MakeResident regenerates: released storages unpinned meanwhile, by
+  // serial, collected when it ends.
+  bool deferring_collect_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::uint64_t> deferred_collect_ ABSL_GUARDED_BY(mu_);
   // When the host link will have carried every copy queued so far (estimated
   // from the link's bandwidth): the backlog a new offload waits behind.
   std::int64_t link_free_at_ns_ ABSL_GUARDED_BY(mu_) = 0;

@@ -307,6 +307,10 @@ TEST_F(RuntimeTest, FreedTensorStaysWhileAClosureNeedsIt) {
   EXPECT_EQ(runtime_->stats().drops, 0u);
   TensorId big = Produce(7 * kMiB, {}, false, false);
   EXPECT_EQ(StateOf(y), TensorState::kDropped);
+  // y went under pressure, x for want of a reader: the per-tensor count tells.
+  EXPECT_EQ(*runtime_->PressureDrops(y), 1u);
+  EXPECT_EQ(*runtime_->PressureDrops(x), 0u);
+  EXPECT_EQ(runtime_->PressureDrops(999).status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(runtime_->Free(big).ok());
   Check(y);  // regenerates x first, then y
   EXPECT_EQ(runtime_->stats().recomputes, 2u);
@@ -315,6 +319,39 @@ TEST_F(RuntimeTest, FreedTensorStaysWhileAClosureNeedsIt) {
   EXPECT_EQ(runtime_->stats().resident_bytes, 0u);
   EXPECT_EQ(alloc_->GetStats().allocated_bytes.all().current, 0);
   EXPECT_EQ(StateOf(x), TensorState::kFreed);
+}
+
+TEST_F(RuntimeTest, RegeneratingDiamondsCostsEachTensorOnce) {
+  // c[i] = h(b[i], a[i]), b[i] = g(a[i]), a[i] = f(c[i-1]): a chain of
+  // diamonds, like a ResNet's skip connections. The program releases all of
+  // it but keeps d = k(c[last]); d is then evicted and read. Each released
+  // tensor is needed twice in the regeneration (a[i] by b[i] and c[i]): were
+  // it dropped after its first consumer, the second would regenerate it again,
+  // doubling at every level (thousands of recomputes here).
+  constexpr int kLevels = 12;
+  Make(64 * kMiB, {.policy = "lru"});
+  TensorId c = Produce(kMiB, {}, false, false);  // the input: never evicted
+  std::vector<TensorId> released;
+  for (int i = 0; i < kLevels; ++i) {
+    TensorId a = Produce(kMiB, {c}, true, false);
+    TensorId b = Produce(kMiB, {a}, true, false);
+    TensorId next = Produce(kMiB, {b, a}, true, false);  // b first: a is needed again after
+    released.insert(released.end(), {a, b, next});
+    c = next;
+  }
+  TensorId d = Produce(kMiB, {c}, true, false);
+  for (TensorId id : released) ASSERT_TRUE(runtime_->Free(id).ok());
+  const std::uint64_t before = runtime_->stats().recomputes;
+  TensorId big = Produce(62 * kMiB, {}, false, false);  // evicts d: only the input stays
+  EXPECT_EQ(StateOf(d), TensorState::kDropped);
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  Check(d);  // regenerates the whole chain, each tensor once, then d
+  EXPECT_EQ(runtime_->stats().recomputes - before, 3u * kLevels + 1);
+  // What the regeneration kept for its own use is collected once it is done:
+  // the released tensors are dropped again, d alone (and the input) resident.
+  EXPECT_EQ(runtime_->stats().resident_bytes, 2 * kMiB);
+  ASSERT_TRUE(runtime_->Free(d).ok());
+  EXPECT_EQ(runtime_->stats().resident_bytes, kMiB);
 }
 
 TEST_F(RuntimeTest, PinnedHostPoolExhaustionFallsBackToDropping) {

@@ -399,6 +399,7 @@ class Replayer {
     const std::size_t n = trace_.tensors.size();
     where_.assign(n, Where::kUnknown);
     handles_.assign(n, 0);
+    pressure_drops_seen_.assign(n, 0);
     listed_.assign(n, 0);
     timeline_->AddSample({0, device_->ReservedBytes(), 0, 0});
   }
@@ -431,14 +432,36 @@ class Replayer {
     }
   }
 
-  void RecordDrop(std::uint32_t s) {
-    // A storage the program still references can only have been dropped
-    // under pressure; one it released, only for want of a reader.
-    const SimTimeline::Kind kind =
-        handles_[s] == 0 ? SimTimeline::Kind::kReleasedDrop : SimTimeline::Kind::kEvictDrop;
-    timeline_->Add({record_start_ns_, 0, Bytes(s), s, kind});
+  // A drop seen in the shadow: under pressure (a policy's choice) or for want
+  // of a reader (the program released it). A storage the program still
+  // references was dropped under pressure; a released one can be either (a
+  // recompute keeps released storages for a second reader, and pressure may
+  // take them meanwhile), which the runtime's count of its pressure drops
+  // tells. Inside a closure (under the runtime's lock) it cannot be asked:
+  // such drops are labelled at the end of the record (LabelDrops).
+  void RecordDrop(std::uint32_t s, bool may_ask = true) {
+    timeline_->Add({record_start_ns_, 0, Bytes(s), s, SimTimeline::Kind::kEvictDrop});
+    if (handles_[s] > 0) {
+      ++pressure_drops_seen_[s];
+    } else if (may_ask) {
+      LabelDrop(timeline_->num_entries() - 1, s);
+    } else {
+      unlabelled_.emplace_back(timeline_->num_entries() - 1, s);
+    }
     ++drops_seen_;
     where_[s] = Where::kDropped;
+  }
+  void LabelDrop(std::size_t entry, std::uint32_t s) {
+    const absl::StatusOr<std::uint64_t> pressure = runtime_->PressureDrops(ids_[s]);
+    if (pressure.ok() && *pressure > pressure_drops_seen_[s]) {
+      ++pressure_drops_seen_[s];  // one pressure drop per drop seen
+    } else {
+      timeline_->SetKind(entry, SimTimeline::Kind::kReleasedDrop);
+    }
+  }
+  void LabelDrops() {
+    for (const auto& [entry, s] : unlabelled_) LabelDrop(entry, s);
+    unlabelled_.clear();
   }
 
   // Runs in the closure, under the runtime's lock: no runtime calls here.
@@ -447,7 +470,7 @@ class Replayer {
     const std::int64_t end = StreamEnd(args.stream);
     timeline_->Add({end - cost_ns, cost_ns, 0, out, SimTimeline::Kind::kRecompute});
     // Dropped since the last look (a drop and its recompute in one record).
-    if (where_[out] == Where::kDevice) RecordDrop(out);
+    if (where_[out] == Where::kDevice) RecordDrop(out, /*may_ask=*/false);
     OnDevice(out, args.output);
     recomputed_.push_back(out);
   }
@@ -547,6 +570,7 @@ class Replayer {
   }
 
   ABSL_ATTRIBUTE_NOINLINE void EndRecord(const OpRecord& r, const RuntimeStats& rs) {
+    LabelDrops();
     // Released drops happen where the program releases a tensor and where a
     // recompute unpins the released inputs it read: looked for there first,
     // so that only pressure drops need the scan of everything resident.
@@ -587,6 +611,9 @@ class Replayer {
   std::int64_t record_start_ns_ = 0;      // the compute stream's time as the record began
   std::vector<Where> where_;              // by storage: where the shadow has it
   std::vector<std::uint32_t> handles_;    // by storage: the program's references (root, views)
+  std::vector<std::uint64_t> pressure_drops_seen_;  // by storage: its pressure drops recorded
+  // Drops recorded inside a closure, labelled at the record's end: (entry, storage).
+  std::vector<std::pair<std::size_t, std::uint32_t>> unlabelled_;
   std::vector<std::uint8_t> listed_;      // by storage: in resident_
   std::vector<std::uint32_t> resident_;   // storages last seen arriving on the device
   absl::flat_hash_map<std::uintptr_t, std::uint32_t> at_device_;  // address -> storage

@@ -97,6 +97,9 @@ class SimTimeline {
   // The process name the trace shows.
   void SetTitle(std::string title) { title_ = std::move(title); }
   void Add(const Entry& entry) { entries_.push_back(entry); }
+  // Entries so far; SetKind relabels the one Add put at `index`.
+  std::size_t num_entries() const { return entries_.size(); }
+  void SetKind(std::size_t index, Kind kind) { entries_.at(index).kind = kind; }
   void AddSample(const Sample& sample) { samples_.push_back(sample); }
   // The run stopped early: "oom" or "thrash", why, and when.
   void SetEnd(std::string status, std::string message, std::int64_t ts_ns);
