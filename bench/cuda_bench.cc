@@ -132,7 +132,9 @@ void AcquireRelease(benchmark::State& state) {
   auto device = OpenDevice(state);
   if (!device) return;
   auto alloc = CachingAllocator::Create(device.get());
+  if (!alloc.ok()) return Skip(state, alloc.status().ToString());
   auto runtime = Runtime::Create(alloc->get(), {.policy = "lru"});
+  if (!runtime.ok()) return Skip(state, runtime.status().ToString());
   auto guard = (*runtime)->Create(kMiB, {.allow_offload = true});
   if (!guard.ok()) {
     Skip(state, guard.status().ToString());
@@ -142,6 +144,7 @@ void AcquireRelease(benchmark::State& state) {
   guard->Release();
   for (auto _ : state) {
     auto g = (*runtime)->Acquire(id);
+    if (!g.ok()) return Skip(state, g.status().ToString());
     benchmark::DoNotOptimize(g->ptr());
   }
   (void)(*runtime)->Free(id);
@@ -152,8 +155,11 @@ void OffloadSwap(benchmark::State& state, std::size_t size) {
   if (!device) return;
   // Room for one tensor and a little, not for two.
   auto alloc = CachingAllocator::Create(device.get(), {.budget = size + size / 2});
+  if (!alloc.ok()) return Skip(state, alloc.status().ToString());
   auto runtime = Runtime::Create(alloc->get(), {.policy = "lru", .enable_drop = false});
+  if (!runtime.ok()) return Skip(state, runtime.status().ToString());
   auto stream = device->CreateStream();
+  if (!stream.ok()) return Skip(state, stream.status().ToString());
   TensorId ids[2];
   for (TensorId& id : ids) {
     auto g = (*runtime)->Create(size, {.allow_offload = true}, *stream);
@@ -191,6 +197,8 @@ void OffloadSwap(benchmark::State& state, std::size_t size) {
   state.counters["offloads"] = static_cast<double>(stats.offloads);
   for (TensorId id : ids) (void)(*runtime)->Free(id);
   (void)device->Synchronize();
+  runtime->reset();
+  (void)device->DestroyStream(*stream);
 }
 
 // "512B", "64KiB", "2MiB": benchmark names without spaces.

@@ -25,6 +25,9 @@
 namespace remat::policies {
 namespace {
 
+// Candidate::next_use_ns of a tensor the driver says is not read again.
+constexpr std::int64_t kNeverUsedAgain = INT64_MAX;
+
 class Hybrid final : public EvictionPolicy {
  public:
   Hybrid(double staleness_exp, double prefetch_us, double slack, double consumers)
@@ -86,6 +89,7 @@ class Hybrid final : public EvictionPolicy {
     return RestoreHidden(c, ctx, backlog) ? out : out + static_cast<double>(c.transfer_ns / 2);
   }
   double DropCost(const Candidate& c) const {
+    if (c.next_use_ns == kNeverUsedAgain) return 0;  // never recomputed: dropping is free
     return static_cast<double>(c.compute_ns + c.ancestors_ns) +
            consumers_ * static_cast<double>(c.consumers_ns);
   }

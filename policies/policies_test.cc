@@ -1,3 +1,4 @@
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -332,6 +333,10 @@ TEST(PolicyTest, HybridOffloadsWhenWaitingForTheCopyCostsLessThanRecomputing) {
   c.accesses = 1;  // no history: the copy back counts too, 40 us > 30
   EXPECT_THAT(HybridPlan({c}, 100), ElementsAre(PlanStep{3, EvictAction::kDrop}));
   EXPECT_EQ((*Create("hybrid:prefetch_us=500"))->prefetch_window_ns(), 500'000);
+  // Never read again (the driver knows): dropping it costs nothing at all.
+  Candidate gone = Make(4, 100, 0, 50'000, 40'000);
+  gone.next_use_ns = std::numeric_limits<std::int64_t>::max();
+  EXPECT_THAT(HybridPlan({gone}, 100), ElementsAre(PlanStep{4, EvictAction::kDrop}));
 }
 
 TEST(PolicyTest, HybridRanksByCostAndCountsItsOwnCopiesOnTheLink) {

@@ -460,7 +460,9 @@ TEST_F(RuntimeTest, ANeighbourhoodLeftOutIsFilledInOnRequest) {
   EXPECT_EQ(shown->ancestors_ns, 0);  // left out
   EXPECT_EQ(full->ancestors_ns, 50'000);  // c and b, filled in
   EXPECT_EQ(full->neighbourhood_ns, 50'000);
-  EXPECT_EQ(BySize(policy->completed, 2 * kMiB)->consumers_ns, 20'000);  // always there
+  const policies::Candidate* a_full = BySize(policy->completed, 2 * kMiB);
+  ASSERT_NE(a_full, nullptr);
+  EXPECT_EQ(a_full->consumers_ns, 20'000);  // always there
 }
 
 TEST_F(RuntimeTest, CandidatesCarryClassesFreeNeighboursHintsAndHistory) {

@@ -32,7 +32,14 @@ step() {  # step NAME SECONDS COMMAND...
   timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$? took=$((SECONDS - start))
   local verdict=pass
-  if ((rc == 77)); then verdict=skip; elif ((rc != 0)); then verdict="FAIL rc=$rc"; failed=$((failed + 1)); fi
+  if ((rc == 77)); then
+    verdict=skip
+  elif ((rc != 0)) || grep -q "ERROR OCCURRED" "$out/$name.log"; then
+    verdict="FAIL rc=$rc"
+    failed=$((failed + 1))
+  elif grep -q "^\[  SKIPPED \]" "$out/$name.log"; then
+    verdict="pass, skips"  # a test skipped (no device, or one it needs): read the log
+  fi
   printf '%-22s %-12s %4ss\n' "$name" "$verdict" "$took" | tee -a "$summary"
   if [[ $verdict == FAIL* ]]; then tail -n 25 "$out/$name.log"; fi
 }

@@ -204,7 +204,7 @@ class Replayer {
       }
     }
     if (prefetch_window_ns_ > 0) {
-      for (std::size_t j = i + 1; j < trace_.records.size() && j <= i + 4096 &&
+      for (std::size_t j = i + 1; j < trace_.records.size() && j <= i + 512 &&
                                   cum_cost_[j] - cum_cost_[i + 1] <= prefetch_window_ns_;
            ++j) {
         const OpRecord& ahead = trace_.records[j];

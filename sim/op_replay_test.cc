@@ -160,7 +160,7 @@ TEST(OpReplayTest, BadOptionsAreErrors) {
   EXPECT_FALSE(ReplayOpTrace(trace, {.scale = 0}).ok());
   EXPECT_FALSE(ReplayOpTrace(trace, {.policy = "nope"}).ok());
   EXPECT_FALSE(ReplayOpTrace(trace, {.link_gbps = 0}).ok());
-  // The allocator refuses a split limit below its large-pool threshold.
+  // The allocator refuses a split limit that small requests would reach.
   EXPECT_FALSE(ReplayOpTrace(trace, {.max_split_size = kMiB}).ok());
 }
 

@@ -1,6 +1,7 @@
 #include "sim/sweep.h"
 
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <charconv>
 #include <cmath>
@@ -95,7 +96,11 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   SweepResult result;
   result.trace = trace.name;
   result.live = options.live;
-  absl::StatusOr<OpReplayReport> unlimited = ReplayOpTrace(trace, base);
+  // The reference: PyTorch's default allocator (no split limit) whatever the
+  // budgeted runs use, so that a ratio names the same bytes either way.
+  OpReplayOptions reference = base;
+  reference.max_split_size = std::numeric_limits<std::size_t>::max();
+  absl::StatusOr<OpReplayReport> unlimited = ReplayOpTrace(trace, reference);
   if (!unlimited.ok()) return unlimited.status();
   result.baseline = *unlimited;
   const double peak = static_cast<double>(options.live ? unlimited->peak_live_bytes

@@ -14,7 +14,10 @@ TorchDispatchMode and written as one JSON Lines record:
 
 Costs are measured: with CUDA events around each operation on a GPU, with the
 host clock on the CPU (each timed once: run a warm-up step first, as --warmup
-does); views cost 0. An operation that only writes into an existing storage
+does); views cost 0. On a GPU that the recording keeps idle, an event pair
+also spans the host's launch of the kernel, so cheap kernels come out dearer
+than they run in a steady stream (an upper bound; pass cuda=True to record()
+for GPU steps of your own). An operation that only writes into an existing storage
 (in-place, `out=`) becomes a call with one zero-byte output, released at once:
 its time counts, and the storage keeps its producer, so remat would recompute
 it without the write (an approximation for memory and time, not for bytes).
@@ -127,7 +130,7 @@ class Recorder(TorchDispatchMode):
             if name not in inputs:
                 inputs.append(name)
         op_name = func._schema.name
-        timed = op_name not in _FREE
+        timed = not (getattr(func, "is_view", False) or op_name in _FREE)
         if timed and self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

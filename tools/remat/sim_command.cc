@@ -1,6 +1,7 @@
 // remat sim: an op trace through the runtime under a budget and a policy.
 #include <cstdint>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -181,6 +182,9 @@ int RunSim(const SimFlags& f) {
   options.scale = f.scale;
   // The unlimited run: the baseline time and the peak the ratio refers to.
   OpReplayOptions unlimited = options;
+  // PyTorch's default allocator, whatever the budgeted run uses: the peak a
+  // ratio refers to does not move with --max-split.
+  unlimited.max_split_size = std::numeric_limits<std::size_t>::max();
   absl::StatusOr<OpReplayReport> base = ReplayOpTrace(*trace, unlimited);
   if (!base.ok()) return ReportError("sim", base.status());
   const bool live = f.accounting == "live";
