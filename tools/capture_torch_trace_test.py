@@ -84,8 +84,12 @@ class CaptureTest(unittest.TestCase):
         first = next(c for c in calls if c["name"] == "aten::addmm")
         self.assertEqual(first["outputs"][0]["bytes"], 1024 * 256 * 4)
         # The parameters are constants of their own size, never released.
-        sizes = {r["bytes"] for r in records if r["op"] == "constant"}
-        self.assertIn(256 * 64 * 4, sizes)
+        constants = {r["id"]: r["bytes"] for r in records if r["op"] == "constant"}
+        sizes = sorted(constants.values())
+        self.assertEqual(sizes.count(256 * 64 * 4), 2)  # the first and last weights
+        self.assertEqual(sizes.count(256 * 256 * 4), 7)  # six square weights, and x (1024 x 64)
+        # All of them (and the biases) are held by the model or the test throughout.
+        self.assertFalse(set(constants) & released)
         # Activations die during the backward: something is released after it starts.
         self.assertIn("release", kinds[backward:])
 
