@@ -31,6 +31,9 @@ enum class EvictAction : std::uint8_t {
 const char* EvictActionName(EvictAction action);  // "drop", "offload"
 
 // One tensor that may be evicted now (resident and not pinned by a guard).
+// A next use that never comes (Candidate::next_use_ns, Runtime::HintNextUse).
+inline constexpr std::int64_t kNeverUsedAgain = INT64_MAX;
+
 struct Candidate {
   std::uint64_t id = 0;            // the runtime's tensor id
   std::size_t bytes = 0;           // device bytes its eviction frees
@@ -54,7 +57,7 @@ struct Candidate {
   // Free bytes right before and after its block (Needs::adjacent_free).
   std::size_t adjacent_free_bytes = 0;
   // Time until its next use, when the program told the runtime (a trace
-  // replay knows it); -1 when unknown.
+  // replay knows it); kNeverUsedAgain if it will not be; -1 when unknown.
   std::int64_t next_use_ns = -1;
   std::int64_t first_access_ns = 0;  // device clock at its creation
 };

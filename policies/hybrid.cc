@@ -25,9 +25,6 @@
 namespace remat::policies {
 namespace {
 
-// Candidate::next_use_ns of a tensor the driver says is not read again.
-constexpr std::int64_t kNeverUsedAgain = INT64_MAX;
-
 class Hybrid final : public EvictionPolicy {
  public:
   Hybrid(double staleness_exp, double prefetch_us, double slack, double consumers)
@@ -93,16 +90,23 @@ class Hybrid final : public EvictionPolicy {
     return static_cast<double>(c.compute_ns + c.ancestors_ns) +
            consumers_ * static_cast<double>(c.consumers_ns);
   }
+  // The cheaper allowed action and its cost (a tie drops).
+  struct Choice {
+    EvictAction action;
+    double cost;
+  };
+  Choice Cheaper(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) const {
+    if (!c.can_offload) return {EvictAction::kDrop, DropCost(c)};
+    const double offload = OffloadCost(c, ctx, backlog);
+    if (!c.can_drop) return {EvictAction::kOffload, offload};
+    const double drop = DropCost(c);
+    return offload < drop ? Choice{EvictAction::kOffload, offload} : Choice{EvictAction::kDrop, drop};
+  }
   EvictAction Action(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) const {
-    if (!c.can_offload) return EvictAction::kDrop;
-    if (!c.can_drop) return EvictAction::kOffload;
-    return OffloadCost(c, ctx, backlog) < DropCost(c) ? EvictAction::kOffload : EvictAction::kDrop;
+    return Cheaper(c, ctx, backlog).action;
   }
   double Score(const Candidate& c, const PressureContext& ctx) const {
-    const std::int64_t backlog = ctx.link_backlog_ns;
-    const double cost = Action(c, ctx, backlog) == EvictAction::kOffload
-                            ? OffloadCost(c, ctx, backlog)
-                            : DropCost(c);
+    const double cost = Cheaper(c, ctx, ctx.link_backlog_ns).cost;
     const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));
     if (staleness_exp_ == 0) return cost / bytes;
     return cost / (bytes * std::pow(Staleness(c, ctx), staleness_exp_));

@@ -174,7 +174,7 @@ class Runtime {
   // Tells policies when the tensor will next be used (device clock;
   // kNeverUsedAgain if it will not be): a trace replay knows, and belady and
   // hybrid use it. Without a hint a tensor's next use is unknown.
-  static constexpr std::int64_t kNeverUsedAgain = INT64_MAX;
+  static constexpr std::int64_t kNeverUsedAgain = policies::kNeverUsedAgain;
   absl::Status HintNextUse(TensorId id, std::int64_t at_ns);
 
   absl::StatusOr<TensorState> State(TensorId id) const;

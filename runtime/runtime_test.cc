@@ -34,8 +34,13 @@ void Fill(unsigned char* out, std::size_t bytes, std::uint32_t tag,
   }
 }
 
+struct ScriptedChain;
+
 class RuntimeTest : public ::testing::Test {
  protected:
+  // The chain the neighbourhood tests share (defined beside them).
+  ScriptedChain ProduceScriptedChain(std::shared_ptr<policies::EvictionPolicy> policy);
+
   void Make(std::size_t budget, RuntimeOptions options = {}, bool backed = true) {
     runtime_.reset();
     alloc_.reset();
@@ -396,18 +401,31 @@ const policies::Candidate* BySize(const std::vector<policies::Candidate>& cs, st
   return nullptr;
 }
 
+// x -> a -> b -> c -> d (1-5 MiB, costs 10, 20, 30, 40 us) under 22 MiB; then
+// e (8 MiB, kept) forces two pressure events in which `policy` (scripted to
+// drop b and c, then d) sees the candidates.
+struct ScriptedChain {
+  TensorId x, a, b, c, d, e;
+};
+std::vector<std::vector<std::size_t>> ChainScript() { return {{3 * kMiB, 4 * kMiB}, {5 * kMiB}}; }
+
+ScriptedChain RuntimeTest::ProduceScriptedChain(std::shared_ptr<policies::EvictionPolicy> policy) {
+  Make(22 * kMiB, {.custom_policy = std::move(policy)});
+  ScriptedChain t;
+  t.x = Produce(kMiB, {}, false, false);
+  t.a = Produce(2 * kMiB, {t.x}, true, false, 10'000);
+  t.b = Produce(3 * kMiB, {t.a}, true, false, 20'000);
+  t.c = Produce(4 * kMiB, {t.b}, true, false, 30'000);
+  t.d = Produce(5 * kMiB, {t.c}, true, false, 40'000);
+  t.e = Produce(8 * kMiB, {}, false, false);
+  return t;
+}
+
 TEST_F(RuntimeTest, CandidatesCarryTheirEvictedNeighbourhood) {
-  // x -> a -> b -> c -> d, costs 10, 20, 30, 40 us; b and c get dropped, then
-  // a's dropped consumer (b) and d's dropped ancestors (c, b) show in their costs.
-  auto policy = std::make_shared<ScriptedPolicy>(
-      std::vector<std::vector<std::size_t>>{{3 * kMiB, 4 * kMiB}, {5 * kMiB}});
-  Make(22 * kMiB, {.custom_policy = policy});
-  TensorId x = Produce(kMiB, {}, false, false);
-  TensorId a = Produce(2 * kMiB, {x}, true, false, 10'000);
-  TensorId b = Produce(3 * kMiB, {a}, true, false, 20'000);
-  TensorId c = Produce(4 * kMiB, {b}, true, false, 30'000);
-  TensorId d = Produce(5 * kMiB, {c}, true, false, 40'000);
-  TensorId e = Produce(8 * kMiB, {}, false, false);
+  // b and c get dropped, then a's dropped consumer (b) and d's dropped
+  // ancestors (c, b) show in their costs.
+  auto policy = std::make_shared<ScriptedPolicy>(ChainScript());
+  const auto [x, a, b, c, d, e] = ProduceScriptedChain(policy);
   ASSERT_GE(policy->shown.size(), 2u);
   EXPECT_EQ(StateOf(b), TensorState::kDropped);
   EXPECT_EQ(StateOf(c), TensorState::kDropped);
@@ -443,15 +461,8 @@ TEST_F(RuntimeTest, ANeighbourhoodLeftOutIsFilledInOnRequest) {
     }
     std::vector<policies::Candidate> completed;
   };
-  auto policy = std::make_shared<Lazy>(
-      std::vector<std::vector<std::size_t>>{{3 * kMiB, 4 * kMiB}, {5 * kMiB}});
-  Make(22 * kMiB, {.custom_policy = policy});
-  TensorId x = Produce(kMiB, {}, false, false);
-  TensorId a = Produce(2 * kMiB, {x}, true, false, 10'000);
-  TensorId b = Produce(3 * kMiB, {a}, true, false, 20'000);
-  TensorId c = Produce(4 * kMiB, {b}, true, false, 30'000);
-  Produce(5 * kMiB, {c}, true, false, 40'000);
-  Produce(8 * kMiB, {}, false, false);
+  auto policy = std::make_shared<Lazy>(ChainScript());
+  ProduceScriptedChain(policy);
   ASSERT_GE(policy->shown.size(), 2u);
   const policies::Candidate* shown = BySize(policy->shown[1], 5 * kMiB);
   const policies::Candidate* full = BySize(policy->completed, 5 * kMiB);
