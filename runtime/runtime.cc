@@ -147,7 +147,7 @@ Runtime::~Runtime() {
   allocator_->SetPressureHandler(nullptr);
   Lock lock(this);
   (void)device_->Synchronize();
-  for (auto& [serial, s] : storages_) {
+  for (auto& s : storages_) {
     if (s->device != nullptr) (void)allocator_->Free(s->device);
     if (s->host != nullptr) (void)host_pool_.FreeAfter(s->host, copy_stream_);
   }
@@ -176,15 +176,54 @@ absl::Status Runtime::WaitOn(Stream waiter, Stream producer) {
   return s;
 }
 
+Runtime::Tensor* Runtime::FindTensor(TensorId id) const {
+  if (id == 0 || id >= next_id_) return nullptr;
+  const std::size_t page = (id - 1) / kTensorPage;
+  if (page >= tensor_pages_.size() || tensor_pages_[page] == nullptr) return nullptr;
+  return &tensor_pages_[page]->entries[(id - 1) % kTensorPage];
+}
+
+TensorId Runtime::NewTensorId(Storage* s) {
+  const TensorId id = next_id_++;
+  const std::size_t page = (id - 1) / kTensorPage;
+  if (page == tensor_pages_.size()) tensor_pages_.push_back(std::make_unique<TensorPage>());
+  TensorPage& p = *tensor_pages_[page];
+  p.entries[(id - 1) % kTensorPage] = Tensor{s, false};
+  ++p.uncollected;
+  s->tensor_ids.push_back(id);
+  return id;
+}
+
+void Runtime::ForgetTensors(const Storage* s) {
+  for (TensorId id : s->tensor_ids) {
+    const std::size_t page = (id - 1) / kTensorPage;
+    TensorPage& p = *tensor_pages_[page];
+    p.entries[(id - 1) % kTensorPage].storage = nullptr;
+    // A page is let go once its last id is handed out and all its tensors are gone.
+    if (--p.uncollected == 0 && (page + 1) * kTensorPage < next_id_) tensor_pages_[page].reset();
+  }
+}
+
+Runtime::Storage* Runtime::NewStorage() {
+  if (free_storages_.empty()) {
+    storages_.push_back(std::make_unique<Storage>());
+    return storages_.back().get();
+  }
+  Storage* s = free_storages_.back();
+  free_storages_.pop_back();
+  return s;
+}
+
 absl::StatusOr<Runtime::Storage*> Runtime::Live(TensorId id) const {
-  auto it = tensors_.find(id);
-  if (it == tensors_.end()) {
+  const Tensor* t = FindTensor(id);
+  if (t == nullptr && (id == 0 || id >= next_id_)) {
     return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
   }
-  if (it->second.freed) {
+  // An id whose page was given back was freed and collected.
+  if (t == nullptr || t->freed) {
     return absl::FailedPreconditionError(absl::StrFormat("tensor %d was freed", id));
   }
-  return it->second.storage;
+  return t->storage;
 }
 
 void Runtime::SetState(Storage* s, TensorState state) {
@@ -303,7 +342,7 @@ void Runtime::UnpinStorage(Storage* s) {
   Reindex(s);
   if (s->handles > 0) return;  // the owner still holds it: nothing to collect
   if (deferring_collect_ && s->dependents > 1) {  // another closure may read it again
-    deferred_collect_.push_back(s->serial);
+    deferred_collect_.emplace_back(s, s->serial);
   } else {
     MaybeCollect(s);
   }
@@ -311,10 +350,10 @@ void Runtime::UnpinStorage(Storage* s) {
 
 void Runtime::CollectDeferred() {
   deferring_collect_ = false;
-  // By serial: collecting one may collect another of the list first.
-  for (std::uint64_t serial : deferred_collect_) {
-    auto it = storages_.find(serial);
-    if (it != storages_.end()) MaybeCollect(it->second.get());
+  // Collecting one may collect another of the list first, and its object may
+  // then hold a newer storage: the serial tells.
+  for (auto [s, serial] : deferred_collect_) {
+    if (s->serial == serial) MaybeCollect(s);
   }
   deferred_collect_.clear();
 }
@@ -332,7 +371,7 @@ void Runtime::SettleCopies(Storage* s) {
 std::string Runtime::DescribePressure(std::size_t bytes) const {
   std::size_t pinned_bytes = 0, evictable_bytes = 0, pinned_count = 0;
   std::vector<std::pair<std::size_t, TensorId>> pinned;
-  for (const auto& [serial, s] : storages_) {
+  for (const auto& s : storages_) {
     if (s->state != TensorState::kResident) continue;
     if (s->pins > 0) {
       pinned_bytes += s->bytes;
@@ -396,8 +435,7 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, 
   absl::StatusOr<void*> ptr = AllocateDevice(bytes, stream);
   if (!ptr.ok()) return ptr.status();
 
-  auto owned = std::make_unique<Storage>();
-  Storage* s = owned.get();
+  Storage* s = NewStorage();
   s->serial = next_serial_++;
   s->bytes = bytes;
   s->allow_drop = options.allow_drop;
@@ -413,16 +451,13 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, 
       if (in->state == TensorState::kDropped) ++s->dropped_inputs;
     }
   }
-  const TensorId id = next_id_++;
-  s->tensor_ids.push_back(id);
+  const TensorId id = NewTensorId(s);
   s->handles = 1;
   s->pins = 1;
   s->used_streams.push_back(stream);
   s->last_access_ns = s->first_access_ns = device_->NowNs();
   s->accesses = 1;
   SetResident(s, *ptr);
-  storages_.emplace(s->serial, std::move(owned));
-  tensors_.emplace(id, Tensor{s, false});
   ++stats_.tensors_created;
   ++stats_.live_tensors;
   return Guard(this, id, *ptr);
@@ -432,10 +467,8 @@ absl::StatusOr<TensorId> Runtime::CreateView(TensorId base) {
   Lock lock(this);
   absl::StatusOr<Storage*> s = Live(base);
   if (!s.ok()) return s.status();
-  const TensorId id = next_id_++;
-  (*s)->tensor_ids.push_back(id);
+  const TensorId id = NewTensorId(*s);
   ++(*s)->handles;
-  tensors_.emplace(id, Tensor{*s, false});
   ++stats_.tensors_created;
   ++stats_.live_tensors;
   return id;
@@ -458,9 +491,9 @@ absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
 
 void Runtime::Unpin(TensorId id) {
   Lock lock(this);
-  auto it = tensors_.find(id);
-  if (it == tensors_.end() || it->second.storage == nullptr) return;
-  UnpinStorage(it->second.storage);
+  const Tensor* t = FindTensor(id);
+  if (t == nullptr || t->storage == nullptr) return;
+  UnpinStorage(t->storage);
 }
 
 absl::Status Runtime::Prefetch(TensorId id, Stream stream) {
@@ -505,7 +538,7 @@ absl::Status Runtime::Free(TensorId id) {
   absl::StatusOr<Storage*> found = Live(id);
   if (!found.ok()) return found.status();
   Storage* s = *found;
-  tensors_[id].freed = true;
+  FindTensor(id)->freed = true;
   --stats_.live_tensors;
   --s->handles;
   MaybeCollect(s);
@@ -523,30 +556,40 @@ absl::Status Runtime::HintNextUse(TensorId id, std::int64_t at_ns) {
 
 absl::StatusOr<TensorState> Runtime::State(TensorId id) const {
   Lock lock(this);
-  auto it = tensors_.find(id);
-  if (it == tensors_.end()) return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
-  if (it->second.storage == nullptr) return TensorState::kFreed;
-  return it->second.storage->state;
+  if (id == 0 || id >= next_id_) {
+    return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
+  }
+  const Tensor* t = FindTensor(id);
+  if (t == nullptr || t->storage == nullptr) return TensorState::kFreed;
+  return t->storage->state;
 }
 
 absl::StatusOr<std::uint64_t> Runtime::PressureDrops(TensorId id) const {
   Lock lock(this);
-  auto it = tensors_.find(id);
-  if (it == tensors_.end()) return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
-  if (it->second.storage == nullptr) return absl::NotFoundError(absl::StrFormat("tensor %d is freed", id));
-  return it->second.storage->pressure_drops;
+  if (id == 0 || id >= next_id_) {
+    return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
+  }
+  const Tensor* t = FindTensor(id);
+  if (t == nullptr || t->storage == nullptr) {
+    return absl::NotFoundError(absl::StrFormat("tensor %d is freed", id));
+  }
+  return t->storage->pressure_drops;
 }
 
 RuntimeStats Runtime::stats() const {
   Lock lock(this);
-  return stats_;
+  RuntimeStats out = stats_;
+  out.tensor_pages = static_cast<std::uint64_t>(
+      std::count_if(tensor_pages_.begin(), tensor_pages_.end(), [](const auto& p) { return p != nullptr; }));
+  out.storage_objects = storages_.size();
+  return out;
 }
 
 void Runtime::MaybeCollect(Storage* first) {
   // Collecting a storage may free its inputs in turn. A storage can be
   // reached twice (an input read twice), so the dead are destroyed at the end.
   absl::InlinedVector<Storage*, 8> work = {first};
-  absl::InlinedVector<std::uint64_t, 8> dead;
+  absl::InlinedVector<Storage*, 8> dead;
   while (!work.empty()) {
     Storage* s = work.back();
     work.pop_back();
@@ -575,10 +618,14 @@ void Runtime::MaybeCollect(Storage* first) {
       in->consumers.erase(std::find(in->consumers.begin(), in->consumers.end(), s));
       work.push_back(in);
     }
-    for (TensorId id : s->tensor_ids) tensors_[id].storage = nullptr;
-    dead.push_back(s->serial);
+    ForgetTensors(s);
+    dead.push_back(s);
   }
-  for (std::uint64_t serial : dead) storages_.erase(serial);
+  for (Storage* s : dead) {
+    // Kept for reuse, as a fresh one (a new serial at creation).
+    *s = Storage{};
+    free_storages_.push_back(s);
+  }
 }
 
 // --- Making tensors resident -----------------------------------------------------

@@ -35,14 +35,14 @@
 #ifndef REMAT_RUNTIME_RUNTIME_H_
 #define REMAT_RUNTIME_RUNTIME_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "absl/container/btree_map.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
@@ -121,6 +121,10 @@ struct RuntimeStats {
   std::uint64_t prefetches = 0;
   std::uint64_t resident_bytes = 0;   // storages on the device now
   std::uint64_t peak_resident_bytes = 0;
+  // Bookkeeping held: pages of id entries (4096 ids each; a page goes once all
+  // its tensors are collected), and Storage objects made (reused once collected).
+  std::uint64_t tensor_pages = 0;
+  std::uint64_t storage_objects = 0;
 };
 
 class Runtime;
@@ -188,10 +192,28 @@ class Runtime {
 
  private:
   struct Storage;
+  // A tensor id's entry: its storage until the storage is collected (then
+  // nullptr), and whether the owner freed it.
   struct Tensor {
     Storage* storage = nullptr;
     bool freed = false;
   };
+  // Ids are handed out in order, so their entries live in pages indexed by id:
+  // a lookup is an index, not a hash. A page whose tensors are all collected
+  // is given back (its ids answer "freed"), so a process that makes tensors
+  // without end keeps only the pages of tensors still around.
+  static constexpr std::size_t kTensorPage = 4096;
+  struct TensorPage {
+    std::array<Tensor, kTensorPage> entries;
+    std::size_t uncollected = 0;  // entries with a storage
+  };
+  // The entry of an id ever handed out whose page is still held; nullptr otherwise.
+  Tensor* FindTensor(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  TensorId NewTensorId(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The storage was collected: its ids' entries let it go.
+  void ForgetTensors(const Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Storage object, reused from one collected earlier where there is one.
+  Storage* NewStorage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Runtime(CachingAllocator* allocator, RuntimeOptions options,
           std::shared_ptr<policies::EvictionPolicy> policy, Stream copy_stream);
@@ -249,20 +271,24 @@ class Runtime {
   const bool track_classes_;  // the policy reads Candidate::classes_ns
 
   mutable Mutex mu_;
-  absl::flat_hash_map<TensorId, Tensor> tensors_ ABSL_GUARDED_BY(mu_);
-  // By creation order, so candidate lists (and so plans and simulations) are
-  // deterministic.
-  absl::btree_map<std::uint64_t, std::unique_ptr<Storage>> storages_ ABSL_GUARDED_BY(mu_);
+  // Page i holds ids [1 + i * kTensorPage, 1 + (i + 1) * kTensorPage).
+  std::vector<std::unique_ptr<TensorPage>> tensor_pages_ ABSL_GUARDED_BY(mu_);
+  // Every Storage object made, live or not (a collected one has state kFreed
+  // and waits in free_storages_ to be reused): objects stay put, so a
+  // Storage* stays valid for the runtime's life, and its serial says whether
+  // it is still the storage it was.
+  std::vector<std::unique_ptr<Storage>> storages_ ABSL_GUARDED_BY(mu_);
+  std::vector<Storage*> free_storages_ ABSL_GUARDED_BY(mu_);
   // What a policy may evict now: resident, unpinned, non-empty, evictable.
   // A vector (each storage knows its slot) so a pressure event samples from
   // it in O(1) per candidate.
   std::vector<Storage*> candidates_ ABSL_GUARDED_BY(mu_);
   mutable std::uint64_t walk_mark_ ABSL_GUARDED_BY(mu_) = 0;  // see DroppedChainCost
   std::uint64_t chain_epoch_ ABSL_GUARDED_BY(mu_) = 1;        // one per pressure event
-  // While MakeResident regenerates: released storages unpinned meanwhile, by
-  // serial, collected when it ends.
+  // While MakeResident regenerates: released storages unpinned meanwhile, with
+  // their serials then, collected when it ends.
   bool deferring_collect_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::uint64_t> deferred_collect_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<Storage*, std::uint64_t>> deferred_collect_ ABSL_GUARDED_BY(mu_);
   // When the host link will have carried every copy queued so far (estimated
   // from the link's bandwidth): the backlog a new offload waits behind.
   std::int64_t link_free_at_ns_ ABSL_GUARDED_BY(mu_) = 0;

@@ -576,6 +576,58 @@ TEST_F(RuntimeTest, BadInputIsAClearError) {
   EXPECT_FALSE(Runtime::Create(alloc_.get(), {.policy = "nope"}).ok());
 }
 
+TEST_F(RuntimeTest, BookkeepingStaysBoundedWhileTensorsComeAndGo) {
+  // A long run: each step makes a tensor (and a view of it) from the last one
+  // and frees the last. One tensor is kept from the start (a parameter). What
+  // the runtime holds is bounded by what is alive, not by how many tensors
+  // ever were. (Not droppable: a closure would keep its inputs' metadata.)
+  Make(64 * kMiB, {.policy = "lru"});
+  auto first = runtime_->Create(1024, {});
+  ASSERT_TRUE(first.ok());
+  const TensorId kept = first->id();
+  first->Release();
+  TensorId prev = 0;
+  std::vector<TensorId> seen;
+  for (int i = 0; i < 5 * 4096; ++i) {
+    TensorOptions o;
+    o.allow_offload = true;
+    o.inputs = {kept};
+    if (prev != 0) o.inputs.push_back(prev);
+    auto g = runtime_->Create(256, std::move(o));
+    ASSERT_TRUE(g.ok()) << g.status();
+    const TensorId id = g->id();
+    g->Release();
+    auto view = runtime_->CreateView(id);
+    ASSERT_TRUE(view.ok());
+    ASSERT_TRUE(runtime_->Free(*view).ok());
+    if (prev != 0) {
+      ASSERT_TRUE(runtime_->Free(prev).ok());
+    }
+    prev = id;
+    if (i % 997 == 0) seen.push_back(id);
+  }
+  const RuntimeStats stats = runtime_->stats();
+  EXPECT_EQ(stats.tensors_created, 1u + 2u * 5 * 4096);
+  EXPECT_EQ(stats.live_tensors, 2u);
+  // The page of `kept` and the last one or two; the rest given back.
+  EXPECT_LE(stats.tensor_pages, 3u);
+  // The chain's tensors are collected as it goes: objects are reused.
+  EXPECT_LE(stats.storage_objects, 4u);
+  // Old ids still answer as freed; ids never handed out do not exist.
+  for (TensorId id : seen) {
+    if (id == prev) continue;
+    EXPECT_EQ(StateOf(id), TensorState::kFreed) << id;
+    EXPECT_EQ(runtime_->Acquire(id).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(runtime_->Free(id).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(runtime_->PressureDrops(id).status().code(), absl::StatusCode::kNotFound);
+  }
+  EXPECT_EQ(runtime_->State(prev + 100).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(runtime_->Acquire(0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(StateOf(kept), TensorState::kResident);
+  EXPECT_EQ(StateOf(prev), TensorState::kResident);
+  EXPECT_TRUE(runtime_->Acquire(prev).ok());
+}
+
 // Random programs under tiny budgets, for each policy and eviction mode:
 // every acquire sees exactly the bytes produced; at the end nothing is left.
 struct Mode {
