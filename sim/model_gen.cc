@@ -132,12 +132,25 @@ std::string Spec::Canonical() const {
 
 // --- Writer -----------------------------------------------------------------
 
+// Marks a non-constant's id in the text, for Take to name per step. The
+// generators' ids never hold control characters.
+constexpr char kStepMark = '\x01';
+
 void Writer::Begin(absl::string_view op) {
+  if (op != "constant" && body_start_ == std::string::npos) body_start_ = text_.size();
+  if (body_start_ != std::string::npos) ++body_records_;
   absl::StrAppend(&text_, "{\"op\":\"", op, "\"");
   ++records_;
 }
 
+void Writer::Id(absl::string_view id) {
+  if (!constants_.contains(id)) text_.push_back(kStepMark);
+  text_.append(id.data(), id.size());
+}
+
 void Writer::Constant(absl::string_view id, std::uint64_t bytes) {
+  if (body_start_ != std::string::npos) constant_after_body_ = true;
+  constants_.emplace(id);
   Begin("constant");
   absl::StrAppend(&text_, ",\"id\":\"", id, "\",\"bytes\":", bytes, "}\n");
 }
@@ -147,16 +160,21 @@ void Writer::Call(absl::string_view name, const std::vector<absl::string_view>& 
   Begin("call");
   absl::StrAppend(&text_, ",\"name\":\"", name, "\",\"inputs\":[");
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    absl::StrAppend(&text_, i == 0 ? "\"" : ",\"", inputs[i], "\"");
+    text_.append(i == 0 ? "\"" : ",\"");
+    Id(inputs[i]);
+    text_.push_back('"');
   }
   absl::StrAppend(&text_, "],\"outputs\":[");
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const Out& o = outputs[i];
-    absl::StrAppend(&text_, i == 0 ? "{\"id\":\"" : ",{\"id\":\"", o.id);
+    text_.append(i == 0 ? "{\"id\":\"" : ",{\"id\":\"");
+    Id(o.id);
     if (o.alias_of.empty()) {
       absl::StrAppend(&text_, "\",\"bytes\":", o.bytes, "}");
     } else {
-      absl::StrAppend(&text_, "\",\"alias_of\":\"", o.alias_of, "\"}");
+      text_.append("\",\"alias_of\":\"");
+      Id(o.alias_of);
+      text_.append("\"}");
     }
   }
   absl::StrAppend(&text_, "],\"cost_ns\":", cost_ns, "}\n");
@@ -166,19 +184,50 @@ void Writer::Use(const std::vector<absl::string_view>& ids) {
   Begin("use");
   absl::StrAppend(&text_, ",\"ids\":[");
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    absl::StrAppend(&text_, i == 0 ? "\"" : ",\"", ids[i], "\"");
+    text_.append(i == 0 ? "\"" : ",\"");
+    Id(ids[i]);
+    text_.push_back('"');
   }
   absl::StrAppend(&text_, "]}\n");
 }
 
 void Writer::Release(absl::string_view id) {
+  if (constants_.contains(id)) releases_constant_ = true;
   Begin("release");
-  absl::StrAppend(&text_, ",\"id\":\"", id, "\"}\n");
+  text_.append(",\"id\":\"");
+  Id(id);
+  text_.append("\"}\n");
 }
 
 void Writer::Phase(absl::string_view name) {
   Begin("phase");
   absl::StrAppend(&text_, ",\"name\":\"", name, "\"}\n");
+}
+
+absl::StatusOr<std::string> Writer::Take(int steps) {
+  if (steps < 1) return absl::InvalidArgumentError("steps must be at least 1");
+  if (steps > 1 && (releases_constant_ || constant_after_body_)) {
+    return absl::InvalidArgumentError(
+        "this trace cannot repeat its step: it releases a constant or defines one late");
+  }
+  const std::size_t start = std::min(body_start_, text_.size());
+  const absl::string_view body = absl::string_view(text_).substr(start);
+  std::string out(text_.data(), start);
+  out.reserve(start + steps * (body.size() + body_records_ * 4));
+  for (int k = 0; k < steps; ++k) {
+    const std::string prefix = k == 0 ? "" : absl::StrCat("s", k, "/");
+    for (std::size_t at = 0; at < body.size();) {
+      const std::size_t mark = body.find(kStepMark, at);
+      const std::size_t end = mark == absl::string_view::npos ? body.size() : mark;
+      out.append(body.data() + at, end - at);
+      if (mark == absl::string_view::npos) break;
+      out.append(prefix);
+      at = mark + 1;
+    }
+  }
+  records_ = records_ - body_records_ + body_records_ * static_cast<std::uint64_t>(steps);
+  text_.clear();
+  return out;
 }
 
 // --- Graph: building the forward ------------------------------------------
@@ -431,7 +480,7 @@ void Graph::Give(int t, int g) {
 
 int Graph::Grad(int t) const { return grad_[t]; }
 
-absl::StatusOr<std::string> Graph::Finish(int loss) {
+absl::StatusOr<std::string> Graph::Finish(int loss, int steps) {
   if (!error_.ok()) return error_;
   tensors_[loss].keep = true;
   grad_.assign(tensors_.size(), -1);
@@ -511,7 +560,7 @@ absl::StatusOr<std::string> Graph::Finish(int loss) {
     }
   }
   if (!error_.ok()) return error_;
-  return writer_.Take();
+  return writer_.Take(steps);
 }
 
 }  // namespace remat::model_gen

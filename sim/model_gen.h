@@ -36,6 +36,12 @@
 // In-place ops (ResNet's relu_, `out += identity`) are written as new versions
 // whose old version is released at once, which is what in place saves.
 //
+// Every model but `chain` takes `steps` (default 1): the trace holds that many
+// training steps in a row over the same constants, each step's tensors named
+// apart (step k > 0 prefixes its ids with "s<k>/"), as a trace recorded over
+// several iterations would be. Long traces for replay-speed measurements:
+// gpt2:layers=12,steps=720 is just over a million records (1,016,072).
+//
 // Dtypes: activations and their gradients take `dtype` (bf16 default, 2 bytes;
 // fp16 2, fp32 4); parameters and their gradients `param_dtype` (default: same
 // as dtype; param_dtype=fp32 for fp32 master weights and gradients). Norm
@@ -140,8 +146,8 @@ struct GeneratedTrace {
   std::string text;  // the op trace, JSON Lines (ParseOpTrace reads it)
   std::uint64_t records = 0;
   std::uint64_t params = 0;  // parameter elements (0 for chain)
-  double forward_flops = 0;  // matmul and conv FLOPs of the forward
-  double flops = 0;          // ... of the whole step, forward and backward
+  double forward_flops = 0;  // matmul and conv FLOPs of the forward(s)
+  double flops = 0;          // ... of the whole trace, forward and backward, all its steps
 };
 
 // The trace of one training step of the model `spec` names. InvalidArgument for

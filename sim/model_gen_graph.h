@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -61,7 +62,9 @@ class Spec {
 
 // Records in the format of sim/op_trace.h, one a line, with the keys in the
 // order scripts/make_op_traces.py writes them. Ids and names are the
-// generators' own (no characters JSON would escape).
+// generators' own (no characters JSON would escape). Constants come first;
+// Take(steps) repeats everything after them `steps` times, each repeat with
+// its own names for the tensors that are not constants.
 class Writer {
  public:
   struct Out {
@@ -77,14 +80,24 @@ class Writer {
   void Release(absl::string_view id);
   void Phase(absl::string_view name);
 
+  // Records written, or after Take, in the text it gave.
   std::uint64_t records() const { return records_; }
-  std::string Take() { return std::move(text_); }
+  // The text; with steps > 1 the records after the constants repeat, and
+  // repeat k (from 1) names each non-constant tensor "s<k>/<id>". A constant
+  // must not be released then (its second step could not read it).
+  absl::StatusOr<std::string> Take(int steps = 1);
 
  private:
   void Begin(absl::string_view op);
+  void Id(absl::string_view id);  // a non-constant's id goes after a marker byte
 
   std::string text_;
   std::uint64_t records_ = 0;
+  absl::flat_hash_set<std::string> constants_;
+  std::size_t body_start_ = std::string::npos;  // where the first non-constant record begins
+  std::uint64_t body_records_ = 0;
+  bool releases_constant_ = false;
+  bool constant_after_body_ = false;
 };
 
 // --- Graph ----------------------------------------------------------------
@@ -171,7 +184,7 @@ class Graph {
   int Contiguous(absl::string_view name, int x);
 
   // The trace: constants, forward, backward from `loss`, optimizer.
-  absl::StatusOr<std::string> Finish(int loss);
+  absl::StatusOr<std::string> Finish(int loss, int steps = 1);
 
   // --- For ops' backward rules ---
   int Grad(int t) const;  // the gradient flowing into forward tensor t, or -1

@@ -26,22 +26,30 @@ const std::vector<KeyDef> kDtypeKeys = {
      "parameters and their gradients: bf16, fp16, fp32, or dtype (the same)"},
 };
 
+constexpr std::int64_t kMaxSteps = 100'000;
+
+// The keys of every graph model: the dtypes, and how many steps the trace holds.
 std::vector<KeyDef> WithDtypes(std::vector<KeyDef> keys) {
   keys.insert(keys.end(), kDtypeKeys.begin(), kDtypeKeys.end());
+  keys.push_back({"steps", "1",
+                  "training steps in a row, sharing the constants (step k > 0 names its "
+                  "tensors s<k>/...)"});
   return keys;
 }
 
 // The graph's trace, with its summary.
-absl::StatusOr<GeneratedTrace> Finish(Graph& g, int loss, const Spec& spec) {
-  absl::StatusOr<std::string> text = g.Finish(loss);
+absl::StatusOr<GeneratedTrace> Finish(Graph& g, int loss, Spec& spec) {
+  const std::int64_t steps = spec.Int("steps", 1, kMaxSteps);
+  if (!spec.error().ok()) return spec.error();
+  absl::StatusOr<std::string> text = g.Finish(loss, static_cast<int>(steps));
   if (!text.ok()) return text.status();
   GeneratedTrace out;
   out.spec = spec.Canonical();
   out.text = *std::move(text);
   out.records = g.records();
   out.params = g.param_elements();
-  out.forward_flops = g.forward_flops();
-  out.flops = g.total_flops();
+  out.forward_flops = g.forward_flops() * static_cast<double>(steps);
+  out.flops = g.total_flops() * static_cast<double>(steps);
   return out;
 }
 
@@ -99,8 +107,10 @@ absl::StatusOr<GeneratedTrace> MakeChain(Spec& spec, const ModelGenOptions&) {
 
   GeneratedTrace out;
   out.spec = spec.Canonical();
+  absl::StatusOr<std::string> text = t.Take();
+  if (!text.ok()) return text.status();
+  out.text = *std::move(text);
   out.records = t.records();
-  out.text = t.Take();
   return out;
 }
 

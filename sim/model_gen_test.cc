@@ -23,6 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sim/op_replay.h"
@@ -472,7 +475,48 @@ TEST(ModelGenTest, CanonicalSpecsRegenerateTheSameTrace) {
   }
   EXPECT_EQ(Gen("gpt2:layers=2").spec,
             "gpt2:layers=2,hidden=768,heads=12,seq=1024,batch=8,vocab=50257,positions=1024,"
-            "dropout=0,attn=math,dtype=bf16,param_dtype=dtype");
+            "dropout=0,attn=math,dtype=bf16,param_dtype=dtype,steps=1");
+}
+
+TEST(ModelGenTest, StepsRepeatTheStepOverTheSameConstants) {
+  for (const std::string spec : {"gpt2:layers=2,hidden=128,heads=4,seq=64,batch=2,vocab=512",
+                                 "resnet:depth=18,batch=4,image=64",
+                                 "vit:layers=2,hidden=128,heads=4,patch=8,image=32,batch=2",
+                                 "unet:levels=2,base=8,batch=1,image=32"}) {
+    SCOPED_TRACE(spec);
+    const GeneratedTrace one = Gen(spec);
+    const GeneratedTrace three = Gen(spec + ",steps=3");
+    const OpTrace a = Parse(one), b = Parse(three);
+    std::size_t constants = 0;
+    std::int64_t cost_a = 0, cost_b = 0;
+    for (const OpTensor& t : a.tensors) constants += t.constant ? 1 : 0;
+    for (const OpRecord& r : a.records) cost_a += r.cost_ns;
+    for (const OpRecord& r : b.records) cost_b += r.cost_ns;
+    EXPECT_EQ(b.records.size(), constants + 3 * (a.records.size() - constants));
+    EXPECT_EQ(three.records, b.records.size());
+    EXPECT_EQ(b.tensors.size(), constants + 3 * (a.tensors.size() - constants));
+    EXPECT_EQ(cost_b, 3 * cost_a);
+    EXPECT_DOUBLE_EQ(three.flops, 3 * one.flops);
+    EXPECT_DOUBLE_EQ(three.forward_flops, 3 * one.forward_flops);
+    // Each step frees what it made: the peak is one step's.
+    EXPECT_EQ(b.peak_live_bytes, a.peak_live_bytes);
+    // Step k's tensors are step 0's under "s<k>/"; constants are shared.
+    absl::flat_hash_set<std::string> ids;
+    for (const OpTensor& t : b.tensors) ids.insert(t.id);
+    for (const OpTensor& t : a.tensors) {
+      EXPECT_TRUE(ids.contains(t.id)) << t.id;
+      EXPECT_NE(ids.contains("s2/" + t.id), t.constant) << t.id;
+    }
+    // Step 1's first call (on constants only) is step 0's with its output renamed.
+    const std::size_t body = a.records.size() - constants;
+    std::vector<absl::string_view> lines = absl::StrSplit(three.text, '\n');
+    std::vector<absl::string_view> first = absl::StrSplit(one.text, '\n');
+    const std::string line0(first[constants + 1]);
+    ASSERT_THAT(line0, HasSubstr("\"op\":\"call\""));
+    EXPECT_EQ(std::string(lines[constants + body + 1]),
+              absl::StrReplaceAll(line0, {{"\"id\":\"", "\"id\":\"s1/"}}))
+        << "the first record of step 1";
+  }
 }
 
 TEST(ModelGenTest, CostsFollowTheDeviceRates) {
@@ -547,7 +591,7 @@ TEST(ModelGenTest, BadSpecsSayWhatIsKnown) {
   EXPECT_THAT(ErrorOf(":layers=2"), HasSubstr("known models: chain, gpt2"));
   EXPECT_EQ(ErrorOf("gpt2:layer=2"),
             "gpt2: unknown key 'layer'; known keys: layers, hidden, heads, seq, batch, vocab, "
-            "positions, dropout, attn, dtype, param_dtype");
+            "positions, dropout, attn, dtype, param_dtype, steps");
   EXPECT_THAT(ErrorOf("resnet:depht=50"), HasSubstr("known keys: depth, batch, image, classes"));
   EXPECT_EQ(ErrorOf("gpt2:layers=x"), "gpt2: layers='x' is not an integer");
   EXPECT_EQ(ErrorOf("gpt2:layers=1.5"), "gpt2: layers='1.5' is not an integer");
@@ -566,6 +610,8 @@ TEST(ModelGenTest, BadSpecsSayWhatIsKnown) {
   EXPECT_EQ(ErrorOf("gpt2:dtype=int8"), "gpt2: dtype='int8' is not one of bf16, fp16, fp32");
   EXPECT_EQ(ErrorOf("gpt2:param_dtype=fp64"),
             "gpt2: param_dtype='fp64' is not one of bf16, fp16, fp32, dtype");
+  EXPECT_EQ(ErrorOf("gpt2:steps=0"), "gpt2: steps=0 is out of range [1, 100000]");
+  EXPECT_THAT(ErrorOf("chain:steps=2"), HasSubstr("chain: unknown key 'steps'"));
   EXPECT_EQ(ErrorOf("resnet:depth=20"), "resnet: depth=20 is not one of 18, 34, 50, 101, 152");
   EXPECT_EQ(ErrorOf("resnet:image=16"), "resnet: image=16 is out of range [32, 65536]");
   EXPECT_EQ(ErrorOf("vit:image=100"), "vit: image=100 is not a multiple of patch=16");
