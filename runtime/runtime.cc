@@ -186,7 +186,10 @@ Runtime::Tensor* Runtime::FindTensor(TensorId id) const {
 TensorId Runtime::NewTensorId(Storage* s) {
   const TensorId id = next_id_++;
   const std::size_t page = (id - 1) / kTensorPage;
-  if (page == tensor_pages_.size()) tensor_pages_.push_back(std::make_unique<TensorPage>());
+  if (page == tensor_pages_.size()) {
+    tensor_pages_.push_back(std::make_unique<TensorPage>());
+    ++stats_.tensor_pages;
+  }
   TensorPage& p = *tensor_pages_[page];
   p.entries[(id - 1) % kTensorPage] = Tensor{s, false};
   ++p.uncollected;
@@ -200,13 +203,17 @@ void Runtime::ForgetTensors(const Storage* s) {
     TensorPage& p = *tensor_pages_[page];
     p.entries[(id - 1) % kTensorPage].storage = nullptr;
     // A page is let go once its last id is handed out and all its tensors are gone.
-    if (--p.uncollected == 0 && (page + 1) * kTensorPage < next_id_) tensor_pages_[page].reset();
+    if (--p.uncollected == 0 && (page + 1) * kTensorPage < next_id_) {
+      tensor_pages_[page].reset();
+      --stats_.tensor_pages;
+    }
   }
 }
 
 Runtime::Storage* Runtime::NewStorage() {
   if (free_storages_.empty()) {
     storages_.push_back(std::make_unique<Storage>());
+    ++stats_.storage_objects;
     return storages_.back().get();
   }
   Storage* s = free_storages_.back();
@@ -578,11 +585,7 @@ absl::StatusOr<std::uint64_t> Runtime::PressureDrops(TensorId id) const {
 
 RuntimeStats Runtime::stats() const {
   Lock lock(this);
-  RuntimeStats out = stats_;
-  out.tensor_pages = static_cast<std::uint64_t>(
-      std::count_if(tensor_pages_.begin(), tensor_pages_.end(), [](const auto& p) { return p != nullptr; }));
-  out.storage_objects = storages_.size();
-  return out;
+  return stats_;
 }
 
 void Runtime::MaybeCollect(Storage* first) {

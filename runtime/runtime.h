@@ -81,7 +81,7 @@ using RecomputeFn = absl::AnyInvocable<absl::Status(const RecomputeArgs&)>;
 
 struct TensorOptions {
   RecomputeFn recompute;           // needed to allow dropping
-  std::vector<TensorId> inputs;    // the closure's inputs, in order
+  absl::InlinedVector<TensorId, 4> inputs;  // the closure's inputs, in order
   std::int64_t compute_ns = 0;     // estimated cost of one recompute
   bool allow_drop = false;
   bool allow_offload = false;
@@ -123,6 +123,7 @@ struct RuntimeStats {
   std::uint64_t peak_resident_bytes = 0;
   // Bookkeeping held: pages of id entries (4096 ids each; a page goes once all
   // its tensors are collected), and Storage objects made (reused once collected).
+  // Kept as they change, so stats() stays a copy.
   std::uint64_t tensor_pages = 0;
   std::uint64_t storage_objects = 0;
 };

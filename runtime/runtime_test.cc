@@ -82,7 +82,7 @@ class RuntimeTest : public ::testing::Test {
           cost_ns);
     };
     TensorOptions options;
-    options.inputs = inputs;
+    options.inputs.assign(inputs.begin(), inputs.end());
     options.compute_ns = cost_ns;
     options.allow_drop = drop;
     options.allow_offload = offload;
