@@ -449,8 +449,9 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, 
   s->allow_offload = options.allow_offload;
   s->recompute = std::move(options.recompute);
   s->compute_ns = options.compute_ns;
-  if (s->allow_drop) {
-    // Only a closure that may run again keeps its inputs alive.
+  if (MayDrop(s)) {
+    // Only a closure that may run again keeps its inputs alive (with drops
+    // disabled, none will: a released input then goes at once).
     s->inputs = std::move(inputs);
     for (Storage* in : s->inputs) {
       ++in->dependents;

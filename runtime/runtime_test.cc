@@ -326,6 +326,19 @@ TEST_F(RuntimeTest, FreedTensorStaysWhileAClosureNeedsIt) {
   EXPECT_EQ(StateOf(x), TensorState::kFreed);
 }
 
+TEST_F(RuntimeTest, WithDropsDisabledAReleasedInputGoesAtOnce) {
+  // No closure will ever run, so none keeps its inputs: freeing x returns
+  // its block though y was computed from it.
+  Make(8 * kMiB, {.policy = "lru", .enable_drop = false});
+  TensorId x = Produce(2 * kMiB, {}, true, true);
+  TensorId y = Produce(2 * kMiB, {x}, true, true);
+  ASSERT_TRUE(runtime_->Free(x).ok());
+  EXPECT_EQ(StateOf(x), TensorState::kFreed);
+  EXPECT_EQ(runtime_->stats().resident_bytes, 2 * kMiB);
+  EXPECT_EQ(runtime_->stats().released_drops, 0u);
+  Check(y);
+}
+
 TEST_F(RuntimeTest, RegeneratingDiamondsCostsEachTensorOnce) {
   // c[i] = h(b[i], a[i]), b[i] = g(a[i]), a[i] = f(c[i-1]): a chain of
   // diamonds, like a ResNet's skip connections. The program releases all of

@@ -204,10 +204,20 @@ class Replayer {
       }
     }
     if (prefetch_window_ns_ > 0) {
-      for (std::size_t j = i + 1; j < trace_.records.size() && j <= i + 512 &&
-                                  cum_cost_[j] - cum_cost_[i + 1] <= prefetch_window_ns_;
+      // The records within the window ahead read what may need bringing back.
+      // A record is looked at when it enters the window; the whole window
+      // again only after an offload (the one way a tensor gets to the host).
+      // A prefetch without room stops the scan there, to try again after the
+      // next record.
+      const std::uint64_t offloads = runtime_->stats().offloads;
+      std::size_t j = i + 1;
+      if (offloads == offloads_seen_) j = std::max(j, scanned_to_);
+      offloads_seen_ = offloads;
+      for (; j < trace_.records.size() && j <= i + 512 &&
+             cum_cost_[j] - cum_cost_[i + 1] <= prefetch_window_ns_;
            ++j) {
         const OpRecord& ahead = trace_.records[j];
+        scanned_to_ = j;  // not past a record whose prefetch found no room
         if (ahead.kind != OpKind::kCall && ahead.kind != OpKind::kUse) continue;
         for (std::uint32_t t : ahead.inputs) {
           absl::StatusOr<TensorState> st = runtime_->State(ids_[t]);
@@ -219,6 +229,7 @@ class Replayer {
           if (!s.ok()) return s;
         }
       }
+      scanned_to_ = j;
     }
     return absl::OkStatus();
   }
@@ -598,6 +609,8 @@ class Replayer {
   std::vector<TensorId> ids_;  // trace tensor -> runtime tensor
   bool hints_ = false;
   std::int64_t prefetch_window_ns_ = 0;
+  std::size_t scanned_to_ = 0;        // records before it were looked at for prefetches
+  std::uint64_t offloads_seen_ = 0;   // the runtime's offloads when last looked
   std::vector<std::int64_t> cum_cost_;  // compute before each record
   // Per record: (tensor it touched, the next record reading its storage).
   std::vector<absl::InlinedVector<std::pair<std::uint32_t, std::uint32_t>, 4>> next_read_;

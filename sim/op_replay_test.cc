@@ -155,6 +155,47 @@ TEST(OpReplayTest, TheSplitLimitKeepsABigFreeBlockWholeForTheNextBigRequest) {
   EXPECT_EQ(tiny.budget, 2 * kMiB);
 }
 
+TEST(OpReplayTest, APrefetchBringsBackWhatIsOffloadedAfterItsUseEnteredTheWindow) {
+  // x is made first and read last. Making z (2 MiB under a 3 MiB live budget)
+  // offloads x (hybrid: its copies hide before its read; a recompute would
+  // not) when x's read is already within the 5 ms prefetch window: the replay
+  // must look at the window again after the offload and bring x back before
+  // its read (dropping z, never read, for room), not on it.
+  const std::string text = R"(
+{"op":"call","name":"f","inputs":[],"outputs":[{"id":"x","bytes":1048576}],"cost_ns":1000000}
+{"op":"call","name":"g","inputs":[],"outputs":[{"id":"y1","bytes":1048576}],"cost_ns":1000000}
+{"op":"call","name":"g","inputs":["y1"],"outputs":[{"id":"y2","bytes":1048576}],"cost_ns":1000000}
+{"op":"release","id":"y1"}
+{"op":"call","name":"g","inputs":["y2"],"outputs":[{"id":"y3","bytes":1048576}],"cost_ns":1000000}
+{"op":"release","id":"y2"}
+{"op":"call","name":"big","inputs":[],"outputs":[{"id":"z","bytes":2097152}],"cost_ns":1000000}
+{"op":"release","id":"z"}
+{"op":"call","name":"g","inputs":["y3"],"outputs":[{"id":"y4","bytes":1048576}],"cost_ns":1000000}
+{"op":"release","id":"y3"}
+{"op":"call","name":"g","inputs":["y4"],"outputs":[{"id":"y5","bytes":1048576}],"cost_ns":1000000}
+{"op":"release","id":"y4"}
+{"op":"call","name":"use","inputs":["x","y5"],"outputs":[{"id":"w","bytes":1024}],"cost_ns":1000000}
+)";
+  absl::StatusOr<OpTrace> trace = ParseOpTrace(text, "window.jsonl");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  auto run = [&](const char* policy) {
+    OpReplayOptions options;
+    options.policy = policy;
+    options.live_budget = 3 * kMiB + 4096;
+    options.verify = true;
+    return Replay(*trace, options);
+  };
+  const OpReplayReport ahead = run("hybrid:prefetch_us=5000");
+  const OpReplayReport on_access = run("hybrid:prefetch_us=0");
+  for (const OpReplayReport* r : {&ahead, &on_access}) {
+    EXPECT_EQ(r->status, "ok") << r->message;
+    EXPECT_GE(r->offloaded_bytes, kMiB);
+    EXPECT_EQ(r->mismatches, 0u);
+  }
+  EXPECT_GT(on_access.stall_ns, 0);
+  EXPECT_LT(ahead.stall_ns, on_access.stall_ns);
+}
+
 TEST(OpReplayTest, BadOptionsAreErrors) {
   const OpTrace trace = Load("chain_100.jsonl");
   EXPECT_FALSE(ReplayOpTrace(trace, {.scale = 0}).ok());
