@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "base/units.h"
 #include "policies/registry.h"
 
@@ -146,6 +147,22 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   return result;
 }
 
+namespace {
+
+// A CSV field, quoted (RFC 4180: a quote doubled): trace names from a
+// --model spec and policy specs contain commas.
+std::string CsvQuoted(absl::string_view field) {
+  std::string out = "\"";
+  for (char c : field) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  out += '"';
+  return out;
+}
+
+}  // namespace
+
 std::string SweepCsv(const SweepResult& result) {
   std::string csv =
       "trace,policy,accounting,ratio,budget_bytes,status,overhead,time_ns,baseline_ns,"
@@ -156,9 +173,8 @@ std::string SweepCsv(const SweepResult& result) {
     const double choose = r.pressure_events > 0 ? static_cast<double>(r.choose_wall_ns) /
                                                       static_cast<double>(r.pressure_events)
                                                 : 0.0;
-    // Specs contain commas: quoted.
-    absl::StrAppendFormat(&csv, "%s,\"%s\",%s,%g,%d,%s,%.6f,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%.6f\n",
-                          result.trace, row.policy, result.live ? "live" : "reserved", row.ratio,
+    absl::StrAppendFormat(&csv, "%s,%s,%s,%g,%d,%s,%.6f,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%.6f\n",
+                          CsvQuoted(result.trace), CsvQuoted(row.policy), result.live ? "live" : "reserved", row.ratio,
                           row.budget, r.status, result.Overhead(row), r.time_ns,
                           result.baseline.time_ns, r.peak_reserved_bytes, r.peak_live_bytes,
                           r.recomputed_ops, r.recompute_ns, r.offloaded_bytes, r.restored_bytes,

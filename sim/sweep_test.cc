@@ -63,6 +63,15 @@ TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
   const std::string csv = SweepCsv(*r);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7);
   EXPECT_THAT(csv, HasSubstr("\"window\",reserved,0.4,"));
+  // Every field that may hold a comma or a quote is quoted: a trace named by
+  // a --model spec, a policy spec with parameters.
+  SweepResult named = *r;
+  named.trace = "gpt2:layers=2,seq=64 \"x\"";
+  named.rows.resize(1);
+  named.rows[0].policy = "dtr:staleness_exp=2,sample=sqrt";
+  EXPECT_THAT(SweepCsv(named),
+              HasSubstr("\n\"gpt2:layers=2,seq=64 \"\"x\"\"\",\"dtr:staleness_exp=2,sample=sqrt\","
+                        "reserved,0.4,"));
   EXPECT_THAT(SweepPlotScript("r.csv", "o.png", "p.py"), HasSubstr("savefig('o.png'"));
   // Paths that hold the template's own words come through whole.
   const std::string odd = SweepPlotScript("/tmp/PNG/CSV.csv", "/tmp/PNG/o.png", "/tmp/PNG/p.py");
