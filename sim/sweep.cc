@@ -237,6 +237,7 @@ std::string SweepPlotScript(const std::string& csv_path, const std::string& png_
   };
   std::string script = R"PY(# Drawn by remat sweep; edit and run again: python3 @@SCRIPT@@
 import csv
+import textwrap
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -258,7 +259,9 @@ ax.axhline(1.0, color="grey", linewidth=0.8)
 accounting = rows[0]["accounting"] if rows else "reserved"
 ax.set_xlabel("budget / unlimited peak (" + accounting + " bytes)")
 ax.set_ylabel("overhead (time / unlimited time)")
-ax.set_title((rows[0]["trace"] if rows else "") + ": overhead by budget (x: oom or thrash)")
+# A --model spec is long: wrapped at its commas.
+title = (rows[0]["trace"] if rows else "").replace(",", ", ")
+ax.set_title(textwrap.fill(title + ": overhead by budget (x: oom or thrash)", 90), fontsize=10)
 ax.legend()
 ax.grid(alpha=0.3)
 fig.tight_layout()
