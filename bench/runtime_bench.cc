@@ -14,6 +14,11 @@
 //   replay/chain/N/POLICY      the same on a generated chain of N layers at
 //                              half its peak: the cost of a pressure event as
 //                              the tensor table grows
+//   replay/gpt2_720_steps/POLICY/RATIO
+//                              the same on a generated trace of over a
+//                              million records (remat gen
+//                              gpt2:layers=12,steps=720: 1,016,072), against
+//                              its unlimited replay
 #include <algorithm>
 #include <fstream>
 #include <random>
@@ -26,6 +31,7 @@
 #include "benchmark/benchmark.h"
 #include "policies/registry.h"
 #include "runtime/runtime.h"
+#include "sim/model_gen.h"
 #include "sim/op_replay.h"
 #include "sim/op_trace.h"
 
@@ -216,6 +222,33 @@ BENCHMARK_CAPTURE(BM_ReplayChain, lru, "lru")->Name("replay/chain/lru")->Arg(100
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_ReplayChain, lru_sampled, "lru:sample=sqrt")
     ->Name("replay/chain/lru:sample=sqrt")->Arg(1000)->Arg(20000)
+    ->Unit(benchmark::kMillisecond);
+
+// GPT-2 small (batch 8, seq 1024), 720 training steps in a row.
+const OpTrace& Gpt2Steps() {
+  static const OpTrace* trace = [] {
+    absl::StatusOr<GeneratedTrace> g = GenerateModelTrace("gpt2:layers=12,steps=720");
+    if (!g.ok()) return new OpTrace();
+    absl::StatusOr<OpTrace> parsed = ParseOpTrace(g->text, "gpt2_720_steps");
+    return new OpTrace(parsed.ok() ? std::move(*parsed) : OpTrace{});
+  }();
+  return *trace;
+}
+
+void BM_ReplayGpt2Steps(benchmark::State& state, const char* policy, double ratio) {
+  RunReplay(state, Gpt2Steps(), policy, ratio);
+}
+BENCHMARK_CAPTURE(BM_ReplayGpt2Steps, unlimited, "dtr-eq", 1.0)
+    ->Name("replay/gpt2_720_steps/reference_unlimited")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_ReplayGpt2Steps, dtr_eq_05, "dtr-eq", 0.5)
+    ->Name("replay/gpt2_720_steps/dtr-eq/0.5")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_ReplayGpt2Steps, dtr_eq_09, "dtr-eq", 0.9)
+    ->Name("replay/gpt2_720_steps/dtr-eq/0.9")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_ReplayGpt2Steps, hybrid_05, "hybrid", 0.5)
+    ->Name("replay/gpt2_720_steps/hybrid/0.5")
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace
