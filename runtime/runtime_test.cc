@@ -639,6 +639,19 @@ TEST_F(RuntimeTest, BookkeepingStaysBoundedWhileTensorsComeAndGo) {
   EXPECT_EQ(StateOf(kept), TensorState::kResident);
   EXPECT_EQ(StateOf(prev), TensorState::kResident);
   EXPECT_TRUE(runtime_->Acquire(prev).ok());
+
+  // One at a time: each page empties before its last id is handed out, and
+  // must stay until then (the next id lands in it).
+  for (int i = 0; i < 3 * 4096 + 5; ++i) {
+    auto g = runtime_->Create(64, {});
+    ASSERT_TRUE(g.ok()) << g.status();
+    const TensorId id = g->id();
+    g->Release();
+    ASSERT_TRUE(runtime_->Free(id).ok());
+    EXPECT_EQ(StateOf(id), TensorState::kFreed);
+  }
+  EXPECT_LE(runtime_->stats().tensor_pages, 4u);
+  EXPECT_EQ(runtime_->stats().live_tensors, 2u);
 }
 
 // Random programs under tiny budgets, for each policy and eviction mode:

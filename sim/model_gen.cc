@@ -135,6 +135,8 @@ std::string Spec::Canonical() const {
 // Marks a non-constant's id in the text, for Take to name per step. The
 // generators' ids never hold control characters.
 constexpr char kStepMark = '\x01';
+// What a repeated trace may hold: a few GB of text.
+constexpr std::uint64_t kMaxRecords = 20'000'000;
 
 void Writer::Begin(absl::string_view op) {
   if (op != "constant" && body_start_ == std::string::npos) body_start_ = text_.size();
@@ -210,10 +212,16 @@ absl::StatusOr<std::string> Writer::Take(int steps) {
     return absl::InvalidArgumentError(
         "this trace cannot repeat its step: it releases a constant or defines one late");
   }
+  const std::uint64_t total =
+      records_ - body_records_ + body_records_ * static_cast<std::uint64_t>(steps);
+  if (total > kMaxRecords) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "steps=%d would write %d records; at most %d", steps, total, kMaxRecords));
+  }
   const std::size_t start = std::min(body_start_, text_.size());
   const absl::string_view body = absl::string_view(text_).substr(start);
   std::string out(text_.data(), start);
-  out.reserve(start + steps * (body.size() + body_records_ * 4));
+  out.reserve(start + steps * (body.size() + body_records_ * 8));
   for (int k = 0; k < steps; ++k) {
     const std::string prefix = k == 0 ? "" : absl::StrCat("s", k, "/");
     for (std::size_t at = 0; at < body.size();) {
@@ -225,7 +233,7 @@ absl::StatusOr<std::string> Writer::Take(int steps) {
       at = mark + 1;
     }
   }
-  records_ = records_ - body_records_ + body_records_ * static_cast<std::uint64_t>(steps);
+  records_ = total;
   text_.clear();
   return out;
 }

@@ -611,6 +611,8 @@ TEST(ModelGenTest, BadSpecsSayWhatIsKnown) {
   EXPECT_EQ(ErrorOf("gpt2:param_dtype=fp64"),
             "gpt2: param_dtype='fp64' is not one of bf16, fp16, fp32, dtype");
   EXPECT_EQ(ErrorOf("gpt2:steps=0"), "gpt2: steps=0 is out of range [1, 100000]");
+  EXPECT_THAT(ErrorOf("gpt2:layers=12,steps=100000"),
+              HasSubstr("steps=100000 would write 141100152 records; at most 20000000"));
   EXPECT_THAT(ErrorOf("chain:steps=2"), HasSubstr("chain: unknown key 'steps'"));
   EXPECT_EQ(ErrorOf("resnet:depth=20"), "resnet: depth=20 is not one of 18, 34, 50, 101, 152");
   EXPECT_EQ(ErrorOf("resnet:image=16"), "resnet: image=16 is out of range [32, 65536]");

@@ -206,13 +206,15 @@ class Replayer {
     if (prefetch_window_ns_ > 0) {
       // The records within the window ahead read what may need bringing back.
       // A record is looked at when it enters the window; the whole window
-      // again only after an offload (the one way a tensor gets to the host).
+      // again only after an offload or a view made of an offloaded tensor
+      // (the ways a tensor id comes to be on the host).
       // A prefetch without room stops the scan there, to try again after the
       // next record.
       const std::uint64_t offloads = runtime_->stats().offloads;
       std::size_t j = i + 1;
-      if (offloads == offloads_seen_) j = std::max(j, scanned_to_);
+      if (offloads == offloads_seen_ && !rescan_window_) j = std::max(j, scanned_to_);
       offloads_seen_ = offloads;
+      rescan_window_ = false;
       for (; j < trace_.records.size() && j <= i + 512 &&
              cum_cost_[j] - cum_cost_[i + 1] <= prefetch_window_ns_;
            ++j) {
@@ -336,6 +338,14 @@ class Replayer {
         absl::StatusOr<TensorId> view = runtime_->CreateView(ids_[tensor.alias_of]);
         if (!view.ok()) return view.status();
         ids_[out] = *view;
+        if (prefetch_window_ns_ > 0) {
+          // A view born on the host (of an offloaded base): reads of it already
+          // in the prefetch window were looked at before it existed.
+          absl::StatusOr<TensorState> st = runtime_->State(*view);
+          if (st.ok() && (*st == TensorState::kOnHost || *st == TensorState::kOffloading)) {
+            rescan_window_ = true;
+          }
+        }
         if constexpr (kTimeline) ++handles_[tensor.storage];
         continue;
       }
@@ -611,6 +621,7 @@ class Replayer {
   std::int64_t prefetch_window_ns_ = 0;
   std::size_t scanned_to_ = 0;        // records before it were looked at for prefetches
   std::uint64_t offloads_seen_ = 0;   // the runtime's offloads when last looked
+  bool rescan_window_ = false;        // a view was made on the host since
   std::vector<std::int64_t> cum_cost_;  // compute before each record
   // Per record: (tensor it touched, the next record reading its storage).
   std::vector<absl::InlinedVector<std::pair<std::uint32_t, std::uint32_t>, 4>> next_read_;
