@@ -42,9 +42,8 @@ void BM_AcquireRelease(benchmark::State& state) {
   auto device = std::move(SimDevice::Create({.capacity = kTiB})).value();
   auto alloc = std::move(CachingAllocator::Create(device.get())).value();
   auto runtime = std::move(Runtime::Create(alloc.get())).value();
-  TensorOptions options;
-  options.allow_offload = true;
-  const TensorId id = std::move(runtime->Create(kMiB, std::move(options))).value().id();
+  const TensorId id =
+      std::move(runtime->Create(kMiB, TensorOptions{.allow_offload = true})).value().id();
   for (auto _ : state) {
     absl::StatusOr<Guard> g = runtime->Acquire(id);
     benchmark::DoNotOptimize(g->ptr());
