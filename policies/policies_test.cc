@@ -408,5 +408,38 @@ TEST(PolicyTest, WindowEvictsTheCheapestContiguousRun) {
   EXPECT_EQ((*policy)->Choose(ctx).size(), 3u);
 }
 
+TEST(PolicyTest, WindowWeighsEachBlockByItsStaleness) {
+  // Four blocks of equal size and cost; the request needs two. A and B were
+  // just used, C and D long ago: the run (C, D) is the one to evict, as
+  // DTR's heuristic says. Without staleness every run costs the same and
+  // the first, (A, B), is taken.
+  MemoryMap map;
+  MemoryMapSegment seg;
+  const std::size_t k = 1 << 20;  // a request of 2 MiB: served from large segments
+  seg.address = 0x10000;
+  seg.size = 4 * k;
+  seg.is_large = true;
+  std::vector<Candidate> cs;
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    seg.blocks.push_back({0x10000 + i * k, k, BlockState::kActiveAllocated, i + 1});
+    cs.push_back(Make(i + 1, k, /*last_access=*/i < 2 ? 999'990 : 0));
+    cs.back().address = 0x10000 + i * k;
+  }
+  map.segments.push_back(seg);
+  PressureContext ctx;
+  ctx.bytes_needed = 2 * k;
+  ctx.now_ns = 1'000'000;
+  ctx.candidates = cs;
+  ctx.memory_map = &map;
+  auto window = Create("window");
+  ASSERT_TRUE(window.ok());
+  EXPECT_THAT((*window)->Spec(), HasSubstr("staleness_exp=1"));
+  EXPECT_THAT(Ids((*window)->Choose(ctx)), ElementsAre(3, 4));
+  auto flat = Create("window:staleness_exp=0");
+  ASSERT_TRUE(flat.ok());
+  EXPECT_THAT(Ids((*flat)->Choose(ctx)), ElementsAre(1, 2));
+  EXPECT_FALSE(Create("window:staleness_exp=-1").ok());
+}
+
 }  // namespace
 }  // namespace remat::policies

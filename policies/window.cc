@@ -5,7 +5,11 @@
 // hole the request fits in, instead of being scattered where they do not help.
 //
 // A block's cost is its eviction cost (the cheaper of recompute, neighbourhood
-// included, and the copy round trip); free blocks cost nothing. Only segments
+// included, and the copy round trip) over its staleness^staleness_exp (default
+// 1: DTR's heuristic without the bytes, which the run's length already
+// accounts for); free blocks cost nothing. Without staleness a run of blocks
+// just used is as good as a stale one, and on ResNet-50 under 0.7-0.8 of its
+// peak that evicted what the next layers read: 1.46x against 1.05x with it. Only segments
 // of the pool the request is served from count (small requests, up to 1 MiB,
 // from small segments). When no run covers the request (it needs a new
 // segment), it falls back to DTR's ranking over all candidates, which frees
@@ -40,7 +44,10 @@ class Fallback final : public ScoredPolicy {
 
 class Window final : public EvictionPolicy {
  public:
-  std::string OwnSpec() const override { return "window"; }
+  explicit Window(double staleness_exp) : staleness_exp_(staleness_exp) {}
+  std::string OwnSpec() const override {
+    return absl::StrFormat("window:staleness_exp=%g", staleness_exp_);
+  }
   Needs needs() const override { return {.memory_map = true}; }
 
   Plan Choose(const PressureContext& ctx) override {
@@ -73,11 +80,11 @@ class Window final : public EvictionPolicy {
           c = it->second;
         }
         bytes += b.size;
-        cost += c != nullptr ? BlockCost(*c) : 0.0;
+        cost += c != nullptr ? RunCost(*c, ctx) : 0.0;
         while (first < last && bytes - seg.blocks[first].size >= ctx.bytes_needed) {
           const MemoryMapBlock& drop = seg.blocks[first++];
           bytes -= drop.size;
-          if (!drop.free()) cost -= BlockCost(*by_address.at(drop.address));
+          if (!drop.free()) cost -= RunCost(*by_address.at(drop.address), ctx);
         }
         if (bytes >= ctx.bytes_needed && cost < best_cost) {
           best_cost = cost;
@@ -100,13 +107,23 @@ class Window final : public EvictionPolicy {
   }
 
  private:
+  // A block's share of a run's cost: its eviction cost, divided by its
+  // staleness^staleness_exp (a block just used is dearer to evict).
+  double RunCost(const Candidate& c, const PressureContext& ctx) const {
+    if (staleness_exp_ == 0) return BlockCost(c);
+    return BlockCost(c) / std::pow(Staleness(c, ctx), staleness_exp_);
+  }
+
+  double staleness_exp_;
   Fallback fallback_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeWindow(PolicyParams&) {
-  return std::make_unique<Window>();
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeWindow(PolicyParams& params) {
+  double e = 1;
+  if (absl::Status s = params.Double("staleness_exp", &e, 0.0, 16.0); !s.ok()) return s;
+  return std::make_unique<Window>(e);
 }
 
 }  // namespace remat::policies
