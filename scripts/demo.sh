@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds Release and runs the main job: replays a shipped allocation trace of a
-# training step through the caching allocator, without and with a budget; then
-# a transformer step's op trace through the runtime on 60% of its memory.
+# Builds Release and runs the main job: a sweep of the eviction policies over
+# budgets on a generated GPT-2 training step (table, results.csv, overhead.png).
+# Before it, the smaller pieces: a shipped allocation trace of a training step
+# through the caching allocator, without and with a budget, and a transformer
+# step's op trace through the runtime on 60% of its memory, bytes verified.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install_deps.sh
@@ -18,3 +20,12 @@ echo
 echo "== a small transformer step through the runtime on 60% of its memory (dtr, bytes verified)"
 ./build-release/bin/remat sim examples/traces/transformer_small.jsonl --budget-ratio 0.6 \
   --accounting live --policy dtr --verify --scale 256
+
+out=${REMAT_DEMO_OUT:-demo-out}
+mkdir -p "$out"
+echo
+echo "== the main job: every policy at every budget on GPT-2 small (batch 8, seq 1024)"
+./build-release/bin/remat gen gpt2:layers=12,hidden=768,heads=12,seq=1024,batch=8 -o "$out/gpt2.jsonl"
+./build-release/bin/remat sweep "$out/gpt2.jsonl" --ratios 0.3:0.9:0.1 \
+  --policies lru,dtr,dtr-eq,msps,megengine,window,hybrid,belady --out "$out/sweep"
+echo "(open $out/sweep/overhead.png; one row per run in $out/sweep/results.csv)"
