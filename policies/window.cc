@@ -9,8 +9,8 @@
 // 1: DTR's heuristic without the bytes, which the run's length already
 // accounts for); free blocks cost nothing. Without staleness a run of blocks
 // just used is as good as a stale one, and on ResNet-50 under 0.7-0.8 of its
-// peak that evicted what the next layers read: 1.46x against 1.05x with it. Only segments
-// of the pool the request is served from count (small requests, up to 1 MiB,
+// peak that evicted what the next layers read: 1.46x against 1.05x with it.
+// Only segments of the pool the request is served from count (small requests, up to 1 MiB,
 // from small segments). When no run covers the request (it needs a new
 // segment), it falls back to DTR's ranking over all candidates, which frees
 // bytes and lets the allocator release whole segments.

@@ -176,8 +176,10 @@ absl::Status Runtime::WaitOn(Stream waiter, Stream producer) {
   return s;
 }
 
+bool Runtime::Issued(TensorId id) const { return id != 0 && id < next_id_; }
+
 Runtime::Tensor* Runtime::FindTensor(TensorId id) const {
-  if (id == 0 || id >= next_id_) return nullptr;
+  if (!Issued(id)) return nullptr;
   const std::size_t page = (id - 1) / kTensorPage;
   if (page >= tensor_pages_.size() || tensor_pages_[page] == nullptr) return nullptr;
   return &tensor_pages_[page]->entries[(id - 1) % kTensorPage];
@@ -223,7 +225,7 @@ Runtime::Storage* Runtime::NewStorage() {
 
 absl::StatusOr<Runtime::Storage*> Runtime::Live(TensorId id) const {
   const Tensor* t = FindTensor(id);
-  if (t == nullptr && (id == 0 || id >= next_id_)) {
+  if (!Issued(id)) {
     return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
   }
   // An id whose page was given back was freed and collected.
@@ -564,7 +566,7 @@ absl::Status Runtime::HintNextUse(TensorId id, std::int64_t at_ns) {
 
 absl::StatusOr<TensorState> Runtime::State(TensorId id) const {
   Lock lock(this);
-  if (id == 0 || id >= next_id_) {
+  if (!Issued(id)) {
     return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
   }
   const Tensor* t = FindTensor(id);
@@ -574,7 +576,7 @@ absl::StatusOr<TensorState> Runtime::State(TensorId id) const {
 
 absl::StatusOr<std::uint64_t> Runtime::PressureDrops(TensorId id) const {
   Lock lock(this);
-  if (id == 0 || id >= next_id_) {
+  if (!Issued(id)) {
     return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
   }
   const Tensor* t = FindTensor(id);

@@ -81,7 +81,7 @@ using RecomputeFn = absl::AnyInvocable<absl::Status(const RecomputeArgs&)>;
 
 struct TensorOptions {
   RecomputeFn recompute;           // needed to allow dropping
-  absl::InlinedVector<TensorId, 4> inputs;  // the closure's inputs, in order
+  std::vector<TensorId> inputs;    // the closure's inputs, in order
   std::int64_t compute_ns = 0;     // estimated cost of one recompute
   bool allow_drop = false;
   bool allow_offload = false;
@@ -208,6 +208,8 @@ class Runtime {
     std::array<Tensor, kTensorPage> entries;
     std::size_t uncollected = 0;  // entries with a storage
   };
+  // Whether the id was ever handed out.
+  bool Issued(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The entry of an id ever handed out whose page is still held; nullptr otherwise.
   Tensor* FindTensor(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TensorId NewTensorId(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

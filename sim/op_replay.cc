@@ -320,7 +320,8 @@ class Replayer {
   absl::Status Call(const OpRecord& r, Stream compute) {
     absl::InlinedVector<Guard, 4> in_guards;
     absl::InlinedVector<void*, 4> in_ptrs;
-    absl::InlinedVector<TensorId, 4> in_ids;
+    std::vector<TensorId> in_ids;
+    in_ids.reserve(r.inputs.size());
     const absl::Span<const std::uint32_t> inputs = r.inputs;
     for (std::uint32_t t : inputs) {
       absl::StatusOr<Guard> g = runtime_->Acquire(ids_[t], compute);
