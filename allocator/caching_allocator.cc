@@ -122,7 +122,8 @@ REMAT_HOT_INLINE void CachingAllocator::DeleteBlock(Block* b) { spare_blocks_.pu
 // ---------------------------------------------------------------------------
 // Allocation
 
-absl::StatusOr<void*> CachingAllocator::Allocate(std::size_t bytes, Stream stream) {
+absl::StatusOr<void*> CachingAllocator::Allocate(std::size_t bytes, Stream stream,
+                                                 std::uint64_t owner) {
   if (bytes == 0) return nullptr;
   if (bytes > device_capacity_) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -133,11 +134,11 @@ absl::StatusOr<void*> CachingAllocator::Allocate(std::size_t bytes, Stream strea
   Pool& pool = PoolFor(size);
   MutexLock lock(&mu_);
   if (auto it = FindFreeBlock(pool, size, stream); it != pool.free.end()) {
-    return Commit(*it, it, size, bytes, stream);
+    return Commit(*it, it, size, bytes, stream, owner);
   }
   absl::StatusOr<Block*> slow = AllocateSlow(pool, size, bytes, stream);
   if (!slow.ok()) return slow.status();
-  return Commit(*slow, pool.free.end(), size, bytes, stream);
+  return Commit(*slow, pool.free.end(), size, bytes, stream, owner);
 }
 
 REMAT_HOT_INLINE bool CachingAllocator::Fits(const Block* b, std::size_t size) const {
@@ -171,7 +172,7 @@ REMAT_HOT_INLINE CachingAllocator::FreeSet::iterator CachingAllocator::FindFreeB
 }
 
 REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, FreeSet::iterator where, std::size_t size,
-                               std::size_t requested, Stream stream) {
+                               std::size_t requested, Stream stream, std::uint64_t owner) {
   const StatPool sp = StatPoolOf(PoolOf(block));
   const std::size_t remaining = block->size - size;
   const bool worth_keeping =
@@ -194,13 +195,13 @@ REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, FreeSet::iterator 
     RekeyFree(block, block->addr + size, remaining, block->stream, block->shared, where);
     block = taken;
   } else {
-    EraseFree(block);
+    EraseFree(block, where);
   }
   block->allocated = true;
   block->shared = false;
   block->requested = requested;
   block->stream = stream;
-  block->owner = 0;
+  block->owner = owner;
   block->extra_streams.clear();
   live_.emplace(block->addr, block);
 
@@ -454,8 +455,13 @@ REMAT_HOT_INLINE void CachingAllocator::InsertFree(Block* b) {
   CountFree(b, +1);
 }
 
-REMAT_HOT_INLINE void CachingAllocator::EraseFree(Block* b) {
-  PoolOf(b).free.erase(b);
+REMAT_HOT_INLINE void CachingAllocator::EraseFree(Block* b, FreeSet::iterator where) {
+  FreeSet& set = PoolOf(b).free;
+  if (where != set.end()) {
+    set.erase(where);  // found already: no second search
+  } else {
+    set.erase(b);
+  }
   CountFree(b, -1);
 }
 

@@ -106,7 +106,11 @@ class CachingAllocator {
   // `bytes` of device memory usable on `stream`; nullptr for 0 bytes.
   // InvalidArgument when bytes exceed the device; ResourceExhausted when the
   // budget cannot hold it after everything above has been tried.
-  absl::StatusOr<void*> Allocate(std::size_t bytes, Stream stream = kDefaultStream);
+  absl::StatusOr<void*> Allocate(std::size_t bytes, Stream stream = kDefaultStream) {
+    return Allocate(bytes, stream, /*owner=*/0);
+  }
+  // The same, with the block tagged as SetOwner does, in one step.
+  absl::StatusOr<void*> Allocate(std::size_t bytes, Stream stream, std::uint64_t owner);
   // Frees on the stream the block was allocated on.
   absl::Status Free(void* ptr);
   // Frees on `stream` (as cudaFreeAsync): the block becomes reusable on it.
@@ -238,7 +242,7 @@ class CachingAllocator {
   // Allocates from the free block `block`; `where` is its position in the
   // free set when the caller knows it (saves a lookup), else end().
   void* Commit(Block* block, FreeSet::iterator where, std::size_t size, std::size_t requested,
-               Stream stream)
+               Stream stream, std::uint64_t owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> AllocateSlow(Pool& pool, std::size_t size, std::size_t requested,
                                       Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -252,7 +256,11 @@ class CachingAllocator {
   void InsertCoalesced(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanMerge(const Block* a, const Block* b) const;
   void InsertFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EraseFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `where`: b's position in its pool's set, or the set's end() to search for it.
+  void EraseFree(Block* b, FreeSet::iterator where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    EraseFree(b, PoolOf(b).free.end());
+  }
   // Gives a block in the free set a new key, in place when the order allows.
   void RekeyFree(Block* b, std::uintptr_t addr, std::size_t size, Stream stream, bool shared,
                  FreeSet::iterator where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

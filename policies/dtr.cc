@@ -37,7 +37,7 @@ class Dtr final : public ScoredPolicy {
     // A tensor used this very instant has staleness 1 ns, not 0.
     const double staleness = static_cast<double>(std::max<std::int64_t>(ctx.now_ns - c.last_access_ns, 1));
     const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));
-    return cost / (bytes * std::pow(staleness, staleness_exp_));
+    return cost / (bytes * Power(staleness, staleness_exp_));
   }
 
   double staleness_exp_;

@@ -34,7 +34,7 @@ class DtrEq final : public ScoredPolicy {
   double Score(const Candidate& c, const PressureContext& ctx) const override {
     const double cost = EvictionCost(c, static_cast<double>(c.compute_ns + c.classes_ns));
     const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));
-    return cost / (bytes * std::pow(Staleness(c, ctx), staleness_exp_));
+    return cost / (bytes * Power(Staleness(c, ctx), staleness_exp_));
   }
   double staleness_exp_;
 };
@@ -51,7 +51,7 @@ class DtrLocal final : public ScoredPolicy {
   double Score(const Candidate& c, const PressureContext& ctx) const override {
     const double cost = EvictionCost(c, static_cast<double>(c.compute_ns));
     const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));
-    return cost / (bytes * std::pow(Staleness(c, ctx), staleness_exp_));
+    return cost / (bytes * Power(Staleness(c, ctx), staleness_exp_));
   }
   double staleness_exp_;
 };
@@ -81,8 +81,8 @@ class MegEngine final : public ScoredPolicy {
         EvictionCost(cand, static_cast<double>(cand.compute_ns + cand.neighbourhood_ns));
     const double bytes = static_cast<double>(cand.bytes + cand.adjacent_free_bytes);
     // +1 ns: a free recompute still ranks by size and staleness.
-    return std::pow(cost + 1, a_) * std::pow(r_, static_cast<double>(cand.recomputes)) /
-           (std::pow(std::max(bytes, 1.0), b_) * std::pow(Staleness(cand, ctx), c_));
+    return Power(cost + 1, a_) * Power(r_, static_cast<double>(cand.recomputes)) /
+           (Power(std::max(bytes, 1.0), b_) * Power(Staleness(cand, ctx), c_));
   }
   double a_, b_, c_, r_;
 };

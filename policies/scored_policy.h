@@ -5,6 +5,8 @@
 #ifndef REMAT_POLICIES_SCORED_POLICY_H_
 #define REMAT_POLICIES_SCORED_POLICY_H_
 
+#include <cmath>
+
 #include "policies/eviction_policy.h"
 
 namespace remat::policies {
@@ -23,6 +25,12 @@ class ScoredPolicy : public EvictionPolicy {
 
 // Time since the candidate's last use, at least 1 ns.
 double Staleness(const Candidate& c, const PressureContext& ctx);
+// x^e, without pow's cost for the usual exponents 1 and 0.
+inline double Power(double x, double e) {
+  if (e == 1.0) return x;
+  if (e == 0.0) return 1.0;
+  return std::pow(x, e);
+}
 // The cost of bringing it back the way CheaperAction would evict it:
 // recompute (with `recompute_ns` as its cost) or the copy round trip.
 double EvictionCost(const Candidate& c, double recompute_ns);

@@ -111,7 +111,7 @@ class Window final : public EvictionPolicy {
   // staleness^staleness_exp (a block just used is dearer to evict).
   double RunCost(const Candidate& c, const PressureContext& ctx) const {
     if (staleness_exp_ == 0) return BlockCost(c);
-    return BlockCost(c) / std::pow(Staleness(c, ctx), staleness_exp_);
+    return BlockCost(c) / Power(Staleness(c, ctx), staleness_exp_);
   }
 
   double staleness_exp_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,30 +25,28 @@ const char* TensorStateName(TensorState state) {
   return "?";
 }
 
-struct Runtime::Storage {
-  std::uint64_t serial = 0;
-  std::size_t bytes = 0;
+// A storage's plain fields: a collected storage is reset by assigning a
+// fresh copy (Storage::Reset), so every field here needs its initializer.
+// The ones most calls read come first.
+struct StorageFields {
   TensorState state = TensorState::kFreed;  // not yet on the device: SetResident at creation
-  void* device = nullptr;  // resident, prefetching
-  void* host = nullptr;    // offloading, on_host, prefetching (until the copy in completes)
-  Event copy_event;        // the offload's or the prefetch's copy, while copy_in_flight
-  bool copy_in_flight = false;
-  int pins = 0;
+  bool evictable = false;  // non-empty, and MayDrop or MayOffload (fixed at creation)
   bool allow_drop = false;
   bool allow_offload = false;
-  RecomputeFn recompute;
-  // (Inline: most ops read two or three tensors, and are read by a few.)
-  absl::InlinedVector<Storage*, 3> inputs;     // what the closure reads
-  absl::InlinedVector<Storage*, 2> consumers;  // droppable storages whose closures read this one
+  bool copy_in_flight = false;
+  int pins = 0;
+  int handles = 0;     // tensors over this storage the owner has not freed
+  int dependents = 0;  // uncollected storages whose closures read this one
+  static constexpr std::size_t kNoSlot = SIZE_MAX;
+  std::size_t candidate_slot = kNoSlot;  // index in candidates_, while a candidate
+  std::size_t bytes = 0;
+  void* device = nullptr;  // resident, prefetching
+  std::uint64_t serial = 0;
   std::int64_t compute_ns = 0;
   std::int64_t last_access_ns = 0;
   std::uint64_t accesses = 0;
-  absl::InlinedVector<Stream, 2> used_streams;  // streams that used the device block
-  int handles = 0;     // tensors over this storage the owner has not freed
-  int dependents = 0;  // uncollected storages whose closures read this one
-  absl::InlinedVector<TensorId, 1> tensor_ids;
-  static constexpr std::size_t kNoSlot = SIZE_MAX;
-  std::size_t candidate_slot = kNoSlot;  // index in candidates_, while a candidate
+  void* host = nullptr;    // offloading, on_host, prefetching (until the copy in completes)
+  Event copy_event;        // the offload's or the prefetch's copy, while copy_in_flight
   mutable std::uint64_t walk_mark = 0;   // the last DroppedChainCost walk that saw it
   // DroppedChainCost of this storage, valid during pressure event chain_epoch
   // (candidates sharing an input walk its ancestors once per event).
@@ -62,6 +61,28 @@ struct Runtime::Storage {
   std::uint32_t class_node = kNoClass;    // while dropped: its node in classes_
   int dropped_inputs = 0;                 // entries of `inputs` now dropped
   std::int64_t dropped_consumer_ns = 0;   // summed compute_ns of `consumers` now dropped
+};
+static_assert(std::is_trivially_copyable_v<StorageFields>);
+
+struct Runtime::Storage : StorageFields {
+  RecomputeFn recompute;
+  // (Inline: most ops read two or three tensors, and are read by a few.)
+  absl::InlinedVector<Storage*, 3> inputs;     // what the closure reads
+  absl::InlinedVector<Storage*, 2> consumers;  // droppable storages whose closures read this one
+  absl::InlinedVector<Stream, 2> used_streams;  // streams that used the device block
+  absl::InlinedVector<TensorId, 1> tensor_ids;
+
+  // Back to a fresh object, for reuse once collected. The lists keep the heap
+  // space they grew (a reused object is likely to need it again): erase, as
+  // clear would give it back.
+  void Reset() {
+    static_cast<StorageFields&>(*this) = StorageFields{};
+    recompute = nullptr;
+    inputs.erase(inputs.begin(), inputs.end());
+    consumers.erase(consumers.begin(), consumers.end());
+    used_streams.erase(used_streams.begin(), used_streams.end());
+    tensor_ids.erase(tensor_ids.begin(), tensor_ids.end());
+  }
 };
 
 // The runtime's lock, remembering which runtime the thread holds: the
@@ -91,7 +112,10 @@ class ABSL_SCOPED_LOCKABLE Runtime::Lock {
 // --- Guard ----------------------------------------------------------------------
 
 Guard::Guard(Guard&& other) noexcept
-    : runtime_(std::exchange(other.runtime_, nullptr)), id_(other.id_), ptr_(other.ptr_) {}
+    : runtime_(std::exchange(other.runtime_, nullptr)),
+      id_(other.id_),
+      ptr_(other.ptr_),
+      storage_(other.storage_) {}
 
 Guard& Guard::operator=(Guard&& other) noexcept {
   if (this != &other) {
@@ -99,6 +123,7 @@ Guard& Guard::operator=(Guard&& other) noexcept {
     runtime_ = std::exchange(other.runtime_, nullptr);
     id_ = other.id_;
     ptr_ = other.ptr_;
+    storage_ = other.storage_;
   }
   return *this;
 }
@@ -106,7 +131,7 @@ Guard& Guard::operator=(Guard&& other) noexcept {
 Guard::~Guard() { Release(); }
 
 void Guard::Release() {
-  if (runtime_ != nullptr) std::exchange(runtime_, nullptr)->Unpin(id_);
+  if (runtime_ != nullptr) std::exchange(runtime_, nullptr)->Unpin(storage_);
 }
 
 // --- Construction -----------------------------------------------------------------
@@ -176,13 +201,14 @@ absl::Status Runtime::WaitOn(Stream waiter, Stream producer) {
   return s;
 }
 
-bool Runtime::Issued(TensorId id) const { return id != 0 && id < next_id_; }
+inline bool Runtime::Issued(TensorId id) const { return id != 0 && id < next_id_; }
 
-Runtime::Tensor* Runtime::FindTensor(TensorId id) const {
-  if (!Issued(id)) return nullptr;
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline Runtime::Tensor* Runtime::FindTensor(TensorId id) const {
+  // Id 0 wraps to a page past the end: one bounds check covers it.
   const std::size_t page = (id - 1) / kTensorPage;
-  if (page >= tensor_pages_.size() || tensor_pages_[page] == nullptr) return nullptr;
-  return &tensor_pages_[page]->entries[(id - 1) % kTensorPage];
+  if (id >= next_id_ || page >= tensor_pages_.size()) return nullptr;
+  TensorPage* p = tensor_pages_[page].get();
+  return p == nullptr ? nullptr : &p->entries[(id - 1) % kTensorPage];
 }
 
 TensorId Runtime::NewTensorId(Storage* s) {
@@ -223,16 +249,15 @@ Runtime::Storage* Runtime::NewStorage() {
   return s;
 }
 
-absl::StatusOr<Runtime::Storage*> Runtime::Live(TensorId id) const {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline Runtime::Storage* Runtime::LiveOrNull(TensorId id) const {
   const Tensor* t = FindTensor(id);
-  if (!Issued(id)) {
-    return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
-  }
+  return t == nullptr || t->freed ? nullptr : t->storage;
+}
+
+absl::Status Runtime::NotLive(TensorId id) const {
+  if (!Issued(id)) return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
   // An id whose page was given back was freed and collected.
-  if (t == nullptr || t->freed) {
-    return absl::FailedPreconditionError(absl::StrFormat("tensor %d was freed", id));
-  }
-  return t->storage;
+  return absl::FailedPreconditionError(absl::StrFormat("tensor %d was freed", id));
 }
 
 void Runtime::SetState(Storage* s, TensorState state) {
@@ -300,14 +325,16 @@ std::int64_t Runtime::AdjacentClassesCost(const Storage* s) {
   return cost;
 }
 
-void Runtime::Reindex(Storage* s) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void Runtime::Reindex(Storage* s) {
   // A prefetched tensor (its copy in may still run) can go again: its block
   // is handed back behind the copy, like any other use.
   const bool on_device = s->state == TensorState::kResident || s->state == TensorState::kPrefetching;
-  const bool candidate = on_device && s->pins == 0 && s->bytes > 0 &&
-                         (MayDrop(s) || MayOffload(s));
+  const bool candidate = on_device && s->pins == 0 && s->evictable;
   const bool indexed = s->candidate_slot != Storage::kNoSlot;
-  if (candidate == indexed) return;
+  if (candidate != indexed) MoveInIndex(s, candidate);
+}
+
+void Runtime::MoveInIndex(Storage* s, bool candidate) {
   if (candidate) {
     s->candidate_slot = candidates_.size();
     candidates_.push_back(s);
@@ -325,7 +352,6 @@ void Runtime::SetResident(Storage* s, void* ptr) {
   s->device = ptr;
   stats_.resident_bytes += s->bytes;
   stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, stats_.resident_bytes);
-  if (ptr != nullptr) (void)allocator_->SetOwner(ptr, s->serial);
 }
 
 void Runtime::LeaveDevice(Storage* s) {
@@ -405,7 +431,8 @@ std::string Runtime::DescribePressure(std::size_t bytes) const {
       FormatBytes(host_pool_.capacity()));
 }
 
-absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream) {
+absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream,
+                                              std::uint64_t owner) {
   if (options_.live_budget != 0) {
     while (stats_.resident_bytes + bytes > options_.live_budget) {
       const PressureRequest request{stats_.resident_bytes + bytes - options_.live_budget, stream,
@@ -418,7 +445,7 @@ absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream) 
       }
     }
   }
-  absl::StatusOr<void*> ptr = allocator_->Allocate(bytes, stream);
+  absl::StatusOr<void*> ptr = allocator_->Allocate(bytes, stream, owner);
   if (ptr.ok() || !absl::IsResourceExhausted(ptr.status())) return ptr;
   return absl::ResourceExhaustedError(
       absl::StrCat(DescribePressure(bytes), "; allocator: ", ptr.status().message()));
@@ -434,23 +461,26 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, 
   if (options.compute_ns < 0) return absl::InvalidArgumentError("compute_ns must be >= 0");
   absl::InlinedVector<Storage*, 3> inputs;
   for (TensorId in : options.inputs) {
-    absl::StatusOr<Storage*> s = Live(in);
-    if (!s.ok()) {
+    Storage* s = LiveOrNull(in);
+    if (s == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("input of the new tensor: %s", s.status().message()));
+          absl::StrFormat("input of the new tensor: %s", NotLive(in).message()));
     }
-    inputs.push_back(*s);
+    inputs.push_back(s);
   }
-  absl::StatusOr<void*> ptr = AllocateDevice(bytes, stream);
+  // The serial first: the block is tagged with it as it is allocated.
+  const std::uint64_t serial = next_serial_++;
+  absl::StatusOr<void*> ptr = AllocateDevice(bytes, stream, serial);
   if (!ptr.ok()) return ptr.status();
 
   Storage* s = NewStorage();
-  s->serial = next_serial_++;
+  s->serial = serial;
   s->bytes = bytes;
   s->allow_drop = options.allow_drop;
   s->allow_offload = options.allow_offload;
   s->recompute = std::move(options.recompute);
   s->compute_ns = options.compute_ns;
+  s->evictable = bytes > 0 && (MayDrop(s) || MayOffload(s));
   if (MayDrop(s)) {
     // Only a closure that may run again keeps its inputs alive (with drops
     // disabled, none will: a released input then goes at once).
@@ -470,15 +500,15 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, 
   SetResident(s, *ptr);
   ++stats_.tensors_created;
   ++stats_.live_tensors;
-  return Guard(this, id, *ptr);
+  return Guard(this, id, *ptr, s);
 }
 
 absl::StatusOr<TensorId> Runtime::CreateView(TensorId base) {
   Lock lock(this);
-  absl::StatusOr<Storage*> s = Live(base);
-  if (!s.ok()) return s.status();
-  const TensorId id = NewTensorId(*s);
-  ++(*s)->handles;
+  Storage* s = LiveOrNull(base);
+  if (s == nullptr) return NotLive(base);
+  const TensorId id = NewTensorId(s);
+  ++s->handles;
   ++stats_.tensors_created;
   ++stats_.live_tensors;
   return id;
@@ -486,9 +516,8 @@ absl::StatusOr<TensorId> Runtime::CreateView(TensorId base) {
 
 absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
   Lock lock(this);
-  absl::StatusOr<Storage*> found = Live(id);
-  if (!found.ok()) return found.status();
-  Storage* s = *found;
+  Storage* s = LiveOrNull(id);
+  if (s == nullptr) return NotLive(id);
   if (absl::Status st = MakeResident(s, stream); !st.ok()) return st;
   Pin(s);
   s->last_access_ns = device_->NowNs();
@@ -496,26 +525,23 @@ absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
   if (std::find(s->used_streams.begin(), s->used_streams.end(), stream) == s->used_streams.end()) {
     s->used_streams.push_back(stream);
   }
-  return Guard(this, id, s->device);
+  return Guard(this, id, s->device, s);
 }
 
-void Runtime::Unpin(TensorId id) {
+void Runtime::Unpin(void* storage) {
   Lock lock(this);
-  const Tensor* t = FindTensor(id);
-  if (t == nullptr || t->storage == nullptr) return;
-  UnpinStorage(t->storage);
+  UnpinStorage(static_cast<Storage*>(storage));
 }
 
 absl::Status Runtime::Prefetch(TensorId id, Stream stream) {
   Lock lock(this);
-  absl::StatusOr<Storage*> found = Live(id);
-  if (!found.ok()) return found.status();
-  Storage* s = *found;
+  Storage* s = LiveOrNull(id);
+  if (s == nullptr) return NotLive(id);
   SettleCopies(s);
   if (s->state != TensorState::kOnHost && s->state != TensorState::kOffloading) {
     return absl::OkStatus();  // resident, on its way, or dropped: nothing to copy
   }
-  absl::StatusOr<void*> ptr = AllocateDevice(s->bytes, stream);
+  absl::StatusOr<void*> ptr = AllocateDevice(s->bytes, stream, s->serial);
   if (!ptr.ok()) return ptr.status();
   // The copy stream writes the block only after `stream`'s earlier work on it,
   // and (same stream) after the offload's copy out.
@@ -545,10 +571,10 @@ absl::Status Runtime::Prefetch(TensorId id, Stream stream) {
 
 absl::Status Runtime::Free(TensorId id) {
   Lock lock(this);
-  absl::StatusOr<Storage*> found = Live(id);
-  if (!found.ok()) return found.status();
-  Storage* s = *found;
-  FindTensor(id)->freed = true;
+  Tensor* t = FindTensor(id);
+  if (t == nullptr || t->freed) return NotLive(id);
+  Storage* s = t->storage;
+  t->freed = true;
   --stats_.live_tensors;
   --s->handles;
   MaybeCollect(s);
@@ -558,9 +584,9 @@ absl::Status Runtime::Free(TensorId id) {
 absl::Status Runtime::HintNextUse(TensorId id, std::int64_t at_ns) {
   if (at_ns < 0) return absl::InvalidArgumentError("a next use cannot be before time 0");
   Lock lock(this);
-  absl::StatusOr<Storage*> found = Live(id);
-  if (!found.ok()) return found.status();
-  (*found)->next_use_at = at_ns;
+  Storage* s = LiveOrNull(id);
+  if (s == nullptr) return NotLive(id);
+  s->next_use_at = at_ns;
   return absl::OkStatus();
 }
 
@@ -594,8 +620,10 @@ RuntimeStats Runtime::stats() const {
 void Runtime::MaybeCollect(Storage* first) {
   // Collecting a storage may free its inputs in turn. A storage can be
   // reached twice (an input read twice), so the dead are destroyed at the end.
-  absl::InlinedVector<Storage*, 8> work = {first};
-  absl::InlinedVector<Storage*, 8> dead;
+  std::vector<Storage*>& work = collect_work_;
+  std::vector<Storage*>& dead = collect_dead_;
+  work.assign(1, first);
+  dead.clear();
   while (!work.empty()) {
     Storage* s = work.back();
     work.pop_back();
@@ -629,7 +657,7 @@ void Runtime::MaybeCollect(Storage* first) {
   }
   for (Storage* s : dead) {
     // Kept for reuse, as a fresh one (a new serial at creation).
-    *s = Storage{};
+    s->Reset();
     free_storages_.push_back(s);
   }
 }
@@ -647,7 +675,7 @@ absl::Status Runtime::Restore(Storage* s, Stream stream) {
   }
   // On host (or still being copied out: the copy in on `stream` then waits
   // for the copy out).
-  absl::StatusOr<void*> ptr = AllocateDevice(s->bytes, stream);
+  absl::StatusOr<void*> ptr = AllocateDevice(s->bytes, stream, s->serial);
   if (!ptr.ok()) return ptr.status();
   if (s->copy_in_flight) {
     if (absl::Status st = device_->StreamWaitEvent(stream, s->copy_event); !st.ok()) {
@@ -719,7 +747,7 @@ absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
     }
     if (descended) continue;
 
-    absl::StatusOr<void*> out = AllocateDevice(s->bytes, stream);
+    absl::StatusOr<void*> out = AllocateDevice(s->bytes, stream, s->serial);
     if (!out.ok()) return unwind(out.status());
     absl::InlinedVector<void*, 4> input_ptrs;
     for (Storage* in : s->inputs) input_ptrs.push_back(in->device);

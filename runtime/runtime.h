@@ -148,11 +148,15 @@ class Guard {
 
  private:
   friend class Runtime;
-  Guard(Runtime* runtime, TensorId id, void* ptr) : runtime_(runtime), id_(id), ptr_(ptr) {}
+  Guard(Runtime* runtime, TensorId id, void* ptr, void* storage)
+      : runtime_(runtime), id_(id), ptr_(ptr), storage_(storage) {}
 
   Runtime* runtime_ = nullptr;
   TensorId id_ = 0;
   void* ptr_ = nullptr;
+  // The runtime's record of the tensor's storage: a pinned storage is never
+  // collected, so unpinning needs no lookup.
+  void* storage_ = nullptr;
 };
 
 class Runtime {
@@ -223,10 +227,11 @@ class Runtime {
 
   friend class Guard;
   class Lock;
-  void Unpin(TensorId id);
+  void Unpin(void* storage);  // a Guard's storage_
   bool OnPressure(const PressureRequest& request);
   bool Evict(const PressureRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<void*> AllocateDevice(std::size_t bytes, Stream stream)
+  // Allocates a block tagged with `owner` (a storage's serial, for the MemoryMap).
+  absl::StatusOr<void*> AllocateDevice(std::size_t bytes, Stream stream, std::uint64_t owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MakeResident(Storage* target, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Restore(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -258,11 +263,15 @@ class Runtime {
   void LeaveDevice(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps candidates_ in step with the storage's state and pins.
   void Reindex(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MoveInIndex(Storage* s, bool candidate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills scratch_ (and scratch_storages_) with what the policy sees now.
   void GatherCandidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   policies::Candidate MakeCandidate(const Storage* s, const policies::Needs& needs,
                                     std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Storage*> Live(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The storage of a tensor the owner has not freed; nullptr otherwise, and
+  // NotLive says why.
+  Storage* LiveOrNull(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status NotLive(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Event> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string DescribePressure(std::size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -311,6 +320,9 @@ class Runtime {
   // Reused across pressure events.
   std::vector<policies::Candidate> scratch_ ABSL_GUARDED_BY(mu_);
   std::vector<Storage*> scratch_storages_ ABSL_GUARDED_BY(mu_);
+  // MaybeCollect's lists (it does not reenter itself).
+  std::vector<Storage*> collect_work_ ABSL_GUARDED_BY(mu_);
+  std::vector<Storage*> collect_dead_ ABSL_GUARDED_BY(mu_);
   std::uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
   TensorId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   PinnedHostPool host_pool_ ABSL_GUARDED_BY(mu_);

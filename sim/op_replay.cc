@@ -102,7 +102,7 @@ class Replayer {
       absl::Status s = Step(r);
       if (s.ok() && (hints_ || prefetch_window_ns_ > 0)) s = LookAhead(r);
       ++report_.records;
-      if (absl::IsResourceExhausted(s)) {
+      if (!s.ok() && absl::IsResourceExhausted(s)) {
         report_.status = "oom";
         report_.message = absl::StrFormat("%s:%d: %s", trace_.name, r.line, s.message());
         if constexpr (kTimeline) {
@@ -114,14 +114,13 @@ class Replayer {
       if (!s.ok()) {
         return absl::Status(s.code(), absl::StrFormat("%s:%d: %s", trace_.name, r.line, s.message()));
       }
-      const RuntimeStats rs = runtime_->stats();
-      if constexpr (kTimeline) EndRecord(r, rs);
-      if (static_cast<double>(rs.recompute_ns) >
+      if constexpr (kTimeline) EndRecord(r, runtime_->stats());
+      if (static_cast<double>(recompute_ns_) >
           options_.thrash_limit * static_cast<double>(std::max<std::int64_t>(report_.compute_ns, 1))) {
         report_.status = "thrash";
         report_.message = absl::StrFormat(
             "%s:%d: recompute (%d ns) exceeded %g x the compute so far (%d ns)", trace_.name,
-            r.line, rs.recompute_ns, options_.thrash_limit, report_.compute_ns);
+            r.line, recompute_ns_, options_.thrash_limit, report_.compute_ns);
         if constexpr (kTimeline) timeline_->SetEnd(report_.status, report_.message, Frontier());
         break;
       }
@@ -362,6 +361,9 @@ class Replayer {
         const OpRecord& call = trace_.records[trace_.tensors[out].producer];
         absl::Status launched = Launch(args.stream, out, call.inputs, args.inputs, args.output,
                                        call.cost_ns, /*first=*/false);
+        // As the runtime counts it (RuntimeStats::recompute_ns), without asking
+        // it after every record.
+        if (launched.ok()) recompute_ns_ += call.cost_ns;
         if constexpr (kTimeline) {
           if (launched.ok()) OnRecompute(out, call.cost_ns, args);
         }
@@ -629,6 +631,7 @@ class Replayer {
   std::shared_ptr<std::vector<std::uint64_t>> checksums_;  // by storage
   std::shared_ptr<Counters> counters_;
   OpReplayReport report_;
+  std::int64_t recompute_ns_ = 0;  // summed cost of the recomputes run so far
 
   // kTimeline only.
   SimTimeline* timeline_ = nullptr;
