@@ -30,9 +30,10 @@ const char* TensorStateName(TensorState state) {
 // The ones most calls read come first.
 struct StorageFields {
   TensorState state = TensorState::kFreed;  // not yet on the device: SetResident at creation
-  bool evictable = false;  // non-empty, and MayDrop or MayOffload (fixed at creation)
-  bool allow_drop = false;
-  bool allow_offload = false;
+  // What the tensor and the runtime's options allow, fixed at creation.
+  bool may_drop = false;     // allowed, enabled, and a closure to recompute it
+  bool may_offload = false;  // allowed and enabled
+  bool evictable = false;    // non-empty, and may_drop or may_offload
   bool copy_in_flight = false;
   int pins = 0;
   int handles = 0;     // tensors over this storage the owner has not freed
@@ -360,13 +361,9 @@ void Runtime::LeaveDevice(Storage* s) {
   s->used_streams.clear();
 }
 
-bool Runtime::MayDrop(const Storage* s) const {
-  return options_.enable_drop && s->allow_drop && static_cast<bool>(s->recompute);
-}
+inline bool Runtime::MayDrop(const Storage* s) { return s->may_drop; }
 
-bool Runtime::MayOffload(const Storage* s) const {
-  return options_.enable_offload && s->allow_offload;
-}
+inline bool Runtime::MayOffload(const Storage* s) { return s->may_offload; }
 
 void Runtime::Pin(Storage* s) {
   if (s->pins++ == 0) Reindex(s);
@@ -476,11 +473,11 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, 
   Storage* s = NewStorage();
   s->serial = serial;
   s->bytes = bytes;
-  s->allow_drop = options.allow_drop;
-  s->allow_offload = options.allow_offload;
+  s->may_drop = options_.enable_drop && options.allow_drop && static_cast<bool>(options.recompute);
+  s->may_offload = options_.enable_offload && options.allow_offload;
   s->recompute = std::move(options.recompute);
   s->compute_ns = options.compute_ns;
-  s->evictable = bytes > 0 && (MayDrop(s) || MayOffload(s));
+  s->evictable = bytes > 0 && (s->may_drop || s->may_offload);
   if (MayDrop(s)) {
     // Only a closure that may run again keeps its inputs alive (with drops
     // disabled, none will: a released input then goes at once).

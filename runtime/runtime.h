@@ -250,8 +250,8 @@ class Runtime {
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::Status WaitOn(Stream waiter, Stream producer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What this runtime's options and the tensor's own allow.
-  bool MayDrop(const Storage* s) const;
-  bool MayOffload(const Storage* s) const;
+  static bool MayDrop(const Storage* s);
+  static bool MayOffload(const Storage* s);
   void Pin(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnpinStorage(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCollect(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
