@@ -515,7 +515,9 @@ absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
   Lock lock(this);
   Storage* s = LiveOrNull(id);
   if (s == nullptr) return NotLive(id);
-  if (absl::Status st = MakeResident(s, stream); !st.ok()) return st;
+  if (s->state != TensorState::kResident) {  // (the common case needs no call)
+    if (absl::Status st = MakeResident(s, stream); !st.ok()) return st;
+  }
   Pin(s);
   s->last_access_ns = device_->NowNs();
   ++s->accesses;

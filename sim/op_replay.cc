@@ -237,6 +237,7 @@ class Replayer {
 
   std::size_t Bytes(std::uint32_t t) const {
     const std::uint64_t b = trace_.tensors[trace_.tensors[t].storage].bytes;
+    if (options_.scale == 1) return static_cast<std::size_t>(b);  // no division
     return static_cast<std::size_t>((b + options_.scale - 1) / options_.scale);
   }
 
