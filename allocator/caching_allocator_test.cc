@@ -597,5 +597,21 @@ TEST_F(AllocatorTest, MemoryMapShowsOwnersAndFreeNeighbours) {
   EXPECT_EQ(alloc_->GetMemoryMap().segments[0].blocks[0].owner, 0u);
 }
 
+TEST_F(AllocatorTest, AllocateTagsTheOwnerInOneStep) {
+  // From a fresh segment (the slow path) and from a cached block (the fast one).
+  absl::StatusOr<void*> a = alloc_->Allocate(4 * kMiB, kDefaultStream, 21);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(alloc_->GetMemoryMap().segments[0].blocks[0].owner, 21u);
+  Free(*a);
+  absl::StatusOr<void*> again = alloc_->Allocate(4 * kMiB, kDefaultStream, 22);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *a);
+  EXPECT_EQ(alloc_->GetMemoryMap().segments[0].blocks[0].owner, 22u);
+  // Without a tag a reused block carries none of its last owner's.
+  Free(*again);
+  EXPECT_EQ(Alloc(4 * kMiB), *a);
+  EXPECT_EQ(alloc_->GetMemoryMap().segments[0].blocks[0].owner, 0u);
+}
+
 }  // namespace
 }  // namespace remat

@@ -1,5 +1,6 @@
 #include "runtime/runtime.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
@@ -145,6 +146,36 @@ TEST_F(RuntimeTest, DroppedTensorIsRecomputedFromItsInputs) {
   Check(y);
   EXPECT_EQ(StateOf(y), TensorState::kResident);
   EXPECT_EQ(runtime_->stats().recomputes, 1u);
+}
+
+// The owner tags in the allocator's MemoryMap: every block the runtime holds
+// carries its storage's tag, one per storage, also once recomputed or restored.
+std::vector<std::uint64_t> Owners(const CachingAllocator& alloc) {
+  std::vector<std::uint64_t> owners;
+  for (const MemoryMapSegment& seg : alloc.GetMemoryMap().segments) {
+    for (const MemoryMapBlock& b : seg.blocks) {
+      if (!b.free()) owners.push_back(b.owner);
+    }
+  }
+  return owners;
+}
+
+TEST_F(RuntimeTest, EveryBlockItHoldsCarriesItsStorageTag) {
+  Make(8 * kMiB, {.policy = "lru"});
+  TensorId x = Produce(2 * kMiB, {}, false, false);
+  TensorId y = Produce(2 * kMiB, {x}, true, false);  // dropped below
+  TensorId w = Produce(1 * kMiB, {}, false, true);   // offloaded below
+  TensorId z = Produce(4 * kMiB, {}, false, false);  // no room: y and w go
+  EXPECT_EQ(StateOf(y), TensorState::kDropped);
+  EXPECT_TRUE(StateOf(w) == TensorState::kOffloading || StateOf(w) == TensorState::kOnHost);
+  ASSERT_TRUE(runtime_->Free(z).ok());
+  Check(y);  // recomputed into a new block
+  Check(w);  // copied back into a new block
+  std::vector<std::uint64_t> owners = Owners(*alloc_);
+  ASSERT_EQ(owners.size(), 3u);  // x, y, w
+  std::sort(owners.begin(), owners.end());
+  EXPECT_NE(owners[0], 0u);
+  EXPECT_TRUE(std::adjacent_find(owners.begin(), owners.end()) == owners.end());
 }
 
 TEST_F(RuntimeTest, OffloadedTensorComesBackFromHost) {
