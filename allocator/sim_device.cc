@@ -427,10 +427,11 @@ absl::Status SimDevice::LaunchHostFunc(Stream stream, absl::AnyInvocable<void() 
 
 absl::Status SimDevice::Occupy(Stream stream, std::int64_t cost_ns) {
   MutexLock lock(&mu_);
-  std::int64_t* stream_time;
-  REMAT_ASSIGN_OR_RETURN(stream_time, StreamTimeLocked(stream));
+  // (Once per replayed op: the lookup inline, the error built only on failure.)
+  auto it = stream_time_.find(stream.handle);
+  if (it == stream_time_.end()) return StreamTimeLocked(stream).status();
   if (cost_ns < 0) return absl::InvalidArgumentError("Occupy: negative cost");
-  EnqueueLocked(stream_time, cost_ns);
+  EnqueueLocked(&it->second, cost_ns);
   return absl::OkStatus();
 }
 

@@ -247,6 +247,13 @@ class Replayer {
                       absl::Span<void* const> input_ptrs, void* out_ptr, std::int64_t cost_ns,
                       bool first) {
     if (!options_.verify) return device_->Occupy(stream, cost_ns);
+    return LaunchVerified(stream, out, inputs, input_ptrs, out_ptr, cost_ns, first);
+  }
+  ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchVerified(Stream stream, std::uint32_t out,
+                                                      absl::Span<const std::uint32_t> inputs,
+                                                      absl::Span<void* const> input_ptrs,
+                                                      void* out_ptr, std::int64_t cost_ns,
+                                                      bool first) {
     std::vector<const unsigned char*> ins;
     std::vector<std::size_t> sizes;
     for (std::size_t j = 0; j < inputs.size(); ++j) {
@@ -275,7 +282,9 @@ class Replayer {
 
   // In verify mode, checks a tensor's bytes where the stream reads them.
   void Verify(Stream stream, std::uint32_t t, void* ptr) {
-    if (!options_.verify) return;
+    if (options_.verify) VerifyNow(stream, t, ptr);
+  }
+  ABSL_ATTRIBUTE_NOINLINE void VerifyNow(Stream stream, std::uint32_t t, void* ptr) {
     const std::uint32_t storage = trace_.tensors[t].storage;
     const std::size_t bytes = Bytes(t);
     auto checksums = checksums_;
