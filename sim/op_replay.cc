@@ -221,6 +221,7 @@ class Replayer {
         scanned_to_ = j;  // not past a record whose prefetch found no room
         if (ahead.kind != OpKind::kCall && ahead.kind != OpKind::kUse) continue;
         for (std::uint32_t t : ahead.inputs) {
+          if (ids_[t] == 0) continue;  // not made yet (asking would build an error)
           absl::StatusOr<TensorState> st = runtime_->State(ids_[t]);
           if (!st.ok() || (*st != TensorState::kOnHost && *st != TensorState::kOffloading)) {
             continue;
