@@ -28,7 +28,7 @@ const char* TensorStateName(TensorState state) {
 // A storage's plain fields: a collected storage is reset by assigning a
 // fresh copy (Storage::Reset), so every field here needs its initializer.
 // The ones most calls read come first.
-struct StorageFields {
+struct Runtime::StorageFields {
   TensorState state = TensorState::kFreed;  // not yet on the device: SetResident at creation
   // What the tensor and the runtime's options allow, fixed at creation.
   bool may_drop = false;     // allowed, enabled, and a closure to recompute it
@@ -63,9 +63,8 @@ struct StorageFields {
   int dropped_inputs = 0;                 // entries of `inputs` now dropped
   std::int64_t dropped_consumer_ns = 0;   // summed compute_ns of `consumers` now dropped
 };
-static_assert(std::is_trivially_copyable_v<StorageFields>);
-
 struct Runtime::Storage : StorageFields {
+  static_assert(std::is_trivially_copyable_v<StorageFields>);  // Reset assigns it whole
   RecomputeFn recompute;
   // (Inline: most ops read two or three tensors, and are read by a few.)
   absl::InlinedVector<Storage*, 3> inputs;     // what the closure reads
@@ -465,10 +464,12 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, 
     }
     inputs.push_back(s);
   }
-  // The serial first: the block is tagged with it as it is allocated.
-  const std::uint64_t serial = next_serial_++;
+  // The block is tagged with the serial as it is allocated; a failed Create
+  // uses none up (nothing else takes one meanwhile: eviction makes no storage).
+  const std::uint64_t serial = next_serial_;
   absl::StatusOr<void*> ptr = AllocateDevice(bytes, stream, serial);
   if (!ptr.ok()) return ptr.status();
+  ++next_serial_;
 
   Storage* s = NewStorage();
   s->serial = serial;

@@ -196,6 +196,7 @@ class Runtime {
   Stream copy_stream() const { return copy_stream_; }
 
  private:
+  struct StorageFields;  // Storage's plain fields (runtime.cc)
   struct Storage;
   // A tensor id's entry: its storage until the storage is collected (then
   // nullptr), and whether the owner freed it.
@@ -212,10 +213,11 @@ class Runtime {
     std::array<Tensor, kTensorPage> entries;
     std::size_t uncollected = 0;  // entries with a storage
   };
-  // Whether the id was ever handed out.
-  bool Issued(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the id was ever handed out. (The inline helpers here are
+  // defined in runtime.cc, the only file that calls them.)
+  inline bool Issued(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The entry of an id ever handed out whose page is still held; nullptr otherwise.
-  Tensor* FindTensor(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  inline Tensor* FindTensor(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TensorId NewTensorId(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The storage was collected: its ids' entries let it go.
   void ForgetTensors(const Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -250,8 +252,8 @@ class Runtime {
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::Status WaitOn(Stream waiter, Stream producer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What this runtime's options and the tensor's own allow.
-  static bool MayDrop(const Storage* s);
-  static bool MayOffload(const Storage* s);
+  static inline bool MayDrop(const Storage* s);
+  static inline bool MayOffload(const Storage* s);
   void Pin(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnpinStorage(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCollect(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -262,7 +264,7 @@ class Runtime {
   void SetState(Storage* s, TensorState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LeaveDevice(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps candidates_ in step with the storage's state and pins.
-  void Reindex(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  inline void Reindex(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MoveInIndex(Storage* s, bool candidate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills scratch_ (and scratch_storages_) with what the policy sees now.
   void GatherCandidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -270,7 +272,7 @@ class Runtime {
                                     std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The storage of a tensor the owner has not freed; nullptr otherwise, and
   // NotLive says why.
-  Storage* LiveOrNull(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  inline Storage* LiveOrNull(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotLive(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Event> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string DescribePressure(std::size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -178,6 +178,17 @@ TEST_F(RuntimeTest, EveryBlockItHoldsCarriesItsStorageTag) {
   EXPECT_TRUE(std::adjacent_find(owners.begin(), owners.end()) == owners.end());
 }
 
+TEST_F(RuntimeTest, AFailedCreateLeavesTheTagsAsTheyWere) {
+  Make(8 * kMiB);
+  Produce(1 * kMiB, {}, false, false);
+  EXPECT_FALSE(runtime_->Create(64 * kMiB, TensorOptions{}).ok());  // over the budget
+  Produce(1 * kMiB, {}, false, false);
+  std::vector<std::uint64_t> owners = Owners(*alloc_);
+  ASSERT_EQ(owners.size(), 2u);
+  std::sort(owners.begin(), owners.end());
+  EXPECT_EQ(owners[1], owners[0] + 1);  // consecutive: the failure took none
+}
+
 TEST_F(RuntimeTest, OffloadedTensorComesBackFromHost) {
   Make(8 * kMiB, {.policy = "lru"});
   TensorId a = Produce(4 * kMiB, {}, false, true);  // offload only
