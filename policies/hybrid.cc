@@ -108,8 +108,7 @@ class Hybrid final : public EvictionPolicy {
   double Score(const Candidate& c, const PressureContext& ctx) const {
     const double cost = Cheaper(c, ctx, ctx.link_backlog_ns).cost;
     const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));
-    if (staleness_exp_ == 0) return cost / bytes;
-    return cost / (bytes * Power(Staleness(c, ctx), staleness_exp_));
+    return cost / (bytes * Power(Staleness(c, ctx), staleness_exp_));  // Power(x, 0) is 1
   }
 
   double staleness_exp_, prefetch_us_, slack_, consumers_;

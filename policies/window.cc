@@ -110,8 +110,7 @@ class Window final : public EvictionPolicy {
   // A block's share of a run's cost: its eviction cost, divided by its
   // staleness^staleness_exp (a block just used is dearer to evict).
   double RunCost(const Candidate& c, const PressureContext& ctx) const {
-    if (staleness_exp_ == 0) return BlockCost(c);
-    return BlockCost(c) / Power(Staleness(c, ctx), staleness_exp_);
+    return BlockCost(c) / Power(Staleness(c, ctx), staleness_exp_);  // Power(x, 0) is 1
   }
 
   double staleness_exp_;

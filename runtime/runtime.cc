@@ -360,10 +360,6 @@ void Runtime::LeaveDevice(Storage* s) {
   s->used_streams.clear();
 }
 
-inline bool Runtime::MayDrop(const Storage* s) { return s->may_drop; }
-
-inline bool Runtime::MayOffload(const Storage* s) { return s->may_offload; }
-
 void Runtime::Pin(Storage* s) {
   if (s->pins++ == 0) Reindex(s);
 }
@@ -408,7 +404,7 @@ std::string Runtime::DescribePressure(std::size_t bytes) const {
       pinned_bytes += s->bytes;
       ++pinned_count;
       pinned.emplace_back(s->bytes, s->tensor_ids.empty() ? 0 : s->tensor_ids.front());
-    } else if (MayDrop(s.get()) || MayOffload(s.get())) {
+    } else if (s->evictable) {
       evictable_bytes += s->bytes;
     }
   }
@@ -479,7 +475,7 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, 
   s->recompute = std::move(options.recompute);
   s->compute_ns = options.compute_ns;
   s->evictable = bytes > 0 && (s->may_drop || s->may_offload);
-  if (MayDrop(s)) {
+  if (s->may_drop) {
     // Only a closure that may run again keeps its inputs alive (with drops
     // disabled, none will: a released input then goes at once).
     s->inputs = std::move(inputs);
@@ -592,9 +588,7 @@ absl::Status Runtime::HintNextUse(TensorId id, std::int64_t at_ns) {
 
 absl::StatusOr<TensorState> Runtime::State(TensorId id) const {
   Lock lock(this);
-  if (!Issued(id)) {
-    return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
-  }
+  if (!Issued(id)) return NotLive(id);
   const Tensor* t = FindTensor(id);
   if (t == nullptr || t->storage == nullptr) return TensorState::kFreed;
   return t->storage->state;
@@ -602,9 +596,7 @@ absl::StatusOr<TensorState> Runtime::State(TensorId id) const {
 
 absl::StatusOr<std::uint64_t> Runtime::PressureDrops(TensorId id) const {
   Lock lock(this);
-  if (!Issued(id)) {
-    return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
-  }
+  if (!Issued(id)) return NotLive(id);
   const Tensor* t = FindTensor(id);
   if (t == nullptr || t->storage == nullptr) {
     return absl::NotFoundError(absl::StrFormat("tensor %d is freed", id));
@@ -632,7 +624,7 @@ void Runtime::MaybeCollect(Storage* first) {
     if (s->dependents > 0) {
       // Freed by its owner but read by a closure that may run again: its bytes
       // go now if they can be regenerated (as DTR does); its metadata stays.
-      if (s->state == TensorState::kResident && s->bytes > 0 && MayDrop(s)) {
+      if (s->state == TensorState::kResident && s->bytes > 0 && s->may_drop) {
         DropStorage(s, s->used_streams.empty() ? kDefaultStream : s->used_streams.front());
         ++stats_.released_drops;
       }
@@ -787,8 +779,8 @@ policies::Candidate Runtime::MakeCandidate(const Storage* s, const policies::Nee
   c.transfer_ns =
       2 * (options_.link_latency_ns +
            static_cast<std::int64_t>(static_cast<double>(s->bytes) / options_.link_gbps));
-  c.can_drop = MayDrop(s);
-  c.can_offload = MayOffload(s);
+  c.can_drop = s->may_drop;
+  c.can_offload = s->may_offload;
   c.last_access_ns = s->last_access_ns;
   c.first_access_ns = s->first_access_ns;
   c.accesses = s->accesses;

@@ -251,9 +251,6 @@ class Runtime {
   static void CompleteCandidate(const void* self, policies::Candidate& c)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::Status WaitOn(Stream waiter, Stream producer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What this runtime's options and the tensor's own allow.
-  static inline bool MayDrop(const Storage* s);
-  static inline bool MayOffload(const Storage* s);
   void Pin(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnpinStorage(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCollect(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
