@@ -445,7 +445,8 @@ absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream,
 
 // --- Tensors ---------------------------------------------------------------------
 
-absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions options, Stream stream) {
+absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions&& options,
+                                     Stream stream) {
   Lock lock(this);
   if (options.allow_drop && !options.recompute) {
     return absl::InvalidArgumentError("a tensor that may be dropped needs a recompute closure");
@@ -641,7 +642,10 @@ void Runtime::MaybeCollect(Storage* first) {
     SetState(s, TensorState::kFreed);
     for (Storage* in : s->inputs) {
       --in->dependents;
-      in->consumers.erase(std::find(in->consumers.begin(), in->consumers.end(), s));
+      // (Order does not matter: consumers are only summed and joined.)
+      auto& consumers = in->consumers;
+      *std::find(consumers.begin(), consumers.end(), s) = consumers.back();
+      consumers.pop_back();
       work.push_back(in);
     }
     ForgetTensors(s);

@@ -19,6 +19,7 @@ namespace remat {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // Deterministic contents: byte k of a tensor is a function of its tag and of
@@ -189,6 +190,34 @@ TEST_F(RuntimeTest, AFailedCreateLeavesTheTagsAsTheyWere) {
   EXPECT_EQ(owners[1], owners[0] + 1);  // consecutive: the failure took none
 }
 
+
+// Create moves the closure out and only reads the rest, so one options object
+// can be refilled for tensor after tensor (as the trace replayer does).
+TEST_F(RuntimeTest, OneOptionsObjectServesTensorAfterTensor) {
+  Make(8 * kMiB, {.policy = "lru"});
+  const TensorId x = Produce(1 * kMiB, {}, false, false);
+  TensorOptions options;
+  options.inputs = {x};
+  options.allow_drop = true;
+  std::vector<TensorId> made;
+  std::vector<std::size_t> inputs_seen;
+  for (int i = 0; i < 2; ++i) {
+    options.recompute = [&inputs_seen](const RecomputeArgs& args) {
+      inputs_seen.push_back(args.inputs.size());
+      return absl::OkStatus();
+    };
+    auto g = runtime_->Create(2 * kMiB, std::move(options));
+    ASSERT_TRUE(g.ok()) << g.status();
+    made.push_back(g->id());
+    EXPECT_THAT(options.inputs, ElementsAre(x));  // still there for the next one
+  }
+  const TensorId z = Produce(5 * kMiB, {}, false, false);  // no room: both go
+  ASSERT_EQ(StateOf(made[0]), TensorState::kDropped);
+  ASSERT_EQ(StateOf(made[1]), TensorState::kDropped);
+  ASSERT_TRUE(runtime_->Free(z).ok());
+  for (TensorId id : made) ASSERT_TRUE(runtime_->Acquire(id).ok());
+  EXPECT_THAT(inputs_seen, ElementsAre(1u, 1u));  // each recomputed from x
+}
 TEST_F(RuntimeTest, OffloadedTensorComesBackFromHost) {
   Make(8 * kMiB, {.policy = "lru"});
   TensorId a = Produce(4 * kMiB, {}, false, true);  // offload only

@@ -330,15 +330,17 @@ class Replayer {
   absl::Status Call(const OpRecord& r, Stream compute) {
     absl::InlinedVector<Guard, 4> in_guards;
     absl::InlinedVector<void*, 4> in_ptrs;
-    std::vector<TensorId> in_ids;
-    in_ids.reserve(r.inputs.size());
+    // One options object for every tensor made: Create only reads its
+    // inputs, so the list keeps its heap space from call to call.
+    TensorOptions& options = create_options_;
+    options.inputs.clear();
     const absl::Span<const std::uint32_t> inputs = r.inputs;
     for (std::uint32_t t : inputs) {
       absl::StatusOr<Guard> g = runtime_->Acquire(ids_[t], compute);
       if (!g.ok()) return g.status();
       Verify(compute, t, g->ptr());
       in_ptrs.push_back(g->ptr());
-      in_ids.push_back(ids_[t]);
+      options.inputs.push_back(ids_[t]);
       in_guards.push_back(std::move(*g));
     }
     report_.compute_ns += r.cost_ns;
@@ -360,9 +362,6 @@ class Replayer {
         if constexpr (kTimeline) ++handles_[tensor.storage];
         continue;
       }
-      TensorOptions options;
-      // The last output takes the list; earlier ones (multi-output calls) copy it.
-      options.inputs = out == r.outputs.back() ? std::move(in_ids) : in_ids;
       options.compute_ns = r.cost_ns;
       options.allow_drop = true;
       options.allow_offload = true;
@@ -659,6 +658,7 @@ class Replayer {
   std::uint64_t host_bytes_ = 0;
   std::uint64_t drops_seen_ = 0;          // drop instants recorded, released ones included
   std::vector<std::uint32_t> recomputed_; // storages recomputed during the record
+  TensorOptions create_options_;          // Call's, refilled for every tensor it makes
 };
 
 }  // namespace
