@@ -131,7 +131,8 @@ TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
         "\"recomputed_ops\":", "\"recompute_ns\":", "\"offloaded_bytes\":", "\"restored_bytes\":",
         "\"stall_ns\":", "\"evictions\":", "\"wall_seconds\":", "\"verified_accesses\":",
         "\"mismatches\":0", "\"pressure_events\":", "\"candidates_per_event\":",
-        "\"choose_ns_per_event\":", "\"max_split_bytes\":67108864"}) {
+        "\"choose_ns_per_event\":", "\"max_split_bytes\":67108864", "\"records_per_second\":",
+        "\"baseline_records_per_second\":"}) {
     EXPECT_THAT(run.out, HasSubstr(key));
   }
   // The split limit: a size, none or auto; too small or malformed is a usage error.
