@@ -445,8 +445,7 @@ absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream,
 
 // --- Tensors ---------------------------------------------------------------------
 
-absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions&& options,
-                                     Stream stream) {
+absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions&& options, Stream stream) {
   Lock lock(this);
   if (options.allow_drop && !options.recompute) {
     return absl::InvalidArgumentError("a tensor that may be dropped needs a recompute closure");

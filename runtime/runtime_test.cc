@@ -190,7 +190,6 @@ TEST_F(RuntimeTest, AFailedCreateLeavesTheTagsAsTheyWere) {
   EXPECT_EQ(owners[1], owners[0] + 1);  // consecutive: the failure took none
 }
 
-
 // Create moves the closure out and only reads the rest, so one options object
 // can be refilled for tensor after tensor (as the trace replayer does).
 TEST_F(RuntimeTest, OneOptionsObjectServesTensorAfterTensor) {
@@ -218,6 +217,7 @@ TEST_F(RuntimeTest, OneOptionsObjectServesTensorAfterTensor) {
   for (TensorId id : made) ASSERT_TRUE(runtime_->Acquire(id).ok());
   EXPECT_THAT(inputs_seen, ElementsAre(1u, 1u));  // each recomputed from x
 }
+
 TEST_F(RuntimeTest, OffloadedTensorComesBackFromHost) {
   Make(8 * kMiB, {.policy = "lru"});
   TensorId a = Produce(4 * kMiB, {}, false, true);  // offload only
