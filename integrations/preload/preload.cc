@@ -106,7 +106,8 @@ CUresult ToCu(const absl::Status& s) {
 
 extern "C" {
 // Read by the dlsym trampoline below; set before the hook first returns.
-__attribute__((visibility("hidden"))) void* remat_preload_real_dlsym = nullptr;
+// (`used`: only the assembly below refers to it, which link-time optimisation cannot see.)
+__attribute__((visibility("hidden"), used)) void* remat_preload_real_dlsym = nullptr;
 }
 
 namespace {
@@ -421,7 +422,7 @@ REMAT_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int versi
 
 // Called by the dlsym trampoline: ours for one of our names (outside remat),
 // else null, and then the trampoline jumps to the real dlsym.
-__attribute__((visibility("hidden"))) void* remat_preload_dlsym_hook(void* handle,
+__attribute__((visibility("hidden"), used)) void* remat_preload_dlsym_hook(void* handle,
                                                                     const char* name) {
   (void)handle;
   RealDlsym();  // sets remat_preload_real_dlsym for the jump
