@@ -170,9 +170,10 @@ class Runtime {
   // Allocates and registers a tensor of `bytes`, returned pinned: write its
   // first contents through the guard's pointer, then let the guard go.
   // Inputs must be live tensors. Allowing drop needs a closure.
-  // `options.recompute` is moved out; the rest of `options` is only read, so
-  // a caller making many tensors can refill one object (its `inputs` keeps
-  // its heap space) instead of building a fresh one each time.
+  // On success `options.recompute` is moved from (assign a fresh closure
+  // before reusing the object); the rest of `options` is only read, so a
+  // caller making many tensors can refill one object (its `inputs` keeps its
+  // heap space). On failure `options` is left as it was.
   absl::StatusOr<Guard> Create(std::size_t bytes, TensorOptions&& options,
                                Stream stream = kDefaultStream);
   // A second tensor over `base`'s storage.

@@ -619,7 +619,9 @@ remat_status remat_tensor_create(remat_runtime* runtime, size_t bytes,
       }
     }
     absl::StatusOr<remat::Guard> guard =
-        runtime->runtime->Create(bytes, std::move(to), ToStream(stream));
+        // A temporary takes the closure, so a failed create destroys it (and
+        // runs the user's destroy callback) before the error is recorded.
+        runtime->runtime->Create(bytes, remat::TensorOptions(std::move(to)), ToStream(stream));
     if (!guard.ok()) return FromStatus(fn, guard.status());
     const std::uint64_t id = guard->id();
     void* const ptr = guard->ptr();

@@ -106,7 +106,7 @@ CUresult ToCu(const absl::Status& s) {
 
 extern "C" {
 // Read by the dlsym trampoline below; set before the hook first returns.
-// (`used`: only the assembly below refers to it, which link-time optimisation cannot see.)
+// (`used`: only the assembly below reads it, which link-time optimisation cannot see.)
 __attribute__((visibility("hidden"), used)) void* remat_preload_real_dlsym = nullptr;
 }
 
