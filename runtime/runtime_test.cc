@@ -218,6 +218,24 @@ TEST_F(RuntimeTest, OneOptionsObjectServesTensorAfterTensor) {
   EXPECT_THAT(inputs_seen, ElementsAre(1u, 1u));  // each recomputed from x
 }
 
+// A failed Create leaves the options as they were: the same object can go again.
+TEST_F(RuntimeTest, AFailedCreateLeavesTheOptionsAsTheyWere) {
+  Make(8 * kMiB, {.policy = "lru"});
+  const TensorId x = Produce(1 * kMiB, {}, false, false);
+  TensorOptions options;
+  options.inputs = {x};
+  options.allow_drop = true;
+  options.recompute = [](const RecomputeArgs&) { return absl::OkStatus(); };
+  EXPECT_FALSE(runtime_->Create(64 * kMiB, std::move(options)).ok());  // over the budget
+  EXPECT_TRUE(static_cast<bool>(options.recompute));
+  EXPECT_THAT(options.inputs, ElementsAre(x));
+  options.inputs.push_back(TensorId{999'999});  // never made
+  EXPECT_FALSE(runtime_->Create(1 * kMiB, std::move(options)).ok());
+  EXPECT_TRUE(static_cast<bool>(options.recompute));
+  options.inputs.pop_back();
+  EXPECT_TRUE(runtime_->Create(1 * kMiB, std::move(options)).ok());
+}
+
 TEST_F(RuntimeTest, OffloadedTensorComesBackFromHost) {
   Make(8 * kMiB, {.policy = "lru"});
   TensorId a = Produce(4 * kMiB, {}, false, true);  // offload only

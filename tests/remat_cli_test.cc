@@ -135,6 +135,7 @@ TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
         "\"baseline_records_per_second\":"}) {
     EXPECT_THAT(run.out, HasSubstr(key));
   }
+  EXPECT_THAT(run.out, Not(HasSubstr("\"baseline_records_per_second\":0")));  // timed
   // The split limit: a size, none or auto; too small or malformed is a usage error.
   const Outcome none = Remat("sim " + Trace("chain_100.jsonl") +
                              " --budget-ratio 0.5 --policy lru --max-split none --json");
