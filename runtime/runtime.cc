@@ -1,6 +1,7 @@
 #include "runtime/runtime.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <type_traits>
 #include <utility>
@@ -24,6 +25,24 @@ const char* TensorStateName(TensorState state) {
   }
   return "?";
 }
+
+// The outputs of a call with several: one closure regenerates all of them
+// that are lost. Pooled; kept while any output is uncollected.
+struct Runtime::CallGroup {
+  RecomputeFn recompute;
+  absl::InlinedVector<Storage*, 4> outputs;  // in the call's order; nullptr once collected
+  std::size_t uncollected = 0;
+  int dropped = 0;                           // outputs now dropped
+  mutable std::uint64_t walk_mark = 0;       // the last DroppedChainCost walk that charged it
+
+  void Reset() {
+    recompute = nullptr;
+    outputs.erase(outputs.begin(), outputs.end());
+    uncollected = 0;
+    dropped = 0;
+    walk_mark = 0;
+  }
+};
 
 // A storage's plain fields: a collected storage is reset by assigning a
 // fresh copy (Storage::Reset), so every field here needs its initializer.
@@ -61,11 +80,20 @@ struct Runtime::StorageFields {
   static constexpr std::uint32_t kNoClass = UINT32_MAX;
   std::uint32_t class_node = kNoClass;    // while dropped: its node in classes_
   int dropped_inputs = 0;                 // entries of `inputs` now dropped
-  std::int64_t dropped_consumer_ns = 0;   // summed compute_ns of `consumers` now dropped
+  std::int64_t dropped_consumer_ns = 0;   // summed drop_charge_ns of `consumers` now dropped
+  // A call's outputs: the group (nullptr for a one-output call), and its place in it.
+  CallGroup* group = nullptr;
+  std::uint32_t output_index = 0;
+  // While dropped, what regenerating it adds to a neighbourhood: the call's
+  // cost on one dropped output of a call, 0 on its dropped siblings (one run
+  // regenerates them all, charged once).
+  std::int64_t drop_charge_ns = 0;
+  // The thread regenerating it now (it is claimed, and pinned), or nullptr.
+  const void* regen_owner = nullptr;
 };
 struct Runtime::Storage : StorageFields {
   static_assert(std::is_trivially_copyable_v<StorageFields>);  // Reset assigns it whole
-  RecomputeFn recompute;
+  RecomputeFn recompute;  // one-output calls (a group's outputs use the group's)
   // (Inline: most ops read two or three tensors, and are read by a few.)
   absl::InlinedVector<Storage*, 3> inputs;     // what the closure reads
   absl::InlinedVector<Storage*, 2> consumers;  // droppable storages whose closures read this one
@@ -90,6 +118,9 @@ struct Runtime::Storage : StorageFields {
 // which usually is inside the runtime already.
 namespace {
 thread_local const void* tls_held_runtime = nullptr;
+// Its address names the thread (a regeneration's claim).
+thread_local char tls_thread_token;
+const void* ThisThread() { return &tls_thread_token; }
 }  // namespace
 
 class ABSL_SCOPED_LOCKABLE Runtime::Lock {
@@ -103,6 +134,27 @@ class ABSL_SCOPED_LOCKABLE Runtime::Lock {
     tls_held_runtime = previous_;
     r_->mu_.Unlock();
   }
+
+ private:
+  const Runtime* r_;
+  const void* previous_;
+};
+
+// Lets go of the runtime's lock while a closure runs or a thread waits, and
+// takes it back.
+class Runtime::Unlocked {
+ public:
+  explicit Unlocked(const Runtime* r) ABSL_NO_THREAD_SAFETY_ANALYSIS
+      : r_(r), previous_(tls_held_runtime) {
+    tls_held_runtime = nullptr;
+    r_->mu_.Unlock();
+  }
+  ~Unlocked() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    r_->mu_.Lock();
+    tls_held_runtime = previous_;
+  }
+  Unlocked(const Unlocked&) = delete;
+  Unlocked& operator=(const Unlocked&) = delete;
 
  private:
   const Runtime* r_;
@@ -266,7 +318,13 @@ void Runtime::SetState(Storage* s, TensorState state) {
   s->state = state;
   if (was_dropped != dropped) {
     const int sign = dropped ? 1 : -1;
-    for (Storage* in : s->inputs) in->dropped_consumer_ns += sign * s->compute_ns;
+    if (dropped) {
+      // One run regenerates every dropped output of a call: the first to go
+      // carries the call's cost.
+      s->drop_charge_ns = s->group != nullptr && s->group->dropped > 0 ? 0 : s->compute_ns;
+      if (s->group != nullptr) ++s->group->dropped;
+    }
+    for (Storage* in : s->inputs) in->dropped_consumer_ns += sign * s->drop_charge_ns;
     for (Storage* out : s->consumers) out->dropped_inputs += sign;
     if (track_classes_) {
       if (dropped) {
@@ -275,13 +333,31 @@ void Runtime::SetState(Storage* s, TensorState state) {
       } else {
         // Classes only merge (as DTR's union-find does); a member that comes
         // back takes its own cost out of its class.
-        classes_[ClassRoot(s->class_node)].cost_ns -= s->compute_ns;
+        classes_[ClassRoot(s->class_node)].cost_ns -= s->drop_charge_ns;
         s->class_node = Storage::kNoClass;
         if (--dropped_count_ == 0) classes_.clear();
       }
     }
+    if (!dropped && s->group != nullptr && --s->group->dropped > 0 && s->drop_charge_ns > 0) {
+      PassDropCharge(s);
+    }
+    if (!dropped) s->drop_charge_ns = 0;
   }
   Reindex(s);
+}
+
+void Runtime::PassDropCharge(Storage* s) {
+  // A sibling still dropped (its output collected while the others stay
+  // dropped) carries the call's cost from now on.
+  for (Storage* m : s->group->outputs) {
+    if (m == nullptr || m == s || m->state != TensorState::kDropped) continue;
+    m->drop_charge_ns = s->drop_charge_ns;
+    for (Storage* in : m->inputs) in->dropped_consumer_ns += m->drop_charge_ns;
+    if (track_classes_ && m->class_node != Storage::kNoClass) {
+      classes_[ClassRoot(m->class_node)].cost_ns += m->drop_charge_ns;
+    }
+    return;
+  }
 }
 
 std::uint32_t Runtime::ClassRoot(std::uint32_t node) {
@@ -294,7 +370,7 @@ std::uint32_t Runtime::ClassRoot(std::uint32_t node) {
 
 void Runtime::JoinClasses(Storage* s) {
   s->class_node = static_cast<std::uint32_t>(classes_.size());
-  classes_.push_back(ClassNode{s->class_node, s->compute_ns});
+  classes_.push_back(ClassNode{s->class_node, s->drop_charge_ns});
   auto join = [&](const Storage* other) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (other->state != TensorState::kDropped || other->class_node == Storage::kNoClass) return;
     const std::uint32_t a = ClassRoot(s->class_node), b = ClassRoot(other->class_node);
@@ -304,6 +380,11 @@ void Runtime::JoinClasses(Storage* s) {
   };
   for (const Storage* in : s->inputs) join(in);
   for (const Storage* out : s->consumers) join(out);
+  if (s->group != nullptr) {  // dropped siblings come back in one run: one class
+    for (const Storage* m : s->group->outputs) {
+      if (m != nullptr && m != s) join(m);
+    }
+  }
 }
 
 std::int64_t Runtime::AdjacentClassesCost(const Storage* s) {
@@ -368,15 +449,15 @@ void Runtime::UnpinStorage(Storage* s) {
   if (--s->pins > 0) return;
   Reindex(s);
   if (s->handles > 0) return;  // the owner still holds it: nothing to collect
-  if (deferring_collect_ && s->dependents > 1) {  // another closure may read it again
+  if (deferring_depth_ > 0 && s->dependents > 1) {  // another closure may read it again
     deferred_collect_.emplace_back(s, s->serial);
   } else {
     MaybeCollect(s);
   }
 }
 
-void Runtime::CollectDeferred() {
-  deferring_collect_ = false;
+void Runtime::EndDeferral() {
+  if (--deferring_depth_ > 0) return;
   // Collecting one may collect another of the list first, and its object may
   // then hold a newer storage: the serial tells.
   for (auto [s, serial] : deferred_collect_) {
@@ -426,11 +507,13 @@ std::string Runtime::DescribePressure(std::size_t bytes) const {
 absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream,
                                               std::uint64_t owner) {
   if (options_.live_budget != 0) {
-    while (stats_.resident_bytes + bytes > options_.live_budget) {
-      const PressureRequest request{stats_.resident_bytes + bytes - options_.live_budget, stream,
-                                    options_.live_budget, stats_.resident_bytes,
-                                    stats_.resident_bytes};
+    // Outputs allocated for closures not yet run count as live already.
+    while (stats_.resident_bytes + pending_live_bytes_ + bytes > options_.live_budget) {
+      const std::size_t live = stats_.resident_bytes + pending_live_bytes_;
+      const PressureRequest request{live + bytes - options_.live_budget, stream,
+                                    options_.live_budget, live, live};
       if (!Evict(request)) {
+        if (StepLimitReached()) return StepLimitError();
         return absl::ResourceExhaustedError(absl::StrCat(
             DescribePressure(bytes), "; live budget ", FormatBytes(options_.live_budget),
             " with ", FormatBytes(stats_.resident_bytes), " resident"));
@@ -439,19 +522,19 @@ absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream,
   }
   absl::StatusOr<void*> ptr = allocator_->Allocate(bytes, stream, owner);
   if (ptr.ok() || !absl::IsResourceExhausted(ptr.status())) return ptr;
+  if (StepLimitReached()) return StepLimitError();
   return absl::ResourceExhaustedError(
       absl::StrCat(DescribePressure(bytes), "; allocator: ", ptr.status().message()));
 }
 
 // --- Tensors ---------------------------------------------------------------------
 
-absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions&& options, Stream stream) {
-  Lock lock(this);
+absl::Status Runtime::ResolveInputs(const TensorOptions& options,
+                                    absl::InlinedVector<Storage*, 3>& inputs) const {
   if (options.allow_drop && !options.recompute) {
     return absl::InvalidArgumentError("a tensor that may be dropped needs a recompute closure");
   }
   if (options.compute_ns < 0) return absl::InvalidArgumentError("compute_ns must be >= 0");
-  absl::InlinedVector<Storage*, 3> inputs;
   for (TensorId in : options.inputs) {
     Storage* s = LiveOrNull(in);
     if (s == nullptr) {
@@ -460,41 +543,117 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions&& options
     }
     inputs.push_back(s);
   }
-  // The block is tagged with the serial as it is allocated; a failed Create
-  // uses none up (nothing else takes one meanwhile: eviction makes no storage).
-  const std::uint64_t serial = next_serial_;
-  absl::StatusOr<void*> ptr = AllocateDevice(bytes, stream, serial);
-  if (!ptr.ok()) return ptr.status();
-  ++next_serial_;
+  return absl::OkStatus();
+}
 
+Runtime::Storage* Runtime::AddStorage(std::size_t bytes, void* ptr, std::uint64_t serial,
+                                      bool may_drop, bool may_offload,
+                                      const TensorOptions& options,
+                                      absl::Span<Storage* const> inputs, Stream stream) {
   Storage* s = NewStorage();
   s->serial = serial;
   s->bytes = bytes;
-  s->may_drop = options_.enable_drop && options.allow_drop && static_cast<bool>(options.recompute);
-  s->may_offload = options_.enable_offload && options.allow_offload;
-  s->recompute = std::move(options.recompute);
+  s->may_drop = may_drop;
+  s->may_offload = may_offload;
   s->compute_ns = options.compute_ns;
   s->evictable = bytes > 0 && (s->may_drop || s->may_offload);
   if (s->may_drop) {
     // Only a closure that may run again keeps its inputs alive (with drops
     // disabled, none will: a released input then goes at once).
-    s->inputs = std::move(inputs);
+    s->inputs.assign(inputs.begin(), inputs.end());
     for (Storage* in : s->inputs) {
       ++in->dependents;
       in->consumers.push_back(s);
       if (in->state == TensorState::kDropped) ++s->dropped_inputs;
     }
   }
-  const TensorId id = NewTensorId(s);
+  NewTensorId(s);
   s->handles = 1;
   s->pins = 1;
   s->used_streams.push_back(stream);
-  s->last_access_ns = s->first_access_ns = device_->NowNs();
+  s->last_access_ns = s->first_access_ns = Clock();
   s->accesses = 1;
-  SetResident(s, *ptr);
+  SetResident(s, ptr);
   ++stats_.tensors_created;
   ++stats_.live_tensors;
-  return Guard(this, id, *ptr, s);
+  return s;
+}
+
+absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions&& options, Stream stream) {
+  Lock lock(this);
+  absl::InlinedVector<Storage*, 3> inputs;
+  if (absl::Status st = ResolveInputs(options, inputs); !st.ok()) return st;
+  // The block is tagged with the serial as it is allocated; a failed Create
+  // uses none up (nothing else takes one meanwhile: eviction makes no storage).
+  const std::uint64_t serial = next_serial_;
+  absl::StatusOr<void*> ptr = AllocateDevice(bytes, stream, serial);
+  if (!ptr.ok()) return ptr.status();
+  ++next_serial_;
+  work_ns_ += options.compute_ns;  // its outputs are made once the call has run
+  const bool may_drop =
+      options_.enable_drop && options.allow_drop && static_cast<bool>(options.recompute);
+  Storage* s = AddStorage(bytes, *ptr, serial, may_drop,
+                          options_.enable_offload && options.allow_offload, options, inputs,
+                          stream);
+  s->recompute = std::move(options.recompute);
+  return Guard(this, s->tensor_ids.front(), *ptr, s);
+}
+
+absl::StatusOr<absl::InlinedVector<Guard, 4>> Runtime::CreateCall(
+    absl::Span<const OutputSpec> outputs, TensorOptions&& options, Stream stream) {
+  if (outputs.empty()) return absl::InvalidArgumentError("a call needs at least one output");
+  if (outputs.size() > UINT32_MAX) return absl::InvalidArgumentError("too many outputs");
+  Lock lock(this);
+  absl::InlinedVector<Storage*, 3> inputs;
+  if (absl::Status st = ResolveInputs(options, inputs); !st.ok()) return st;
+  // All outputs' blocks first (serials in order, none used up on failure);
+  // the ones allocated count as live while the rest are.
+  absl::InlinedVector<void*, 4> ptrs;
+  std::size_t pending = 0;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    absl::StatusOr<void*> ptr = AllocateDevice(outputs[i].bytes, stream, next_serial_ + i);
+    if (!ptr.ok()) {
+      for (void* p : ptrs) (void)allocator_->FreeOnStream(p, stream);
+      pending_live_bytes_ -= pending;
+      return ptr.status();
+    }
+    ptrs.push_back(*ptr);
+    pending += outputs[i].bytes;
+    pending_live_bytes_ += outputs[i].bytes;
+  }
+  pending_live_bytes_ -= pending;
+  work_ns_ += options.compute_ns;
+  CallGroup* group = outputs.size() > 1 ? NewGroup() : nullptr;
+  absl::InlinedVector<Guard, 4> guards;
+  Storage* first = nullptr;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const bool may_drop = options_.enable_drop && options.allow_drop && outputs[i].allow_drop &&
+                          static_cast<bool>(options.recompute);
+    const bool may_offload =
+        options_.enable_offload && options.allow_offload && outputs[i].allow_offload;
+    Storage* s = AddStorage(outputs[i].bytes, ptrs[i], next_serial_++, may_drop, may_offload,
+                            options, inputs, stream);
+    if (group != nullptr) {
+      s->group = group;
+      s->output_index = static_cast<std::uint32_t>(i);
+      group->outputs.push_back(s);
+      ++group->uncollected;
+    }
+    if (first == nullptr) first = s;
+    guards.push_back(Guard(this, s->tensor_ids.front(), ptrs[i], s));
+  }
+  (group != nullptr ? group->recompute : first->recompute) = std::move(options.recompute);
+  return guards;
+}
+
+Runtime::CallGroup* Runtime::NewGroup() {
+  if (free_groups_.empty()) {
+    groups_.push_back(std::make_unique<CallGroup>());
+    return groups_.back().get();
+  }
+  CallGroup* g = free_groups_.back();
+  free_groups_.pop_back();
+  return g;
 }
 
 absl::StatusOr<TensorId> Runtime::CreateView(TensorId base) {
@@ -512,11 +671,14 @@ absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
   Lock lock(this);
   Storage* s = LiveOrNull(id);
   if (s == nullptr) return NotLive(id);
+  Pin(s);  // first: bringing it back may wait, unlocked, for another thread
   if (s->state != TensorState::kResident) {  // (the common case needs no call)
-    if (absl::Status st = MakeResident(s, stream); !st.ok()) return st;
+    if (absl::Status st = MakeResident(s, stream); !st.ok()) {
+      UnpinStorage(s);
+      return st;
+    }
   }
-  Pin(s);
-  s->last_access_ns = device_->NowNs();
+  s->last_access_ns = Clock();
   ++s->accesses;
   if (std::find(s->used_streams.begin(), s->used_streams.end(), stream) == s->used_streams.end()) {
     s->used_streams.push_back(stream);
@@ -541,17 +703,19 @@ absl::Status Runtime::Prefetch(TensorId id, Stream stream) {
   if (!ptr.ok()) return ptr.status();
   // The copy stream writes the block only after `stream`'s earlier work on it,
   // and (same stream) after the offload's copy out.
-  if (absl::Status st = WaitOn(copy_stream_, stream); !st.ok()) return st;
-  if (absl::Status st = device_->CopyAsync(*ptr, s->host, s->bytes, CopyKind::kHostToDevice,
-                                           copy_stream_);
-      !st.ok()) {
+  // On any failure the block goes back, and the tensor stays on the host.
+  absl::StatusOr<Event> done = TakeEvent();
+  absl::Status st = done.ok() ? WaitOn(copy_stream_, stream) : done.status();
+  if (st.ok()) {
+    st = device_->CopyAsync(*ptr, s->host, s->bytes, CopyKind::kHostToDevice, copy_stream_);
+  }
+  if (st.ok()) st = device_->RecordEvent(*done, copy_stream_);
+  if (!st.ok()) {
+    if (done.ok()) spare_events_.push_back(*done);
     (void)allocator_->FreeOnStream(*ptr, stream);
     return st;
   }
   if (s->copy_in_flight) spare_events_.push_back(s->copy_event);
-  absl::StatusOr<Event> done = TakeEvent();
-  if (!done.ok()) return done.status();
-  (void)device_->RecordEvent(*done, copy_stream_);
   s->copy_event = *done;
   s->copy_in_flight = true;
   (void)host_pool_.FreeAfter(s->host, copy_stream_);
@@ -648,6 +812,13 @@ void Runtime::MaybeCollect(Storage* first) {
       work.push_back(in);
     }
     ForgetTensors(s);
+    if (CallGroup* g = s->group; g != nullptr) {
+      g->outputs[s->output_index] = nullptr;
+      if (--g->uncollected == 0) {
+        g->Reset();
+        free_groups_.push_back(g);
+      }
+    }
     dead.push_back(s);
   }
   for (Storage* s : dead) {
@@ -695,43 +866,236 @@ absl::Status Runtime::Restore(Storage* s, Stream stream) {
   return absl::OkStatus();
 }
 
-absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
-  if (target->state == TensorState::kResident) return absl::OkStatus();
-  if (target->state != TensorState::kDropped) return Restore(target, stream);
+bool Runtime::Claimable(const Storage* s) const {
+  if (s->group == nullptr) return s->regen_owner == nullptr;
+  for (const Storage* m : s->group->outputs) {
+    if (m != nullptr && m->regen_owner != nullptr) return false;
+  }
+  return true;
+}
 
+bool Runtime::ClaimedHere(const Storage* s) const {
+  if (s->group == nullptr) return s->regen_owner == ThisThread();
+  for (const Storage* m : s->group->outputs) {
+    if (m != nullptr && m->regen_owner == ThisThread()) return true;
+  }
+  return false;
+}
+
+void Runtime::Claim(Storage* s) {
+  auto claim = [&](Storage* m) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    m->regen_owner = ThisThread();
+    Pin(m);
+  };
+  if (s->group == nullptr) {
+    claim(s);
+    return;
+  }
+  for (Storage* m : s->group->outputs) {
+    if (m != nullptr && m->state == TensorState::kDropped) claim(m);
+  }
+}
+
+void Runtime::Unclaim(Storage* s, const Storage* keep_pinned) {
+  // Unpinning may collect an output (and with the last, reset the group):
+  // the list is copied first.
+  absl::InlinedVector<Storage*, 4> mine;
+  if (s->group == nullptr) {
+    if (s->regen_owner == ThisThread()) mine.push_back(s);
+  } else {
+    for (Storage* m : s->group->outputs) {
+      if (m != nullptr && m->regen_owner == ThisThread()) mine.push_back(m);
+    }
+  }
+  for (Storage* m : mine) {
+    m->regen_owner = nullptr;
+    if (m != keep_pinned) UnpinStorage(m);
+  }
+  NotifyRegenerated();
+}
+
+void Runtime::WaitForRegeneration() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // The epoch is read under the lock; whoever ends a regeneration bumps it
+  // under the lock, so a bump after the read wakes (or skips) the wait.
+  const std::uint64_t epoch = regen_epoch_.load(std::memory_order_acquire);
+  ++regen_waiters_;
+  {
+    Unlocked unlocked(this);
+    regen_epoch_.wait(epoch, std::memory_order_acquire);
+  }
+  --regen_waiters_;
+}
+
+void Runtime::NotifyRegenerated() {
+  if (regen_waiters_ == 0) return;  // (the common case: no futex call)
+  regen_epoch_.fetch_add(1, std::memory_order_release);
+  regen_epoch_.notify_all();
+}
+
+bool Runtime::StepLimitReached() const {
+  return options_.max_steps != 0 &&
+         stats_.pressure_events + stats_.recomputes >= options_.max_steps;
+}
+
+absl::Status Runtime::StepLimitError() const {
+  return absl::AbortedError(absl::StrFormat(
+      "remat runtime: step limit reached (%d pressure events and recomputes; "
+      "RuntimeOptions::max_steps)",
+      options_.max_steps));
+}
+
+std::int64_t Runtime::Clock() const { return device_->NowNs() + work_ns_; }
+
+std::int64_t Runtime::NowNs() const {
+  Lock lock(this);
+  return Clock();
+}
+
+absl::Status Runtime::RunCall(Storage* s, Stream stream) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (StepLimitReached()) return StepLimitError();
+  // The call's outputs: the claimed ones are regenerated; resident ones stay
+  // pinned while it runs (it may rewrite them); the rest are left alone.
+  absl::InlinedVector<Storage*, 4> members;
+  if (s->group == nullptr) {
+    members.push_back(s);
+  } else {
+    members.assign(s->group->outputs.begin(), s->group->outputs.end());
+  }
+  const std::size_t n = members.size();
+  absl::InlinedVector<void*, 4> out_ptrs(n, nullptr);
+  absl::InlinedVector<std::size_t, 4> out_bytes(n, 0);
+  absl::InlinedVector<bool, 4> regenerate(n, false);
+  absl::InlinedVector<Storage*, 4> held;
+  for (std::size_t i = 0; i < n; ++i) {
+    Storage* m = members[i];
+    if (m == nullptr) continue;
+    out_bytes[i] = m->bytes;
+    if (m->regen_owner == ThisThread()) {
+      regenerate[i] = true;
+    } else if (m->state == TensorState::kResident) {
+      Pin(m);
+      held.push_back(m);
+      out_ptrs[i] = m->device;
+    }
+  }
+  std::size_t pending = 0;
+  auto give_back = [&](absl::Status error) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (regenerate[i] && out_ptrs[i] != nullptr) (void)allocator_->FreeOnStream(out_ptrs[i], stream);
+    }
+    pending_live_bytes_ -= pending;
+    for (Storage* m : held) UnpinStorage(m);
+    return error;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!regenerate[i]) continue;
+    absl::StatusOr<void*> out = AllocateDevice(members[i]->bytes, stream, members[i]->serial);
+    if (!out.ok()) return give_back(out.status());
+    out_ptrs[i] = *out;
+    pending += members[i]->bytes;
+    pending_live_bytes_ += members[i]->bytes;
+  }
+  absl::InlinedVector<void*, 4> input_ptrs;
+  for (Storage* in : s->inputs) input_ptrs.push_back(in->device);
+  RecomputeArgs args;
+  args.inputs = input_ptrs;
+  args.output = out_ptrs[0];
+  args.bytes = out_bytes[0];
+  args.stream = stream;
+  args.outputs = out_ptrs;
+  args.output_bytes = out_bytes;
+  args.regenerate = regenerate;
+  RecomputeFn& closure = s->group != nullptr ? s->group->recompute : s->recompute;
+  absl::Status ran;
+  {
+    // The closure may allocate, acquire and evict: everything it reads or
+    // writes is pinned (the inputs by the frame, the outputs by the claim).
+    Unlocked unlocked(this);
+    ran = closure(args);
+  }
+  if (!ran.ok()) {
+    return give_back(absl::Status(
+        ran.code(), absl::StrFormat("recomputing tensor #%d: %s",
+                                    s->tensor_ids.empty() ? 0 : s->tensor_ids.front(),
+                                    ran.message())));
+  }
+  pending_live_bytes_ -= pending;
+  ++stats_.recomputes;
+  stats_.recompute_ns += s->compute_ns;
+  work_ns_ += s->compute_ns;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!regenerate[i]) continue;
+    Storage* m = members[i];
+    SetResident(m, out_ptrs[i]);
+    m->used_streams.push_back(stream);
+    ++m->recomputes;
+  }
+  for (Storage* m : held) UnpinStorage(m);
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
+  // The caller pins `target`, so no wait below can see it collected.
+  //
   // Regenerate dropped tensors with an explicit stack: a frame's inputs are
   // made resident and pinned one by one (a dropped input pushes its own
-  // frame), then its closure runs and the inputs are unpinned.
+  // frame), then its call runs (without the lock) and the inputs are unpinned.
+  // A frame claims the outputs its call regenerates; a storage another thread
+  // has claimed is waited for (claims follow the graph's edges towards its
+  // inputs, so two threads never wait on each other).
   //
   // Tensors the program has released but a closure still needs are dropped
   // as soon as nothing pins them (MaybeCollect). Within one regeneration that
   // would drop a shared ancestor after its first consumer ran and regenerate
   // it for the next, again and again down a graph of diamonds (a ResNet's
-  // skip connections): exponential. Until the target is back they stay
-  // resident, unpinned, for the policy to evict like any other tensor.
-  deferring_collect_ = true;
+  // skip connections): exponential. Until every regeneration has ended they
+  // stay resident, unpinned, for the policy to evict like any other tensor.
+  auto reentered = [](const Storage* s) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "tensor #%d is being regenerated by this thread: a recompute closure acquired an "
+        "output of its own call, or a tensor that needs it",
+        s->tensor_ids.empty() ? 0 : s->tensor_ids.front()));
+  };
+  for (;;) {
+    if (target->state == TensorState::kResident) return absl::OkStatus();
+    if (target->state != TensorState::kDropped) return Restore(target, stream);
+    if (Claimable(target)) break;
+    if (ClaimedHere(target)) return reentered(target);
+    WaitForRegeneration();
+  }
+  ++deferring_depth_;
   struct Frame {
     Storage* s;
     std::size_t pinned = 0;  // inputs [0, pinned) are resident and pinned
   };
-  std::vector<Frame> stack = {Frame{target}};
+  std::vector<Frame> stack;
+  Claim(target);
+  stack.push_back(Frame{target});
   // Runs under the lock MakeResident holds (the analysis cannot see into lambdas).
   auto unwind = [&](absl::Status error) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (const Frame& f : stack) {
       for (std::size_t i = 0; i < f.pinned; ++i) UnpinStorage(f.s->inputs[i]);
+      Unclaim(f.s);
     }
-    CollectDeferred();
+    EndDeferral();
     return error;
   };
   while (!stack.empty()) {
     Frame& frame = stack.back();
     Storage* s = frame.s;
-    bool descended = false;
+    bool again = false;
     while (frame.pinned < s->inputs.size()) {
       Storage* in = s->inputs[frame.pinned];
       if (in->state == TensorState::kDropped) {
-        stack.push_back(Frame{in});
-        descended = true;
+        if (Claimable(in)) {
+          Claim(in);
+          stack.push_back(Frame{in});
+        } else if (ClaimedHere(in)) {
+          return unwind(reentered(in));
+        } else {
+          WaitForRegeneration();  // then look again: it may be back, or gone again
+        }
+        again = true;
         break;
       }
       if (in->state != TensorState::kResident) {
@@ -740,29 +1104,18 @@ absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
       Pin(in);
       ++frame.pinned;
     }
-    if (descended) continue;
-
-    absl::StatusOr<void*> out = AllocateDevice(s->bytes, stream, s->serial);
-    if (!out.ok()) return unwind(out.status());
-    absl::InlinedVector<void*, 4> input_ptrs;
-    for (Storage* in : s->inputs) input_ptrs.push_back(in->device);
-    absl::Status ran = s->recompute(RecomputeArgs{input_ptrs, *out, s->bytes, stream});
-    if (!ran.ok()) {
-      (void)allocator_->FreeOnStream(*out, stream);
-      return unwind(absl::Status(
-          ran.code(), absl::StrFormat("recomputing tensor #%d: %s",
-                                      s->tensor_ids.empty() ? 0 : s->tensor_ids.front(),
-                                      ran.message())));
-    }
-    ++stats_.recomputes;
-    ++s->recomputes;
-    stats_.recompute_ns += s->compute_ns;
-    SetResident(s, *out);
-    s->used_streams.push_back(stream);
+    if (again) continue;
+    if (absl::Status st = RunCall(s, stream); !st.ok()) return unwind(st);
     for (Storage* in : s->inputs) UnpinStorage(in);
     stack.pop_back();
+    // The frame below reads s next: its claim's pin becomes that frame's, so
+    // a released s is not dropped again before it is read.
+    Frame* below = stack.empty() ? nullptr : &stack.back();
+    const bool hand_over = below != nullptr && below->s->inputs[below->pinned] == s;
+    Unclaim(s, hand_over ? s : nullptr);
+    if (hand_over) ++below->pinned;
   }
-  CollectDeferred();
+  EndDeferral();
   return absl::OkStatus();
 }
 
@@ -830,7 +1183,7 @@ void Runtime::GatherCandidates() {
     }
   }
   const policies::Needs needs = policy_->needs();
-  const std::int64_t now = device_->NowNs();
+  const std::int64_t now = Clock();
   for (const Storage* s : scratch_storages_) {
     scratch_.push_back(MakeCandidate(s, needs, now));
     scratch_.back().id = scratch_.size() - 1;
@@ -838,6 +1191,7 @@ void Runtime::GatherCandidates() {
 }
 
 bool Runtime::Evict(const PressureRequest& request) {
+  if (StepLimitReached()) return false;  // AllocateDevice says why
   ++stats_.pressure_events;
   const auto choose_start = std::chrono::steady_clock::now();
   GatherCandidates();
@@ -846,8 +1200,8 @@ bool Runtime::Evict(const PressureRequest& request) {
   policies::PressureContext ctx;
   ctx.bytes_needed = request.bytes;
   ctx.stream = request.stream;
-  ctx.now_ns = device_->NowNs();
-  ctx.link_backlog_ns = std::max<std::int64_t>(link_free_at_ns_ - ctx.now_ns, 0);
+  ctx.now_ns = Clock();
+  ctx.link_backlog_ns = std::max<std::int64_t>(link_free_at_ns_ - device_->NowNs(), 0);
   ctx.restore_backlog_ns = static_cast<std::int64_t>(
       static_cast<double>(host_pool_.in_use_bytes()) / options_.link_gbps);
   ctx.candidates = scratch_;
@@ -931,7 +1285,14 @@ std::int64_t Runtime::DroppedChainCost(const Storage* root) const {
   root->walk_mark = mark;
   std::int64_t cost = 0;
   for (std::size_t i = 0; i < seen.size(); ++i) {
-    cost += seen[i]->compute_ns;
+    // One run regenerates a call's dropped outputs: its cost counts once.
+    const CallGroup* g = seen[i]->group;
+    if (g == nullptr) {
+      cost += seen[i]->compute_ns;
+    } else if (g->walk_mark != mark) {
+      g->walk_mark = mark;
+      cost += seen[i]->compute_ns;
+    }
     for (const Storage* in : seen[i]->inputs) {
       if (seen.size() >= kMaxNeighbourhood) break;
       if (in->state == TensorState::kDropped && in->walk_mark != mark) {

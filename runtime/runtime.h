@@ -36,6 +36,7 @@
 #define REMAT_RUNTIME_RUNTIME_H_
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -68,15 +69,27 @@ enum class TensorState : std::uint8_t {
 const char* TensorStateName(TensorState state);
 
 // What a recompute closure is given: its inputs' device pointers (pinned for
-// the call), where to write, and the stream to enqueue the work on.
+// the run), where to write, and the stream to enqueue the work on.
+//
+// A call may have several outputs (CreateCall). One run regenerates every
+// output the call has lost: `regenerate[i]` says which, and `outputs[i]` is
+// where output i lives for this run (written where regenerated; an output
+// still resident may be rewritten with the same bytes; nullptr where the
+// output is elsewhere, on the host or gone: leave it). The run is charged the
+// call's cost once. `output` and `bytes` are output 0's, for one-output calls.
 struct RecomputeArgs {
   absl::Span<void* const> inputs;
   void* output = nullptr;
   std::size_t bytes = 0;
   Stream stream;
+  absl::Span<void* const> outputs;
+  absl::Span<const std::size_t> output_bytes;
+  absl::Span<const bool> regenerate;
 };
-// Enqueues the work that regenerates the tensor's bytes. Called with the
-// runtime's lock held: it must not call back into the runtime.
+// Enqueues the work that regenerates the call's lost outputs. Runs without
+// the runtime's lock: it may allocate, make temporaries and acquire other
+// tensors (pressure meanwhile never evicts its inputs or outputs). It must
+// not acquire an output of its own call (a clear error, not a hang).
 using RecomputeFn = absl::AnyInvocable<absl::Status(const RecomputeArgs&)>;
 
 struct TensorOptions {
@@ -85,6 +98,15 @@ struct TensorOptions {
   std::int64_t compute_ns = 0;     // estimated cost of one recompute
   bool allow_drop = false;
   bool allow_offload = false;
+};
+
+// One output of a call (CreateCall): its size, and what it allows beyond the
+// call's TensorOptions (an output is dropped only where both allow it, and
+// likewise offloaded).
+struct OutputSpec {
+  std::size_t bytes = 0;
+  bool allow_drop = true;
+  bool allow_offload = true;
 };
 
 struct RuntimeOptions {
@@ -103,6 +125,10 @@ struct RuntimeOptions {
   // policy (out and back).
   double link_gbps = 25.0;
   std::int64_t link_latency_ns = 2000;
+  // Steps (pressure events plus recomputes) after which the runtime refuses
+  // to take another, with an Aborted error naming the limit (0: no limit).
+  // A driver that must end, such as a trace replay, bounds its run with it.
+  std::uint64_t max_steps = 0;
 };
 
 struct RuntimeStats {
@@ -176,6 +202,13 @@ class Runtime {
   // heap space). On failure `options` is left as it was.
   absl::StatusOr<Guard> Create(std::size_t bytes, TensorOptions&& options,
                                Stream stream = kDefaultStream);
+  // A call with several outputs, made together and returned pinned, in
+  // order: one closure regenerates all of them that are lost, in one run,
+  // charged `options.compute_ns` once. The one-output Create is the case
+  // N = 1. Same contract for `options` as Create.
+  absl::StatusOr<absl::InlinedVector<Guard, 4>> CreateCall(absl::Span<const OutputSpec> outputs,
+                                                           TensorOptions&& options,
+                                                           Stream stream = kDefaultStream);
   // A second tensor over `base`'s storage.
   absl::StatusOr<TensorId> CreateView(TensorId base);
   // Brings the tensor back if evicted and pins it for `stream`.
@@ -184,13 +217,19 @@ class Runtime {
   absl::Status Prefetch(TensorId id, Stream stream = kDefaultStream);
   // The owner drops its reference. Pinned tensors are freed when unpinned.
   absl::Status Free(TensorId id);
-  // Tells policies when the tensor will next be used (device clock;
+  // Tells policies when the tensor will next be used (NowNs's clock;
   // kNeverUsedAgain if it will not be): a trace replay knows, and belady and
   // hybrid use it. Without a hint a tensor's next use is unknown.
   static constexpr std::int64_t kNeverUsedAgain = policies::kNeverUsedAgain;
   absl::Status HintNextUse(TensorId id, std::int64_t at_ns);
 
   absl::StatusOr<TensorState> State(TensorId id) const;
+  // The runtime's clock, which access times, staleness and next-use hints
+  // are measured on: the device's clock plus the estimated compute of every
+  // call made or recomputed so far. It counts work done, as the DTR
+  // simulator's clock does, also where the host runs far ahead of the device
+  // (a simulated device's host clock moves only when the host waits).
+  std::int64_t NowNs() const;
   // Times the tensor's storage was dropped under pressure (a policy's choice),
   // as opposed to dropped because its owner released it and only a closure
   // still needs it. NotFound once freed.
@@ -202,6 +241,7 @@ class Runtime {
  private:
   struct StorageFields;  // Storage's plain fields (runtime.cc)
   struct Storage;
+  struct CallGroup;      // the outputs of a call with several (runtime.cc)
   // A tensor id's entry: its storage until the storage is collected (then
   // nullptr), and whether the owner freed it.
   struct Tensor {
@@ -233,6 +273,7 @@ class Runtime {
 
   friend class Guard;
   class Lock;
+  class Unlocked;  // lets go of the lock for a closure's run
   void Unpin(void* storage);  // a Guard's storage_
   bool OnPressure(const PressureRequest& request);
   bool Evict(const PressureRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -258,11 +299,42 @@ class Runtime {
   void Pin(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnpinStorage(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCollect(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends a regeneration's deferral (see MakeResident): collects what it kept.
-  void CollectDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a regeneration's deferral (see MakeResident): once no regeneration
+  // runs, collects what they kept.
+  void EndDeferral() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The outputs a regeneration of `s` claims: s, and its dropped siblings.
+  // Claimed storages are pinned and marked with the regenerating thread.
+  bool Claimable(const Storage* s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ClaimedHere(const Storage* s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Claim(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends this thread's claim; `keep_pinned` (one of them) keeps its pin.
+  void Unclaim(Storage* s, const Storage* keep_pinned = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sleeps, without the lock, until another thread's regeneration ends.
+  void WaitForRegeneration() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotifyRegenerated() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the call of frame storage `s` (its inputs resident and pinned):
+  // regenerates its claimed outputs, charged once.
+  absl::Status RunCall(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RuntimeOptions::max_steps: whether it is reached, and the error saying so.
+  bool StepLimitReached() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StepLimitError() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::int64_t Clock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // NowNs, under the lock
+  CallGroup* NewGroup() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks a new call's options and finds its inputs' storages.
+  absl::Status ResolveInputs(const TensorOptions& options,
+                             absl::InlinedVector<Storage*, 3>& inputs) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills a new storage's fields from `options` and registers it.
+  Storage* AddStorage(std::size_t bytes, void* ptr, std::uint64_t serial, bool may_drop,
+                      bool may_offload, const TensorOptions& options,
+                      absl::Span<Storage* const> inputs, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetResident(Storage* s, void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every state change goes through here (it keeps candidates_ in step).
   void SetState(Storage* s, TensorState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A dropped output of a call comes back alone (collected): a dropped
+  // sibling takes over its share of the call's cost.
+  void PassDropCharge(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LeaveDevice(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps candidates_ in step with the storage's state and pins.
   inline void Reindex(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -300,9 +372,9 @@ class Runtime {
   std::vector<Storage*> candidates_ ABSL_GUARDED_BY(mu_);
   mutable std::uint64_t walk_mark_ ABSL_GUARDED_BY(mu_) = 0;  // see DroppedChainCost
   std::uint64_t chain_epoch_ ABSL_GUARDED_BY(mu_) = 1;        // one per pressure event
-  // While MakeResident regenerates: released storages unpinned meanwhile, with
-  // their serials then, collected when it ends.
-  bool deferring_collect_ ABSL_GUARDED_BY(mu_) = false;
+  // While any MakeResident regenerates (on any thread): released storages
+  // unpinned meanwhile, with their serials then, collected when the last ends.
+  int deferring_depth_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<Storage*, std::uint64_t>> deferred_collect_ ABSL_GUARDED_BY(mu_);
   // When the host link will have carried every copy queued so far (estimated
   // from the link's bandwidth): the backlog a new offload waits behind.
@@ -330,6 +402,17 @@ class Runtime {
   TensorId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   PinnedHostPool host_pool_ ABSL_GUARDED_BY(mu_);
   std::vector<Event> spare_events_ ABSL_GUARDED_BY(mu_);
+  // Groups of multi-output calls, pooled like storages.
+  std::vector<std::unique_ptr<CallGroup>> groups_ ABSL_GUARDED_BY(mu_);
+  std::vector<CallGroup*> free_groups_ ABSL_GUARDED_BY(mu_);
+  // Bytes allocated for outputs whose closures have not yet run: they count
+  // against the live budget before they are resident.
+  std::size_t pending_live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Estimated compute of the calls made and recomputed so far (NowNs).
+  std::int64_t work_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bumped (and waiters woken) when a regeneration ends.
+  std::atomic<std::uint64_t> regen_epoch_{0};
+  int regen_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   RuntimeStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

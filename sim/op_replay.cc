@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -80,6 +81,7 @@ class Replayer {
     rt.enable_offload = options_.enable_offload;
     rt.link_gbps = options_.link_gbps;
     rt.live_budget = options_.live_budget;
+    rt.max_steps = MaxSteps(trace_.records.size(), options_.thrash_limit);
     absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Create(alloc_.get(), rt);
     if (!runtime.ok()) return runtime.status();
     runtime_ = std::move(*runtime);
@@ -102,8 +104,10 @@ class Replayer {
       absl::Status s = Step(r);
       if (s.ok() && (hints_ || prefetch_window_ns_ > 0)) s = LookAhead(r);
       ++report_.records;
-      if (!s.ok() && absl::IsResourceExhausted(s)) {
-        report_.status = "oom";
+      if (!s.ok() && (absl::IsResourceExhausted(s) || absl::IsAborted(s))) {
+        // Aborted: the thrash limit, reached inside a recompute, or the
+        // runtime's step bound (a run that would not end).
+        report_.status = absl::IsResourceExhausted(s) ? "oom" : "thrash";
         report_.message = absl::StrFormat("%s:%d: %s", trace_.name, r.line, s.message());
         if constexpr (kTimeline) {
           EndRecord(r, runtime_->stats());
@@ -191,7 +195,7 @@ class Replayer {
   absl::Status LookAhead(const OpRecord& r) {
     const auto i = static_cast<std::size_t>(&r - trace_.records.data());
     if (hints_) {
-      const std::int64_t now = device_->NowNs();
+      const std::int64_t now = runtime_->NowNs();  // the clock hints are read on
       for (const auto& [t, next] : next_read_[i]) {
         if (trace_.tensors[t].released_by != kNoOpIndex && trace_.tensors[t].released_by <= i) {
           continue;
@@ -344,6 +348,9 @@ class Replayer {
       in_guards.push_back(std::move(*g));
     }
     report_.compute_ns += r.cost_ns;
+    std::size_t owning = 0;  // outputs with storage of their own
+    for (std::uint32_t out : r.outputs) owning += trace_.tensors[out].is_view() ? 0 : 1;
+    if (owning > 1) return MultiOutputCall(r, compute, inputs, in_ptrs);
     bool charged = false;  // the call's cost once, on its first output with bytes
     for (std::uint32_t out : r.outputs) {
       const OpTensor& tensor = trace_.tensors[out];
@@ -373,11 +380,10 @@ class Replayer {
                                        call.cost_ns, /*first=*/false);
         // As the runtime counts it (RuntimeStats::recompute_ns), without asking
         // it after every record.
-        if (launched.ok()) recompute_ns_ += call.cost_ns;
-        if constexpr (kTimeline) {
-          if (launched.ok()) OnRecompute(out, call.cost_ns, args);
-        }
-        return launched;
+        if (!launched.ok()) return launched;
+        recompute_ns_ += call.cost_ns;
+        if constexpr (kTimeline) OnRecompute(out, call.cost_ns, args);
+        return CheckThrash();
       };
       absl::StatusOr<Guard> g = runtime_->Create(Bytes(out), std::move(options), compute);
       if (!g.ok()) return g.status();
@@ -405,6 +411,97 @@ class Replayer {
       return s;
     }
     return absl::OkStatus();
+  }
+
+  // A call with several outputs of their own is one runtime call: a recompute
+  // regenerates every lost output in one run, charged the call's cost once.
+  absl::Status MultiOutputCall(const OpRecord& r, Stream compute,
+                               absl::Span<const std::uint32_t> inputs,
+                               absl::Span<void* const> in_ptrs) {
+    TensorOptions& options = create_options_;  // its inputs were filled by Call
+    absl::InlinedVector<OutputSpec, 4> specs;
+    for (std::uint32_t out : r.outputs) {
+      if (!trace_.tensors[out].is_view()) specs.push_back(OutputSpec{Bytes(out)});
+    }
+    options.compute_ns = r.cost_ns;
+    options.allow_drop = true;
+    options.allow_offload = true;
+    const auto record = static_cast<std::uint32_t>(&r - trace_.records.data());
+    options.recompute = [this, record](const RecomputeArgs& args) {
+      const OpRecord& call = trace_.records[record];
+      bool charged = false;
+      std::size_t j = 0;  // the runtime's outputs: the call's owning outputs, in order
+      for (std::uint32_t out : call.outputs) {
+        if (trace_.tensors[out].is_view()) continue;
+        const std::size_t k = j++;
+        if (!args.regenerate[k]) continue;
+        const std::int64_t cost = charged ? 0 : call.cost_ns;
+        charged = true;
+        if (absl::Status s = Launch(args.stream, out, call.inputs, args.inputs, args.outputs[k],
+                                    cost, /*first=*/false);
+            !s.ok()) {
+          return s;
+        }
+        if constexpr (kTimeline) {
+          RecomputeArgs one = args;
+          one.output = args.outputs[k];
+          OnRecompute(out, cost, one, /*slice=*/cost == call.cost_ns && k == FirstRegenerated(args));
+        }
+      }
+      recompute_ns_ += call.cost_ns;
+      return CheckThrash();
+    };
+    absl::StatusOr<absl::InlinedVector<Guard, 4>> guards =
+        runtime_->CreateCall(specs, std::move(options), compute);
+    if (!guards.ok()) return guards.status();
+    bool charged = false;
+    std::size_t k = 0;
+    for (std::uint32_t out : r.outputs) {
+      const OpTensor& tensor = trace_.tensors[out];
+      if (tensor.is_view()) {
+        absl::StatusOr<TensorId> view = runtime_->CreateView(ids_[tensor.alias_of]);
+        if (!view.ok()) return view.status();
+        ids_[out] = *view;
+        if constexpr (kTimeline) ++handles_[tensor.storage];
+        continue;
+      }
+      Guard& g = (*guards)[k++];
+      ids_[out] = g.id();
+      if constexpr (kTimeline) {
+        ++handles_[out];
+        OnDevice(out, g.ptr());
+      }
+      const std::int64_t cost = charged ? 0 : r.cost_ns;
+      [[maybe_unused]] const bool charge = !charged;
+      charged = true;
+      if (absl::Status s = Launch(compute, out, inputs, in_ptrs, g.ptr(), cost, /*first=*/true);
+          !s.ok()) {
+        return s;
+      }
+      if constexpr (kTimeline) {
+        if (charge) OnCompute(r, compute);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  static std::size_t FirstRegenerated(const RecomputeArgs& args) {
+    for (std::size_t k = 0; k < args.regenerate.size(); ++k) {
+      if (args.regenerate[k]) return k;
+    }
+    return 0;
+  }
+
+  // Inside a record too (a cascade of recomputes can run long before the
+  // record ends): past the thrash limit, the closure fails and the run stops.
+  absl::Status CheckThrash() const {
+    if (static_cast<double>(recompute_ns_) <=
+        options_.thrash_limit * static_cast<double>(std::max<std::int64_t>(report_.compute_ns, 1))) {
+      return absl::OkStatus();
+    }
+    return absl::AbortedError(absl::StrFormat(
+        "thrash: recompute (%d ns) exceeded %g x the compute so far (%d ns)", recompute_ns_,
+        options_.thrash_limit, report_.compute_ns));
   }
 
   // --- Timeline recording (kTimeline only) ---------------------------------------
@@ -498,10 +595,14 @@ class Replayer {
   }
 
   // Runs in the closure, under the runtime's lock: no runtime calls here.
+  // `slice`: the run's one recompute slice (a call's other regenerated
+  // outputs arrive on the device without one).
   ABSL_ATTRIBUTE_NOINLINE void OnRecompute(std::uint32_t out, std::int64_t cost_ns,
-                                           const RecomputeArgs& args) {
-    const std::int64_t end = StreamEnd(args.stream);
-    timeline_->Add({end - cost_ns, cost_ns, 0, out, SimTimeline::Kind::kRecompute});
+                                           const RecomputeArgs& args, bool slice = true) {
+    if (slice) {
+      const std::int64_t end = StreamEnd(args.stream);
+      timeline_->Add({end - cost_ns, cost_ns, 0, out, SimTimeline::Kind::kRecompute});
+    }
     // Dropped since the last look (a drop and its recompute in one record).
     if (where_[out] == Where::kDevice) RecordDrop(out, /*may_ask=*/false);
     OnDevice(out, args.output);
@@ -674,6 +775,11 @@ void SetBudget(OpReplayOptions& options, std::uint64_t bytes, bool live) {
 std::size_t EffectiveMaxSplit(const OpReplayOptions& options) {
   if (options.max_split_size != 0) return options.max_split_size;
   return options.budget != 0 ? kBudgetedMaxSplit : std::numeric_limits<std::size_t>::max();
+}
+
+std::uint64_t MaxSteps(std::uint64_t records, double thrash_limit) {
+  const double per_record = kStepsPerRecord * std::max(1.0, std::ceil(thrash_limit));
+  return static_cast<std::uint64_t>(per_record * static_cast<double>(records + 1));
 }
 
 absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpReplayOptions& options) {

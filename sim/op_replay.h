@@ -40,6 +40,13 @@ class SimTimeline;
 // 1.20x overhead without the limit, 1.12x with it (bench/results).
 inline constexpr std::size_t kBudgetedMaxSplit = 64 * kMiB;
 
+// Every replay ends: its runtime takes at most MaxSteps(records, thrash
+// limit) steps (pressure events plus recomputes) before the run stops as
+// thrash, whatever the policy does. A replay that stays within the thrash
+// limit needs far fewer: a few pressure events and recomputes per record.
+inline constexpr double kStepsPerRecord = 64;
+std::uint64_t MaxSteps(std::uint64_t records, double thrash_limit);
+
 struct OpReplayOptions {
   std::size_t budget = 0;          // cap on reserved bytes (0: none)
   std::size_t live_budget = 0;     // cap on resident tensor bytes (0: none)

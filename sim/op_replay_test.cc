@@ -5,6 +5,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "policies/registry.h"
+#include "sim/model_gen.h"
 
 namespace remat {
 namespace {
@@ -21,6 +23,62 @@ OpReplayReport Replay(const OpTrace& trace, OpReplayOptions options) {
   absl::StatusOr<OpReplayReport> report = ReplayOpTrace(trace, options);
   EXPECT_TRUE(report.ok()) << report.status();
   return std::move(report).value();
+}
+
+TEST(OpReplayTest, ACallOfThreeOutputsIsRecomputedOnceAndChargedOnce) {
+  // All three outputs of `split` go to make room for `big`, then all three
+  // are read: one run brings them back, charged its cost once.
+  constexpr std::string_view kTrace = R"(
+{"op":"constant","id":"x","bytes":1048576}
+{"op":"call","name":"split","inputs":["x"],"outputs":[{"id":"a","bytes":4194304},{"id":"b","bytes":4194304},{"id":"c","bytes":4194304},{"id":"v","alias_of":"b"}],"cost_ns":50000}
+{"op":"call","name":"big","inputs":["x"],"outputs":[{"id":"y","bytes":12582912}],"cost_ns":1000000}
+{"op":"release","id":"y"}
+{"op":"use","ids":["a","v","c"]}
+)";
+  absl::StatusOr<OpTrace> trace = ParseOpTrace(kTrace, "three.jsonl");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  for (bool verify : {false, true}) {
+    OpReplayOptions options;
+    options.policy = "lru";
+    options.enable_offload = false;
+    options.live_budget = 14 * kMiB;
+    options.verify = verify;
+    const OpReplayReport r = Replay(*trace, options);
+    SCOPED_TRACE(verify ? "verify" : "plain");
+    EXPECT_EQ(r.status, "ok") << r.message;
+    EXPECT_EQ(r.recomputed_ops, 1u);
+    EXPECT_EQ(r.recompute_ns, 50000);
+    EXPECT_EQ(r.mismatches, 0u);
+  }
+}
+
+TEST(OpReplayTest, EveryPolicyEndsEveryRunWithinItsStepBound) {
+  // Tight budgets, where policies thrash or run out: each run still ends,
+  // within the bound on its runtime's steps (pressure events and recomputes).
+  for (const char* spec : {"chain:n=120", "chain:n=300",
+                           "gpt2:layers=2,hidden=128,heads=2,seq=512,batch=8,vocab=1000"}) {
+    absl::StatusOr<GeneratedTrace> gen = GenerateModelTrace(spec);
+    ASSERT_TRUE(gen.ok()) << gen.status();
+    absl::StatusOr<OpTrace> trace = ParseOpTrace(gen->text, spec);
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    for (const std::string& policy : policies::KnownPolicies()) {
+      for (double ratio : {0.1, 0.2, 0.3}) {
+        for (bool live : {true, false}) {
+          OpReplayOptions options;
+          options.policy = policy;
+          SetBudget(options, static_cast<std::uint64_t>(ratio * static_cast<double>(trace->peak_live_bytes)),
+                    live);
+          absl::StatusOr<OpReplayReport> r = ReplayOpTrace(*trace, options);
+          SCOPED_TRACE(testing::Message() << spec << " " << policy << " " << ratio
+                                          << (live ? " live" : " reserved"));
+          ASSERT_TRUE(r.ok()) << r.status();
+          EXPECT_THAT(r->status, testing::AnyOf("ok", "oom", "thrash"));
+          EXPECT_LE(r->pressure_events + r->recomputed_ops,
+                    MaxSteps(trace->records.size(), options.thrash_limit));
+        }
+      }
+    }
+  }
 }
 
 TEST(OpReplayTest, UnlimitedRunTakesTheTracesComputeAndNoMore) {
