@@ -742,6 +742,84 @@ typedef struct test_case {
   test_fn fn;
 } test_case;
 
+/* A call of three 2 MiB outputs: output i is filled with 0x50 + i. */
+typedef struct call_state {
+  remat_runtime* rt;
+  uint64_t side;  /* acquired from inside the callback */
+  int runs;
+  int side_ok;
+} call_state;
+
+static int three_outputs(void* user_data, void* const* inputs, size_t num_inputs,
+                         void* const* outputs, const size_t* output_bytes, const int* regenerate,
+                         size_t num_outputs, uint64_t stream) {
+  call_state* st = (call_state*)user_data;
+  size_t i;
+  void* p = NULL;
+  (void)inputs;
+  (void)num_inputs;
+  (void)stream;
+  ++st->runs;
+  /* Back into the API: the callback runs without the runtime's lock. */
+  if (remat_tensor_acquire(st->rt, st->side, 0, &p) == REMAT_OK) {
+    st->side_ok = remat_tensor_release(st->rt, st->side) == REMAT_OK;
+  }
+  for (i = 0; i < num_outputs; ++i) {
+    if (regenerate[i]) memset(outputs[i], 0x50 + (int)i, output_bytes[i]);
+  }
+  return 0;
+}
+
+static void test_a_call_is_recomputed_once(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 1);
+  remat_runtime* rt = NULL;
+  remat_runtime_options ro;
+  remat_call_options copts;
+  call_state st = {0};
+  size_t sizes[3] = {2 * MIB, 2 * MIB, 2 * MIB};
+  uint64_t ids[3] = {0};
+  void* ptrs[3] = {0};
+  uint64_t big = 0;
+  size_t i;
+  CHECK(a != NULL);
+  CHECK_OK(remat_runtime_options_init(&ro));
+  ro.policy = "lru";
+  ro.live_budget = 8 * MIB;
+  ro.enable_offload = 0;
+  CHECK_OK(remat_runtime_create_with_options(a, &ro, &rt));
+  st.rt = rt;
+  CHECK_OK(remat_tensor_create(rt, 1 * MIB, NULL, 0, &st.side, NULL));
+  CHECK_OK(remat_tensor_release(rt, st.side));
+  memset(&copts, 0, sizeof(copts));
+  copts.compute_ns = 4000;
+  copts.allow_drop = 1;
+  copts.recompute = three_outputs;
+  copts.user_data = &st;
+  CHECK_STATUS(remat_call_create(rt, 0, sizes, &copts, 0, ids, ptrs), REMAT_INVALID_ARGUMENT);
+  copts.recompute = three_outputs;
+  CHECK_OK(remat_call_create(rt, 3, sizes, &copts, 0, ids, ptrs));
+  for (i = 0; i < 3; ++i) {
+    memset(ptrs[i], 0x50 + (int)i, 2 * MIB);
+    CHECK_OK(remat_tensor_release(rt, ids[i]));
+  }
+  CHECK_OK(remat_tensor_create(rt, 6 * MIB, NULL, 0, &big, NULL)); /* all three go */
+  CHECK_OK(remat_tensor_release(rt, big));
+  CHECK_OK(remat_tensor_free(rt, big));
+  for (i = 0; i < 3; ++i) {
+    void* p = NULL;
+    remat_tensor_state state;
+    CHECK_OK(remat_tensor_acquire(rt, ids[i], 0, &p));
+    CHECK(((unsigned char*)p)[2 * MIB - 1] == 0x50 + i);
+    CHECK_OK(remat_tensor_get_state(rt, ids[i], &state));
+    CHECK(state == REMAT_TENSOR_RESIDENT);
+    CHECK_OK(remat_tensor_release(rt, ids[i]));
+  }
+  CHECK(st.runs == 1);
+  CHECK(st.side_ok == 1);
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
 int main(void) {
   static const test_case tests[] = {
       {"status_names_and_version", test_status_names_and_version},
@@ -762,6 +840,7 @@ int main(void) {
       {"release_and_free_errors", test_release_and_free_errors},
       {"user_data_destroyed_once", test_user_data_destroyed_once},
       {"last_error_survives_success", test_last_error_survives_success},
+      {"a_call_is_recomputed_once", test_a_call_is_recomputed_once},
   };
   size_t i;
   /* Nothing has failed on this thread yet. */

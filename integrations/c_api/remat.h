@@ -190,10 +190,12 @@ REMAT_API remat_status remat_runtime_destroy(remat_runtime* runtime);
  * `bytes` bytes at `output` from `inputs` (the device pointers of the
  * tensor's inputs, in order, pinned during the call). Return 0 on success,
  * anything else on failure (then remat_recompute_set_error may say why).
- * It runs inside remat_tensor_acquire (or create/prefetch, when they must
- * restore), on that thread, with the runtime locked: it must not call
- * remat_tensor_* or remat_runtime_* functions; remat_launch_host_func and
- * the device's own API (CUDA kernel launches) are fine. */
+ * It runs inside remat_tensor_acquire, on that thread, without the runtime's
+ * lock: it may call this API (acquire other tensors, create and free
+ * temporaries; pressure meanwhile never evicts its inputs or its output),
+ * but acquiring its own tensor fails with REMAT_FAILED_PRECONDITION.
+ * remat_launch_host_func and the device's own API (CUDA kernel launches) are
+ * fine too. */
 typedef int (*remat_recompute_fn)(void* user_data, void* const* inputs, size_t num_inputs,
                                   void* output, size_t bytes, uint64_t stream);
 
@@ -233,6 +235,36 @@ REMAT_API remat_status remat_tensor_options_init(remat_tensor_options* options);
 REMAT_API remat_status remat_tensor_create(remat_runtime* runtime, size_t bytes,
                                            const remat_tensor_options* options, uint64_t stream,
                                            uint64_t* id_out, void** ptr_out);
+/* A call with several outputs (batch norm's, an LSTM cell's): one run of the
+ * callback regenerates every output it lost, charged compute_ns once. It
+ * writes outputs[i] where regenerate[i] != 0; outputs[i] is NULL where that
+ * output is not on the device (leave it), and an output still resident may be
+ * rewritten with the same bytes. Callbacks run without the runtime's lock:
+ * they may call this API (acquire other tensors, create temporaries), but
+ * acquiring an output of their own call fails with REMAT_FAILED_PRECONDITION. */
+typedef int (*remat_call_recompute_fn)(void* user_data, void* const* inputs, size_t num_inputs,
+                                       void* const* outputs, const size_t* output_bytes,
+                                       const int* regenerate, size_t num_outputs,
+                                       uint64_t stream);
+
+typedef struct remat_call_options {
+  const uint64_t* inputs;
+  size_t num_inputs;
+  int64_t compute_ns;          /* what one run of the call costs */
+  int allow_drop;              /* needs `recompute` */
+  int allow_offload;
+  remat_call_recompute_fn recompute;
+  void* user_data;
+  void (*destroy)(void* user_data);  /* as in remat_tensor_options */
+} remat_call_options;
+
+/* Creates the call's num_outputs tensors (sizes output_bytes[i]) together,
+ * each pinned as by remat_tensor_create (release each): ids_out[i] and, when
+ * ptrs_out is not NULL, ptrs_out[i]. On failure nothing is created. */
+REMAT_API remat_status remat_call_create(remat_runtime* runtime, size_t num_outputs,
+                                         const size_t* output_bytes,
+                                         const remat_call_options* options, uint64_t stream,
+                                         uint64_t* ids_out, void** ptrs_out);
 /* A second tensor over `base`'s storage: evicted and restored with it. */
 REMAT_API remat_status remat_tensor_create_view(remat_runtime* runtime, uint64_t base,
                                                 uint64_t* id_out);

@@ -191,7 +191,9 @@ remat_tensor_state StateOf(remat::TensorState s) {
 class CCallback {
  public:
   CCallback(remat_recompute_fn fn, void* user_data, void (*destroy)(void*))
-      : fn_(fn), user_data_(user_data), destroy_(destroy) {}
+      : fn_(fn), call_fn_(nullptr), user_data_(user_data), destroy_(destroy) {}
+  CCallback(remat_call_recompute_fn fn, void* user_data, void (*destroy)(void*))
+      : fn_(nullptr), call_fn_(fn), user_data_(user_data), destroy_(destroy) {}
   CCallback(const CCallback&) = delete;
   CCallback& operator=(const CCallback&) = delete;
   ~CCallback() {
@@ -201,8 +203,16 @@ class CCallback {
   absl::Status Run(const remat::RecomputeArgs& args) const {
     try {
       tls_callback_error.clear();
-      const int rc = fn_(user_data_, args.inputs.data(), args.inputs.size(), args.output,
-                         args.bytes, static_cast<std::uint64_t>(args.stream.handle));
+      const auto stream = static_cast<std::uint64_t>(args.stream.handle);
+      int rc = 0;
+      if (fn_ != nullptr) {
+        rc = fn_(user_data_, args.inputs.data(), args.inputs.size(), args.output, args.bytes,
+                 stream);
+      } else {
+        absl::InlinedVector<int, 4> regenerate(args.regenerate.begin(), args.regenerate.end());
+        rc = call_fn_(user_data_, args.inputs.data(), args.inputs.size(), args.outputs.data(),
+                      args.output_bytes.data(), regenerate.data(), args.outputs.size(), stream);
+      }
       if (rc == 0) return absl::OkStatus();
       std::string message = absl::StrFormat("the recompute callback returned %d", rc);
       if (!tls_callback_error.empty()) absl::StrAppend(&message, ": ", tls_callback_error);
@@ -216,7 +226,8 @@ class CCallback {
   }
 
  private:
-  const remat_recompute_fn fn_;
+  const remat_recompute_fn fn_;            // one output
+  const remat_call_recompute_fn call_fn_;  // a call's outputs
   void* const user_data_;
   void (*const destroy_)(void*);
 };
@@ -632,6 +643,61 @@ remat_status remat_tensor_create(remat_runtime* runtime, size_t bytes,
     }
     *id_out = id;
     if (ptr_out != nullptr) *ptr_out = ptr;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_call_create(remat_runtime* runtime, size_t num_outputs,
+                               const size_t* output_bytes, const remat_call_options* options,
+                               uint64_t stream, uint64_t* ids_out, void** ptrs_out) {
+  const char* const fn = __func__;
+  // Takes user_data's ownership first, so that destroy runs on every path.
+  std::unique_ptr<CCallback> callback;
+  if (options != nullptr && (options->recompute != nullptr || options->destroy != nullptr)) {
+    try {
+      callback = std::make_unique<CCallback>(options->recompute, options->user_data,
+                                             options->destroy);
+    } catch (...) {
+      if (options->destroy != nullptr) options->destroy(options->user_data);
+      return Fail(REMAT_OUT_OF_MEMORY, fn, "out of host memory");
+    }
+  }
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    if (ids_out == nullptr) return NullArgument(fn, "ids_out");
+    if (num_outputs == 0) return Fail(REMAT_INVALID_ARGUMENT, fn, "a call needs an output");
+    if (output_bytes == nullptr) return NullArgument(fn, "output_bytes");
+    remat::TensorOptions to;
+    std::vector<remat::OutputSpec> specs;
+    for (std::size_t i = 0; i < num_outputs; ++i) specs.push_back({output_bytes[i]});
+    if (options != nullptr) {
+      if (options->num_inputs > 0 && options->inputs == nullptr) {
+        return Fail(REMAT_INVALID_ARGUMENT, fn,
+                    absl::StrFormat("inputs is NULL but num_inputs is %d", options->num_inputs));
+      }
+      to.inputs.assign(options->inputs, options->inputs + options->num_inputs);
+      to.compute_ns = options->compute_ns;
+      to.allow_drop = options->allow_drop != 0;
+      to.allow_offload = options->allow_offload != 0;
+      if (options->recompute != nullptr) {
+        to.recompute = [cb = std::move(callback)](const remat::RecomputeArgs& args) {
+          return cb->Run(args);
+        };
+      }
+    }
+    absl::StatusOr<absl::InlinedVector<remat::Guard, 4>> guards =
+        runtime->runtime->CreateCall(specs, remat::TensorOptions(std::move(to)), ToStream(stream));
+    if (!guards.ok()) return FromStatus(fn, guards.status());
+    {
+      remat::MutexLock lock(&runtime->mu);
+      for (std::size_t i = 0; i < num_outputs; ++i) {
+        remat::Guard& g = (*guards)[i];
+        ids_out[i] = g.id();
+        if (ptrs_out != nullptr) ptrs_out[i] = g.ptr();
+        runtime->pins[g.id()].push_back(std::move(g));
+        ++runtime->pin_count;
+      }
+    }
     return REMAT_OK;
   });
 }
