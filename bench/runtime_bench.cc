@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
-#include "allocator/sim_device.h"
 #include "benchmark/benchmark.h"
+#include "device/sim_device.h"
 #include "policies/registry.h"
 #include "runtime/runtime.h"
 #include "sim/model_gen.h"
