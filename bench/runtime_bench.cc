@@ -33,7 +33,7 @@
 #include "runtime/runtime.h"
 #include "sim/model_gen.h"
 #include "sim/op_replay.h"
-#include "sim/op_trace.h"
+#include "trace/op_trace.h"
 
 namespace remat {
 namespace {

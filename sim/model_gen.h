@@ -1,6 +1,6 @@
 // Op traces of whole models, generated from their architecture: one training
 // step (forward, backward, optimizer) of a chain, a ResNet, GPT-2, a ViT or a
-// UNet, written in the op-trace format of sim/op_trace.h, so `remat sim` can
+// UNet, written in the op-trace format of trace/op_trace.h, so `remat sim` can
 // replay models nobody recorded.
 //
 //   GenerateModelTrace("gpt2:layers=12,hidden=768,heads=12,seq=1024,batch=8")

@@ -60,7 +60,7 @@ class Spec {
 
 // --- Writer ---------------------------------------------------------------
 
-// Records in the format of sim/op_trace.h, one a line, with the keys in the
+// Records in the format of trace/op_trace.h, one a line, with the keys in the
 // order scripts/make_op_traces.py writes them. Ids and names are the
 // generators' own (no characters JSON would escape). Constants come first;
 // Take(steps) repeats everything after them `steps` times, each repeat with

@@ -29,7 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sim/op_replay.h"
-#include "sim/op_trace.h"
+#include "trace/op_trace.h"
 
 namespace remat {
 namespace {

@@ -56,7 +56,7 @@
 #include "absl/status/status.h"
 #include "device/device.h"
 #include "device/sim_device.h"
-#include "sim/op_trace.h"
+#include "trace/op_trace.h"
 
 namespace remat {
 
