@@ -29,9 +29,9 @@
 #include "allocator/caching_allocator.h"
 #include "benchmark/benchmark.h"
 #include "device/sim_device.h"
+#include "gen/model_gen.h"
 #include "policies/registry.h"
 #include "runtime/runtime.h"
-#include "sim/model_gen.h"
 #include "sim/op_replay.h"
 #include "trace/op_trace.h"
 

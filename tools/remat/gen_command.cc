@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "base/file.h"
 #include "base/units.h"
-#include "sim/model_gen.h"
+#include "gen/model_gen.h"
 #include "tools/remat/commands.h"
 #include "tools/remat/exit_codes.h"
 #include "trace/op_trace.h"

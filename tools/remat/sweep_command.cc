@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_format.h"
 #include "base/file.h"
-#include "sim/model_gen.h"
+#include "gen/model_gen.h"
 #include "sim/sweep.h"
 #include "tools/remat/byte_size_option.h"
 #include "tools/remat/commands.h"
