@@ -47,10 +47,10 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "allocator/allocator_stats.h"
-#include "allocator/device.h"
 #include "allocator/snapshot.h"
 #include "base/mutex.h"
 #include "base/units.h"
+#include "device/device.h"
 
 namespace remat {
 

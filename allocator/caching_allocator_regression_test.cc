@@ -3,7 +3,7 @@
 #include <thread>
 
 #include "allocator/caching_allocator.h"
-#include "allocator/sim_device.h"
+#include "device/sim_device.h"
 #include "gtest/gtest.h"
 
 namespace remat {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
-#include "allocator/sim_device.h"
+#include "device/sim_device.h"
 #include "gtest/gtest.h"
 
 namespace remat {

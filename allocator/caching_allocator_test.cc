@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "allocator/sim_device.h"
+#include "device/sim_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "allocator/allocator_stats.h"
-#include "allocator/device.h"
+#include "device/device.h"
 
 namespace remat {
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/sim_device.h"
+#include "device/sim_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

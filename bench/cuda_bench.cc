@@ -22,8 +22,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/cuda_device.h"
 #include "base/units.h"
+#include "device/cuda_device.h"
 #include "runtime/runtime.h"
 
 namespace remat {

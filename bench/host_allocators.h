@@ -28,7 +28,7 @@
 #include <mimalloc.h>
 
 #include "allocator/caching_allocator.h"
-#include "allocator/sim_device.h"
+#include "device/sim_device.h"
 
 namespace remat::bench {
 

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "sim/rmm_log.h"
+#include "trace/rmm_log.h"
 
 namespace remat::bench {
 namespace {

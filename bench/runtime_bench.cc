@@ -27,13 +27,13 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
-#include "allocator/sim_device.h"
 #include "benchmark/benchmark.h"
+#include "device/sim_device.h"
+#include "gen/model_gen.h"
 #include "policies/registry.h"
 #include "runtime/runtime.h"
-#include "sim/model_gen.h"
 #include "sim/op_replay.h"
-#include "sim/op_trace.h"
+#include "trace/op_trace.h"
 
 namespace remat {
 namespace {

@@ -1,5 +1,8 @@
 find_package(absl REQUIRED)
 find_package(Threads REQUIRED)
+# Op traces (JSON Lines) are read with simdjson (trace/); sim_timeline_test reads
+# its timelines back with it.
+find_package(simdjson REQUIRED)
 
 if(REMAT_BUILD_TESTS)
   find_package(GTest REQUIRED)

@@ -19,8 +19,8 @@
 #include "absl/status/statusor.h"
 
 #include "absl/types/span.h"
-#include "allocator/device.h"
 #include "allocator/snapshot.h"
+#include "device/device.h"
 
 namespace remat::policies {
 

@@ -14,7 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "allocator/device.h"
+#include "device/device.h"
 
 namespace remat {
 

@@ -49,8 +49,8 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/device.h"
 #include "base/mutex.h"
+#include "device/device.h"
 #include "policies/eviction_policy.h"
 #include "runtime/host_pool.h"
 

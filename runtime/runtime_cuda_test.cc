@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
-#include "allocator/cuda_device.h"
 #include "base/units.h"
+#include "device/cuda_device.h"
 #include "gtest/gtest.h"
 #include "runtime/runtime.h"
 

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/sim_device.h"
+#include "device/sim_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

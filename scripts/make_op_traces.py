@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates the example op traces in examples/traces/ (JSON Lines, sim/op_trace.h).
+"""Generates the example op traces in examples/traces/ (JSON Lines, trace/op_trace.h).
 
     python3 scripts/make_op_traces.py [--out examples/traces]
 
@@ -10,7 +10,7 @@ Costs come from a roofline: max(FLOPs / 100 TFLOP/s, bytes read and written /
 2 TB/s, a 1 us launch floor); views cost nothing. Everything is deterministic,
 so rerunning the script reproduces the shipped files byte for byte. It also
 prints each trace's peak live bytes, worked out here independently of the C++
-parser (sim/op_trace_test.cc checks that both agree).
+parser (trace/op_trace_test.cc checks that both agree).
 
 Standard library only.
 """

@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/sim_device.h"
 #include "base/json_writer.h"
 #include "base/status_macros.h"
+#include "device/sim_device.h"
 
 namespace remat {
 namespace {

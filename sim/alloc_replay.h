@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/snapshot.h"
 #include "base/units.h"
-#include "sim/rmm_log.h"
+#include "trace/rmm_log.h"
 
 namespace remat {
 

@@ -5,7 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "sim/rmm_log.h"
+#include "trace/rmm_log.h"
 
 namespace remat {
 namespace {

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/sim_device.h"
 #include "base/json_writer.h"
+#include "device/sim_device.h"
 #include "policies/registry.h"
 #include "runtime/runtime.h"
 

@@ -1,5 +1,5 @@
 // A homogeneous chain reversed through the real Runtime, in Revolve's
-// conventions (see sim/revolve.h): every step costs the same and every state
+// conventions (see gen/revolve.h): every step costs the same and every state
 // has the same size. The reference for online eviction policies on chains.
 //
 // States x_0..x_{N-1} are runtime tensors of `state_bytes`; x_N is never
@@ -37,7 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/units.h"
-#include "sim/revolve.h"
+#include "gen/revolve.h"
 
 namespace remat {
 

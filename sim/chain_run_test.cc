@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <string>
 
+#include "gen/revolve.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "sim/revolve.h"
 
 namespace remat {
 namespace {

@@ -13,8 +13,8 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/sim_device.h"
 #include "base/units.h"
+#include "device/sim_device.h"
 #include "runtime/runtime.h"
 #include "sim/sim_timeline.h"
 

@@ -26,7 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/units.h"
-#include "sim/op_trace.h"
+#include "trace/op_trace.h"
 
 namespace remat {
 

@@ -54,9 +54,9 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
-#include "allocator/device.h"
-#include "allocator/sim_device.h"
-#include "sim/op_trace.h"
+#include "device/device.h"
+#include "device/sim_device.h"
+#include "trace/op_trace.h"
 
 namespace remat {
 

@@ -15,9 +15,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sim/op_replay.h"
-#include "sim/op_trace.h"
 #include "simdjson.h"
 #include "tests/run_command.h"
+#include "trace/op_trace.h"
 
 namespace remat {
 namespace {

@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "sim/op_replay.h"
-#include "sim/op_trace.h"
+#include "trace/op_trace.h"
 
 namespace remat {
 

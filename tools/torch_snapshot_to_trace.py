@@ -7,7 +7,7 @@
 The snapshot is the pickle torch.cuda.memory._dump_snapshot() writes after
 torch.cuda.memory._record_memory_history() (or one `remat replay --snapshot`
 writes). Its `device_traces` become the CSV `remat replay` reads
-(Thread,Time,Action,Pointer,Size,Stream; see sim/rmm_log.h):
+(Thread,Time,Action,Pointer,Size,Stream; see trace/rmm_log.h):
 
 * `alloc` is an allocate of the size the caller asked for.
 * A free is the `free_completed` of the block (when the allocator could reuse

@@ -28,13 +28,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/device.h"
-#include "allocator/sim_device.h"
 #include "base/mutex.h"
 #include "base/units.h"
+#include "device/device.h"
+#include "device/sim_device.h"
 #include "runtime/runtime.h"
 #if defined(REMAT_HAVE_CUDA)
-#include "allocator/cuda_device.h"
+#include "device/cuda_device.h"
 #endif
 
 #ifndef REMAT_VERSION_STRING

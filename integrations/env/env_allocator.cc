@@ -7,11 +7,11 @@
 #include <string_view>
 
 #include "absl/strings/str_format.h"
-#include "allocator/sim_device.h"
 #include "allocator/snapshot_pickle.h"
 #include "base/units.h"
+#include "device/sim_device.h"
 #ifdef REMAT_HAVE_CUDA
-#include "allocator/cuda_device.h"
+#include "device/cuda_device.h"
 #endif
 
 namespace remat::env {

@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/caching_allocator.h"
 #include "base/mutex.h"
-#include "sim/rmm_log_writer.h"
+#include "trace/rmm_log_writer.h"
 
 namespace remat::env {
 

@@ -8,7 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sim/alloc_replay.h"
-#include "sim/rmm_log.h"
+#include "trace/rmm_log.h"
 
 namespace remat::env {
 namespace {

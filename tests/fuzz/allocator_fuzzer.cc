@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
-#include "allocator/sim_device.h"
+#include "device/sim_device.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "sim/alloc_replay.h"
-#include "sim/rmm_log.h"
+#include "trace/rmm_log.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_format.h"
 #include "base/units.h"
+#include "gen/revolve.h"
 #include "sim/chain_run.h"
-#include "sim/revolve.h"
 #include "tools/remat/byte_size_option.h"
 #include "tools/remat/commands.h"
 #include "tools/remat/exit_codes.h"

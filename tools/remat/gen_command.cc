@@ -9,10 +9,10 @@
 #include "absl/strings/str_format.h"
 #include "base/file.h"
 #include "base/units.h"
-#include "sim/model_gen.h"
-#include "sim/op_trace.h"
+#include "gen/model_gen.h"
 #include "tools/remat/commands.h"
 #include "tools/remat/exit_codes.h"
+#include "trace/op_trace.h"
 
 namespace remat::tools {
 namespace {
@@ -25,7 +25,7 @@ struct GenFlags {
 
 constexpr char kFooterHead[] =
     R"(SPEC is name:key=value,... (keys may be left out; unknown ones are refused).
-The trace (sim/op_trace.h's JSON Lines) holds one training step: parameters and
+The trace (trace/op_trace.h's JSON Lines) holds one training step: parameters and
 inputs as constants, the forward with each tensor released after its last use
 unless autograd saved it, the backward in reverse with saved tensors released
 as their op's backward runs, and an optimizer phase that reads and releases the

@@ -13,10 +13,10 @@
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "sim/alloc_replay.h"
-#include "sim/rmm_log.h"
 #include "tools/remat/byte_size_option.h"
 #include "tools/remat/commands.h"
 #include "tools/remat/exit_codes.h"
+#include "trace/rmm_log.h"
 
 namespace remat::tools {
 namespace {

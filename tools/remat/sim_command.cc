@@ -10,11 +10,11 @@
 #include "base/json_writer.h"
 #include "base/units.h"
 #include "sim/op_replay.h"
-#include "sim/op_trace.h"
 #include "sim/sim_timeline.h"
 #include "tools/remat/byte_size_option.h"
 #include "tools/remat/commands.h"
 #include "tools/remat/exit_codes.h"
+#include "trace/op_trace.h"
 
 namespace remat::tools {
 namespace {

@@ -14,12 +14,12 @@
 
 #include "absl/strings/str_format.h"
 #include "base/file.h"
-#include "sim/model_gen.h"
-#include "sim/op_trace.h"
+#include "gen/model_gen.h"
 #include "sim/sweep.h"
 #include "tools/remat/byte_size_option.h"
 #include "tools/remat/commands.h"
 #include "tools/remat/exit_codes.h"
+#include "trace/op_trace.h"
 
 namespace remat::tools {
 namespace {

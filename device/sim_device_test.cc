@@ -1,4 +1,4 @@
-#include "allocator/sim_device.h"
+#include "device/sim_device.h"
 
 #include <atomic>
 #include <cstring>

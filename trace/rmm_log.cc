@@ -1,4 +1,4 @@
-#include "sim/rmm_log.h"
+#include "trace/rmm_log.h"
 
 #include <cerrno>
 #include <charconv>

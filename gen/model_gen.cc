@@ -1,7 +1,7 @@
 // Model op-trace generators: spec parsing, the trace writer, the forward graph
 // with autograd's saved tensors, and its emission (forward, backward,
 // optimizer). The models themselves are in model_gen_models.cc.
-#include "sim/model_gen.h"
+#include "gen/model_gen.h"
 
 #include <algorithm>
 #include <charconv>
@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/units.h"
-#include "sim/model_gen_graph.h"
+#include "gen/model_gen_graph.h"
 
 namespace remat::model_gen {
 

@@ -49,8 +49,8 @@
 // being freed (it might belong to another allocator in the process).
 // Segments and host blocks still outstanding when the device is destroyed are
 // left alone: their owner frees them (the caching allocator frees its own).
-#ifndef REMAT_ALLOCATOR_CUDA_DEVICE_H_
-#define REMAT_ALLOCATOR_CUDA_DEVICE_H_
+#ifndef REMAT_DEVICE_CUDA_DEVICE_H_
+#define REMAT_DEVICE_CUDA_DEVICE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -58,8 +58,8 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
-#include "allocator/device.h"
 #include "base/mutex.h"
+#include "device/device.h"
 
 namespace remat {
 
@@ -128,4 +128,4 @@ class CudaDevice final : public Device {
 
 }  // namespace remat
 
-#endif  // REMAT_ALLOCATOR_CUDA_DEVICE_H_
+#endif  // REMAT_DEVICE_CUDA_DEVICE_H_

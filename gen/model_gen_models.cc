@@ -1,5 +1,5 @@
 // The models (chain, resnet, gpt2, vit, unet), their spec keys, and the public
-// entry points of sim/model_gen.h.
+// entry points of gen/model_gen.h.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -11,8 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/units.h"
-#include "sim/model_gen.h"
-#include "sim/model_gen_graph.h"
+#include "gen/model_gen.h"
+#include "gen/model_gen_graph.h"
 
 namespace remat {
 namespace model_gen {

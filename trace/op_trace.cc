@@ -1,4 +1,4 @@
-#include "sim/op_trace.h"
+#include "trace/op_trace.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "base/file.h"
 #include "absl/strings/string_view.h"
+#include "base/file.h"
 #include "simdjson.h"
 
 namespace remat {

@@ -1,11 +1,11 @@
-#include "sim/rmm_log_writer.h"
+#include "trace/rmm_log_writer.h"
 
 #include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "sim/rmm_log.h"
+#include "trace/rmm_log.h"
 
 namespace remat {
 namespace {

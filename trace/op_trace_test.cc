@@ -1,4 +1,4 @@
-#include "sim/op_trace.h"
+#include "trace/op_trace.h"
 
 #include <fstream>
 #include <sstream>

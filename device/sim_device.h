@@ -16,8 +16,8 @@
 // Enqueued copies and host functions execute when the host clock passes their
 // completion time, in completion order; a bug that reuses memory before a copy
 // out of it has completed therefore corrupts the copy, as it would on a GPU.
-#ifndef REMAT_ALLOCATOR_SIM_DEVICE_H_
-#define REMAT_ALLOCATOR_SIM_DEVICE_H_
+#ifndef REMAT_DEVICE_SIM_DEVICE_H_
+#define REMAT_DEVICE_SIM_DEVICE_H_
 
 #include <atomic>
 #include <cstddef>
@@ -29,9 +29,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "allocator/device.h"
 #include "base/mutex.h"
 #include "base/units.h"
+#include "device/device.h"
 
 namespace remat {
 
@@ -174,4 +174,4 @@ class SimDevice final : public Device {
 
 }  // namespace remat
 
-#endif  // REMAT_ALLOCATOR_SIM_DEVICE_H_
+#endif  // REMAT_DEVICE_SIM_DEVICE_H_

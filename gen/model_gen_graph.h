@@ -1,8 +1,8 @@
-// Internals of the model generators (sim/model_gen.h): spec keys, the JSON
+// Internals of the model generators (gen/model_gen.h): spec keys, the JSON
 // Lines writer, and the graph a model's forward is built as, with the ops'
 // shapes, FLOPs, saved tensors and backward rules. Only model_gen*.cc use it.
-#ifndef REMAT_SIM_MODEL_GEN_GRAPH_H_
-#define REMAT_SIM_MODEL_GEN_GRAPH_H_
+#ifndef REMAT_GEN_MODEL_GEN_GRAPH_H_
+#define REMAT_GEN_MODEL_GEN_GRAPH_H_
 
 #include <cstdint>
 #include <functional>
@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "sim/model_gen.h"
+#include "gen/model_gen.h"
 
 namespace remat::model_gen {
 
@@ -60,7 +60,7 @@ class Spec {
 
 // --- Writer ---------------------------------------------------------------
 
-// Records in the format of sim/op_trace.h, one a line, with the keys in the
+// Records in the format of trace/op_trace.h, one a line, with the keys in the
 // order scripts/make_op_traces.py writes them. Ids and names are the
 // generators' own (no characters JSON would escape). Constants come first;
 // Take(steps) repeats everything after them `steps` times, each repeat with
@@ -244,4 +244,4 @@ class Graph {
 
 }  // namespace remat::model_gen
 
-#endif  // REMAT_SIM_MODEL_GEN_GRAPH_H_
+#endif  // REMAT_GEN_MODEL_GEN_GRAPH_H_

@@ -5,8 +5,8 @@
 // RmmLogRecorder is thread-safe and remembers each live pointer's size:
 // cudaFree and PyTorch's free do not always say how large the block was, and
 // the log must (the parser checks every free against its allocation).
-#ifndef REMAT_SIM_RMM_LOG_WRITER_H_
-#define REMAT_SIM_RMM_LOG_WRITER_H_
+#ifndef REMAT_TRACE_RMM_LOG_WRITER_H_
+#define REMAT_TRACE_RMM_LOG_WRITER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "base/mutex.h"
-#include "sim/rmm_log.h"
+#include "trace/rmm_log.h"
 
 namespace remat {
 
@@ -53,4 +53,4 @@ class RmmLogRecorder {
 
 }  // namespace remat
 
-#endif  // REMAT_SIM_RMM_LOG_WRITER_H_
+#endif  // REMAT_TRACE_RMM_LOG_WRITER_H_

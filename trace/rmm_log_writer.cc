@@ -1,4 +1,4 @@
-#include "sim/rmm_log_writer.h"
+#include "trace/rmm_log_writer.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>

@@ -7,7 +7,7 @@
 #include <string>
 #include <type_traits>
 
-#include "allocator/cuda_device.h"
+#include "device/cuda_device.h"
 #include "gtest/gtest.h"
 
 namespace remat {

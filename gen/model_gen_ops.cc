@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "sim/model_gen_graph.h"
+#include "gen/model_gen_graph.h"
 
 namespace remat::model_gen {
 namespace {

@@ -21,8 +21,8 @@
 // r the least integer with binom(C + r, C) >= N (the repetition number: no
 // step is advanced more than r times). Plan() produces a schedule that meets
 // it; Execute() checks any schedule and counts its advances.
-#ifndef REMAT_SIM_REVOLVE_H_
-#define REMAT_SIM_REVOLVE_H_
+#ifndef REMAT_GEN_REVOLVE_H_
+#define REMAT_GEN_REVOLVE_H_
 
 #include <cstdint>
 #include <string>
@@ -89,4 +89,4 @@ absl::StatusOr<Execution> Execute(absl::Span<const Action> schedule, std::int64_
 
 }  // namespace remat::revolve
 
-#endif  // REMAT_SIM_REVOLVE_H_
+#endif  // REMAT_GEN_REVOLVE_H_

@@ -8,8 +8,8 @@
 // cudaEvent_t values, so a stream that a framework hands us (PyTorch passes its
 // cudaStream_t to the pluggable allocator) is a Stream without translation.
 // The zero stream is each device's default (legacy) stream.
-#ifndef REMAT_ALLOCATOR_DEVICE_H_
-#define REMAT_ALLOCATOR_DEVICE_H_
+#ifndef REMAT_DEVICE_DEVICE_H_
+#define REMAT_DEVICE_DEVICE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -95,4 +95,4 @@ class Device {
 
 }  // namespace remat
 
-#endif  // REMAT_ALLOCATOR_DEVICE_H_
+#endif  // REMAT_DEVICE_DEVICE_H_

@@ -1,6 +1,6 @@
 // Tests of CudaDevice on a real GPU (ctest -L gpu). Every test skips, saying
 // why, when this machine has no usable CUDA device.
-#include "allocator/cuda_device.h"
+#include "device/cuda_device.h"
 
 #include <cuda_runtime_api.h>
 

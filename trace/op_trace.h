@@ -35,8 +35,8 @@
 // line: "trace.jsonl:17: call 'mm' reads 'x9', which was released at line 12".
 // Tensors, records and op names are dense indices, so a replayer keeps its
 // per-tensor state in flat arrays.
-#ifndef REMAT_SIM_OP_TRACE_H_
-#define REMAT_SIM_OP_TRACE_H_
+#ifndef REMAT_TRACE_OP_TRACE_H_
+#define REMAT_TRACE_OP_TRACE_H_
 
 #include <cstdint>
 #include <optional>
@@ -116,4 +116,4 @@ std::optional<std::uint32_t> FindOpTensor(const OpTrace& trace, std::string_view
 
 }  // namespace remat
 
-#endif  // REMAT_SIM_OP_TRACE_H_
+#endif  // REMAT_TRACE_OP_TRACE_H_

@@ -1,4 +1,4 @@
-#include "sim/revolve.h"
+#include "gen/revolve.h"
 
 #include <algorithm>
 #include <limits>

@@ -21,8 +21,8 @@
 // Zero-byte allocations are legal: PyTorch and RMM hand out nullptr (or any
 // pointer) for them and free them with size 0. They occupy nothing, so they
 // get no slot and never collide with a real allocation at the same address.
-#ifndef REMAT_SIM_RMM_LOG_H_
-#define REMAT_SIM_RMM_LOG_H_
+#ifndef REMAT_TRACE_RMM_LOG_H_
+#define REMAT_TRACE_RMM_LOG_H_
 
 #include <cstdint>
 #include <string>
@@ -76,4 +76,4 @@ absl::StatusOr<AllocLog> ReadRmmLog(const std::string& path);
 
 }  // namespace remat
 
-#endif  // REMAT_SIM_RMM_LOG_H_
+#endif  // REMAT_TRACE_RMM_LOG_H_

@@ -1,6 +1,6 @@
 // Op traces of whole models, generated from their architecture: one training
 // step (forward, backward, optimizer) of a chain, a ResNet, GPT-2, a ViT or a
-// UNet, written in the op-trace format of sim/op_trace.h, so `remat sim` can
+// UNet, written in the op-trace format of trace/op_trace.h, so `remat sim` can
 // replay models nobody recorded.
 //
 //   GenerateModelTrace("gpt2:layers=12,hidden=768,heads=12,seq=1024,batch=8")
@@ -124,8 +124,8 @@
 //   defaults. Saved: every conv and relu output, the max pools' outputs and
 //   indices, each concatenation (the next conv's input), the logits; the peak
 //   is about 9% above them, where the first full-resolution gradients exist.
-#ifndef REMAT_SIM_MODEL_GEN_H_
-#define REMAT_SIM_MODEL_GEN_H_
+#ifndef REMAT_GEN_MODEL_GEN_H_
+#define REMAT_GEN_MODEL_GEN_H_
 
 #include <cstdint>
 #include <string>
@@ -161,4 +161,4 @@ std::string ModelGenHelp();
 
 }  // namespace remat
 
-#endif  // REMAT_SIM_MODEL_GEN_H_
+#endif  // REMAT_GEN_MODEL_GEN_H_

@@ -1,4 +1,4 @@
-#include "allocator/cuda_device.h"
+#include "device/cuda_device.h"
 
 #include <cuda_runtime_api.h>
 
