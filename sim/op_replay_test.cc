@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policies/registry.h"
-#include "sim/model_gen.h"
+#include "gen/model_gen.h"
 
 namespace remat {
 namespace {
