@@ -118,16 +118,8 @@ class Replayer {
       if (!s.ok()) {
         return absl::Status(s.code(), absl::StrFormat("%s:%d: %s", trace_.name, r.line, s.message()));
       }
+      // (Recompute grows only inside the closures, which check the thrash limit.)
       if constexpr (kTimeline) EndRecord(r, runtime_->stats());
-      if (static_cast<double>(recompute_ns_) >
-          options_.thrash_limit * static_cast<double>(std::max<std::int64_t>(report_.compute_ns, 1))) {
-        report_.status = "thrash";
-        report_.message = absl::StrFormat(
-            "%s:%d: recompute (%d ns) exceeded %g x the compute so far (%d ns)", trace_.name,
-            r.line, recompute_ns_, options_.thrash_limit, report_.compute_ns);
-        if constexpr (kTimeline) timeline_->SetEnd(report_.status, report_.message, Frontier());
-        break;
-      }
     }
     (void)device_->Synchronize();  // the simulated work still queued is part of the replay
     report_.replay_seconds =
@@ -348,10 +340,53 @@ class Replayer {
       in_guards.push_back(std::move(*g));
     }
     report_.compute_ns += r.cost_ns;
-    std::size_t owning = 0;  // outputs with storage of their own
-    for (std::uint32_t out : r.outputs) owning += trace_.tensors[out].is_view() ? 0 : 1;
-    if (owning > 1) return MultiOutputCall(r, compute, inputs, in_ptrs);
+    // The outputs with storage of their own are made first: one is a tensor
+    // (Create); several are one runtime call (CreateCall), whose recompute
+    // regenerates every lost output in one run, charged the call's cost once.
+    absl::InlinedVector<Guard, 4> made;
+    std::size_t owning = 0;
+    std::uint32_t only = 0;
+    for (std::uint32_t out : r.outputs) {
+      if (trace_.tensors[out].is_view()) continue;
+      ++owning;
+      only = out;
+    }
+    options.compute_ns = r.cost_ns;
+    options.allow_drop = true;
+    options.allow_offload = true;
+    if (owning == 1) {
+      // Two words, so the closure lives inside the AnyInvocable: the call's
+      // inputs and cost are found through the output's producing record.
+      options.recompute = [this, out = only](const RecomputeArgs& args) {
+        const OpRecord& call = trace_.records[trace_.tensors[out].producer];
+        absl::Status launched = Launch(args.stream, out, call.inputs, args.inputs, args.output,
+                                       call.cost_ns, /*first=*/false);
+        if (!launched.ok()) return launched;
+        // As the runtime counts it (RuntimeStats::recompute_ns), without asking
+        // it after every record.
+        recompute_ns_ += call.cost_ns;
+        if constexpr (kTimeline) OnRecompute(out, call.cost_ns, args);
+        return CheckThrash();
+      };
+      absl::StatusOr<Guard> g = runtime_->Create(Bytes(only), std::move(options), compute);
+      if (!g.ok()) return g.status();
+      made.push_back(std::move(*g));
+    } else if (owning > 1) {
+      absl::InlinedVector<OutputSpec, 4> specs;
+      for (std::uint32_t out : r.outputs) {
+        if (!trace_.tensors[out].is_view()) specs.push_back(OutputSpec{Bytes(out)});
+      }
+      const auto record = static_cast<std::uint32_t>(&r - trace_.records.data());
+      options.recompute = [this, record](const RecomputeArgs& args) {
+        return RecomputeCall(trace_.records[record], args);
+      };
+      absl::StatusOr<absl::InlinedVector<Guard, 4>> guards =
+          runtime_->CreateCall(specs, std::move(options), compute);
+      if (!guards.ok()) return guards.status();
+      made = std::move(*guards);
+    }
     bool charged = false;  // the call's cost once, on its first output with bytes
+    std::size_t k = 0;
     for (std::uint32_t out : r.outputs) {
       const OpTensor& tensor = trace_.tensors[out];
       if (tensor.is_view()) {
@@ -369,33 +404,16 @@ class Replayer {
         if constexpr (kTimeline) ++handles_[tensor.storage];
         continue;
       }
-      options.compute_ns = r.cost_ns;
-      options.allow_drop = true;
-      options.allow_offload = true;
-      // Two words, so the closure lives inside the AnyInvocable: the call's
-      // inputs and cost are found through the output's producing record.
-      options.recompute = [this, out](const RecomputeArgs& args) {
-        const OpRecord& call = trace_.records[trace_.tensors[out].producer];
-        absl::Status launched = Launch(args.stream, out, call.inputs, args.inputs, args.output,
-                                       call.cost_ns, /*first=*/false);
-        // As the runtime counts it (RuntimeStats::recompute_ns), without asking
-        // it after every record.
-        if (!launched.ok()) return launched;
-        recompute_ns_ += call.cost_ns;
-        if constexpr (kTimeline) OnRecompute(out, call.cost_ns, args);
-        return CheckThrash();
-      };
-      absl::StatusOr<Guard> g = runtime_->Create(Bytes(out), std::move(options), compute);
-      if (!g.ok()) return g.status();
-      ids_[out] = g->id();
+      const Guard& g = made[k++];
+      ids_[out] = g.id();
       if constexpr (kTimeline) {
         ++handles_[out];
-        OnDevice(out, g->ptr());
+        OnDevice(out, g.ptr());
       }
       const std::int64_t cost = charged ? 0 : r.cost_ns;
       [[maybe_unused]] const bool charge = !charged;  // the timeline's compute slice
       charged = true;
-      if (absl::Status s = Launch(compute, out, inputs, in_ptrs, g->ptr(), cost, /*first=*/true);
+      if (absl::Status s = Launch(compute, out, inputs, in_ptrs, g.ptr(), cost, /*first=*/true);
           !s.ok()) {
         return s;
       }
@@ -413,83 +431,30 @@ class Replayer {
     return absl::OkStatus();
   }
 
-  // A call with several outputs of their own is one runtime call: a recompute
-  // regenerates every lost output in one run, charged the call's cost once.
-  absl::Status MultiOutputCall(const OpRecord& r, Stream compute,
-                               absl::Span<const std::uint32_t> inputs,
-                               absl::Span<void* const> in_ptrs) {
-    TensorOptions& options = create_options_;  // its inputs were filled by Call
-    absl::InlinedVector<OutputSpec, 4> specs;
-    for (std::uint32_t out : r.outputs) {
-      if (!trace_.tensors[out].is_view()) specs.push_back(OutputSpec{Bytes(out)});
-    }
-    options.compute_ns = r.cost_ns;
-    options.allow_drop = true;
-    options.allow_offload = true;
-    const auto record = static_cast<std::uint32_t>(&r - trace_.records.data());
-    options.recompute = [this, record](const RecomputeArgs& args) {
-      const OpRecord& call = trace_.records[record];
-      bool charged = false;
-      std::size_t j = 0;  // the runtime's outputs: the call's owning outputs, in order
-      for (std::uint32_t out : call.outputs) {
-        if (trace_.tensors[out].is_view()) continue;
-        const std::size_t k = j++;
-        if (!args.regenerate[k]) continue;
-        const std::int64_t cost = charged ? 0 : call.cost_ns;
-        charged = true;
-        if (absl::Status s = Launch(args.stream, out, call.inputs, args.inputs, args.outputs[k],
-                                    cost, /*first=*/false);
-            !s.ok()) {
-          return s;
-        }
-        if constexpr (kTimeline) {
-          RecomputeArgs one = args;
-          one.output = args.outputs[k];
-          OnRecompute(out, cost, one, /*slice=*/cost == call.cost_ns && k == FirstRegenerated(args));
-        }
-      }
-      recompute_ns_ += call.cost_ns;
-      return CheckThrash();
-    };
-    absl::StatusOr<absl::InlinedVector<Guard, 4>> guards =
-        runtime_->CreateCall(specs, std::move(options), compute);
-    if (!guards.ok()) return guards.status();
+  // The recompute of a call with several outputs of their own: the outputs
+  // the runtime lost, its cost once (on the first of them).
+  absl::Status RecomputeCall(const OpRecord& call, const RecomputeArgs& args) {
     bool charged = false;
-    std::size_t k = 0;
-    for (std::uint32_t out : r.outputs) {
-      const OpTensor& tensor = trace_.tensors[out];
-      if (tensor.is_view()) {
-        absl::StatusOr<TensorId> view = runtime_->CreateView(ids_[tensor.alias_of]);
-        if (!view.ok()) return view.status();
-        ids_[out] = *view;
-        if constexpr (kTimeline) ++handles_[tensor.storage];
-        continue;
-      }
-      Guard& g = (*guards)[k++];
-      ids_[out] = g.id();
-      if constexpr (kTimeline) {
-        ++handles_[out];
-        OnDevice(out, g.ptr());
-      }
-      const std::int64_t cost = charged ? 0 : r.cost_ns;
-      [[maybe_unused]] const bool charge = !charged;
+    std::size_t k = 0;  // the runtime's outputs: the call's owning outputs, in order
+    for (std::uint32_t out : call.outputs) {
+      if (trace_.tensors[out].is_view()) continue;
+      if (!args.regenerate[k++]) continue;
+      const std::int64_t cost = charged ? 0 : call.cost_ns;
+      [[maybe_unused]] const bool slice = !charged;  // the timeline's one recompute slice
       charged = true;
-      if (absl::Status s = Launch(compute, out, inputs, in_ptrs, g.ptr(), cost, /*first=*/true);
+      if (absl::Status s = Launch(args.stream, out, call.inputs, args.inputs,
+                                  args.outputs[k - 1], cost, /*first=*/false);
           !s.ok()) {
         return s;
       }
       if constexpr (kTimeline) {
-        if (charge) OnCompute(r, compute);
+        RecomputeArgs one = args;
+        one.output = args.outputs[k - 1];
+        OnRecompute(out, cost, one, slice);
       }
     }
-    return absl::OkStatus();
-  }
-
-  static std::size_t FirstRegenerated(const RecomputeArgs& args) {
-    for (std::size_t k = 0; k < args.regenerate.size(); ++k) {
-      if (args.regenerate[k]) return k;
-    }
-    return 0;
+    recompute_ns_ += call.cost_ns;
+    return CheckThrash();
   }
 
   // Inside a record too (a cascade of recomputes can run long before the

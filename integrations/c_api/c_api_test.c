@@ -796,7 +796,15 @@ static void test_a_call_is_recomputed_once(void) {
   copts.recompute = three_outputs;
   copts.user_data = &st;
   CHECK_STATUS(remat_call_create(rt, 0, sizes, &copts, 0, ids, ptrs), REMAT_INVALID_ARGUMENT);
-  copts.recompute = three_outputs;
+  CHECK_STATUS(remat_call_create(rt, 3, NULL, &copts, 0, ids, ptrs), REMAT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("output_bytes");
+  CHECK_STATUS(remat_call_create(rt, 3, sizes, &copts, 0, NULL, ptrs), REMAT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("ids_out");
+  CHECK_STATUS(remat_call_create(NULL, 3, sizes, &copts, 0, ids, ptrs), REMAT_INVALID_ARGUMENT);
+  copts.num_inputs = 1; /* inputs NULL */
+  CHECK_STATUS(remat_call_create(rt, 3, sizes, &copts, 0, ids, ptrs), REMAT_INVALID_ARGUMENT);
+  copts.num_inputs = 0;
+  CHECK(ids[0] == 0);
   CHECK_OK(remat_call_create(rt, 3, sizes, &copts, 0, ids, ptrs));
   for (i = 0; i < 3; ++i) {
     memset(ptrs[i], 0x50 + (int)i, 2 * MIB);

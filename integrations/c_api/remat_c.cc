@@ -239,6 +239,48 @@ struct HostFunc {
   void operator()() && { fn(user_data); }
 };
 
+// remat_tensor_options and remat_call_options share these fields.
+//
+// Takes user_data's ownership first, so that destroy runs on every path
+// (also when creating the holder fails).
+template <typename COptions>
+remat_status TakeCallback(const char* fn, const COptions* options,
+                          std::unique_ptr<CCallback>& callback) {
+  if (options == nullptr || (options->recompute == nullptr && options->destroy == nullptr)) {
+    return REMAT_OK;
+  }
+  try {
+    callback = std::make_unique<CCallback>(options->recompute, options->user_data,
+                                           options->destroy);
+  } catch (...) {
+    if (options->destroy != nullptr) options->destroy(options->user_data);
+    return Fail(REMAT_OUT_OF_MEMORY, fn, "out of host memory");
+  }
+  return REMAT_OK;
+}
+
+// The runtime's options from the C ones (NULL: the defaults); the closure
+// takes `callback` when there is a recompute function.
+template <typename COptions>
+remat_status ToTensorOptions(const char* fn, const COptions* options,
+                             std::unique_ptr<CCallback>& callback, remat::TensorOptions& to) {
+  if (options == nullptr) return REMAT_OK;
+  if (options->num_inputs > 0 && options->inputs == nullptr) {
+    return Fail(REMAT_INVALID_ARGUMENT, fn,
+                absl::StrFormat("inputs is NULL but num_inputs is %d", options->num_inputs));
+  }
+  to.inputs.assign(options->inputs, options->inputs + options->num_inputs);
+  to.compute_ns = options->compute_ns;
+  to.allow_drop = options->allow_drop != 0;
+  to.allow_offload = options->allow_offload != 0;
+  if (options->recompute != nullptr) {
+    to.recompute = [cb = std::move(callback)](const remat::RecomputeArgs& args) {
+      return cb->Run(args);
+    };
+  }
+  return REMAT_OK;
+}
+
 }  // namespace
 
 // --- Status ---------------------------------------------------------------------------
@@ -599,36 +641,13 @@ remat_status remat_tensor_create(remat_runtime* runtime, size_t bytes,
                                  const remat_tensor_options* options, uint64_t stream,
                                  uint64_t* id_out, void** ptr_out) {
   const char* const fn = __func__;
-  // Takes user_data's ownership first, so that destroy runs on every path.
   std::unique_ptr<CCallback> callback;
-  if (options != nullptr && (options->recompute != nullptr || options->destroy != nullptr)) {
-    try {
-      callback = std::make_unique<CCallback>(options->recompute, options->user_data,
-                                             options->destroy);
-    } catch (...) {
-      if (options->destroy != nullptr) options->destroy(options->user_data);
-      return Fail(REMAT_OUT_OF_MEMORY, fn, "out of host memory");
-    }
-  }
+  if (remat_status st = TakeCallback(fn, options, callback); st != REMAT_OK) return st;
   return Call(fn, [&] {
     if (runtime == nullptr) return NullArgument(fn, "runtime");
     if (id_out == nullptr) return NullArgument(fn, "id_out");
     remat::TensorOptions to;
-    if (options != nullptr) {
-      if (options->num_inputs > 0 && options->inputs == nullptr) {
-        return Fail(REMAT_INVALID_ARGUMENT, fn,
-                    absl::StrFormat("inputs is NULL but num_inputs is %d", options->num_inputs));
-      }
-      to.inputs.assign(options->inputs, options->inputs + options->num_inputs);
-      to.compute_ns = options->compute_ns;
-      to.allow_drop = options->allow_drop != 0;
-      to.allow_offload = options->allow_offload != 0;
-      if (options->recompute != nullptr) {
-        to.recompute = [cb = std::move(callback)](const remat::RecomputeArgs& args) {
-          return cb->Run(args);
-        };
-      }
-    }
+    if (remat_status st = ToTensorOptions(fn, options, callback, to); st != REMAT_OK) return st;
     absl::StatusOr<remat::Guard> guard =
         // A temporary takes the closure, so a failed create destroys it (and
         // runs the user's destroy callback) before the error is recorded.
@@ -651,17 +670,8 @@ remat_status remat_call_create(remat_runtime* runtime, size_t num_outputs,
                                const size_t* output_bytes, const remat_call_options* options,
                                uint64_t stream, uint64_t* ids_out, void** ptrs_out) {
   const char* const fn = __func__;
-  // Takes user_data's ownership first, so that destroy runs on every path.
   std::unique_ptr<CCallback> callback;
-  if (options != nullptr && (options->recompute != nullptr || options->destroy != nullptr)) {
-    try {
-      callback = std::make_unique<CCallback>(options->recompute, options->user_data,
-                                             options->destroy);
-    } catch (...) {
-      if (options->destroy != nullptr) options->destroy(options->user_data);
-      return Fail(REMAT_OUT_OF_MEMORY, fn, "out of host memory");
-    }
-  }
+  if (remat_status st = TakeCallback(fn, options, callback); st != REMAT_OK) return st;
   return Call(fn, [&] {
     if (runtime == nullptr) return NullArgument(fn, "runtime");
     if (ids_out == nullptr) return NullArgument(fn, "ids_out");
@@ -670,21 +680,7 @@ remat_status remat_call_create(remat_runtime* runtime, size_t num_outputs,
     remat::TensorOptions to;
     std::vector<remat::OutputSpec> specs;
     for (std::size_t i = 0; i < num_outputs; ++i) specs.push_back({output_bytes[i]});
-    if (options != nullptr) {
-      if (options->num_inputs > 0 && options->inputs == nullptr) {
-        return Fail(REMAT_INVALID_ARGUMENT, fn,
-                    absl::StrFormat("inputs is NULL but num_inputs is %d", options->num_inputs));
-      }
-      to.inputs.assign(options->inputs, options->inputs + options->num_inputs);
-      to.compute_ns = options->compute_ns;
-      to.allow_drop = options->allow_drop != 0;
-      to.allow_offload = options->allow_offload != 0;
-      if (options->recompute != nullptr) {
-        to.recompute = [cb = std::move(callback)](const remat::RecomputeArgs& args) {
-          return cb->Run(args);
-        };
-      }
-    }
+    if (remat_status st = ToTensorOptions(fn, options, callback, to); st != REMAT_OK) return st;
     absl::StatusOr<absl::InlinedVector<remat::Guard, 4>> guards =
         runtime->runtime->CreateCall(specs, remat::TensorOptions(std::move(to)), ToStream(stream));
     if (!guards.ok()) return FromStatus(fn, guards.status());
