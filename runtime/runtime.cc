@@ -26,6 +26,18 @@ const char* TensorStateName(TensorState state) {
   return "?";
 }
 
+const char* TensorEventName(TensorEvent::Kind kind) {
+  switch (kind) {
+    case TensorEvent::Kind::kCreated: return "created";
+    case TensorEvent::Kind::kDropped: return "dropped";
+    case TensorEvent::Kind::kOffloaded: return "offloaded";
+    case TensorEvent::Kind::kRestored: return "restored";
+    case TensorEvent::Kind::kRecomputed: return "recomputed";
+    case TensorEvent::Kind::kCollected: return "collected";
+  }
+  return "?";
+}
+
 // The outputs of a call with several: one closure regenerates all of them
 // that are lost. Pooled; kept while any output is uncollected.
 struct Runtime::CallGroup {
@@ -76,7 +88,6 @@ struct Runtime::StorageFields {
   std::int64_t first_access_ns = 0;
   std::int64_t next_use_at = -1;          // HintNextUse's device time; -1 unknown
   std::uint64_t recomputes = 0;
-  std::uint64_t pressure_drops = 0;       // drops by Evict (not for want of a reader)
   static constexpr std::uint32_t kNoClass = UINT32_MAX;
   std::uint32_t class_node = kNoClass;    // while dropped: its node in classes_
   int dropped_inputs = 0;                 // entries of `inputs` now dropped
@@ -310,6 +321,12 @@ absl::Status Runtime::NotLive(TensorId id) const {
   if (!Issued(id)) return absl::NotFoundError(absl::StrFormat("tensor %d does not exist", id));
   // An id whose page was given back was freed and collected.
   return absl::FailedPreconditionError(absl::StrFormat("tensor %d was freed", id));
+}
+
+void Runtime::Tell(const Storage* s, TensorEvent event) {
+  event.tensor = s->tensor_ids.empty() ? 0 : s->tensor_ids.front();
+  event.bytes = s->bytes;
+  options_.observer->OnTensor(event);
 }
 
 void Runtime::SetState(Storage* s, TensorState state) {
@@ -576,6 +593,7 @@ Runtime::Storage* Runtime::AddStorage(std::size_t bytes, void* ptr, std::uint64_
   SetResident(s, ptr);
   ++stats_.tensors_created;
   ++stats_.live_tensors;
+  if (options_.observer != nullptr) Tell(s, {.kind = TensorEvent::Kind::kCreated});
   return s;
 }
 
@@ -726,6 +744,9 @@ absl::Status Runtime::Prefetch(TensorId id, Stream stream) {
   stats_.restored_bytes += s->bytes;
   QueueOnLink(s->bytes);
   ++stats_.prefetches;
+  if (options_.observer != nullptr) {
+    Tell(s, {.kind = TensorEvent::Kind::kRestored, .stream = copy_stream_, .prefetch = true});
+  }
   return absl::OkStatus();
 }
 
@@ -758,16 +779,6 @@ absl::StatusOr<TensorState> Runtime::State(TensorId id) const {
   return t->storage->state;
 }
 
-absl::StatusOr<std::uint64_t> Runtime::PressureDrops(TensorId id) const {
-  Lock lock(this);
-  if (!Issued(id)) return NotLive(id);
-  const Tensor* t = FindTensor(id);
-  if (t == nullptr || t->storage == nullptr) {
-    return absl::NotFoundError(absl::StrFormat("tensor %d is freed", id));
-  }
-  return t->storage->pressure_drops;
-}
-
 RuntimeStats Runtime::stats() const {
   Lock lock(this);
   return stats_;
@@ -789,7 +800,8 @@ void Runtime::MaybeCollect(Storage* first) {
       // Freed by its owner but read by a closure that may run again: its bytes
       // go now if they can be regenerated (as DTR does); its metadata stays.
       if (s->state == TensorState::kResident && s->bytes > 0 && s->may_drop) {
-        DropStorage(s, s->used_streams.empty() ? kDefaultStream : s->used_streams.front());
+        DropStorage(s, s->used_streams.empty() ? kDefaultStream : s->used_streams.front(),
+                    /*pressure=*/false);
         ++stats_.released_drops;
       }
       continue;
@@ -802,6 +814,9 @@ void Runtime::MaybeCollect(Storage* first) {
     }
     if (s->host != nullptr) (void)host_pool_.FreeAfter(s->host, copy_stream_);
     if (s->copy_in_flight) spare_events_.push_back(s->copy_event);
+    if (options_.observer != nullptr) {
+      Tell(s, {.kind = TensorEvent::Kind::kCollected, .from = s->state});
+    }
     SetState(s, TensorState::kFreed);
     for (Storage* in : s->inputs) {
       --in->dependents;
@@ -863,6 +878,9 @@ absl::Status Runtime::Restore(Storage* s, Stream stream) {
   s->used_streams.push_back(stream);
   stats_.restored_bytes += s->bytes;
   QueueOnLink(s->bytes);
+  if (options_.observer != nullptr) {
+    Tell(s, {.kind = TensorEvent::Kind::kRestored, .stream = stream});
+  }
   return absl::OkStatus();
 }
 
@@ -1023,12 +1041,17 @@ absl::Status Runtime::RunCall(Storage* s, Stream stream) ABSL_NO_THREAD_SAFETY_A
   ++stats_.recomputes;
   stats_.recompute_ns += s->compute_ns;
   work_ns_ += s->compute_ns;
+  std::int64_t cost = s->compute_ns;  // told once, on the first output regenerated
   for (std::size_t i = 0; i < n; ++i) {
     if (!regenerate[i]) continue;
     Storage* m = members[i];
     SetResident(m, out_ptrs[i]);
     m->used_streams.push_back(stream);
     ++m->recomputes;
+    if (options_.observer != nullptr) {
+      Tell(m, {.kind = TensorEvent::Kind::kRecomputed, .stream = stream, .cost_ns = cost});
+      cost = 0;
+    }
   }
   for (Storage* m : held) UnpinStorage(m);
   return absl::OkStatus();
@@ -1195,7 +1218,12 @@ bool Runtime::Evict(const PressureRequest& request) {
   ++stats_.pressure_events;
   const auto choose_start = std::chrono::steady_clock::now();
   GatherCandidates();
-  if (scratch_.empty()) return false;
+  if (scratch_.empty()) {
+    if (options_.observer != nullptr) {
+      options_.observer->OnPressure({.bytes = request.bytes, .stream = request.stream});
+    }
+    return false;
+  }
   stats_.candidates_shown += scratch_.size();
   policies::PressureContext ctx;
   ctx.bytes_needed = request.bytes;
@@ -1221,6 +1249,7 @@ bool Runtime::Evict(const PressureRequest& request) {
   // The plan's storages, before carrying it out changes candidates_ (and so
   // possibly scratch_storages_'s source; the copy is ours).
   std::size_t freed = 0;
+  std::size_t evicted = 0;
   bool progress = false;
   for (const policies::PlanStep& step : plan) {
     if (step.id >= scratch_storages_.size()) continue;  // a policy bug must not crash us
@@ -1238,18 +1267,25 @@ bool Runtime::Evict(const PressureRequest& request) {
     bool done = false;
     if (step.action == policies::EvictAction::kOffload && c.can_offload) {
       done = OffloadStorage(s, request.stream);
-      if (!done && c.can_drop) done = DropStorage(s, request.stream);  // host pool full
+      // The host pool is full: drop instead.
+      if (!done && c.can_drop) done = DropStorage(s, request.stream, /*pressure=*/true);
     } else if (c.can_drop) {
-      done = DropStorage(s, request.stream);
+      done = DropStorage(s, request.stream, /*pressure=*/true);
     }
     if (!done) continue;
-    if (s->state == TensorState::kDropped) {
-      ++stats_.drops;
-      ++s->pressure_drops;
-    }
+    if (s->state == TensorState::kDropped) ++stats_.drops;
     progress = true;
+    ++evicted;
     freed += s->bytes;
     if (freed >= request.bytes) break;
+  }
+  if (options_.observer != nullptr) {
+    options_.observer->OnPressure({.bytes = request.bytes,
+                                   .stream = request.stream,
+                                   .candidates = scratch_.size(),
+                                   .evicted = evicted,
+                                   .freed_bytes = freed,
+                                   .satisfied = progress});
   }
   return progress;
 }
@@ -1319,9 +1355,12 @@ void Runtime::HandBack(Storage* s, Stream to) {
   LeaveDevice(s);
 }
 
-bool Runtime::DropStorage(Storage* s, Stream to) {
+bool Runtime::DropStorage(Storage* s, Stream to, bool pressure) {
   HandBack(s, to);
   SetState(s, TensorState::kDropped);
+  if (options_.observer != nullptr) {
+    Tell(s, {.kind = TensorEvent::Kind::kDropped, .pressure = pressure});
+  }
   return true;
 }
 
@@ -1352,6 +1391,9 @@ bool Runtime::OffloadStorage(Storage* s, Stream to) {
   stats_.offloaded_bytes += s->bytes;
   QueueOnLink(s->bytes);
   ++stats_.offloads;
+  if (options_.observer != nullptr) {
+    Tell(s, {.kind = TensorEvent::Kind::kOffloaded, .stream = copy_stream_, .pressure = true});
+  }
   return true;
 }
 

@@ -53,6 +53,7 @@
 #include "device/device.h"
 #include "policies/eviction_policy.h"
 #include "runtime/host_pool.h"
+#include "runtime/observer.h"
 
 namespace remat {
 
@@ -129,6 +130,9 @@ struct RuntimeOptions {
   // to take another, with an Aborted error naming the limit (0: no limit).
   // A driver that must end, such as a trace replay, bounds its run with it.
   std::uint64_t max_steps = 0;
+  // Told every storage's transitions and every pressure event
+  // (runtime/observer.h); not owned, must outlive the runtime. nullptr: none.
+  RuntimeObserver* observer = nullptr;
 };
 
 struct RuntimeStats {
@@ -230,10 +234,6 @@ class Runtime {
   // simulator's clock does, also where the host runs far ahead of the device
   // (a simulated device's host clock moves only when the host waits).
   std::int64_t NowNs() const;
-  // Times the tensor's storage was dropped under pressure (a policy's choice),
-  // as opposed to dropped because its owner released it and only a closure
-  // still needs it. NotFound once freed.
-  absl::StatusOr<std::uint64_t> PressureDrops(TensorId id) const;
   RuntimeStats stats() const;
   const policies::EvictionPolicy& policy() const { return *policy_; }
   Stream copy_stream() const { return copy_stream_; }
@@ -283,7 +283,10 @@ class Runtime {
   absl::Status MakeResident(Storage* target, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Restore(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SettleCopies(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool DropStorage(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `pressure`: a policy's choice (else the owner released it; RuntimeObserver).
+  bool DropStorage(Storage* s, Stream to, bool pressure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells options_.observer (set) the event about `s`, naming it and its bytes.
+  void Tell(const Storage* s, TensorEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool OffloadStorage(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes `to` wait for every other stream that used the storage's block,
   // then gives the block back to the allocator on `to`.

@@ -15,6 +15,7 @@
 #include "base/json_writer.h"
 #include "base/status_macros.h"
 #include "device/sim_device.h"
+#include "runtime/stack.h"
 
 namespace remat {
 namespace {
@@ -73,21 +74,22 @@ absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOpt
   SimDeviceOptions device_options;
   device_options.capacity = options.capacity;
   device_options.backed = false;
-  REMAT_ASSIGN_OR_RETURN(std::unique_ptr<SimDevice> device, SimDevice::Create(device_options));
+  REMAT_ASSIGN_OR_RETURN(std::unique_ptr<SimDevice> made, SimDevice::Create(device_options));
+  SimDevice* const device = made.get();
   AllocatorOptions allocator_options;
   allocator_options.budget = options.budget;
   // Off unless asked for: the report reads statistics, never the event ring,
   // and keeping it costs a device clock read per event.
   allocator_options.event_ring_capacity = HistoryCapacity(log, options.history_events);
-  REMAT_ASSIGN_OR_RETURN(std::unique_ptr<CachingAllocator> allocator,
-                         CachingAllocator::Create(device.get(), allocator_options));
+  REMAT_ASSIGN_OR_RETURN(Stack stack, MakeStack(std::move(made), allocator_options));
+  CachingAllocator* const allocator = stack.allocator.get();
   REMAT_ASSIGN_OR_RETURN(std::vector<Stream> streams, MapStreams(log, *device));
 
   std::vector<void*> slots(log.num_slots, nullptr);
   std::uint64_t ooms = 0;
   std::uint64_t skipped_frees = 0;
   std::optional<LogClock> clock;
-  if (allocator_options.event_ring_capacity > 0) clock.emplace(device.get());
+  if (allocator_options.event_ring_capacity > 0) clock.emplace(device);
   const auto start = std::chrono::steady_clock::now();
   for (const AllocRecord& record : log.records) {
     if (clock) clock->Follow(record.time_ns);

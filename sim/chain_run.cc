@@ -14,6 +14,7 @@
 #include "device/sim_device.h"
 #include "policies/registry.h"
 #include "runtime/runtime.h"
+#include "runtime/stack.h"
 
 namespace remat {
 namespace {
@@ -21,32 +22,18 @@ namespace {
 constexpr char kRevolve[] = "revolve";
 constexpr std::size_t kMaxStateBytes = kGiB;
 
-// The device, the allocator and the runtime of one run, destroyed in reverse.
-struct Env {
-  std::unique_ptr<SimDevice> device;
-  std::unique_ptr<CachingAllocator> alloc;
-  std::unique_ptr<Runtime> runtime;
-};
-
-absl::StatusOr<Env> MakeEnv(const std::string& policy, bool enable_drop, std::size_t live_budget) {
-  Env env;
-  absl::StatusOr<std::unique_ptr<SimDevice>> device =
-      SimDevice::Create({.capacity = SimDevice::kMaxCapacity});
-  if (!device.ok()) return device.status();
-  env.device = std::move(*device);
-  absl::StatusOr<std::unique_ptr<CachingAllocator>> alloc =
-      CachingAllocator::Create(env.device.get(), {});
-  if (!alloc.ok()) return alloc.status();
-  env.alloc = std::move(*alloc);
+// The device, the allocator and the runtime of one run.
+absl::StatusOr<Stack> MakeEnv(const std::string& policy, bool enable_drop,
+                              std::size_t live_budget) {
+  DeviceSpec device;
+  device.kind = DeviceSpec::Kind::kSim;
+  device.sim.capacity = SimDevice::kMaxCapacity;
   RuntimeOptions rt;
   rt.policy = policy;
   rt.enable_drop = enable_drop;
   rt.enable_offload = false;
   rt.live_budget = live_budget;
-  absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Create(env.alloc.get(), rt);
-  if (!runtime.ok()) return runtime.status();
-  env.runtime = std::move(*runtime);
-  return env;
+  return MakeStack(device, {}, std::move(rt));
 }
 
 // What a run has done so far. The forward-step count is shared with the
@@ -59,7 +46,7 @@ struct Progress {
 
 class ChainRunner {
  public:
-  ChainRunner(const ChainRunOptions& options, Env& env) : o_(options), env_(env) {}
+  ChainRunner(const ChainRunOptions& options, Stack& env) : o_(options), env_(env) {}
 
   // One forward step on the compute stream.
   absl::Status Step() {
@@ -210,7 +197,7 @@ class ChainRunner {
 
  private:
   const ChainRunOptions& o_;
-  Env& env_;
+  Stack& env_;
   Progress progress_;
 };
 
@@ -263,7 +250,7 @@ absl::StatusOr<ChainRunReport> RunChain(const ChainRunOptions& o) {
     report.schedule_actions = schedule.size();
   }
 
-  absl::StatusOr<Env> env =
+  absl::StatusOr<Stack> env =
       MakeEnv(offline ? "lru" : o.policy, /*enable_drop=*/!offline, report.budget_bytes);
   if (!env.ok()) return env.status();
   report.policy = offline ? kRevolve : env->runtime->policy().Spec();

@@ -9,13 +9,15 @@
 #include <vector>
 
 #include "absl/base/attributes.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
 #include "base/units.h"
 #include "device/sim_device.h"
+#include "policies/registry.h"
+#include "runtime/observer.h"
 #include "runtime/runtime.h"
+#include "runtime/stack.h"
 #include "sim/sim_timeline.h"
 
 namespace remat {
@@ -41,14 +43,11 @@ std::uint64_t Checksum(const unsigned char* p, std::size_t bytes) {
   return h;
 }
 
-// kTimeline: whether the run is recorded into options.timeline. Without it
-// every recording hook compiles away, so a plain run pays nothing for the
-// feature. Run and the recording hooks are kept out of line: otherwise the
-// recording instantiation's extra code changes how the compiler inlines the
-// plain one (callgrind: out of line, a plain replay runs the same number of
-// instructions as before timelines existed).
-template <bool kTimeline>
-class Replayer {
+// Replays a trace through a runtime of its own. It listens to the runtime
+// (RuntimeObserver) only where it needs to: to know what sits on the host
+// when it prefetches, and to record a timeline. A plain run installs no
+// observer and pays a test of a null pointer per runtime event.
+class Replayer final : public RuntimeObserver {
  public:
   Replayer(const OpTrace& trace, const OpReplayOptions& options)
       : trace_(trace), options_(options) {}
@@ -61,20 +60,7 @@ class Replayer {
     dev.cost.host_to_device_gbps = dev.cost.device_to_host_gbps = options_.link_gbps;
     absl::StatusOr<std::unique_ptr<SimDevice>> device = SimDevice::Create(dev);
     if (!device.ok()) return device.status();
-    device_ = std::move(*device);
-    Device* alloc_device = device_.get();
-    if constexpr (kTimeline) {
-      // Between the device and the allocator (and so the runtime): every
-      // copy the runtime enqueues is seen with its place on the clock.
-      observed_ = std::make_unique<ObservedSimDevice>(
-          device_.get(), [this](const ObservedCopy& copy) { OnCopy(copy); });
-      alloc_device = observed_.get();
-    }
-    absl::StatusOr<std::unique_ptr<CachingAllocator>> alloc =
-        CachingAllocator::Create(alloc_device, {.budget = options_.budget,
-                                                .max_split_size = EffectiveMaxSplit(options_)});
-    if (!alloc.ok()) return alloc.status();
-    alloc_ = std::move(*alloc);
+    device_ = device->get();
     RuntimeOptions rt;
     rt.policy = options_.policy;
     rt.enable_drop = options_.enable_drop;
@@ -82,13 +68,29 @@ class Replayer {
     rt.link_gbps = options_.link_gbps;
     rt.live_budget = options_.live_budget;
     rt.max_steps = MaxSteps(trace_.records.size(), options_.thrash_limit);
-    absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Create(alloc_.get(), rt);
-    if (!runtime.ok()) return runtime.status();
-    runtime_ = std::move(*runtime);
+    // The policy is made here, so that whether it prefetches (and so
+    // whether the replay listens to the runtime) is known before the runtime is.
+    absl::StatusOr<std::unique_ptr<policies::EvictionPolicy>> policy =
+        policies::Create(options_.policy);
+    if (!policy.ok()) return policy.status();
+    rt.custom_policy = std::move(*policy);
+    hints_ = rt.custom_policy->needs().next_use;
+    prefetch_window_ns_ = rt.custom_policy->prefetch_window_ns();
+    timeline_ = options_.timeline;
+    if (timeline_ != nullptr || prefetch_window_ns_ > 0) {
+      rt.observer = this;
+      on_host_.assign(trace_.tensors.size(), 0);
+      storage_of_.assign(trace_.tensors.size() + 1, kNoOpIndex);
+    }
+    absl::StatusOr<Stack> stack = MakeStack(
+        *std::move(device),
+        {.budget = options_.budget, .max_split_size = EffectiveMaxSplit(options_)}, std::move(rt));
+    if (!stack.ok()) return stack.status();
+    stack_ = std::move(*stack);
+    alloc_ = stack_.allocator.get();
+    runtime_ = stack_.runtime.get();
 
     ids_.assign(trace_.tensors.size(), 0);
-    hints_ = runtime_->policy().needs().next_use;
-    prefetch_window_ns_ = runtime_->policy().prefetch_window_ns();
     if (hints_ || prefetch_window_ns_ > 0) PlanTheFuture();
     checksums_ = std::make_shared<std::vector<std::uint64_t>>(trace_.tensors.size(), 0);
     counters_ = std::make_shared<Counters>();
@@ -97,10 +99,9 @@ class Replayer {
     const std::size_t max_split = EffectiveMaxSplit(options_);
     report_.max_split_bytes = max_split == std::numeric_limits<std::size_t>::max() ? 0 : max_split;
     report_.status = "ok";
-    if constexpr (kTimeline) StartTimeline();
+    if (timeline_ != nullptr) StartTimeline();
     const auto loop_start = std::chrono::steady_clock::now();
     for (const OpRecord& r : trace_.records) {
-      if constexpr (kTimeline) record_start_ns_ = Frontier();
       absl::Status s = Step(r);
       if (s.ok() && (hints_ || prefetch_window_ns_ > 0)) s = LookAhead(r);
       ++report_.records;
@@ -109,17 +110,18 @@ class Replayer {
         // runtime's step bound (a run that would not end).
         report_.status = absl::IsResourceExhausted(s) ? "oom" : "thrash";
         report_.message = absl::StrFormat("%s:%d: %s", trace_.name, r.line, s.message());
-        if constexpr (kTimeline) {
-          EndRecord(r, runtime_->stats());
+        if (timeline_ != nullptr) {
+          EndRecord();
           timeline_->SetEnd(report_.status, report_.message, Frontier());
         }
         break;
       }
       if (!s.ok()) {
-        return absl::Status(s.code(), absl::StrFormat("%s:%d: %s", trace_.name, r.line, s.message()));
+        return absl::Status(s.code(),
+                            absl::StrFormat("%s:%d: %s", trace_.name, r.line, s.message()));
       }
       // (Recompute grows only inside the closures, which check the thrash limit.)
-      if constexpr (kTimeline) EndRecord(r, runtime_->stats());
+      if (timeline_ != nullptr) EndRecord();
     }
     (void)device_->Synchronize();  // the simulated work still queued is part of the replay
     report_.replay_seconds =
@@ -127,9 +129,9 @@ class Replayer {
     const RuntimeStats rs = runtime_->stats();
     const AllocatorStats as = alloc_->GetStats();
     report_.time_ns = device_->NowNs();
-    if constexpr (kTimeline) {
-      timeline_->AddSample({report_.time_ns, device_->ReservedBytes(), rs.resident_bytes,
-                            host_bytes_});
+    if (timeline_ != nullptr) {
+      timeline_->AddSample(
+          {report_.time_ns, device_->ReservedBytes(), rs.resident_bytes, host_bytes_});
     }
     report_.peak_reserved_bytes = static_cast<std::uint64_t>(as.reserved_bytes.all().peak);
     report_.peak_live_bytes = rs.peak_resident_bytes;
@@ -141,13 +143,14 @@ class Replayer {
     report_.pressure_events = rs.pressure_events;
     report_.candidates_shown = rs.candidates_shown;
     report_.choose_wall_ns = rs.choose_wall_ns;
-    report_.stall_ns = std::max<std::int64_t>(
-        0, report_.time_ns - report_.compute_ns - report_.recompute_ns);
+    report_.stall_ns =
+        std::max<std::int64_t>(0, report_.time_ns - report_.compute_ns - report_.recompute_ns);
     report_.verified_accesses = counters_->verified;
     report_.mismatches = counters_->mismatches;
     report_.wall_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
-    runtime_.reset();
+    stack_.runtime.reset();
+    runtime_ = nullptr;
     return report_;
   }
 
@@ -177,7 +180,8 @@ class Replayer {
       }
       if (r.kind == OpKind::kCall || r.kind == OpKind::kUse) {
         for (std::uint32_t t : r.inputs) after.emplace_back(t, next[trace_.tensors[t].storage]);
-        for (std::uint32_t t : r.inputs) next[trace_.tensors[t].storage] = static_cast<std::uint32_t>(i);
+        for (std::uint32_t t : r.inputs)
+          next[trace_.tensors[t].storage] = static_cast<std::uint32_t>(i);
       }
     }
   }
@@ -192,23 +196,19 @@ class Replayer {
         if (trace_.tensors[t].released_by != kNoOpIndex && trace_.tensors[t].released_by <= i) {
           continue;
         }
-        const std::int64_t at = next == kNoOpIndex
-                                    ? Runtime::kNeverUsedAgain
-                                    : now + (cum_cost_[next] - cum_cost_[i + 1]);
+        const std::int64_t at = next == kNoOpIndex ? Runtime::kNeverUsedAgain
+                                                   : now + (cum_cost_[next] - cum_cost_[i + 1]);
         (void)runtime_->HintNextUse(ids_[t], at);  // a view's storage may be gone: no matter
       }
     }
     if (prefetch_window_ns_ > 0) {
       // The records within the window ahead read what may need bringing back.
       // A record is looked at when it enters the window; the whole window
-      // again only after an offload or a view made of an offloaded tensor
-      // (the ways a tensor id comes to be on the host).
+      // again only after an offload (OnTensor).
       // A prefetch without room stops the scan there, to try again after the
       // next record.
-      const std::uint64_t offloads = runtime_->stats().offloads;
       std::size_t j = i + 1;
-      if (offloads == offloads_seen_ && !rescan_window_) j = std::max(j, scanned_to_);
-      offloads_seen_ = offloads;
+      if (!rescan_window_) j = std::max(j, scanned_to_);
       rescan_window_ = false;
       for (; j < trace_.records.size() && j <= i + 512 &&
              cum_cost_[j] - cum_cost_[i + 1] <= prefetch_window_ns_;
@@ -217,11 +217,7 @@ class Replayer {
         scanned_to_ = j;  // not past a record whose prefetch found no room
         if (ahead.kind != OpKind::kCall && ahead.kind != OpKind::kUse) continue;
         for (std::uint32_t t : ahead.inputs) {
-          if (ids_[t] == 0) continue;  // not made yet (asking would build an error)
-          absl::StatusOr<TensorState> st = runtime_->State(ids_[t]);
-          if (!st.ok() || (*st != TensorState::kOnHost && *st != TensorState::kOffloading)) {
-            continue;
-          }
+          if (ids_[t] == 0 || !on_host_[trace_.tensors[t].storage]) continue;
           absl::Status s = runtime_->Prefetch(ids_[t], kDefaultStream);
           if (absl::IsResourceExhausted(s)) return absl::OkStatus();  // no room: on access then
           if (!s.ok()) return s;
@@ -300,7 +296,6 @@ class Replayer {
       case OpKind::kPhase:
         return absl::OkStatus();
       case OpKind::kRelease:
-        if constexpr (kTimeline) --handles_[trace_.tensors[r.inputs[0]].storage];
         return runtime_->Free(ids_[r.inputs[0]]);
       case OpKind::kUse:
         for (std::uint32_t t : r.inputs) {
@@ -314,7 +309,7 @@ class Replayer {
         absl::StatusOr<Guard> g = runtime_->Create(Bytes(t), TensorOptions{}, compute);
         if (!g.ok()) return g.status();
         ids_[t] = g->id();
-        if constexpr (kTimeline) ++handles_[t];  // never evicted: not followed further
+        if (!storage_of_.empty()) StorageOf(g->id()) = t;
         return Launch(compute, t, {}, {}, g->ptr(), 0, /*first=*/true);
       }
       case OpKind::kCall:
@@ -365,7 +360,6 @@ class Replayer {
         // As the runtime counts it (RuntimeStats::recompute_ns), without asking
         // it after every record.
         recompute_ns_ += call.cost_ns;
-        if constexpr (kTimeline) OnRecompute(out, call.cost_ns, args);
         return CheckThrash();
       };
       absl::StatusOr<Guard> g = runtime_->Create(Bytes(only), std::move(options), compute);
@@ -393,39 +387,26 @@ class Replayer {
         absl::StatusOr<TensorId> view = runtime_->CreateView(ids_[tensor.alias_of]);
         if (!view.ok()) return view.status();
         ids_[out] = *view;
-        if (prefetch_window_ns_ > 0) {
-          // A view born on the host (of an offloaded base): reads of it already
-          // in the prefetch window were looked at before it existed.
-          absl::StatusOr<TensorState> st = runtime_->State(*view);
-          if (st.ok() && (*st == TensorState::kOnHost || *st == TensorState::kOffloading)) {
-            rescan_window_ = true;
-          }
-        }
-        if constexpr (kTimeline) ++handles_[tensor.storage];
+        // A view born on the host (of an offloaded base): reads of it already
+        // in the prefetch window were looked at before it existed.
+        if (prefetch_window_ns_ > 0 && on_host_[tensor.storage]) rescan_window_ = true;
         continue;
       }
       const Guard& g = made[k++];
       ids_[out] = g.id();
-      if constexpr (kTimeline) {
-        ++handles_[out];
-        OnDevice(out, g.ptr());
-      }
+      if (!storage_of_.empty()) StorageOf(g.id()) = out;
       const std::int64_t cost = charged ? 0 : r.cost_ns;
-      [[maybe_unused]] const bool charge = !charged;  // the timeline's compute slice
+      const bool charge = !charged;  // the timeline's compute slice
       charged = true;
       if (absl::Status s = Launch(compute, out, inputs, in_ptrs, g.ptr(), cost, /*first=*/true);
           !s.ok()) {
         return s;
       }
-      if constexpr (kTimeline) {
-        if (charge) OnCompute(r, compute);
-      }
+      if (charge && timeline_ != nullptr) OnCompute(r, compute);
     }
-    if constexpr (!kTimeline) {
-      if (!charged) return device_->Occupy(compute, r.cost_ns);
-    } else if (!charged) {  // no output with bytes: the cost alone
+    if (!charged) {  // no output with bytes: the cost alone
       absl::Status s = device_->Occupy(compute, r.cost_ns);
-      if (s.ok()) OnCompute(r, compute);
+      if (s.ok() && timeline_ != nullptr) OnCompute(r, compute);
       return s;
     }
     return absl::OkStatus();
@@ -440,17 +421,11 @@ class Replayer {
       if (trace_.tensors[out].is_view()) continue;
       if (!args.regenerate[k++]) continue;
       const std::int64_t cost = charged ? 0 : call.cost_ns;
-      [[maybe_unused]] const bool slice = !charged;  // the timeline's one recompute slice
       charged = true;
-      if (absl::Status s = Launch(args.stream, out, call.inputs, args.inputs,
-                                  args.outputs[k - 1], cost, /*first=*/false);
+      if (absl::Status s = Launch(args.stream, out, call.inputs, args.inputs, args.outputs[k - 1],
+                                  cost, /*first=*/false);
           !s.ok()) {
         return s;
-      }
-      if constexpr (kTimeline) {
-        RecomputeArgs one = args;
-        one.output = args.outputs[k - 1];
-        OnRecompute(out, cost, one, slice);
       }
     }
     recompute_ns_ += call.cost_ns;
@@ -461,29 +436,77 @@ class Replayer {
   // record ends): past the thrash limit, the closure fails and the run stops.
   absl::Status CheckThrash() const {
     if (static_cast<double>(recompute_ns_) <=
-        options_.thrash_limit * static_cast<double>(std::max<std::int64_t>(report_.compute_ns, 1))) {
+        options_.thrash_limit *
+            static_cast<double>(std::max<std::int64_t>(report_.compute_ns, 1))) {
       return absl::OkStatus();
     }
-    return absl::AbortedError(absl::StrFormat(
-        "thrash: recompute (%d ns) exceeded %g x the compute so far (%d ns)", recompute_ns_,
-        options_.thrash_limit, report_.compute_ns));
+    return absl::AbortedError(
+        absl::StrFormat("thrash: recompute (%d ns) exceeded %g x the compute so far (%d ns)",
+                        recompute_ns_, options_.thrash_limit, report_.compute_ns));
   }
 
-  // --- Timeline recording (kTimeline only) ---------------------------------------
+  // --- Listening to the runtime ------------------------------------------------------
   //
-  // Slices come straight from the streams' clocks. Which tensors left the
-  // device is followed in a shadow of the runtime's states, kept by storage:
-  // a tensor arrives on the device when created, recomputed (its closure runs)
-  // or copied in (a host-to-device copy out of the buffer it was offloaded
-  // to); it leaves by an offload (a device-to-host copy out of its address),
-  // a drop or its release. Drops and releases are found by asking the
-  // runtime after the record (EndRecord), or when a tensor thought resident
-  // is recomputed.
+  // The runtime names a storage by its first tensor's id; the replay's
+  // storage of an id is recorded as the id is made.
 
-  enum class Where : std::uint8_t { kUnknown, kDevice, kDropped, kHost, kGone };
+  std::uint32_t& StorageOf(TensorId id) {
+    if (id >= storage_of_.size()) storage_of_.resize(id + 1, kNoOpIndex);
+    return storage_of_[id];
+  }
+
+  // Under the runtime's lock: no runtime calls here.
+  void OnTensor(const TensorEvent& e) override {
+    const std::uint32_t s = e.tensor < storage_of_.size() ? storage_of_[e.tensor] : kNoOpIndex;
+    switch (e.kind) {
+      case TensorEvent::Kind::kOffloaded:
+        if (s != kNoOpIndex) on_host_[s] = 1;
+        host_bytes_ += e.bytes;
+        rescan_window_ = true;  // reads already in the prefetch window may need it back
+        if (timeline_ != nullptr) {
+          const std::int64_t end = StreamEnd(e.stream);
+          const std::int64_t dur = device_->cost_model().CopyNs(e.bytes, CopyKind::kDeviceToHost);
+          timeline_->Add({end - dur, dur, e.bytes, s, SimTimeline::Kind::kOffload});
+          timeline_->Add({Frontier(), 0, e.bytes, s, SimTimeline::Kind::kEvictOffload});
+        }
+        break;
+      case TensorEvent::Kind::kRestored:
+        if (s != kNoOpIndex) on_host_[s] = 0;
+        host_bytes_ -= e.bytes;
+        if (timeline_ != nullptr) {
+          const std::int64_t end = StreamEnd(e.stream);
+          const std::int64_t dur = device_->cost_model().CopyNs(e.bytes, CopyKind::kHostToDevice);
+          timeline_->Add({end - dur, dur, e.bytes, s,
+                          e.prefetch ? SimTimeline::Kind::kPrefetch : SimTimeline::Kind::kRestore});
+        }
+        break;
+      case TensorEvent::Kind::kCollected:
+        if (e.from == TensorState::kOnHost || e.from == TensorState::kOffloading) {
+          if (s != kNoOpIndex) on_host_[s] = 0;
+          host_bytes_ -= e.bytes;
+        }
+        break;
+      case TensorEvent::Kind::kDropped:
+        if (timeline_ != nullptr) {
+          timeline_->Add(
+              {Frontier(), 0, e.bytes, s,
+               e.pressure ? SimTimeline::Kind::kEvictDrop : SimTimeline::Kind::kReleasedDrop});
+        }
+        break;
+      case TensorEvent::Kind::kRecomputed:
+        if (timeline_ != nullptr && e.cost_ns > 0) {
+          const std::int64_t end = StreamEnd(e.stream);
+          timeline_->Add({end - e.cost_ns, e.cost_ns, 0, s, SimTimeline::Kind::kRecompute});
+        }
+        break;
+      case TensorEvent::Kind::kCreated:
+        break;  // the replay knows: it made it
+    }
+  }
+
+  // --- Timeline recording (with options.timeline) -------------------------------------
 
   ABSL_ATTRIBUTE_NOINLINE void StartTimeline() {
-    timeline_ = options_.timeline;
     timeline_->Clear();
     const char* accounting = options_.live_budget != 0 ? "live" : "reserved";
     timeline_->SetTitle(absl::StrFormat(
@@ -491,11 +514,6 @@ class Replayer {
         report_.budget_bytes == 0
             ? std::string("unlimited")
             : absl::StrFormat("budget %s (%s)", FormatBytes(report_.budget_bytes), accounting)));
-    const std::size_t n = trace_.tensors.size();
-    where_.assign(n, Where::kUnknown);
-    handles_.assign(n, 0);
-    pressure_drops_seen_.assign(n, 0);
-    listed_.assign(n, 0);
     timeline_->AddSample({0, device_->ReservedBytes(), 0, 0});
   }
 
@@ -516,191 +534,25 @@ class Replayer {
     timeline_->Add({end - r.cost_ns, r.cost_ns, 0, record, SimTimeline::Kind::kCompute});
   }
 
-  // The storage `s` is on the device at `ptr` (created, recomputed or copied in).
-  ABSL_ATTRIBUTE_NOINLINE void OnDevice(std::uint32_t s, void* ptr) {
-    if (where_[s] == Where::kHost) host_bytes_ -= Bytes(s);
-    where_[s] = Where::kDevice;
-    if (ptr != nullptr) at_device_[reinterpret_cast<std::uintptr_t>(ptr)] = s;
-    if (!listed_[s]) {
-      listed_[s] = 1;
-      resident_.push_back(s);
-    }
-  }
-
-  // A drop seen in the shadow: under pressure (a policy's choice) or for want
-  // of a reader (the program released it). A storage the program still
-  // references was dropped under pressure; a released one can be either (a
-  // recompute keeps released storages for a second reader, and pressure may
-  // take them meanwhile), which the runtime's count of its pressure drops
-  // tells. Inside a closure (under the runtime's lock) it cannot be asked:
-  // such drops are labelled at the end of the record (LabelDrops).
-  void RecordDrop(std::uint32_t s, bool may_ask = true) {
-    timeline_->Add({record_start_ns_, 0, Bytes(s), s, SimTimeline::Kind::kEvictDrop});
-    if (handles_[s] > 0) {
-      ++pressure_drops_seen_[s];
-    } else if (may_ask) {
-      LabelDrop(timeline_->num_entries() - 1, s);
-    } else {
-      unlabelled_.emplace_back(timeline_->num_entries() - 1, s);
-    }
-    ++drops_seen_;
-    where_[s] = Where::kDropped;
-  }
-  void LabelDrop(std::size_t entry, std::uint32_t s) {
-    const absl::StatusOr<std::uint64_t> pressure = runtime_->PressureDrops(ids_[s]);
-    if (pressure.ok() && *pressure > pressure_drops_seen_[s]) {
-      ++pressure_drops_seen_[s];  // one pressure drop per drop seen
-    } else {
-      timeline_->SetKind(entry, SimTimeline::Kind::kReleasedDrop);
-    }
-  }
-  void LabelDrops() {
-    for (const auto& [entry, s] : unlabelled_) LabelDrop(entry, s);
-    unlabelled_.clear();
-  }
-
-  // Runs in the closure, under the runtime's lock: no runtime calls here.
-  // `slice`: the run's one recompute slice (a call's other regenerated
-  // outputs arrive on the device without one).
-  ABSL_ATTRIBUTE_NOINLINE void OnRecompute(std::uint32_t out, std::int64_t cost_ns,
-                                           const RecomputeArgs& args, bool slice = true) {
-    if (slice) {
-      const std::int64_t end = StreamEnd(args.stream);
-      timeline_->Add({end - cost_ns, cost_ns, 0, out, SimTimeline::Kind::kRecompute});
-    }
-    // Dropped since the last look (a drop and its recompute in one record).
-    if (where_[out] == Where::kDevice) RecordDrop(out, /*may_ask=*/false);
-    OnDevice(out, args.output);
-    recomputed_.push_back(out);
-  }
-
-  // Every copy the runtime enqueues (ObservedSimDevice), under its lock.
-  ABSL_ATTRIBUTE_NOINLINE void OnCopy(const ObservedCopy& copy) {
-    const std::int64_t dur = copy.end_ns - copy.start_ns;
-    switch (copy.kind) {
-      case CopyKind::kDeviceToHost: {
-        const auto it = at_device_.find(reinterpret_cast<std::uintptr_t>(copy.src));
-        const std::uint32_t s = it == at_device_.end() ? kNoOpIndex : it->second;
-        timeline_->Add({copy.start_ns, dur, copy.bytes, s, SimTimeline::Kind::kOffload});
-        timeline_->Add({Frontier(), 0, copy.bytes, s, SimTimeline::Kind::kEvictOffload});
-        if (s != kNoOpIndex && where_[s] != Where::kHost) {
-          where_[s] = Where::kHost;
-          host_bytes_ += Bytes(s);
-          at_host_[reinterpret_cast<std::uintptr_t>(copy.dst)] = s;
-        }
-        break;
-      }
-      case CopyKind::kHostToDevice: {
-        const auto it = at_host_.find(reinterpret_cast<std::uintptr_t>(copy.src));
-        std::uint32_t s = kNoOpIndex;
-        if (it != at_host_.end()) {
-          s = it->second;
-          at_host_.erase(it);
-        }
-        timeline_->Add({copy.start_ns, dur, copy.bytes, s,
-                        copy.stream == kDefaultStream ? SimTimeline::Kind::kRestore
-                                                      : SimTimeline::Kind::kPrefetch});
-        if (s != kNoOpIndex) OnDevice(s, copy.dst);
-        break;
-      }
-      case CopyKind::kDeviceToDevice:
-        timeline_->Add({copy.start_ns, dur, copy.bytes, kNoOpIndex, SimTimeline::Kind::kCopy});
-        break;
-    }
-  }
-
-  // Records a drop of `s` if the runtime has it dropped while the shadow has
-  // it on the device.
-  void CheckDropped(std::uint32_t s) {
-    if (where_[s] != Where::kDevice) return;
-    const absl::StatusOr<TensorState> state = runtime_->State(ids_[s]);
-    if (state.ok() && *state == TensorState::kDropped) RecordDrop(s);
-  }
-
-  // Asks the runtime about the storages last seen on the device until
-  // `missing` drops are found: the dropped are recorded, the freed forgotten.
-  void FindDrops(std::uint64_t missing) {
-    std::size_t kept = 0;
-    std::size_t i = 0;
-    for (; i < resident_.size() && missing > 0; ++i) {
-      const std::uint32_t s = resident_[i];
-      if (where_[s] != Where::kDevice) {
-        listed_[s] = 0;
-        continue;
-      }
-      const absl::StatusOr<TensorState> state = runtime_->State(ids_[s]);
-      if (!state.ok() || *state == TensorState::kFreed) {
-        where_[s] = Where::kGone;
-        listed_[s] = 0;
-        continue;
-      }
-      if (*state == TensorState::kDropped) {
-        RecordDrop(s);
-        listed_[s] = 0;
-        --missing;
-        continue;
-      }
-      resident_[kept++] = s;
-    }
-    for (; i < resident_.size(); ++i) resident_[kept++] = resident_[i];
-    resident_.resize(kept);
-  }
-
-  // After the release of tensor `t`: its storage, and the inputs that only
-  // its closure kept, may be gone (offloaded ones with their host bytes), or
-  // dropped for want of a reader (a released drop), as Runtime::Free leaves them.
-  void FindReleased(std::uint32_t t) {
-    absl::InlinedVector<std::uint32_t, 8> work = {trace_.tensors[t].storage};
-    while (!work.empty()) {
-      const std::uint32_t s = work.back();
-      work.pop_back();
-      if (where_[s] == Where::kGone) continue;
-      const absl::StatusOr<TensorState> state = runtime_->State(ids_[s]);
-      if (state.ok() && *state != TensorState::kFreed) {
-        if (*state == TensorState::kDropped && where_[s] == Where::kDevice) RecordDrop(s);
-        continue;
-      }
-      if (where_[s] == Where::kHost) host_bytes_ -= Bytes(s);
-      where_[s] = Where::kGone;
-      const OpRecord& producer = trace_.records[trace_.tensors[s].producer];
-      if (producer.kind != OpKind::kCall) continue;
-      for (std::uint32_t in : producer.inputs) work.push_back(trace_.tensors[in].storage);
-    }
-  }
-
-  ABSL_ATTRIBUTE_NOINLINE void EndRecord(const OpRecord& r, const RuntimeStats& rs) {
-    LabelDrops();
-    // Released drops happen where the program releases a tensor and where a
-    // recompute unpins the released inputs it read: looked for there first,
-    // so that only pressure drops need the scan of everything resident.
-    if (r.kind == OpKind::kRelease) FindReleased(r.inputs[0]);
-    for (const std::uint32_t s : recomputed_) {
-      const OpRecord& producer = trace_.records[trace_.tensors[s].producer];
-      for (std::uint32_t in : producer.inputs) {
-        const std::uint32_t storage = trace_.tensors[in].storage;
-        if (handles_[storage] == 0) CheckDropped(storage);
-      }
-    }
-    recomputed_.clear();
-    if (rs.drops + rs.released_drops > drops_seen_) {
-      FindDrops(rs.drops + rs.released_drops - drops_seen_);
-    }
-    timeline_->AddSample({record_start_ns_, device_->ReservedBytes(), rs.resident_bytes,
-                          host_bytes_});
+  // After each record: the counters, stamped with the time the record began.
+  ABSL_ATTRIBUTE_NOINLINE void EndRecord() {
+    const RuntimeStats rs = runtime_->stats();
+    timeline_->AddSample(
+        {record_start_ns_, device_->ReservedBytes(), rs.resident_bytes, host_bytes_});
+    record_start_ns_ = Frontier();
   }
 
   const OpTrace& trace_;
   const OpReplayOptions options_;
-  std::unique_ptr<SimDevice> device_;
-  std::unique_ptr<ObservedSimDevice> observed_;  // kTimeline: what the allocator uses
-  std::unique_ptr<CachingAllocator> alloc_;
-  std::unique_ptr<Runtime> runtime_;
+  Stack stack_;
+  SimDevice* device_ = nullptr;  // stack_'s, typed
+  CachingAllocator* alloc_ = nullptr;
+  Runtime* runtime_ = nullptr;
   std::vector<TensorId> ids_;  // trace tensor -> runtime tensor
   bool hints_ = false;
   std::int64_t prefetch_window_ns_ = 0;
-  std::size_t scanned_to_ = 0;        // records before it were looked at for prefetches
-  std::uint64_t offloads_seen_ = 0;   // the runtime's offloads when last looked
-  bool rescan_window_ = false;        // a view was made on the host since
+  std::size_t scanned_to_ = 0;          // records before it were looked at for prefetches
+  bool rescan_window_ = false;          // an offload, or a view made on the host, since
   std::vector<std::int64_t> cum_cost_;  // compute before each record
   // Per record: (tensor it touched, the next record reading its storage).
   std::vector<absl::InlinedVector<std::pair<std::uint32_t, std::uint32_t>, 4>> next_read_;
@@ -708,29 +560,38 @@ class Replayer {
   std::shared_ptr<Counters> counters_;
   OpReplayReport report_;
   std::int64_t recompute_ns_ = 0;  // summed cost of the recomputes run so far
+  TensorOptions create_options_;   // Call's, refilled for every tensor it makes
 
-  // kTimeline only.
+  // Kept only where the replay listens to the runtime (a timeline, prefetches).
+  std::vector<std::uint32_t> storage_of_;  // runtime tensor id -> trace storage
+  std::vector<std::uint8_t> on_host_;      // by storage: offloaded (or on its way out)
+  std::uint64_t host_bytes_ = 0;           // offloaded bytes held on the host
   SimTimeline* timeline_ = nullptr;
-  std::int64_t record_start_ns_ = 0;      // the compute stream's time as the record began
-  std::vector<Where> where_;              // by storage: where the shadow has it
-  std::vector<std::uint32_t> handles_;    // by storage: the program's references (root, views)
-  std::vector<std::uint64_t> pressure_drops_seen_;  // by storage: its pressure drops recorded
-  // Drops recorded inside a closure, labelled at the record's end: (entry, storage).
-  std::vector<std::pair<std::size_t, std::uint32_t>> unlabelled_;
-  std::vector<std::uint8_t> listed_;      // by storage: in resident_
-  std::vector<std::uint32_t> resident_;   // storages last seen arriving on the device
-  absl::flat_hash_map<std::uintptr_t, std::uint32_t> at_device_;  // address -> storage
-  absl::flat_hash_map<std::uintptr_t, std::uint32_t> at_host_;    // offload buffer -> storage
-  std::uint64_t host_bytes_ = 0;
-  std::uint64_t drops_seen_ = 0;          // drop instants recorded, released ones included
-  std::vector<std::uint32_t> recomputed_; // storages recomputed during the record
-  TensorOptions create_options_;          // Call's, refilled for every tensor it makes
+  std::int64_t record_start_ns_ = 0;  // the compute stream's time as the record began
 };
 
 }  // namespace
 
-void SetBudget(OpReplayOptions& options, std::uint64_t bytes, bool live) {
-  if (live) {
+absl::StatusOr<Accounting> ParseAccounting(std::string_view text) {
+  if (text == "reserved") return Accounting::kReserved;
+  if (text == "live") return Accounting::kLive;
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown accounting '%s': expected reserved or live", text));
+}
+
+const char* AccountingName(Accounting accounting) {
+  return accounting == Accounting::kLive ? "live" : "reserved";
+}
+
+MemoryBudget MemoryBudget::FromRatio(double ratio, const OpReplayReport& unlimited,
+                                     Accounting accounting) {
+  const std::uint64_t peak =
+      accounting == Accounting::kLive ? unlimited.peak_live_bytes : unlimited.peak_reserved_bytes;
+  return {static_cast<std::uint64_t>(ratio * static_cast<double>(peak)), accounting};
+}
+
+void MemoryBudget::ApplyTo(OpReplayOptions& options) const {
+  if (accounting == Accounting::kLive) {
     options.live_budget = std::max<std::uint64_t>(bytes, 1);
   } else {
     options.budget = std::max<std::uint64_t>(bytes, 2 * kMiB);
@@ -749,13 +610,11 @@ std::uint64_t MaxSteps(std::uint64_t records, double thrash_limit) {
 
 absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpReplayOptions& options) {
   if (options.scale == 0) return absl::InvalidArgumentError("scale must be at least 1");
-  if (!(options.link_gbps > 0)) return absl::InvalidArgumentError("link bandwidth must be positive");
-  if (!(options.thrash_limit > 0)) return absl::InvalidArgumentError("thrash limit must be positive");
-  if (options.timeline != nullptr) {
-    Replayer<true> replayer(trace, options);
-    return replayer.Run();
-  }
-  Replayer<false> replayer(trace, options);
+  if (!(options.link_gbps > 0))
+    return absl::InvalidArgumentError("link bandwidth must be positive");
+  if (!(options.thrash_limit > 0))
+    return absl::InvalidArgumentError("thrash limit must be positive");
+  Replayer replayer(trace, options);
   return replayer.Run();
 }
 

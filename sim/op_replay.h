@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "base/units.h"
@@ -48,8 +49,8 @@ inline constexpr double kStepsPerRecord = 64;
 std::uint64_t MaxSteps(std::uint64_t records, double thrash_limit);
 
 struct OpReplayOptions {
-  std::size_t budget = 0;          // cap on reserved bytes (0: none)
-  std::size_t live_budget = 0;     // cap on resident tensor bytes (0: none)
+  std::size_t budget = 0;       // cap on reserved bytes (0: none)
+  std::size_t live_budget = 0;  // cap on resident tensor bytes (0: none)
   // Blocks above this are never split. 0: kBudgetedMaxSplit when `budget` is
   // set, else no limit; SIZE_MAX: no limit.
   std::size_t max_split_size = 0;
@@ -57,37 +58,57 @@ struct OpReplayOptions {
   double link_gbps = 25.0;
   bool enable_drop = true;
   bool enable_offload = true;
-  double thrash_limit = 1.0;       // stop when recompute exceeds this x the trace's compute
+  double thrash_limit = 1.0;  // stop when recompute exceeds this x the trace's compute
   bool verify = false;
-  std::uint64_t scale = 1;         // divide every size by this (rounded up)
+  std::uint64_t scale = 1;  // divide every size by this (rounded up)
   // When set: cleared, then filled with the run's timeline.
   SimTimeline* timeline = nullptr;
 };
 
-// Sets `options` to a budget of `bytes` in the chosen accounting: `live`
-// caps the runtime's resident tensor bytes, else the allocator's reserved
-// bytes (at least its smallest segment, 2 MiB; a smaller budget is an OOM).
-void SetBudget(OpReplayOptions& options, std::uint64_t bytes, bool live);
+// What a budget counts: the allocator's reserved bytes (segments, cache and
+// fragmentation included: what the device gives), or the runtime's live
+// bytes (resident tensors only: the DTR simulator's accounting).
+enum class Accounting : std::uint8_t { kReserved, kLive };
+// "reserved" or "live"; anything else is InvalidArgument.
+absl::StatusOr<Accounting> ParseAccounting(std::string_view text);
+const char* AccountingName(Accounting accounting);
+
+struct OpReplayReport;
+
+// A replay's memory budget, one way for every tool (sim, sweep, tests).
+struct MemoryBudget {
+  std::uint64_t bytes = 0;
+  Accounting accounting = Accounting::kReserved;
+
+  // `ratio` of the unlimited run's peak in the same accounting (peak live
+  // or peak reserved bytes), rounded down.
+  static MemoryBudget FromRatio(double ratio, const OpReplayReport& unlimited,
+                                Accounting accounting);
+  // Sets the options' budget: `live_budget` (at least 1 byte), or the
+  // allocator's `budget` (at least its smallest segment, 2 MiB; a smaller
+  // budget is an OOM).
+  void ApplyTo(OpReplayOptions& options) const;
+};
 
 // The split limit the replay's allocator gets from `options` (SIZE_MAX: none).
 std::size_t EffectiveMaxSplit(const OpReplayOptions& options);
 
 struct OpReplayReport {
-  std::string status;  // "ok", "oom" (nothing left to evict) or "thrash"
-  std::string message; // why, when not ok
+  std::string status;   // "ok", "oom" (nothing left to evict) or "thrash"
+  std::string message;  // why, when not ok
   std::string policy;
   std::uint64_t budget_bytes = 0;
   std::uint64_t max_split_bytes = 0;  // the allocator's split limit (0: none)
   std::uint64_t peak_reserved_bytes = 0;
   std::uint64_t peak_live_bytes = 0;
-  std::int64_t compute_ns = 0;     // the trace's own compute (sum of cost_ns)
-  std::int64_t time_ns = 0;        // simulated time of the whole step
-  std::uint64_t records = 0;       // trace records replayed
+  std::int64_t compute_ns = 0;  // the trace's own compute (sum of cost_ns)
+  std::int64_t time_ns = 0;     // simulated time of the whole step
+  std::uint64_t records = 0;    // trace records replayed
   std::uint64_t recomputed_ops = 0;
   std::int64_t recompute_ns = 0;
   std::uint64_t offloaded_bytes = 0;
   std::uint64_t restored_bytes = 0;
-  std::int64_t stall_ns = 0;       // time the compute stream spent neither computing nor recomputing
+  std::int64_t stall_ns = 0;  // time the compute stream spent neither computing nor recomputing
   std::uint64_t evictions = 0;
   std::uint64_t pressure_events = 0;   // times the runtime asked the policy for a plan
   std::uint64_t candidates_shown = 0;  // candidates handed to the policy, over all events

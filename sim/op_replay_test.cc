@@ -66,8 +66,9 @@ TEST(OpReplayTest, EveryPolicyEndsEveryRunWithinItsStepBound) {
         for (bool live : {true, false}) {
           OpReplayOptions options;
           options.policy = policy;
-          SetBudget(options, static_cast<std::uint64_t>(ratio * static_cast<double>(trace->peak_live_bytes)),
-                    live);
+          MemoryBudget{static_cast<std::uint64_t>(ratio * static_cast<double>(trace->peak_live_bytes)),
+                       live ? Accounting::kLive : Accounting::kReserved}
+              .ApplyTo(options);
           absl::StatusOr<OpReplayReport> r = ReplayOpTrace(*trace, options);
           SCOPED_TRACE(testing::Message() << spec << " " << policy << " " << ratio
                                           << (live ? " live" : " reserved"));
@@ -197,7 +198,7 @@ TEST(OpReplayTest, TheSplitLimitKeepsABigFreeBlockWholeForTheNextBigRequest) {
 
   // Under a reserved budget the limit is on by default; SIZE_MAX turns it off.
   OpReplayOptions budgeted;
-  SetBudget(budgeted, 256 * kMiB, /*live=*/false);
+  MemoryBudget{256 * kMiB, Accounting::kReserved}.ApplyTo(budgeted);
   EXPECT_EQ(budgeted.budget, 256 * kMiB);
   EXPECT_EQ(EffectiveMaxSplit(budgeted), kBudgetedMaxSplit);
   EXPECT_EQ(Replay(*trace, budgeted).max_split_bytes, kBudgetedMaxSplit);
@@ -205,11 +206,11 @@ TEST(OpReplayTest, TheSplitLimitKeepsABigFreeBlockWholeForTheNextBigRequest) {
   EXPECT_EQ(Replay(*trace, budgeted).max_split_bytes, 0u);
   // A live budget leaves the allocator alone; a tiny reserved one is a segment.
   OpReplayOptions live;
-  SetBudget(live, 1000, /*live=*/true);
+  MemoryBudget{1000, Accounting::kLive}.ApplyTo(live);
   EXPECT_EQ(live.live_budget, 1000u);
   EXPECT_EQ(EffectiveMaxSplit(live), std::numeric_limits<std::size_t>::max());
   OpReplayOptions tiny;
-  SetBudget(tiny, 1000, /*live=*/false);
+  MemoryBudget{1000, Accounting::kReserved}.ApplyTo(tiny);
   EXPECT_EQ(tiny.budget, 2 * kMiB);
 }
 

@@ -225,15 +225,4 @@ absl::Status SimTimeline::Write(const OpTrace& trace, const std::string& path) c
   return WriteFile(path, ToJson(trace));
 }
 
-absl::Status ObservedSimDevice::CopyAsync(void* dst, const void* src, std::size_t bytes,
-                                          CopyKind kind, Stream stream) {
-  absl::Status status = device_->CopyAsync(dst, src, bytes, kind, stream);
-  if (!status.ok() || bytes == 0) return status;
-  absl::StatusOr<std::int64_t> end = device_->StreamTimeNs(stream);
-  if (!end.ok()) return status;
-  observer_(ObservedCopy{dst, src, bytes, kind, stream,
-                         *end - device_->cost_model().CopyNs(bytes, kind), *end});
-  return status;
-}
-
 }  // namespace remat

@@ -42,9 +42,9 @@
 //
 // Slices are exact: a slice ends where the stream's clock stood right after
 // the work was enqueued, and starts its cost earlier. An offload instant is
-// at the compute stream's time when the runtime queued the copy out; a drop
-// is seen after the record (or when the dropped tensor is recomputed) and
-// carries the time the record started on the compute stream.
+// at the compute stream's time when the runtime queued the copy out, and a
+// drop at the compute stream's time when the runtime dropped it. The replay
+// learns all of it from the runtime's events (runtime/observer.h).
 #ifndef REMAT_SIM_SIM_TIMELINE_H_
 #define REMAT_SIM_SIM_TIMELINE_H_
 
@@ -120,68 +120,6 @@ class SimTimeline {
   std::string end_status_;  // "" when the run finished
   std::string end_message_;
   std::int64_t end_ns_ = 0;
-};
-
-// What ObservedSimDevice reports for each copy it enqueues.
-struct ObservedCopy {
-  void* dst = nullptr;
-  const void* src = nullptr;
-  std::size_t bytes = 0;
-  CopyKind kind = CopyKind::kHostToDevice;
-  Stream stream;
-  std::int64_t start_ns = 0;  // on the stream's clock
-  std::int64_t end_ns = 0;
-};
-
-// A Device that forwards every call to a SimDevice and reports each copy it
-// enqueues (after the SimDevice accepted it), with the copy's exact place on
-// its stream's clock. The replayer puts it between the SimDevice and the
-// allocator (and so the runtime) only when it records a timeline; the
-// callback must not call back into the runtime.
-class ObservedSimDevice final : public Device {
- public:
-  using CopyObserver = absl::AnyInvocable<void(const ObservedCopy&)>;
-  ObservedSimDevice(SimDevice* device, CopyObserver observer)
-      : device_(device), observer_(std::move(observer)) {}
-
-  std::string Describe() const override { return device_->Describe(); }
-  std::size_t Capacity() const override { return device_->Capacity(); }
-  std::size_t FreeBytes() const override { return device_->FreeBytes(); }
-  std::int64_t NowNs() const override { return device_->NowNs(); }
-  absl::StatusOr<void*> ReserveSegment(std::size_t bytes) override {
-    return device_->ReserveSegment(bytes);
-  }
-  absl::Status ReleaseSegment(void* ptr) override { return device_->ReleaseSegment(ptr); }
-  absl::StatusOr<void*> AllocateHost(std::size_t bytes) override {
-    return device_->AllocateHost(bytes);
-  }
-  absl::Status FreeHost(void* ptr) override { return device_->FreeHost(ptr); }
-  absl::StatusOr<Stream> CreateStream() override { return device_->CreateStream(); }
-  absl::Status DestroyStream(Stream stream) override { return device_->DestroyStream(stream); }
-  absl::StatusOr<Event> CreateEvent() override { return device_->CreateEvent(); }
-  absl::Status DestroyEvent(Event event) override { return device_->DestroyEvent(event); }
-  absl::Status RecordEvent(Event event, Stream stream) override {
-    return device_->RecordEvent(event, stream);
-  }
-  absl::StatusOr<bool> QueryEvent(Event event) override { return device_->QueryEvent(event); }
-  absl::Status StreamWaitEvent(Stream stream, Event event) override {
-    return device_->StreamWaitEvent(stream, event);
-  }
-  absl::Status SynchronizeEvent(Event event) override { return device_->SynchronizeEvent(event); }
-  absl::Status SynchronizeStream(Stream stream) override {
-    return device_->SynchronizeStream(stream);
-  }
-  absl::Status Synchronize() override { return device_->Synchronize(); }
-  absl::Status CopyAsync(void* dst, const void* src, std::size_t bytes, CopyKind kind,
-                         Stream stream) override;
-  absl::Status LaunchHostFunc(Stream stream, absl::AnyInvocable<void() &&> fn,
-                              std::int64_t cost_ns = 0) override {
-    return device_->LaunchHostFunc(stream, std::move(fn), cost_ns);
-  }
-
- private:
-  SimDevice* const device_;
-  CopyObserver observer_;
 };
 
 }  // namespace remat

@@ -104,14 +104,13 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   absl::StatusOr<OpReplayReport> unlimited = ReplayOpTrace(trace, reference);
   if (!unlimited.ok()) return unlimited.status();
   result.baseline = *unlimited;
-  const double peak = static_cast<double>(options.live ? unlimited->peak_live_bytes
-                                                       : unlimited->peak_reserved_bytes);
+  const Accounting accounting = options.live ? Accounting::kLive : Accounting::kReserved;
   for (const std::string& policy : options.policies) {
     for (double ratio : options.ratios) {
       SweepRow row;
       row.policy = policy;
       row.ratio = ratio;
-      row.budget = static_cast<std::uint64_t>(ratio * peak);
+      row.budget = MemoryBudget::FromRatio(ratio, *unlimited, accounting).bytes;
       result.rows.push_back(std::move(row));
     }
   }
@@ -125,7 +124,7 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
       SweepRow& row = result.rows[i];
       OpReplayOptions o = base;
       o.policy = row.policy;
-      SetBudget(o, row.budget, options.live);
+      MemoryBudget{row.budget, accounting}.ApplyTo(o);
       absl::StatusOr<OpReplayReport> r = ReplayOpTrace(trace, o);
       std::lock_guard<std::mutex> lock(mu);
       if (!r.ok()) {
@@ -173,12 +172,13 @@ std::string SweepCsv(const SweepResult& result) {
     const double choose = r.pressure_events > 0 ? static_cast<double>(r.choose_wall_ns) /
                                                       static_cast<double>(r.pressure_events)
                                                 : 0.0;
-    absl::StrAppendFormat(&csv, "%s,%s,%s,%g,%d,%s,%.6f,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%.6f\n",
-                          CsvQuoted(result.trace), CsvQuoted(row.policy), result.live ? "live" : "reserved", row.ratio,
-                          row.budget, r.status, result.Overhead(row), r.time_ns,
-                          result.baseline.time_ns, r.peak_reserved_bytes, r.peak_live_bytes,
-                          r.recomputed_ops, r.recompute_ns, r.offloaded_bytes, r.restored_bytes,
-                          r.stall_ns, r.evictions, r.pressure_events, choose, r.wall_seconds);
+    absl::StrAppendFormat(
+        &csv, "%s,%s,%s,%g,%d,%s,%.6f,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%.6f\n",
+        CsvQuoted(result.trace), CsvQuoted(row.policy), result.live ? "live" : "reserved",
+        row.ratio, row.budget, r.status, result.Overhead(row), r.time_ns, result.baseline.time_ns,
+        r.peak_reserved_bytes, r.peak_live_bytes, r.recomputed_ops, r.recompute_ns,
+        r.offloaded_bytes, r.restored_bytes, r.stall_ns, r.evictions, r.pressure_events, choose,
+        r.wall_seconds);
   }
   return csv;
 }
@@ -212,10 +212,10 @@ std::string SweepTable(const SweepResult& result) {
     for (const std::string& p : policies) {
       for (const SweepRow& row : result.rows) {
         if (row.ratio != ratio || row.policy != p) continue;
-        const std::string cell = row.report.status == "ok"
-                                     ? absl::StrFormat("%.3f%s", result.Overhead(row),
-                                                       &row == best ? "*" : " ")
-                                     : row.report.status + " ";
+        const std::string cell =
+            row.report.status == "ok"
+                ? absl::StrFormat("%.3f%s", result.Overhead(row), &row == best ? "*" : " ")
+                : row.report.status + " ";
         absl::StrAppendFormat(&out, "%*s", width, cell);
       }
     }

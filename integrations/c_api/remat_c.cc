@@ -31,11 +31,9 @@
 #include "base/mutex.h"
 #include "base/units.h"
 #include "device/device.h"
+#include "device/device_spec.h"
 #include "device/sim_device.h"
 #include "runtime/runtime.h"
-#if defined(REMAT_HAVE_CUDA)
-#include "device/cuda_device.h"
-#endif
 
 #ifndef REMAT_VERSION_STRING
 #define REMAT_VERSION_STRING "0.0.0"
@@ -138,32 +136,30 @@ std::uint64_t U64(std::int64_t v) { return v < 0 ? 0 : static_cast<std::uint64_t
 // --- Devices ------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<remat::Device>> MakeDevice(const remat_allocator_options& o) {
+  remat::DeviceSpec spec;
   switch (o.device) {
-    case REMAT_DEVICE_SIM: {
-      remat::SimDeviceOptions sim;
-      sim.capacity = static_cast<std::size_t>(o.sim_capacity_bytes);
-      sim.backed = o.sim_backed != 0;
-      absl::StatusOr<std::unique_ptr<remat::SimDevice>> made = remat::SimDevice::Create(sim);
-      if (!made.ok()) return made.status();
-      return std::unique_ptr<remat::Device>(std::move(*made));
-    }
-    case REMAT_DEVICE_CUDA: {
-#if defined(REMAT_HAVE_CUDA)
-      absl::StatusOr<std::unique_ptr<remat::CudaDevice>> made =
-          remat::CudaDevice::Create(o.cuda_device);
-      if (!made.ok()) return made.status();
-      return std::unique_ptr<remat::Device>(std::move(*made));
-#else
-      return absl::FailedPreconditionError(
-          "this libremat was built without the CUDA toolkit; only REMAT_DEVICE_SIM is available");
-#endif
-    }
-    case REMAT_DEVICE_KIND_MAX_ENUM:
+    case REMAT_DEVICE_SIM:
+      spec.kind = remat::DeviceSpec::Kind::kSim;
+      spec.sim.capacity = static_cast<std::size_t>(o.sim_capacity_bytes);
+      spec.sim.backed = o.sim_backed != 0;
       break;
+    case REMAT_DEVICE_CUDA:
+      spec.kind = remat::DeviceSpec::Kind::kCuda;
+      spec.cuda_ordinal = o.cuda_device;
+      break;
+    case REMAT_DEVICE_KIND_MAX_ENUM:
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrFormat("unknown device kind %d (REMAT_DEVICE_SIM or REMAT_DEVICE_CUDA)",
+                          static_cast<int>(o.device)));
   }
-  return absl::InvalidArgumentError(
-      absl::StrFormat("unknown device kind %d (REMAT_DEVICE_SIM or REMAT_DEVICE_CUDA)",
-                      static_cast<int>(o.device)));
+  absl::StatusOr<std::unique_ptr<remat::Device>> made = remat::MakeDevice(spec);
+  if (!made.ok() && spec.kind == remat::DeviceSpec::Kind::kCuda &&
+      absl::IsFailedPrecondition(made.status())) {
+    return absl::FailedPreconditionError(
+        "this libremat was built without the CUDA toolkit; only REMAT_DEVICE_SIM is available");
+  }
+  return made;
 }
 
 remat_tensor_state StateOf(remat::TensorState s) {
@@ -250,8 +246,8 @@ remat_status TakeCallback(const char* fn, const COptions* options,
     return REMAT_OK;
   }
   try {
-    callback = std::make_unique<CCallback>(options->recompute, options->user_data,
-                                           options->destroy);
+    callback =
+        std::make_unique<CCallback>(options->recompute, options->user_data, options->destroy);
   } catch (...) {
     if (options->destroy != nullptr) options->destroy(options->user_data);
     return Fail(REMAT_OUT_OF_MEMORY, fn, "out of host memory");
@@ -422,8 +418,8 @@ remat_status remat_set_budget(remat_allocator* allocator, uint64_t budget_bytes)
   const char* const fn = __func__;
   return Call(fn, [&] {
     if (allocator == nullptr) return NullArgument(fn, "allocator");
-    const std::size_t budget = budget_bytes == 0 ? allocator->device->Capacity()
-                                                 : static_cast<std::size_t>(budget_bytes);
+    const std::size_t budget =
+        budget_bytes == 0 ? allocator->device->Capacity() : static_cast<std::size_t>(budget_bytes);
     return FromStatus(fn, allocator->allocator->SetBudget(budget));
   });
 }
@@ -521,8 +517,8 @@ remat_status remat_launch_host_func(remat_allocator* allocator, uint64_t stream,
       return Fail(REMAT_INVALID_ARGUMENT, fn,
                   absl::StrFormat("cost_ns must be >= 0, not %d", cost_ns));
     }
-    return FromStatus(fn, allocator->device->LaunchHostFunc(
-                              ToStream(stream), HostFunc{func, user_data}, cost_ns));
+    return FromStatus(fn, allocator->device->LaunchHostFunc(ToStream(stream),
+                                                            HostFunc{func, user_data}, cost_ns));
   });
 }
 

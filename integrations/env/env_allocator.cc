@@ -8,47 +8,15 @@
 
 #include "absl/strings/str_format.h"
 #include "allocator/snapshot_pickle.h"
+#include "base/env.h"
 #include "base/units.h"
+#include "device/device_spec.h"
 #include "device/sim_device.h"
-#ifdef REMAT_HAVE_CUDA
-#include "device/cuda_device.h"
-#endif
 
 namespace remat::env {
 namespace {
 
 thread_local std::string tls_last_error;
-
-const char* Get(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : nullptr;
-}
-
-absl::Status BytesFrom(const char* name, std::size_t* out) {
-  const char* v = Get(name);
-  if (v == nullptr) return absl::OkStatus();
-  absl::StatusOr<std::uint64_t> bytes = ParseBytes(v);
-  if (!bytes.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s=%s: %s", name, v, bytes.status().message()));
-  }
-  *out = static_cast<std::size_t>(*bytes);
-  return absl::OkStatus();
-}
-
-absl::Status FlagFrom(const char* name, bool* out) {
-  const char* v = Get(name);
-  if (v == nullptr) return absl::OkStatus();
-  const std::string_view s(v);
-  if (s == "1" || s == "true" || s == "yes") {
-    *out = true;
-  } else if (s == "0" || s == "false" || s == "no") {
-    *out = false;
-  } else {
-    return absl::InvalidArgumentError(absl::StrFormat("%s=%s: expected 1 or 0", name, v));
-  }
-  return absl::OkStatus();
-}
 
 void PrintStats(int device, const CachingAllocator& alloc) {
   const AllocatorStats s = alloc.GetStats();
@@ -73,23 +41,11 @@ void SetLastError(const absl::Status& status) {
 
 absl::StatusOr<Config> ConfigFromEnvironment() {
   Config c;
-  if (const char* d = Get("REMAT_DEVICE")) {
-    const std::string_view device(d);
-    if (device == "sim") {
-      c.device = Config::DeviceKind::kSim;
-    } else if (device == "cuda") {
-      c.device = Config::DeviceKind::kCuda;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("REMAT_DEVICE=%s: expected cuda or sim", d));
-    }
-  }
-  if (absl::Status s = BytesFrom("REMAT_BUDGET", &c.budget); !s.ok()) return s;
-  if (absl::Status s = BytesFrom("REMAT_SIM_CAPACITY", &c.sim_capacity); !s.ok()) return s;
-  if (absl::Status s = FlagFrom("REMAT_STATS", &c.stats); !s.ok()) return s;
-  if (absl::Status s = FlagFrom("REMAT_SIM_BACKED", &c.sim_backed); !s.ok()) return s;
-  if (const char* t = Get("REMAT_TRACE")) c.trace_path = t;
-  if (const char* t = Get("REMAT_SNAPSHOT")) c.snapshot_path = t;
+  if (absl::Status s = c.device.ReadEnvironment(); !s.ok()) return s;
+  if (absl::Status s = BytesFromEnv("REMAT_BUDGET", &c.budget); !s.ok()) return s;
+  if (absl::Status s = FlagFromEnv("REMAT_STATS", &c.stats); !s.ok()) return s;
+  if (const char* t = GetEnv("REMAT_TRACE")) c.trace_path = t;
+  if (const char* t = GetEnv("REMAT_SNAPSHOT")) c.snapshot_path = t;
   return c;
 }
 
@@ -107,7 +63,7 @@ Allocators::Allocators(absl::StatusOr<Config> config)
     : config_(std::move(config)), created_pid_(getpid()) {}
 
 Stream Allocators::StreamFor(std::uint64_t stream) const {
-  if (config_.ok() && config_->device == Config::DeviceKind::kSim) return kDefaultStream;
+  if (config_.ok() && config_->device.kind == DeviceSpec::Kind::kSim) return kDefaultStream;
   return Stream{static_cast<std::uintptr_t>(stream)};
 }
 
@@ -120,21 +76,17 @@ absl::StatusOr<CachingAllocator*> Allocators::For(int device) {
   MutexLock lock(&mu_);
   if (CachingAllocator* a = ready_[device].load(std::memory_order_relaxed)) return a;
   PerDevice& d = devices_[device];
-  if (config_->device == Config::DeviceKind::kSim) {
-    absl::StatusOr<std::unique_ptr<SimDevice>> sim = SimDevice::Create(
-        {.capacity = config_->sim_capacity, .backed = config_->sim_backed});
-    if (!sim.ok()) return sim.status();
-    d.device = std::move(*sim);
-  } else {
-#ifdef REMAT_HAVE_CUDA
-    absl::StatusOr<std::unique_ptr<CudaDevice>> cuda = CudaDevice::Create(device);
-    if (!cuda.ok()) return cuda.status();
-    d.device = std::move(*cuda);
-#else
-    return absl::FailedPreconditionError(
-        "remat was built without CUDA: set REMAT_DEVICE=sim to use the simulated device");
-#endif
+  DeviceSpec spec = config_->device;
+  spec.cuda_ordinal = device;
+  absl::StatusOr<std::unique_ptr<Device>> made = MakeDevice(spec);
+  if (!made.ok()) {
+    if (spec.kind == DeviceSpec::Kind::kCuda && absl::IsFailedPrecondition(made.status())) {
+      return absl::FailedPreconditionError(
+          "remat was built without CUDA: set REMAT_DEVICE=sim to use the simulated device");
+    }
+    return made.status();
   }
+  d.device = std::move(*made);
   const std::size_t capacity = d.device->Capacity();
   if (config_->budget > capacity) {
     return absl::InvalidArgumentError(

@@ -33,19 +33,23 @@
 #include "absl/status/statusor.h"
 #include "allocator/caching_allocator.h"
 #include "base/mutex.h"
+#include "device/device_spec.h"
 #include "trace/rmm_log_writer.h"
 
 namespace remat::env {
 
 struct Config {
-  enum class DeviceKind { kCuda, kSim };
-  DeviceKind device = DeviceKind::kCuda;
+  // REMAT_DEVICE, REMAT_SIM_CAPACITY, REMAT_SIM_BACKED (device/device_spec.h);
+  // the CUDA device's ordinal is the one each call names.
+  DeviceSpec device = [] {
+    DeviceSpec d;
+    d.sim.capacity = 80 * kGiB;
+    return d;
+  }();
   std::size_t budget = 0;  // 0: the device's capacity
   std::string trace_path;
   std::string snapshot_path;
   bool stats = false;
-  std::size_t sim_capacity = 80 * kGiB;
-  bool sim_backed = false;
 };
 
 // Reads the REMAT_* variables; a malformed one is InvalidArgument naming it.

@@ -34,11 +34,11 @@ TEST_F(EnvTest, ReadsEveryVariable) {
   setenv("REMAT_SIM_CAPACITY", "8GiB", 1);
   absl::StatusOr<Config> c = ConfigFromEnvironment();
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->device, Config::DeviceKind::kSim);
+  EXPECT_EQ(c->device.kind, DeviceSpec::Kind::kSim);
   EXPECT_EQ(c->budget, 3 * kGiB / 2);
   EXPECT_EQ(c->trace_path, "/tmp/t.csv");
   EXPECT_TRUE(c->stats);
-  EXPECT_EQ(c->sim_capacity, 8 * kGiB);
+  EXPECT_EQ(c->device.sim.capacity, 8 * kGiB);
 }
 
 TEST_F(EnvTest, ABadVariableIsNamedInTheError) {
@@ -57,9 +57,9 @@ TEST_F(EnvTest, ABadVariableIsNamedInTheError) {
 
 TEST_F(EnvTest, ServesUnderTheBudgetAndReportsMemInfo) {
   Config c;
-  c.device = Config::DeviceKind::kSim;
+  c.device.kind = DeviceSpec::Kind::kSim;
   c.budget = 64 * kMiB;
-  c.sim_capacity = kGiB;
+  c.device.sim.capacity = kGiB;
   Allocators a(c);
   absl::StatusOr<Allocators::MemInfo> info = a.GetMemInfo(0);
   ASSERT_TRUE(info.ok()) << info.status();
@@ -92,9 +92,9 @@ TEST_F(EnvTest, ServesUnderTheBudgetAndReportsMemInfo) {
 
 TEST_F(EnvTest, ABudgetLargerThanTheDeviceIsRefused) {
   Config c;
-  c.device = Config::DeviceKind::kSim;
+  c.device.kind = DeviceSpec::Kind::kSim;
   c.budget = 2 * kGiB;
-  c.sim_capacity = kGiB;
+  c.device.sim.capacity = kGiB;
   Allocators a(c);
   EXPECT_THAT(std::string(a.Allocate(0, 1, 0).status().message()),
               HasSubstr("larger than device 0"));
@@ -103,7 +103,7 @@ TEST_F(EnvTest, ABudgetLargerThanTheDeviceIsRefused) {
 TEST_F(EnvTest, TheTraceAtFinishReplays) {
   const std::string dir = ::testing::TempDir();
   Config c;
-  c.device = Config::DeviceKind::kSim;
+  c.device.kind = DeviceSpec::Kind::kSim;
   c.budget = 64 * kMiB;
   c.trace_path = dir + "/env_trace.csv";
   c.snapshot_path = dir + "/env_snapshot.pickle";

@@ -81,7 +81,7 @@ remat::Mutex& Gate() {
 
 bool Sim() {
   const auto& config = Allocators::Process().config();
-  return config.ok() && config->device == Config::DeviceKind::kSim;
+  return config.ok() && config->device.kind == remat::DeviceSpec::Kind::kSim;
 }
 
 cudaError ToCuda(const absl::Status& s) {

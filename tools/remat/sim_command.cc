@@ -78,8 +78,8 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
   std::cout << absl::StrFormat("  budget           %s (%s accounting)\n",
                                FormatBytes(r.budget_bytes), f.accounting);
   std::cout << absl::StrFormat("  split limit      %s\n", r.max_split_bytes == 0
-                                                             ? std::string("none")
-                                                             : FormatBytes(r.max_split_bytes));
+                                                              ? std::string("none")
+                                                              : FormatBytes(r.max_split_bytes));
   std::cout << absl::StrFormat("  peak reserved    %s (unlimited: %s)\n",
                                FormatBytes(r.peak_reserved_bytes),
                                FormatBytes(base.peak_reserved_bytes));
@@ -96,8 +96,7 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
   std::cout << absl::StrFormat("  evictions        %d\n", r.evictions);
   if (r.pressure_events > 0) {
     std::cout << absl::StrFormat(
-        "  decisions        %d, %.0f candidates and %.2f us each on average\n",
-        r.pressure_events,
+        "  decisions        %d, %.0f candidates and %.2f us each on average\n", r.pressure_events,
         static_cast<double>(r.candidates_shown) / static_cast<double>(r.pressure_events),
         static_cast<double>(r.choose_wall_ns) / 1e3 / static_cast<double>(r.pressure_events));
   }
@@ -134,9 +133,9 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("baseline_peak_live_bytes").Uint(base.peak_live_bytes);
   w.Key("baseline_ns").Int(base.time_ns);
   w.Key("time_ns").Int(r.time_ns);
-  w.Key("overhead").Double(base.time_ns > 0 ? static_cast<double>(r.time_ns) /
-                                                  static_cast<double>(base.time_ns)
-                                            : 0.0);
+  w.Key("overhead")
+      .Double(base.time_ns > 0 ? static_cast<double>(r.time_ns) / static_cast<double>(base.time_ns)
+                               : 0.0);
   w.Key("recomputed_ops").Uint(r.recomputed_ops);
   w.Key("recompute_ns").Int(r.recompute_ns);
   w.Key("offloaded_bytes").Uint(r.offloaded_bytes);
@@ -145,13 +144,13 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("evictions").Uint(r.evictions);
   w.Key("pressure_events").Uint(r.pressure_events);
   w.Key("candidates_per_event")
-      .Double(r.pressure_events > 0 ? static_cast<double>(r.candidates_shown) /
-                                          static_cast<double>(r.pressure_events)
-                                    : 0.0);
+      .Double(r.pressure_events > 0
+                  ? static_cast<double>(r.candidates_shown) / static_cast<double>(r.pressure_events)
+                  : 0.0);
   w.Key("choose_ns_per_event")
-      .Double(r.pressure_events > 0 ? static_cast<double>(r.choose_wall_ns) /
-                                          static_cast<double>(r.pressure_events)
-                                    : 0.0);
+      .Double(r.pressure_events > 0
+                  ? static_cast<double>(r.choose_wall_ns) / static_cast<double>(r.pressure_events)
+                  : 0.0);
   w.Key("records").Uint(r.records);
   w.Key("wall_seconds").Double(r.wall_seconds);
   w.Key("replay_seconds").Double(r.replay_seconds);
@@ -170,8 +169,8 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
 
 int RunSim(const SimFlags& f) {
   if ((f.budget_ratio > 0) == (f.budget > 0)) {
-    return ReportError("sim", absl::InvalidArgumentError(
-                                  "give exactly one of --budget-ratio and --budget"));
+    return ReportError(
+        "sim", absl::InvalidArgumentError("give exactly one of --budget-ratio and --budget"));
   }
   // A timeline that cannot be written is refused before anything runs.
   if (!f.timeline_path.empty()) {
@@ -196,19 +195,18 @@ int RunSim(const SimFlags& f) {
   unlimited.max_split_size = std::numeric_limits<std::size_t>::max();
   absl::StatusOr<OpReplayReport> base = ReplayOpTrace(*trace, unlimited);
   if (!base.ok()) return ReportError("sim", base.status());
-  const bool live = f.accounting == "live";
-  std::uint64_t budget = f.budget;
-  if (f.budget_ratio > 0) {
-    const std::uint64_t peak = live ? base->peak_live_bytes : base->peak_reserved_bytes;
-    budget = static_cast<std::uint64_t>(f.budget_ratio * static_cast<double>(peak));
-  }
-  SetBudget(options, budget, live);
+  absl::StatusOr<Accounting> accounting = ParseAccounting(f.accounting);
+  if (!accounting.ok()) return ReportError("sim", accounting.status());
+  const MemoryBudget budget = f.budget_ratio > 0
+                                  ? MemoryBudget::FromRatio(f.budget_ratio, *base, *accounting)
+                                  : MemoryBudget{f.budget, *accounting};
+  budget.ApplyTo(options);
   options.verify = f.verify;
   SimTimeline timeline;
   if (!f.timeline_path.empty()) options.timeline = &timeline;
   absl::StatusOr<OpReplayReport> report = ReplayOpTrace(*trace, options);
   if (!report.ok()) return ReportError("sim", report.status());
-  report->budget_bytes = budget;
+  report->budget_bytes = budget.bytes;
   if (!f.timeline_path.empty()) {
     if (absl::Status written = timeline.Write(*trace, f.timeline_path); !written.ok()) {
       return ReportError("sim", written);
