@@ -70,7 +70,14 @@ class RuntimeTest : public ::testing::Test {
     }
     if (device->backed()) Fill(want.data(), bytes, tag, in_bytes, sizes);
     const bool backed = device->backed();
-    auto kernel = [device, backed, bytes, tag, sizes, cost_ns](const RecomputeArgs& args) {
+    // With check_in_closures_, a closure first checks the runtime's
+    // invariants as they stand while it runs (the lock let go, mid-regeneration).
+    Runtime* checked = check_in_closures_ ? runtime_.get() : nullptr;
+    auto kernel = [device, backed, bytes, tag, sizes, cost_ns,
+                   checked](const RecomputeArgs& args) -> absl::Status {
+      if (checked != nullptr) {
+        if (absl::Status st = checked->CheckInvariants(); !st.ok()) return st;
+      }
       std::vector<void*> ins(args.inputs.begin(), args.inputs.end());
       return device->LaunchHostFunc(
           args.stream,
@@ -102,7 +109,8 @@ class RuntimeTest : public ::testing::Test {
     auto guard = runtime_->Create(bytes, std::move(options));
     EXPECT_TRUE(guard.ok()) << guard.status();
     if (!guard.ok()) return 0;
-    EXPECT_TRUE(kernel(RecomputeArgs{in_ptrs, guard->ptr(), bytes, kDefaultStream}).ok());
+    const absl::Status first = kernel(RecomputeArgs{in_ptrs, guard->ptr(), bytes, kDefaultStream});
+    EXPECT_TRUE(first.ok()) << first;
     const TensorId id = guard->id();
     expected_[id] = std::move(want);
     sizes_[id] = bytes;
@@ -122,11 +130,17 @@ class RuntimeTest : public ::testing::Test {
 
   TensorState StateOf(TensorId id) { return *runtime_->State(id); }
 
+  void CheckInvariants() {
+    const absl::Status st = runtime_->CheckInvariants();
+    ASSERT_TRUE(st.ok()) << st;
+  }
+
   std::unique_ptr<SimDevice> device_;
   std::unique_ptr<CachingAllocator> alloc_;
   std::unique_ptr<Runtime> runtime_;
   std::map<TensorId, std::vector<unsigned char>> expected_;
   std::map<TensorId, std::size_t> sizes_;
+  bool check_in_closures_ = false;
 };
 
 TEST_F(RuntimeTest, CreateAcquireRelease) {
@@ -768,9 +782,11 @@ TEST_P(RuntimePropertyTest, EveryAcquireSeesTheBytesProduced) {
     expected_.clear();
     sizes_.clear();
     Make((2 + rng() % 6) * kMiB, {.policy = mode.policy, .host_pool_bytes = kGiB});
+    check_in_closures_ = true;  // and after every operation below
     std::vector<TensorId> live;
     live.push_back(Produce(256 * kKiB, {}, false, false));  // an input
     for (int step = 0; step < 300; ++step) {
+      ASSERT_NO_FATAL_FAILURE(CheckInvariants());
       const int op = static_cast<int>(rng() % 10);
       if (op < 5 || live.size() < 3) {
         std::vector<TensorId> inputs;
@@ -798,9 +814,16 @@ TEST_P(RuntimePropertyTest, EveryAcquireSeesTheBytesProduced) {
         }
       }
     }
-    for (TensorId id : live) ASSERT_NO_FATAL_FAILURE(Check(id));
+    ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+    for (TensorId id : live) {
+      ASSERT_NO_FATAL_FAILURE(Check(id));
+      ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+    }
     evictions += runtime_->stats().drops + runtime_->stats().offloads;
-    for (TensorId id : live) ASSERT_TRUE(runtime_->Free(id).ok());
+    for (TensorId id : live) {
+      ASSERT_TRUE(runtime_->Free(id).ok());
+      ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+    }
     EXPECT_EQ(alloc_->GetStats().allocated_bytes.all().current, 0);
     EXPECT_EQ(runtime_->stats().resident_bytes, 0u);
   }
