@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_format.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 
 namespace remat::runtime_internal {
@@ -20,7 +21,11 @@ absl::Status EventPool::WaitOn(Stream waiter, Stream producer) {
 }
 
 void EventPool::DestroyAll() {
-  for (Event e : spare_) (void)device_->DestroyEvent(e);
+  for (Event e : spare_) {
+    if (absl::Status s = device_->DestroyEvent(e); !s.ok()) {
+      REMAT_LOG(kWarning, "runtime: destroying an event: %s", s.ToString());
+    }
+  }
   spare_.clear();
 }
 

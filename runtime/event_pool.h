@@ -44,7 +44,7 @@ class EventPool {
   // Work enqueued on `waiter` from now on starts only after the work enqueued
   // on `producer` so far.
   absl::Status WaitOn(Stream waiter, Stream producer);
-  // Destroys the spare events.
+  // Destroys the spare events (failures are logged: nothing can be done).
   void DestroyAll();
 
   absl::Span<const Event> spare() const { return spare_; }

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "policies/registry.h"
 #include "runtime/runtime_internal.h"
@@ -32,6 +33,11 @@ const char* TensorStateName(TensorState state) {
 // which usually is inside the runtime already.
 namespace {
 thread_local const void* tls_held_runtime = nullptr;
+
+// Where nothing can be returned (the destructor), a failure is logged.
+void LogIfError(const absl::Status& status, const char* what) {
+  if (!status.ok()) REMAT_LOG(kWarning, "runtime: %s: %s", what, status.ToString());
+}
 }  // namespace
 
 class ABSL_SCOPED_LOCKABLE Runtime::Lock {
@@ -122,13 +128,17 @@ Runtime::Runtime(CachingAllocator* allocator, RuntimeOptions options,
 Runtime::~Runtime() {
   allocator_->SetPressureHandler(nullptr);
   Lock lock(this);
-  (void)device_->Synchronize();
+  // A destructor returns nothing: failures are logged. After the sync no
+  // work is left that a block or buffer given back could race with.
+  LogIfError(device_->Synchronize(), "synchronizing before destruction");
   for (const auto& s : storages_.all()) {
-    if (s->device != nullptr) (void)allocator_->Free(s->device);
-    if (s->host != nullptr) (void)host_pool_.FreeAfter(s->host, copy_stream_);
+    if (s->device != nullptr) LogIfError(allocator_->Free(s->device), "freeing a block");
+    if (s->host != nullptr) {
+      LogIfError(host_pool_.FreeAfter(s->host, copy_stream_), "returning a host buffer");
+    }
   }
   events_.DestroyAll();
-  (void)device_->DestroyStream(copy_stream_);
+  LogIfError(device_->DestroyStream(copy_stream_), "destroying the copy stream");
 }
 
 // --- Tensors ---------------------------------------------------------------------
@@ -230,7 +240,7 @@ absl::StatusOr<absl::InlinedVector<Guard, 4>> Runtime::CreateCall(
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     absl::StatusOr<void*> ptr = AllocateDevice(outputs[i].bytes, stream, next_serial_ + i);
     if (!ptr.ok()) {
-      for (void* p : ptrs) (void)allocator_->FreeOnStream(p, stream);
+      for (void* p : ptrs) FreeBlockOnError(p, stream);
       pending_live_bytes_ -= pending;
       return ptr.status();
     }
@@ -421,7 +431,7 @@ void Runtime::MaybeCollect(Storage* first) {
     } else if (s->state == TensorState::kResident) {
       stats_.resident_bytes -= s->bytes;  // a zero-byte tensor
     }
-    if (s->host != nullptr) (void)host_pool_.FreeAfter(s->host, copy_stream_);
+    if (s->host != nullptr) ReturnHostBuffer(s->host, copy_stream_);
     if (s->copy_in_flight) events_.Give(s->copy_event);
     SetState(s, TensorState::kFreed);
     for (Storage* in : s->inputs) {

@@ -378,6 +378,11 @@ class Runtime {
   // Makes `to` wait for every other stream that used the storage's block,
   // then gives the block back to the allocator on `to`.
   void HandBack(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns a host buffer to the pool once the work on `after` so far is done.
+  void ReturnHostBuffer(void* host, Stream after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back a block no work has been ordered after, on a path that
+  // already fails with another error.
+  void FreeBlockOnError(void* ptr, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- runtime_check.cc: diagnostics and invariants ---
   std::string DescribePressure(std::size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -135,7 +135,7 @@ absl::Status Runtime::RunCall(Storage* s, Stream stream) ABSL_NO_THREAD_SAFETY_A
   std::size_t pending = 0;
   auto give_back = [&](absl::Status error) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (std::size_t i = 0; i < n; ++i) {
-      if (regenerate[i] && out_ptrs[i] != nullptr) (void)allocator_->FreeOnStream(out_ptrs[i], stream);
+      if (regenerate[i] && out_ptrs[i] != nullptr) FreeBlockOnError(out_ptrs[i], stream);
     }
     pending_live_bytes_ -= pending;
     for (Storage* m : held) UnpinStorage(m);

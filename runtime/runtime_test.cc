@@ -881,6 +881,43 @@ TEST_F(RuntimeTest, AFailingOffloadCopyFallsBackAndAFailingRestoreLeavesTheTenso
   EXPECT_THAT(std::string(failed.status().message()), HasSubstr("injected fault"));
   EXPECT_NE(StateOf(b), TensorState::kResident);
   EXPECT_EQ(alloc_->GetStats().allocated_bytes.all().current, allocated);
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+  Check(b);
+}
+
+TEST_F(RuntimeTest, AFailedStreamWaitGivesUpTheOffloadOrMakesTheHostWait) {
+  // The copy out cannot be ordered after the tensor's producer: the offload
+  // is given up and the tensor dropped instead.
+  Make(8 * kMiB, {.policy = "lru"});
+  TensorId a = Produce(4 * kMiB, {}, true, true, /*cost_ns=*/10'000'000);
+  device_->FailNextWaits(1);
+  TensorId big = Produce(6 * kMiB, {}, false, false);
+  EXPECT_EQ(StateOf(a), TensorState::kDropped);
+  EXPECT_EQ(runtime_->stats().offloads, 0u);
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  Check(a);
+
+  // A dropped block used on another stream cannot be handed back behind that
+  // stream's work by a wait: the host waits for the stream instead.
+  Make(8 * kMiB, {.policy = "lru", .enable_offload = false});
+  expected_.clear();
+  TensorId b = Produce(4 * kMiB, {}, true, false);
+  auto side = device_->CreateStream();
+  ASSERT_TRUE(side.ok());
+  {
+    auto g = runtime_->Acquire(b, *side);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(device_->LaunchHostFunc(*side, [] {}, /*cost_ns=*/1'000'000'000).ok());
+  }
+  const std::int64_t side_done = *device_->StreamTimeNs(*side);
+  ASSERT_LT(device_->NowNs(), side_done);
+  device_->FailNextWaits(1);
+  big = Produce(6 * kMiB, {}, false, false);
+  EXPECT_EQ(StateOf(b), TensorState::kDropped);
+  EXPECT_GE(device_->NowNs(), side_done);
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+  ASSERT_TRUE(runtime_->Free(big).ok());
   Check(b);
 }
 
