@@ -289,6 +289,10 @@ absl::StatusOr<bool> SimDevice::QueryEvent(Event event) {
 
 absl::Status SimDevice::StreamWaitEvent(Stream stream, Event event) {
   MutexLock lock(&mu_);
+  if (waits_to_fail_ > 0) {
+    --waits_to_fail_;
+    return absl::InternalError(absl::StrFormat("%s: injected fault in a stream wait", Describe()));
+  }
   auto it = events_.find(event.handle);
   if (it == events_.end()) return absl::InvalidArgumentError("StreamWaitEvent: unknown event");
   std::int64_t* stream_time;
@@ -388,6 +392,11 @@ absl::Status SimDevice::CheckDeviceRangeLocked(const void* ptr, std::size_t byte
 void SimDevice::FailNextCopies(int count) {
   MutexLock lock(&mu_);
   copies_to_fail_ = count;
+}
+
+void SimDevice::FailNextWaits(int count) {
+  MutexLock lock(&mu_);
+  waits_to_fail_ = count;
 }
 
 absl::Status SimDevice::CopyAsync(void* dst, const void* src, std::size_t bytes, CopyKind kind,

@@ -107,6 +107,8 @@ class SimDevice final : public Device {
   // Fault injection for tests: the next `count` CopyAsync calls fail with
   // Internal (as a copy on a faulted GPU would) and enqueue nothing.
   void FailNextCopies(int count);
+  // Likewise the next `count` StreamWaitEvent calls (the stream waits for nothing).
+  void FailNextWaits(int count);
 
  private:
   // Address ranges handed out first-fit from a fixed window.
@@ -161,6 +163,7 @@ class SimDevice final : public Device {
   std::uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::int64_t running_end_ns_ ABSL_GUARDED_BY(mu_) = -1;  // op being executed, if any
   int copies_to_fail_ ABSL_GUARDED_BY(mu_) = 0;
+  int waits_to_fail_ ABSL_GUARDED_BY(mu_) = 0;
   std::int64_t busy_until_ns_ ABSL_GUARDED_BY(mu_) = 0;    // latest completion ever queued
 
   AddressSpace device_space_ ABSL_GUARDED_BY(mu_);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "base/log.h"
 #include "base/units.h"
 
 namespace remat {
@@ -17,8 +18,21 @@ PinnedHostPool::PinnedHostPool(Device* device, std::size_t capacity)
 
 PinnedHostPool::~PinnedHostPool() {
   ReclaimCompleted(/*wait=*/true);
-  for (auto& [size, ptr] : cached_) (void)device_->FreeHost(ptr);
-  for (Event e : spare_events_) (void)device_->DestroyEvent(e);
+  // A destructor returns nothing: failures are logged.
+  for (auto& [size, ptr] : cached_) FreeHostOrLog(ptr);
+  for (Event e : spare_events_) {
+    if (absl::Status s = device_->DestroyEvent(e); !s.ok()) {
+      REMAT_LOG(kWarning, "pinned host pool: destroying an event: %s", s.ToString());
+    }
+  }
+}
+
+void PinnedHostPool::FreeHostOrLog(void* ptr) {
+  // The buffer is not the pool's any more either way (no copy uses a cached
+  // one): a failure is logged, and the driver keeps what it would not free.
+  if (absl::Status s = device_->FreeHost(ptr); !s.ok()) {
+    REMAT_LOG(kWarning, "pinned host pool: freeing a buffer: %s", s.ToString());
+  }
 }
 
 absl::StatusOr<void*> PinnedHostPool::Allocate(std::size_t bytes) {
@@ -97,7 +111,7 @@ void PinnedHostPool::ReclaimCompleted(bool wait) {
 
 void PinnedHostPool::ReleaseCache() {
   for (auto& [size, ptr] : cached_) {
-    (void)device_->FreeHost(ptr);
+    FreeHostOrLog(ptr);
     sizes_.erase(ptr);
     held_bytes_ -= size;
   }

@@ -48,6 +48,7 @@ class PinnedHostPool {
 
   void ReclaimCompleted(bool wait);
   void ReleaseCache();
+  void FreeHostOrLog(void* ptr);
 
   Device* const device_;
   const std::size_t capacity_;

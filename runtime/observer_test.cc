@@ -239,6 +239,7 @@ TEST_F(ObserverTest, AShadowBuiltFromEventsAlwaysAgreesWithTheRuntime) {
         ASSERT_TRUE(runtime_->Free(live[k]).ok());
         live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
       }
+      ASSERT_TRUE(runtime_->CheckInvariants().ok()) << runtime_->CheckInvariants();
       for (; seen < recorder_.events.size(); ++seen) {
         const TensorEvent& e = recorder_.events[seen];
         switch (e.kind) {

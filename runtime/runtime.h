@@ -16,7 +16,7 @@
 // comes back without deepening the C++ stack), with inputs pinned while a
 // closure runs.
 //
-// States and transitions (all under one lock, in runtime.cc):
+// States and transitions (all under one lock, through Runtime::SetState):
 //   resident    --drop-->      dropped      --acquire (recompute)-->   resident
 //   resident    --offload-->   offloading   --copy done-->             on_host
 //   on_host / offloading       --acquire (copy in)-->                  resident
@@ -35,7 +35,6 @@
 #ifndef REMAT_RUNTIME_RUNTIME_H_
 #define REMAT_RUNTIME_RUNTIME_H_
 
-#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -52,10 +51,21 @@
 #include "base/mutex.h"
 #include "device/device.h"
 #include "policies/eviction_policy.h"
+#include "runtime/candidate_index.h"
+#include "runtime/drop_classes.h"
+#include "runtime/event_pool.h"
+#include "runtime/host_link.h"
 #include "runtime/host_pool.h"
 #include "runtime/observer.h"
+#include "runtime/object_pool.h"
+#include "runtime/tensor_table.h"
 
 namespace remat {
+
+namespace runtime_internal {
+struct Storage;    // runtime_internal.h
+struct CallGroup;  // runtime_internal.h
+}  // namespace runtime_internal
 
 using TensorId = std::uint64_t;
 
@@ -235,73 +245,95 @@ class Runtime {
   // (a simulated device's host clock moves only when the host waits).
   std::int64_t NowNs() const;
   RuntimeStats stats() const;
+  // Checks the runtime's bookkeeping: OK, or an Internal error naming the
+  // first broken invariant. It checks each part on its own (the tensor table,
+  // the storage and call pools, the candidate index, the drop classes, the
+  // host link, the event pool: see their headers) and what ties them
+  // together:
+  //   - the candidate index holds exactly the storages on the device
+  //     (resident or prefetching), unpinned and evictable, none claimed;
+  //   - stats().resident_bytes is the sum of the bytes of storages on the
+  //     device; live_tensors is the number of ids not freed, which is the
+  //     sum of the storages' handles; each id names its storage and back;
+  //   - pins, handles and dependents are not negative; a storage's
+  //     dependents, consumers, dropped-input count and dropped-consumer cost
+  //     are what its neighbours' inputs and states say;
+  //   - a storage holds a device block exactly when it is on the device and
+  //     not empty, a host buffer exactly when offloading or on the host, and
+  //     a copy in flight exactly when offloading or prefetching; copy events
+  //     in flight are distinct and none is spare;
+  //   - a dropped storage has a closure to regenerate it; a call's dropped
+  //     outputs carry its cost once among them; a one-output call's carries
+  //     it whole; the drop classes hold exactly the dropped storages, each
+  //     root the summed charge of its class;
+  //   - a collected storage is reset and waits in the pool, and only those;
+  //     a group's outputs point back at it;
+  //   - between regenerations: no claims, nothing deferred, no bytes pending
+  //     against the live budget, and nothing collectable left uncollected.
+  // O(storages + tensor pages): for tests and fuzzers. Takes the lock, so it
+  // may run between calls or inside a recompute closure, not from a policy.
+  absl::Status CheckInvariants() const;
   const policies::EvictionPolicy& policy() const { return *policy_; }
   Stream copy_stream() const { return copy_stream_; }
 
  private:
-  struct StorageFields;  // Storage's plain fields (runtime.cc)
-  struct Storage;
-  struct CallGroup;      // the outputs of a call with several (runtime.cc)
-  // A tensor id's entry: its storage until the storage is collected (then
-  // nullptr), and whether the owner freed it.
-  struct Tensor {
-    Storage* storage = nullptr;
-    bool freed = false;
-  };
-  // Ids are handed out in order, so their entries live in pages indexed by id:
-  // a lookup is an index, not a hash. A page whose tensors are all collected
-  // is given back (its ids answer "freed"), so a process that makes tensors
-  // without end keeps only the pages of tensors still around.
-  static constexpr std::size_t kTensorPage = 4096;
-  struct TensorPage {
-    std::array<Tensor, kTensorPage> entries;
-    std::size_t uncollected = 0;  // entries with a storage
-  };
-  // Whether the id was ever handed out. (The inline helpers here are
-  // defined in runtime.cc, the only file that calls them.)
-  inline bool Issued(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The entry of an id ever handed out whose page is still held; nullptr otherwise.
-  inline Tensor* FindTensor(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  TensorId NewTensorId(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The storage was collected: its ids' entries let it go.
-  void ForgetTensors(const Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A Storage object, reused from one collected earlier where there is one.
-  Storage* NewStorage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The records and the parts, with their invariants: runtime_internal.h
+  // (Storage, CallGroup) and one header per part.
+  using Storage = runtime_internal::Storage;
+  using CallGroup = runtime_internal::CallGroup;
+  using Tensor = runtime_internal::TensorTable::Entry;
 
   Runtime(CachingAllocator* allocator, RuntimeOptions options,
           std::shared_ptr<policies::EvictionPolicy> policy, Stream copy_stream);
 
   friend class Guard;
-  class Lock;
-  class Unlocked;  // lets go of the lock for a closure's run
+  class Lock;      // the runtime's lock (runtime.cc)
+  class Unlocked;  // lets go of the lock for a closure's run or a wait (runtime_internal.h)
+
+  // --- runtime.cc: the public calls' helpers, pins and collection ---
+  // The storage of a tensor the owner has not freed; nullptr otherwise, and
+  // NotLive says why. (The inline helpers are defined in runtime_internal.h.)
+  inline Storage* LiveOrNull(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status NotLive(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands out an id over `s`.
+  TensorId NewTensorId(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks a new call's options and finds its inputs' storages.
+  absl::Status ResolveInputs(const TensorOptions& options,
+                             absl::InlinedVector<Storage*, 3>& inputs) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills a new storage's fields from `options` and registers it.
+  Storage* AddStorage(std::size_t bytes, void* ptr, std::uint64_t serial, bool may_drop,
+                      bool may_offload, const TensorOptions& options,
+                      absl::Span<Storage* const> inputs, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unpin(void* storage);  // a Guard's storage_
   bool OnPressure(const PressureRequest& request);
-  bool Evict(const PressureRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Allocates a block tagged with `owner` (a storage's serial, for the MemoryMap).
-  absl::StatusOr<void*> AllocateDevice(std::size_t bytes, Stream stream, std::uint64_t owner)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status MakeResident(Storage* target, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Restore(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SettleCopies(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `pressure`: a policy's choice (else the owner released it; RuntimeObserver).
-  bool DropStorage(Storage* s, Stream to, bool pressure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tells options_.observer (set) the event about `s`, naming it and its bytes.
-  void Tell(const Storage* s, TensorEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool OffloadStorage(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes `to` wait for every other stream that used the storage's block,
-  // then gives the block back to the allocator on `to`.
-  void HandBack(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::int64_t DroppedChainCost(const Storage* root) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Summed DroppedChainCost of its inputs: Candidate::ancestors_ns.
-  std::int64_t AncestorsCost(const Storage* s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // PressureContext::complete_fn: fills in a candidate's ancestors.
-  // Runs inside Evict's Choose, with mu_ held (which the analysis cannot see).
-  static void CompleteCandidate(const void* self, policies::Candidate& c)
-      ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  absl::Status WaitOn(Stream waiter, Stream producer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Pin(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnpinStorage(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCollect(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  inline std::int64_t Clock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // NowNs, under the lock
+
+  // --- runtime_state.cc: state changes and what they keep in step ---
+  // Every state change goes through here: it keeps the candidate index, the
+  // dropped-neighbour counts and the drop classes in step.
+  void SetState(Storage* s, TensorState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetResident(Storage* s, void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LeaveDevice(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A dropped output of a call comes back alone (collected): a dropped
+  // sibling takes over its share of the call's cost.
+  void PassDropCharge(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps the candidate index in step with the storage's state and pins.
+  inline void Reindex(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DTR's equivalence classes: a dropped storage joins its dropped
+  // neighbours' classes; a candidate's classes_ns sums those next to it.
+  void JoinClasses(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::int64_t AdjacentClassesCost(const Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- runtime_recompute.cc: making tensors resident, regenerations ---
+  absl::Status MakeResident(Storage* target, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the call of frame storage `s` (its inputs resident and pinned):
+  // regenerates its claimed outputs, charged once.
+  absl::Status RunCall(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a regeneration's deferral (see MakeResident): once no regeneration
   // runs, collects what they kept.
   void EndDeferral() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -315,43 +347,52 @@ class Runtime {
   // Sleeps, without the lock, until another thread's regeneration ends.
   void WaitForRegeneration() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyRegenerated() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs the call of frame storage `s` (its inputs resident and pinned):
-  // regenerates its claimed outputs, charged once.
-  absl::Status RunCall(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RuntimeOptions::max_steps: whether it is reached, and the error saying so.
   bool StepLimitReached() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status StepLimitError() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::int64_t Clock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // NowNs, under the lock
-  CallGroup* NewGroup() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Checks a new call's options and finds its inputs' storages.
-  absl::Status ResolveInputs(const TensorOptions& options,
-                             absl::InlinedVector<Storage*, 3>& inputs) const
+
+  // --- runtime_evict.cc: the live budget, pressure, candidates and their features ---
+  // Allocates a block tagged with `owner` (a storage's serial, for the
+  // MemoryMap), evicting first to stay within the live budget.
+  absl::StatusOr<void*> AllocateDevice(std::size_t bytes, Stream stream, std::uint64_t owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fills a new storage's fields from `options` and registers it.
-  Storage* AddStorage(std::size_t bytes, void* ptr, std::uint64_t serial, bool may_drop,
-                      bool may_offload, const TensorOptions& options,
-                      absl::Span<Storage* const> inputs, Stream stream)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetResident(Storage* s, void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every state change goes through here (it keeps candidates_ in step).
-  void SetState(Storage* s, TensorState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A dropped output of a call comes back alone (collected): a dropped
-  // sibling takes over its share of the call's cost.
-  void PassDropCharge(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LeaveDevice(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps candidates_ in step with the storage's state and pins.
-  inline void Reindex(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MoveInIndex(Storage* s, bool candidate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Evict(const PressureRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills scratch_ (and scratch_storages_) with what the policy sees now.
   void GatherCandidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   policies::Candidate MakeCandidate(const Storage* s, const policies::Needs& needs,
                                     std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The storage of a tensor the owner has not freed; nullptr otherwise, and
-  // NotLive says why.
-  inline Storage* LiveOrNull(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status NotLive(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Event> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::int64_t DroppedChainCost(const Storage* root) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Summed DroppedChainCost of its inputs: Candidate::ancestors_ns.
+  std::int64_t AncestorsCost(const Storage* s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PressureContext::complete_fn: fills in a candidate's ancestors.
+  // Runs inside Evict's Choose, with mu_ held (which the analysis cannot see).
+  static void CompleteCandidate(const void* self, policies::Candidate& c)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+  // --- runtime_transfer.cc: offload, restore, prefetch, drop, handing blocks back ---
+  absl::Status PrefetchStorage(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Restore(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SettleCopies(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `pressure`: a policy's choice (else the owner released it; RuntimeObserver).
+  bool DropStorage(Storage* s, Stream to, bool pressure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells options_.observer (set) the event about `s`, naming it and its bytes.
+  void Tell(const Storage* s, TensorEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool OffloadStorage(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `to` wait for every other stream that used the storage's block,
+  // then gives the block back to the allocator on `to`.
+  void HandBack(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns a host buffer to the pool once the work on `after` so far is done.
+  void ReturnHostBuffer(void* host, Stream after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back a block no work has been ordered after, on a path that
+  // already fails with another error.
+  void FreeBlockOnError(void* ptr, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- runtime_check.cc: diagnostics and invariants ---
   std::string DescribePressure(std::size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckStorages() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckGroups() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckClasses() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckTableAndStats() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CachingAllocator* const allocator_;
   Device* const device_;
@@ -361,40 +402,32 @@ class Runtime {
   const bool track_classes_;  // the policy reads Candidate::classes_ns
 
   mutable Mutex mu_;
-  // Page i holds ids [1 + i * kTensorPage, 1 + (i + 1) * kTensorPage).
-  std::vector<std::unique_ptr<TensorPage>> tensor_pages_ ABSL_GUARDED_BY(mu_);
+  // The parts, each with its invariants in its header.
+  // Ids to their entries, in pages (tensor_table.h).
+  runtime_internal::TensorTable tensors_ ABSL_GUARDED_BY(mu_);
   // Every Storage object made, live or not (a collected one has state kFreed
-  // and waits in free_storages_ to be reused): objects stay put, so a
-  // Storage* stays valid for the runtime's life, and its serial says whether
-  // it is still the storage it was.
-  std::vector<std::unique_ptr<Storage>> storages_ ABSL_GUARDED_BY(mu_);
-  std::vector<Storage*> free_storages_ ABSL_GUARDED_BY(mu_);
-  // What a policy may evict now: resident, unpinned, non-empty, evictable.
-  // A vector (each storage knows its slot) so a pressure event samples from
-  // it in O(1) per candidate.
-  std::vector<Storage*> candidates_ ABSL_GUARDED_BY(mu_);
+  // and waits to be reused): objects stay put, so a Storage* stays valid for
+  // the runtime's life, and its serial says whether it is still the storage
+  // it was. Groups of multi-output calls are pooled alike.
+  runtime_internal::ObjectPool<Storage> storages_ ABSL_GUARDED_BY(mu_);
+  runtime_internal::ObjectPool<CallGroup> groups_ ABSL_GUARDED_BY(mu_);
+  // What a policy may evict now (candidate_index.h).
+  runtime_internal::CandidateIndex candidates_ ABSL_GUARDED_BY(mu_);
+  // DTR's equivalence classes of dropped storages, kept when track_classes_
+  // (drop_classes.h).
+  runtime_internal::DropClasses classes_ ABSL_GUARDED_BY(mu_);
+  // The host link's bandwidth, latency and backlog (host_link.h).
+  runtime_internal::HostLink link_ ABSL_GUARDED_BY(mu_);
+  // Spare events, and stream-on-stream waits (event_pool.h).
+  runtime_internal::EventPool events_ ABSL_GUARDED_BY(mu_);
+  PinnedHostPool host_pool_ ABSL_GUARDED_BY(mu_);
+
   mutable std::uint64_t walk_mark_ ABSL_GUARDED_BY(mu_) = 0;  // see DroppedChainCost
   std::uint64_t chain_epoch_ ABSL_GUARDED_BY(mu_) = 1;        // one per pressure event
   // While any MakeResident regenerates (on any thread): released storages
   // unpinned meanwhile, with their serials then, collected when the last ends.
   int deferring_depth_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<Storage*, std::uint64_t>> deferred_collect_ ABSL_GUARDED_BY(mu_);
-  // When the host link will have carried every copy queued so far (estimated
-  // from the link's bandwidth): the backlog a new offload waits behind.
-  std::int64_t link_free_at_ns_ ABSL_GUARDED_BY(mu_) = 0;
-  void QueueOnLink(std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // DTR's equivalence classes of dropped storages (union-find over slots;
-  // cleared whenever nothing is dropped, so it does not grow without end).
-  struct ClassNode {
-    std::uint32_t parent;
-    std::int64_t cost_ns;
-  };
-  std::vector<ClassNode> classes_ ABSL_GUARDED_BY(mu_);
-  std::uint64_t dropped_count_ ABSL_GUARDED_BY(mu_) = 0;
-  std::uint32_t ClassRoot(std::uint32_t node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void JoinClasses(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::int64_t AdjacentClassesCost(const Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::uint64_t rng_state_ ABSL_GUARDED_BY(mu_) = 0x9e3779b97f4a7c15ull;  // for sampling
   // Reused across pressure events.
   std::vector<policies::Candidate> scratch_ ABSL_GUARDED_BY(mu_);
   std::vector<Storage*> scratch_storages_ ABSL_GUARDED_BY(mu_);
@@ -402,12 +435,6 @@ class Runtime {
   std::vector<Storage*> collect_work_ ABSL_GUARDED_BY(mu_);
   std::vector<Storage*> collect_dead_ ABSL_GUARDED_BY(mu_);
   std::uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
-  TensorId next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  PinnedHostPool host_pool_ ABSL_GUARDED_BY(mu_);
-  std::vector<Event> spare_events_ ABSL_GUARDED_BY(mu_);
-  // Groups of multi-output calls, pooled like storages.
-  std::vector<std::unique_ptr<CallGroup>> groups_ ABSL_GUARDED_BY(mu_);
-  std::vector<CallGroup*> free_groups_ ABSL_GUARDED_BY(mu_);
   // Bytes allocated for outputs whose closures have not yet run: they count
   // against the live budget before they are resident.
   std::size_t pending_live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
@@ -416,6 +443,7 @@ class Runtime {
   // Bumped (and waiters woken) when a regeneration ends.
   std::atomic<std::uint64_t> regen_epoch_{0};
   int regen_waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  // (tensor_pages and storage_objects are filled in from the parts by stats().)
   RuntimeStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

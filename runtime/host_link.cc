@@ -1,0 +1,20 @@
+#include "runtime/host_link.h"
+
+#include "absl/strings/str_format.h"
+
+namespace remat::runtime_internal {
+
+absl::Status HostLink::CheckInvariants() const {
+  if (!(gbps_ > 0)) {
+    return absl::InternalError(absl::StrFormat("host link: bandwidth %g GB/s", gbps_));
+  }
+  if (latency_ns_ < 0) {
+    return absl::InternalError(absl::StrFormat("host link: latency %d ns", latency_ns_));
+  }
+  if (free_at_ns_ < 0) {
+    return absl::InternalError(absl::StrFormat("host link: frees up at %d ns", free_at_ns_));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace remat::runtime_internal

@@ -1,0 +1,55 @@
+// HostLink: the runtime's model of the link between device and host memory,
+// which offloads, restores and prefetches cross: a bandwidth, a latency per
+// copy, and the backlog of copies queued on it.
+//
+// The model only estimates (for the policy's transfer costs and backlogs);
+// the copies themselves run on the device's streams.
+//
+// Invariants (CheckInvariants): the bandwidth is positive, the
+// latency is not negative, and the time the link frees up is not negative.
+#ifndef REMAT_RUNTIME_HOST_LINK_H_
+#define REMAT_RUNTIME_HOST_LINK_H_
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace remat::runtime_internal {
+
+class HostLink {
+ public:
+  // `gbps`: bytes per nanosecond; `latency_ns`: what each copy adds.
+  HostLink(double gbps, std::int64_t latency_ns) : gbps_(gbps), latency_ns_(latency_ns) {}
+
+  // Nanoseconds to carry `bytes`, latency aside.
+  std::int64_t CarryNs(std::size_t bytes) const {
+    return static_cast<std::int64_t>(static_cast<double>(bytes) / gbps_);
+  }
+  // A tensor's transfer cost for a policy: out and back, each with its latency.
+  std::int64_t RoundTripNs(std::size_t bytes) const {
+    return 2 * (latency_ns_ + CarryNs(bytes));
+  }
+  // A copy of `bytes` joins the queue at `now_ns` (the device's clock).
+  void Queue(std::size_t bytes, std::int64_t now_ns) {
+    const std::int64_t start = std::max(free_at_ns_, now_ns);
+    free_at_ns_ = start + latency_ns_ + CarryNs(bytes);
+  }
+  // How long a copy queued at `now_ns` waits behind those queued before it.
+  std::int64_t BacklogNs(std::int64_t now_ns) const {
+    return std::max<std::int64_t>(free_at_ns_ - now_ns, 0);
+  }
+
+  absl::Status CheckInvariants() const;
+
+ private:
+  const double gbps_;
+  const std::int64_t latency_ns_;
+  // When the link will have carried every copy queued so far.
+  std::int64_t free_at_ns_ = 0;
+};
+
+}  // namespace remat::runtime_internal
+
+#endif  // REMAT_RUNTIME_HOST_LINK_H_

@@ -1,0 +1,75 @@
+// ObjectPool: objects the runtime makes many of and reuses (storages, call
+// groups). An object stays put for the pool's life, so a pointer to it stays
+// valid; one given back is handed out again before a new one is made.
+// Header-only (a template); the objects' own state is the caller's.
+//
+// Invariants (CheckInvariants): every object given back is one of the
+// pool's, given back once.
+#ifndef REMAT_RUNTIME_OBJECT_POOL_H_
+#define REMAT_RUNTIME_OBJECT_POOL_H_
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/types/span.h"
+
+namespace remat::runtime_internal {
+
+template <typename T>
+class ObjectPool {
+ public:
+  ObjectPool() = default;
+  ObjectPool(const ObjectPool&) = delete;
+  ObjectPool& operator=(const ObjectPool&) = delete;
+
+  // One given back earlier (the last), or a new one.
+  T* Take() {
+    if (free_.empty()) {
+      all_.push_back(std::make_unique<T>());
+      return all_.back().get();
+    }
+    T* t = free_.back();
+    free_.pop_back();
+    return t;
+  }
+  // `t` (reset by the caller) may be handed out again.
+  void Give(T* t) { free_.push_back(t); }
+
+  // Objects made, in use or given back.
+  std::size_t made() const { return all_.size(); }
+  absl::Span<const std::unique_ptr<T>> all() const { return all_; }
+  absl::Span<T* const> given_back() const { return free_; }
+
+  // `what` names the objects in the error.
+  absl::Status CheckInvariants(std::string_view what) const {
+    std::vector<const T*> made;
+    made.reserve(all_.size());
+    for (const auto& t : all_) made.push_back(t.get());
+    std::sort(made.begin(), made.end());
+    std::vector<const T*> back(free_.begin(), free_.end());
+    std::sort(back.begin(), back.end());
+    if (std::adjacent_find(back.begin(), back.end()) != back.end()) {
+      return absl::InternalError(absl::StrFormat("%s pool: an object is given back twice", what));
+    }
+    for (const T* t : back) {
+      if (!std::binary_search(made.begin(), made.end(), t)) {
+        return absl::InternalError(
+            absl::StrFormat("%s pool: an object given back is not the pool's", what));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::unique_ptr<T>> all_;
+  std::vector<T*> free_;
+};
+
+}  // namespace remat::runtime_internal
+
+#endif  // REMAT_RUNTIME_OBJECT_POOL_H_

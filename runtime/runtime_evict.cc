@@ -1,0 +1,210 @@
+// Runtime under pressure: the live budget, the pressure handler's eviction,
+// the candidates a policy sees and their features (evicted neighbourhood,
+// adjacent drop classes, transfer cost, next use).
+#include <algorithm>
+#include <chrono>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "base/units.h"
+#include "runtime/runtime.h"
+#include "runtime/runtime_internal.h"
+
+namespace remat {
+
+absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream,
+                                              std::uint64_t owner) {
+  if (options_.live_budget != 0) {
+    // Outputs allocated for closures not yet run count as live already.
+    while (stats_.resident_bytes + pending_live_bytes_ + bytes > options_.live_budget) {
+      const std::size_t live = stats_.resident_bytes + pending_live_bytes_;
+      const PressureRequest request{live + bytes - options_.live_budget, stream,
+                                    options_.live_budget, live, live};
+      if (!Evict(request)) {
+        if (StepLimitReached()) return StepLimitError();
+        return absl::ResourceExhaustedError(absl::StrCat(
+            DescribePressure(bytes), "; live budget ", FormatBytes(options_.live_budget),
+            " with ", FormatBytes(stats_.resident_bytes), " resident"));
+      }
+    }
+  }
+  absl::StatusOr<void*> ptr = allocator_->Allocate(bytes, stream, owner);
+  if (ptr.ok() || !absl::IsResourceExhausted(ptr.status())) return ptr;
+  if (StepLimitReached()) return StepLimitError();
+  return absl::ResourceExhaustedError(
+      absl::StrCat(DescribePressure(bytes), "; allocator: ", ptr.status().message()));
+}
+
+policies::Candidate Runtime::MakeCandidate(const Storage* s, const policies::Needs& needs,
+                                           std::int64_t now) {
+  policies::Candidate c;
+  c.bytes = s->bytes;
+  c.compute_ns = s->compute_ns;
+  c.transfer_ns = link_.RoundTripNs(s->bytes);
+  c.can_drop = s->may_drop;
+  c.can_offload = s->may_offload;
+  c.last_access_ns = s->last_access_ns;
+  c.first_access_ns = s->first_access_ns;
+  c.accesses = s->accesses;
+  c.recomputes = s->recomputes;
+  // A recompute of this tensor first regenerates its dropped ancestors; its
+  // dropped consumers would need it regenerated in turn.
+  if (needs.neighbourhood) c.ancestors_ns = AncestorsCost(s);
+  c.consumers_ns = s->dropped_consumer_ns;
+  c.neighbourhood_ns = c.ancestors_ns + c.consumers_ns;
+  if (needs.classes) c.classes_ns = AdjacentClassesCost(s);
+  c.address = reinterpret_cast<std::uintptr_t>(s->device);
+  if (needs.adjacent_free) {
+    absl::StatusOr<std::size_t> free = allocator_->AdjacentFreeBytes(s->device);
+    c.adjacent_free_bytes = free.ok() ? *free : 0;
+  }
+  if (s->next_use_at >= 0) {
+    c.next_use_ns = s->next_use_at == kNeverUsedAgain
+                        ? kNeverUsedAgain
+                        : std::max<std::int64_t>(s->next_use_at - now, 0);
+  }
+  return c;
+}
+
+void Runtime::GatherCandidates() {
+  ++chain_epoch_;  // states may have changed since the last event: no memo carries over
+  scratch_.clear();
+  // All of them, or k distinct ones uniformly.
+  candidates_.Sample(policy_->sampling().Size(candidates_.size()), scratch_storages_);
+  const policies::Needs needs = policy_->needs();
+  const std::int64_t now = Clock();
+  for (const Storage* s : scratch_storages_) {
+    scratch_.push_back(MakeCandidate(s, needs, now));
+    scratch_.back().id = scratch_.size() - 1;
+  }
+}
+
+bool Runtime::Evict(const PressureRequest& request) {
+  if (StepLimitReached()) return false;  // AllocateDevice says why
+  ++stats_.pressure_events;
+  const auto choose_start = std::chrono::steady_clock::now();
+  GatherCandidates();
+  if (scratch_.empty()) {
+    if (options_.observer != nullptr) {
+      options_.observer->OnPressure({.bytes = request.bytes, .stream = request.stream});
+    }
+    return false;
+  }
+  stats_.candidates_shown += scratch_.size();
+  policies::PressureContext ctx;
+  ctx.bytes_needed = request.bytes;
+  ctx.stream = request.stream;
+  ctx.now_ns = Clock();
+  ctx.link_backlog_ns = link_.BacklogNs(device_->NowNs());
+  ctx.restore_backlog_ns = link_.CarryNs(host_pool_.in_use_bytes());
+  ctx.candidates = scratch_;
+  if (!policy_->needs().neighbourhood) {
+    ctx.complete_fn = &Runtime::CompleteCandidate;
+    ctx.complete_arg = this;
+  }
+  MemoryMap map;
+  if (policy_->needs().memory_map) {
+    map = allocator_->GetMemoryMap();
+    ctx.memory_map = &map;
+  }
+  const policies::Plan plan = policy_->Choose(ctx);
+  stats_.choose_wall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now() - choose_start)
+                               .count();
+  // The plan's storages, before carrying it out changes candidates_ (and so
+  // possibly scratch_storages_'s source; the copy is ours).
+  std::size_t freed = 0;
+  std::size_t evicted = 0;
+  bool progress = false;
+  for (const policies::PlanStep& step : plan) {
+    if (step.id >= scratch_storages_.size()) continue;  // a policy bug must not crash us
+    Storage* s = scratch_storages_[step.id];
+    if (s->pins > 0) continue;
+    if (s->state == TensorState::kPrefetching) {
+      // Evicted before its use: the copy in is abandoned (stream order keeps
+      // the block until it completes).
+      if (s->copy_in_flight) events_.Give(s->copy_event);
+      s->copy_in_flight = false;
+      SetState(s, TensorState::kResident);
+    }
+    if (s->state != TensorState::kResident) continue;
+    const policies::Candidate& c = scratch_[step.id];
+    bool done = false;
+    if (step.action == policies::EvictAction::kOffload && c.can_offload) {
+      done = OffloadStorage(s, request.stream);
+      // The host pool is full: drop instead.
+      if (!done && c.can_drop) done = DropStorage(s, request.stream, /*pressure=*/true);
+    } else if (c.can_drop) {
+      done = DropStorage(s, request.stream, /*pressure=*/true);
+    }
+    if (!done) continue;
+    if (s->state == TensorState::kDropped) ++stats_.drops;
+    progress = true;
+    ++evicted;
+    freed += s->bytes;
+    if (freed >= request.bytes) break;
+  }
+  if (options_.observer != nullptr) {
+    options_.observer->OnPressure({.bytes = request.bytes,
+                                   .stream = request.stream,
+                                   .candidates = scratch_.size(),
+                                   .evicted = evicted,
+                                   .freed_bytes = freed,
+                                   .satisfied = progress});
+  }
+  return progress;
+}
+
+std::int64_t Runtime::AncestorsCost(const Storage* s) const {
+  std::int64_t cost = 0;
+  if (s->dropped_inputs > 0) {
+    for (const Storage* in : s->inputs) cost += DroppedChainCost(in);
+  }
+  return cost;
+}
+
+void Runtime::CompleteCandidate(const void* self, policies::Candidate& c) {
+  // Called from the policy's Choose, which Evict runs under the runtime's lock.
+  const auto* rt = static_cast<const Runtime*>(self);
+  if (c.id >= rt->scratch_storages_.size()) return;
+  c.ancestors_ns = rt->AncestorsCost(rt->scratch_storages_[c.id]);
+  c.neighbourhood_ns = c.ancestors_ns + c.consumers_ns;
+}
+
+std::int64_t Runtime::DroppedChainCost(const Storage* root) const {
+  // What regenerating `root` would cost if it is dropped: its closure and
+  // those of the dropped ancestors it needs first, each counted once (DTR's
+  // evicted neighbourhood, upstream side). The walk stops after
+  // kMaxNeighbourhood tensors: enough to see a cascade, bounded per decision
+  // even when a 100,000-long chain behind it is dropped.
+  constexpr std::size_t kMaxNeighbourhood = 32;
+  if (root->state != TensorState::kDropped) return 0;
+  if (root->chain_epoch == chain_epoch_) return root->chain_cost;
+  // Visited storages carry this walk's mark: no search through `seen`.
+  const std::uint64_t mark = ++walk_mark_;
+  absl::InlinedVector<const Storage*, kMaxNeighbourhood> seen = {root};
+  root->walk_mark = mark;
+  std::int64_t cost = 0;
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    // One run regenerates a call's dropped outputs: its cost counts once.
+    const CallGroup* g = seen[i]->group;
+    if (g == nullptr) {
+      cost += seen[i]->compute_ns;
+    } else if (g->walk_mark != mark) {
+      g->walk_mark = mark;
+      cost += seen[i]->compute_ns;
+    }
+    for (const Storage* in : seen[i]->inputs) {
+      if (seen.size() >= kMaxNeighbourhood) break;
+      if (in->state == TensorState::kDropped && in->walk_mark != mark) {
+        in->walk_mark = mark;
+        seen.push_back(in);
+      }
+    }
+  }
+  root->chain_epoch = chain_epoch_;
+  root->chain_cost = cost;
+  return cost;
+}
+
+}  // namespace remat

@@ -1,0 +1,157 @@
+// The runtime's own records, shared by its .cc files (runtime.cc,
+// runtime_state.cc, runtime_recompute.cc, runtime_evict.cc,
+// runtime_transfer.cc, runtime_check.cc) and the parts that touch storages
+// (candidate_index.cc). Nothing outside runtime/ includes it: the public
+// interface is runtime.h.
+#ifndef REMAT_RUNTIME_RUNTIME_INTERNAL_H_
+#define REMAT_RUNTIME_RUNTIME_INTERNAL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/base/attributes.h"
+#include "absl/container/inlined_vector.h"
+#include "runtime/runtime.h"
+
+namespace remat::runtime_internal {
+
+struct Storage;
+
+// The outputs of a call with several: one closure regenerates all of them
+// that are lost. Pooled; kept while any output is uncollected.
+struct CallGroup {
+  RecomputeFn recompute;
+  absl::InlinedVector<Storage*, 4> outputs;  // in the call's order; nullptr once collected
+  std::size_t uncollected = 0;
+  int dropped = 0;                           // outputs now dropped
+  mutable std::uint64_t walk_mark = 0;       // the last DroppedChainCost walk that charged it
+
+  void Reset() {
+    recompute = nullptr;
+    outputs.erase(outputs.begin(), outputs.end());
+    uncollected = 0;
+    dropped = 0;
+    walk_mark = 0;
+  }
+};
+
+// A storage's plain fields: a collected storage is reset by assigning a
+// fresh copy (Storage::Reset), so every field here needs its initializer.
+// The ones most calls read come first.
+struct StorageFields {
+  TensorState state = TensorState::kFreed;  // not yet on the device: SetResident at creation
+  // What the tensor and the runtime's options allow, fixed at creation.
+  bool may_drop = false;     // allowed, enabled, and a closure to recompute it
+  bool may_offload = false;  // allowed and enabled
+  bool evictable = false;    // non-empty, and may_drop or may_offload
+  bool copy_in_flight = false;
+  int pins = 0;
+  int handles = 0;     // tensors over this storage the owner has not freed
+  int dependents = 0;  // uncollected storages whose closures read this one
+  static constexpr std::size_t kNoSlot = SIZE_MAX;
+  std::size_t candidate_slot = kNoSlot;  // its slot in the CandidateIndex, while a candidate
+  std::size_t bytes = 0;
+  void* device = nullptr;  // resident, prefetching
+  std::uint64_t serial = 0;
+  std::int64_t compute_ns = 0;
+  std::int64_t last_access_ns = 0;
+  std::uint64_t accesses = 0;
+  void* host = nullptr;    // offloading, on_host
+  Event copy_event;        // the offload's or the prefetch's copy, while copy_in_flight
+  mutable std::uint64_t walk_mark = 0;   // the last DroppedChainCost walk that saw it
+  // DroppedChainCost of this storage, valid during pressure event chain_epoch
+  // (candidates sharing an input walk its ancestors once per event).
+  mutable std::uint64_t chain_epoch = 0;
+  mutable std::int64_t chain_cost = 0;
+  // Kept by SetState, so building a candidate reads no neighbour that cannot matter.
+  std::int64_t first_access_ns = 0;
+  std::int64_t next_use_at = -1;          // HintNextUse's device time; -1 unknown
+  std::uint64_t recomputes = 0;
+  static constexpr std::uint32_t kNoClass = DropClasses::kNone;
+  std::uint32_t class_node = kNoClass;    // while dropped: its node in the DropClasses
+  int dropped_inputs = 0;                 // entries of `inputs` now dropped
+  std::int64_t dropped_consumer_ns = 0;   // summed drop_charge_ns of `consumers` now dropped
+  // A call's outputs: the group (nullptr for a one-output call), and its place in it.
+  CallGroup* group = nullptr;
+  std::uint32_t output_index = 0;
+  // While dropped, what regenerating it adds to a neighbourhood: the call's
+  // cost on one dropped output of a call, 0 on its dropped siblings (one run
+  // regenerates them all, charged once).
+  std::int64_t drop_charge_ns = 0;
+  // The thread regenerating it now (it is claimed, and pinned), or nullptr.
+  const void* regen_owner = nullptr;
+};
+
+struct Storage : StorageFields {
+  static_assert(std::is_trivially_copyable_v<StorageFields>);  // Reset assigns it whole
+  RecomputeFn recompute;  // one-output calls (a group's outputs use the group's)
+  // (Inline: most ops read two or three tensors, and are read by a few.)
+  absl::InlinedVector<Storage*, 3> inputs;     // what the closure reads
+  absl::InlinedVector<Storage*, 2> consumers;  // droppable storages whose closures read this one
+  absl::InlinedVector<Stream, 2> used_streams;  // streams that used the device block
+  absl::InlinedVector<TensorId, 1> tensor_ids;
+
+  // Back to a fresh object, for reuse once collected. The lists keep the heap
+  // space they grew (a reused object is likely to need it again): erase, as
+  // clear would give it back.
+  void Reset() {
+    static_cast<StorageFields&>(*this) = StorageFields{};
+    recompute = nullptr;
+    inputs.erase(inputs.begin(), inputs.end());
+    consumers.erase(consumers.begin(), consumers.end());
+    used_streams.erase(used_streams.begin(), used_streams.end());
+    tensor_ids.erase(tensor_ids.begin(), tensor_ids.end());
+  }
+  // The first id over it (0 if none), for messages.
+  TensorId FirstId() const { return tensor_ids.empty() ? 0 : tensor_ids.front(); }
+};
+
+// What a policy may evict now: on the device, unpinned, evictable. A
+// prefetched tensor (its copy in may still run) can go again: its block is
+// handed back behind the copy, like any other use.
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool IsCandidate(const StorageFields& s) {
+  const bool on_device = s.state == TensorState::kResident || s.state == TensorState::kPrefetching;
+  return on_device && s.pins == 0 && s.evictable;
+}
+
+}  // namespace remat::runtime_internal
+
+namespace remat {
+
+// Lets go of the runtime's lock while a closure runs or a thread waits, and
+// takes it back (runtime.cc, beside the lock).
+class Runtime::Unlocked {
+ public:
+  explicit Unlocked(const Runtime* r);
+  ~Unlocked();
+  Unlocked(const Unlocked&) = delete;
+  Unlocked& operator=(const Unlocked&) = delete;
+
+ private:
+  const Runtime* r_;
+  const void* previous_;
+};
+
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void Runtime::Reindex(Storage* s) {
+  const bool candidate = runtime_internal::IsCandidate(*s);
+  const bool indexed = s->candidate_slot != Storage::kNoSlot;
+  if (candidate != indexed) {
+    if (candidate) {
+      candidates_.Add(s);
+    } else {
+      candidates_.Remove(s);
+    }
+  }
+}
+
+inline std::int64_t Runtime::Clock() const { return device_->NowNs() + work_ns_; }
+
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline Runtime::Storage* Runtime::LiveOrNull(TensorId id) const {
+  const Tensor* t = tensors_.Find(id);
+  return t == nullptr || t->freed ? nullptr : t->storage;
+}
+
+}  // namespace remat
+
+#endif  // REMAT_RUNTIME_RUNTIME_INTERNAL_H_

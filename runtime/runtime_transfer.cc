@@ -1,0 +1,206 @@
+// Runtime's copies and blocks: offload to pinned host memory, restore and
+// prefetch back, drop, and handing device blocks back to the allocator in
+// stream order. Every copy is ordered by events (events_), never by a
+// host-wide sync; the host link model (link_) counts what each one carries.
+//
+// Errors: calls that return a Status pass device errors on, leaving the
+// tensor where it was. Eviction and collection cannot (the pressure handler
+// answers with a bool, and collection runs from a Guard's destructor); there
+// each failure is handled where it happens, as the comments say.
+#include "base/log.h"
+#include "base/status_macros.h"
+#include "runtime/runtime.h"
+#include "runtime/runtime_internal.h"
+
+namespace remat {
+
+absl::Status Runtime::PrefetchStorage(Storage* s, Stream stream) {
+  SettleCopies(s);
+  if (s->state != TensorState::kOnHost && s->state != TensorState::kOffloading) {
+    return absl::OkStatus();  // resident, on its way, or dropped: nothing to copy
+  }
+  REMAT_ASSIGN_OR_RETURN(void* const ptr, AllocateDevice(s->bytes, stream, s->serial));
+  // The copy stream writes the block only after `stream`'s earlier work on it,
+  // and (same stream) after the offload's copy out; the host buffer goes back
+  // to the pool behind the copy in. On any failure the block goes back, and
+  // the tensor stays on the host.
+  absl::StatusOr<Event> done = events_.Take();
+  absl::Status st = done.ok() ? events_.WaitOn(copy_stream_, stream) : done.status();
+  bool copying = false;
+  if (st.ok()) {
+    st = device_->CopyAsync(ptr, s->host, s->bytes, CopyKind::kHostToDevice, copy_stream_);
+    copying = st.ok();
+  }
+  if (st.ok()) st = device_->RecordEvent(*done, copy_stream_);
+  if (st.ok()) st = host_pool_.FreeAfter(s->host, copy_stream_);
+  if (!st.ok()) {
+    if (done.ok()) events_.Give(*done);
+    if (copying) {
+      // The copy in may still write the block, and `stream` is not ordered
+      // after it: the host waits for it. If it cannot, the block is kept
+      // from the allocator (a leak on a failing device, never a race).
+      if (absl::Status synced = device_->SynchronizeStream(copy_stream_); !synced.ok()) {
+        REMAT_LOG(kError, "runtime: a failed prefetch's block is kept: %s", synced.ToString());
+        return st;
+      }
+    }
+    FreeBlockOnError(ptr, stream);
+    return st;
+  }
+  if (s->copy_in_flight) events_.Give(s->copy_event);
+  s->copy_event = *done;
+  s->copy_in_flight = true;
+  s->host = nullptr;
+  SetResident(s, ptr);
+  SetState(s, TensorState::kPrefetching);
+  s->used_streams.assign({stream, copy_stream_});
+  stats_.restored_bytes += s->bytes;
+  link_.Queue(s->bytes, device_->NowNs());
+  ++stats_.prefetches;
+  if (options_.observer != nullptr) {
+    Tell(s, {.kind = TensorEvent::Kind::kRestored, .stream = copy_stream_, .prefetch = true});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Restore(Storage* s, Stream stream) {
+  SettleCopies(s);
+  if (s->state == TensorState::kPrefetching) {
+    REMAT_RETURN_IF_ERROR(device_->StreamWaitEvent(stream, s->copy_event));
+    events_.Give(s->copy_event);
+    s->copy_in_flight = false;
+    SetState(s, TensorState::kResident);
+    return absl::OkStatus();
+  }
+  // On host (or still being copied out: the copy in on `stream` then waits
+  // for the copy out). On any failure the block goes back behind what was
+  // enqueued on `stream`, and the tensor stays on the host, with the copy
+  // out's event (if any) still to wait for.
+  REMAT_ASSIGN_OR_RETURN(void* const ptr, AllocateDevice(s->bytes, stream, s->serial));
+  absl::Status st =
+      s->copy_in_flight ? device_->StreamWaitEvent(stream, s->copy_event) : absl::OkStatus();
+  if (st.ok()) st = device_->CopyAsync(ptr, s->host, s->bytes, CopyKind::kHostToDevice, stream);
+  if (st.ok()) st = host_pool_.FreeAfter(s->host, stream);
+  if (!st.ok()) {
+    FreeBlockOnError(ptr, stream);
+    return st;
+  }
+  if (s->copy_in_flight) {
+    events_.Give(s->copy_event);
+    s->copy_in_flight = false;
+  }
+  s->host = nullptr;
+  SetResident(s, ptr);
+  s->used_streams.push_back(stream);
+  stats_.restored_bytes += s->bytes;
+  link_.Queue(s->bytes, device_->NowNs());
+  if (options_.observer != nullptr) {
+    Tell(s, {.kind = TensorEvent::Kind::kRestored, .stream = stream});
+  }
+  return absl::OkStatus();
+}
+
+void Runtime::SettleCopies(Storage* s) {
+  if (!s->copy_in_flight || s->state != TensorState::kOffloading) return;
+  // A query that fails counts as "not yet": whoever needs the bytes waits on
+  // the event instead (Restore, or a prefetch on the same copy stream).
+  absl::StatusOr<bool> done = device_->QueryEvent(s->copy_event);
+  if (done.ok() && *done) {
+    s->copy_in_flight = false;
+    events_.Give(s->copy_event);
+    SetState(s, TensorState::kOnHost);
+  }
+}
+
+void Runtime::HandBack(Storage* s, Stream to) {
+  // A wait that cannot be enqueued is made good here (HandBack's callers
+  // cannot fail): the host waits for that stream's work instead, the same
+  // order at a higher price. If even that fails, the block is kept from the
+  // allocator: a leak on a failing device rather than a block reused while
+  // a stream still uses it.
+  bool ordered = true;
+  for (Stream used : s->used_streams) {
+    absl::Status waited = events_.WaitOn(to, used);
+    if (waited.ok()) continue;
+    absl::Status synced = device_->SynchronizeStream(used);
+    if (!synced.ok()) {
+      REMAT_LOG(kError, "runtime: cannot order a block after its uses (%s; %s): keeping it",
+                waited.ToString(), synced.ToString());
+      ordered = false;
+    }
+  }
+  if (ordered) {
+    absl::Status freed = allocator_->FreeOnStream(s->device, to);
+    if (!freed.ok()) REMAT_LOG(kError, "runtime: giving back a block: %s", freed.ToString());
+  }
+  LeaveDevice(s);
+}
+
+void Runtime::ReturnHostBuffer(void* host, Stream after) {
+  // Called where nothing can fail with an error (collection, a given-up
+  // offload). Without the event the pool records on `after`, nothing tells
+  // when the copies touching the buffer end: it stays counted in use and is
+  // never handed out again (a leak, never a race).
+  if (absl::Status st = host_pool_.FreeAfter(host, after); !st.ok()) {
+    REMAT_LOG(kError, "runtime: a host buffer stays out of the pool: %s", st.ToString());
+  }
+}
+
+void Runtime::FreeBlockOnError(void* ptr, Stream stream) {
+  // The caller returns the error that brought it here; a block the
+  // allocator will not take back either is logged (and stays allocated).
+  if (absl::Status st = allocator_->FreeOnStream(ptr, stream); !st.ok()) {
+    REMAT_LOG(kError, "runtime: giving back a block after an error: %s", st.ToString());
+  }
+}
+
+bool Runtime::DropStorage(Storage* s, Stream to, bool pressure) {
+  HandBack(s, to);
+  SetState(s, TensorState::kDropped);
+  if (options_.observer != nullptr) {
+    Tell(s, {.kind = TensorEvent::Kind::kDropped, .pressure = pressure});
+  }
+  return true;
+}
+
+bool Runtime::OffloadStorage(Storage* s, Stream to) {
+  absl::StatusOr<void*> host = host_pool_.Allocate(s->bytes);
+  if (!host.ok()) return false;
+  // Copy out on the copy stream, behind every use of the block. On any
+  // failure the offload is given up (the pressure handler answers with a
+  // bool): the caller drops the tensor instead or tries another.
+  absl::Status st;
+  for (Stream used : s->used_streams) {
+    st = events_.WaitOn(copy_stream_, used);
+    if (!st.ok()) break;
+  }
+  absl::StatusOr<Event> done = st.ok() ? events_.Take() : absl::StatusOr<Event>(st);
+  if (st.ok()) st = done.status();
+  if (st.ok()) {
+    st = device_->CopyAsync(*host, s->device, s->bytes, CopyKind::kDeviceToHost, copy_stream_);
+  }
+  if (st.ok()) st = device_->RecordEvent(*done, copy_stream_);
+  if (!st.ok()) {
+    REMAT_LOG(kWarning, "runtime: offload failed, trying another eviction: %s", st.ToString());
+    if (done.ok()) events_.Give(*done);
+    ReturnHostBuffer(*host, copy_stream_);
+    return false;
+  }
+  // The block goes back on `to`, which waits for the copy out: stream-ordered,
+  // the host never blocks.
+  s->used_streams.assign({copy_stream_});
+  HandBack(s, to);
+  s->host = *host;
+  s->copy_event = *done;
+  s->copy_in_flight = true;
+  SetState(s, TensorState::kOffloading);
+  stats_.offloaded_bytes += s->bytes;
+  link_.Queue(s->bytes, device_->NowNs());
+  ++stats_.offloads;
+  if (options_.observer != nullptr) {
+    Tell(s, {.kind = TensorEvent::Kind::kOffloaded, .stream = copy_stream_, .pressure = true});
+  }
+  return true;
+}
+
+}  // namespace remat
