@@ -175,8 +175,7 @@ TensorId Runtime::NewTensorId(Storage* s) {
   return id;
 }
 
-absl::Status Runtime::ResolveInputs(const TensorOptions& options,
-                                    absl::InlinedVector<Storage*, 3>& inputs) const {
+absl::Status Runtime::CheckInputs(const TensorOptions& options) const {
   if (options.allow_drop && !options.recompute) {
     return absl::InvalidArgumentError("a tensor that may be dropped needs a recompute closure");
   }
@@ -187,15 +186,13 @@ absl::Status Runtime::ResolveInputs(const TensorOptions& options,
       return absl::InvalidArgumentError(
           absl::StrFormat("input of the new tensor: %s", NotLive(in).message()));
     }
-    inputs.push_back(s);
   }
   return absl::OkStatus();
 }
 
 Runtime::Storage* Runtime::AddStorage(std::size_t bytes, void* ptr, std::uint64_t serial,
                                       bool may_drop, bool may_offload,
-                                      const TensorOptions& options,
-                                      absl::Span<Storage* const> inputs, Stream stream) {
+                                      const TensorOptions& options, Stream stream) {
   Storage* s = storages_.Take();
   s->serial = serial;
   s->bytes = bytes;
@@ -206,7 +203,8 @@ Runtime::Storage* Runtime::AddStorage(std::size_t bytes, void* ptr, std::uint64_
   if (s->may_drop) {
     // Only a closure that may run again keeps its inputs alive (with drops
     // disabled, none will: a released input then goes at once).
-    s->inputs.assign(inputs.begin(), inputs.end());
+    // (CheckInputs found them live; the owner cannot have freed them since.)
+    for (TensorId id : options.inputs) s->inputs.push_back(LiveOrNull(id));
     for (Storage* in : s->inputs) {
       ++in->dependents;
       in->consumers.push_back(s);
@@ -228,8 +226,7 @@ Runtime::Storage* Runtime::AddStorage(std::size_t bytes, void* ptr, std::uint64_
 
 absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions&& options, Stream stream) {
   Lock lock(this);
-  absl::InlinedVector<Storage*, 3> inputs;
-  REMAT_RETURN_IF_ERROR(ResolveInputs(options, inputs));
+  REMAT_RETURN_IF_ERROR(CheckInputs(options));
   // The block is tagged with the serial as it is allocated; a failed Create
   // uses none up (nothing else takes one meanwhile: eviction makes no storage).
   const std::uint64_t serial = next_serial_;
@@ -239,8 +236,7 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions&& options
   const bool may_drop =
       options_.enable_drop && options.allow_drop && static_cast<bool>(options.recompute);
   Storage* s = AddStorage(bytes, ptr, serial, may_drop,
-                          options_.enable_offload && options.allow_offload, options, inputs,
-                          stream);
+                          options_.enable_offload && options.allow_offload, options, stream);
   s->recompute = std::move(options.recompute);
   return Guard(this, s->tensor_ids.front(), ptr, s);
 }
@@ -250,8 +246,7 @@ absl::StatusOr<absl::InlinedVector<Guard, 4>> Runtime::CreateCall(
   if (outputs.empty()) return absl::InvalidArgumentError("a call needs at least one output");
   if (outputs.size() > UINT32_MAX) return absl::InvalidArgumentError("too many outputs");
   Lock lock(this);
-  absl::InlinedVector<Storage*, 3> inputs;
-  REMAT_RETURN_IF_ERROR(ResolveInputs(options, inputs));
+  REMAT_RETURN_IF_ERROR(CheckInputs(options));
   // All outputs' blocks first (serials in order, none used up on failure);
   // the ones allocated count as live while the rest are.
   absl::InlinedVector<void*, 4> ptrs;
@@ -278,7 +273,7 @@ absl::StatusOr<absl::InlinedVector<Guard, 4>> Runtime::CreateCall(
     const bool may_offload =
         options_.enable_offload && options.allow_offload && outputs[i].allow_offload;
     Storage* s = AddStorage(outputs[i].bytes, ptrs[i], next_serial_++, may_drop, may_offload,
-                            options, inputs, stream);
+                            options, stream);
     if (group != nullptr) {
       s->group = group;
       s->output_index = static_cast<std::uint32_t>(i);

@@ -297,14 +297,12 @@ class Runtime {
   absl::Status NotLive(TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands out an id over `s`.
   TensorId NewTensorId(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Checks a new call's options and finds its inputs' storages.
-  absl::Status ResolveInputs(const TensorOptions& options,
-                             absl::InlinedVector<Storage*, 3>& inputs) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fills a new storage's fields from `options` and registers it.
+  // Checks a new call's options: its inputs are live tensors.
+  absl::Status CheckInputs(const TensorOptions& options) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills a new storage's fields from `options` (inputs checked by
+  // CheckInputs) and registers it.
   Storage* AddStorage(std::size_t bytes, void* ptr, std::uint64_t serial, bool may_drop,
-                      bool may_offload, const TensorOptions& options,
-                      absl::Span<Storage* const> inputs, Stream stream)
+                      bool may_offload, const TensorOptions& options, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unpin(void* storage);  // a Guard's storage_
   bool OnPressure(const PressureRequest& request);

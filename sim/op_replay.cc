@@ -338,6 +338,9 @@ class Replayer final : public RuntimeObserver {
     // The outputs with storage of their own are made first: one is a tensor
     // (Create); several are one runtime call (CreateCall), whose recompute
     // regenerates every lost output in one run, charged the call's cost once.
+    // The guards of the outputs made: `single` for one, `made` for several
+    // (most calls have one output; no vector of guards for them).
+    Guard single;
     absl::InlinedVector<Guard, 4> made;
     std::size_t owning = 0;
     std::uint32_t only = 0;
@@ -364,7 +367,7 @@ class Replayer final : public RuntimeObserver {
       };
       absl::StatusOr<Guard> g = runtime_->Create(Bytes(only), std::move(options), compute);
       if (!g.ok()) return g.status();
-      made.push_back(std::move(*g));
+      single = std::move(*g);
     } else if (owning > 1) {
       absl::InlinedVector<OutputSpec, 4> specs;
       for (std::uint32_t out : r.outputs) {
@@ -392,7 +395,7 @@ class Replayer final : public RuntimeObserver {
         if (prefetch_window_ns_ > 0 && on_host_[tensor.storage]) rescan_window_ = true;
         continue;
       }
-      const Guard& g = made[k++];
+      const Guard& g = owning == 1 ? single : made[k++];
       ids_[out] = g.id();
       if (!storage_of_.empty()) StorageOf(g.id()) = out;
       const std::int64_t cost = charged ? 0 : r.cost_ns;
