@@ -290,7 +290,7 @@ class Replayer final : public RuntimeObserver {
     });
   }
 
-  absl::Status Step(const OpRecord& r) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE absl::Status Step(const OpRecord& r) {
     const Stream compute = kDefaultStream;
     switch (r.kind) {
       case OpKind::kPhase:
