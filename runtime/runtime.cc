@@ -139,6 +139,7 @@ Runtime::Runtime(CachingAllocator* allocator, RuntimeOptions options,
       policy_(std::move(policy)),
       copy_stream_(copy_stream),
       track_classes_(policy_->needs().classes),
+      prefetch_window_ns_(std::max<std::int64_t>(policy_->prefetch_window_ns(), 0)),
       link_(options_.link_gbps, options_.link_latency_ns),
       events_(allocator->device()),
       host_pool_(allocator->device(), options_.host_pool_bytes) {}
@@ -238,6 +239,7 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions&& options
   Storage* s = AddStorage(bytes, ptr, serial, may_drop,
                           options_.enable_offload && options.allow_offload, options, stream);
   s->recompute = std::move(options.recompute);
+  MaybePrefetchDue(stream);
   return Guard(this, s->tensor_ids.front(), ptr, s);
 }
 
@@ -284,6 +286,7 @@ absl::StatusOr<absl::InlinedVector<Guard, 4>> Runtime::CreateCall(
     guards.push_back(Guard(this, s->tensor_ids.front(), ptrs[i], s));
   }
   (group != nullptr ? group->recompute : first->recompute) = std::move(options.recompute);
+  MaybePrefetchDue(stream);
   return guards;
 }
 
@@ -314,6 +317,7 @@ absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
   if (std::find(s->used_streams.begin(), s->used_streams.end(), stream) == s->used_streams.end()) {
     s->used_streams.push_back(stream);
   }
+  MaybePrefetchDue(stream);
   return Guard(this, id, s->device, s);
 }
 
@@ -347,6 +351,8 @@ absl::Status Runtime::HintNextUse(TensorId id, std::int64_t at_ns) {
   Storage* s = LiveOrNull(id);
   if (s == nullptr) return NotLive(id);
   s->next_use_at = at_ns;
+  PlanPrefetch(s);
+  MaybePrefetchDue(kDefaultStream);
   return absl::OkStatus();
 }
 

@@ -234,6 +234,12 @@ class Runtime {
   // Tells policies when the tensor will next be used (NowNs's clock;
   // kNeverUsedAgain if it will not be): a trace replay knows, and belady and
   // hybrid use it. Without a hint a tensor's next use is unknown.
+  //
+  // With a policy that prefetches (a prefetch window: hybrid), the runtime
+  // plans from these hints itself: an offloaded tensor whose next use comes
+  // within the window is copied back on the copy stream, ahead of its use.
+  // It looks after each Create, CreateCall, Acquire and HintNextUse; a
+  // prefetch that finds no room waits for the next look.
   static constexpr std::int64_t kNeverUsedAgain = policies::kNeverUsedAgain;
   absl::Status HintNextUse(TensorId id, std::int64_t at_ns);
 
@@ -369,6 +375,13 @@ class Runtime {
 
   // --- runtime_transfer.cc: offload, restore, prefetch, drop, handing blocks back ---
   absl::Status PrefetchStorage(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The prefetch planner (HintNextUse). Plans `s` if it is on the host with
+  // a next use; starts the planned prefetches now within the window.
+  void PlanPrefetch(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PrefetchDue(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybePrefetchDue(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!planned_.empty()) PrefetchDue(stream);
+  }
   absl::Status Restore(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SettleCopies(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `pressure`: a policy's choice (else the owner released it; RuntimeObserver).
@@ -398,6 +411,7 @@ class Runtime {
   const std::shared_ptr<policies::EvictionPolicy> policy_;
   const Stream copy_stream_;
   const bool track_classes_;  // the policy reads Candidate::classes_ns
+  const std::int64_t prefetch_window_ns_;  // the policy's; 0: no prefetch planning
 
   mutable Mutex mu_;
   // The parts, each with its invariants in its header.
@@ -436,6 +450,17 @@ class Runtime {
   // Bytes allocated for outputs whose closures have not yet run: they count
   // against the live budget before they are resident.
   std::size_t pending_live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Planned prefetches: a min-heap on the next use. An entry is stale once
+  // its storage's serial, hint or place changed; stale entries are skipped.
+  struct PlannedPrefetch {
+    std::int64_t at_ns;
+    Storage* storage;
+    std::uint64_t serial;
+  };
+  std::vector<PlannedPrefetch> planned_ ABSL_GUARDED_BY(mu_);
+  // While a planned prefetch makes room: its next use. Pressure then evicts
+  // only what is next used later (-1: no such limit).
+  std::int64_t prefetch_for_ns_ ABSL_GUARDED_BY(mu_) = -1;
   // Estimated compute of the calls made and recomputed so far (NowNs).
   std::int64_t work_ns_ ABSL_GUARDED_BY(mu_) = 0;
   // Bumped (and waiters woken) when a regeneration ends.

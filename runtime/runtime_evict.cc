@@ -71,6 +71,12 @@ void Runtime::GatherCandidates() {
   scratch_.clear();
   // All of them, or k distinct ones uniformly.
   candidates_.Sample(policy_->sampling().Size(candidates_.size()), scratch_storages_);
+  if (prefetch_for_ns_ >= 0) {
+    // Room for a planned prefetch: only what is next used after it may go
+    // (a tensor with no hint is kept: nothing says it can wait).
+    std::erase_if(scratch_storages_,
+                  [&](const Storage* s) { return s->next_use_at <= prefetch_for_ns_; });
+  }
   const policies::Needs needs = policy_->needs();
   const std::int64_t now = Clock();
   for (const Storage* s : scratch_storages_) {

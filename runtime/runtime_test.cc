@@ -168,6 +168,29 @@ TEST_F(RuntimeTest, APrefetchedTensorCanBeEvictedAgainBeforeItsUse) {
   Check(a);  // the bytes survived the round trips
 }
 
+TEST_F(RuntimeTest, WithAPrefetchWindowTheRuntimePrefetchesWhatItsHintsSayComesSoon) {
+  // No Prefetch call anywhere: the runtime plans from the hints itself.
+  Make(8 * kMiB, {.policy = "hybrid:prefetch_us=100", .enable_drop = false});
+  TensorId soon = Produce(3 * kMiB, {}, false, true);
+  TensorId later = Produce(3 * kMiB, {}, false, true);
+  ASSERT_TRUE(runtime_->HintNextUse(soon, runtime_->NowNs() + 50'000).ok());
+  ASSERT_TRUE(runtime_->HintNextUse(later, runtime_->NowNs() + 10'000'000'000).ok());
+  TensorId big = Produce(6 * kMiB, {}, false, false);  // both go to the host
+  for (TensorId t : {soon, later}) {
+    ASSERT_TRUE(StateOf(t) == TensorState::kOffloading || StateOf(t) == TensorState::kOnHost);
+  }
+  EXPECT_EQ(runtime_->stats().prefetches, 0u);  // due, but no room while `big` lives
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  // The next look (a Create, an Acquire or a hint) brings back what is due, and only that.
+  Produce(kMiB, {}, false, false);
+  EXPECT_EQ(StateOf(soon), TensorState::kPrefetching);
+  EXPECT_TRUE(StateOf(later) == TensorState::kOffloading || StateOf(later) == TensorState::kOnHost);
+  EXPECT_EQ(runtime_->stats().prefetches, 1u);
+  Check(soon);
+  Check(later);  // brought back on access, with its bytes
+  ASSERT_TRUE(runtime_->CheckInvariants().ok()) << runtime_->CheckInvariants();
+}
+
 TEST_F(RuntimeTest, ChooseCheaperWayOutWhenBothAreAllowed) {
   Make(8 * kMiB, {.policy = "lru"});
   // Recompute of 10 ns beats a 4 MiB round trip over 25 GB/s.

@@ -7,12 +7,51 @@
 // tensor where it was. Eviction and collection cannot (the pressure handler
 // answers with a bool, and collection runs from a Guard's destructor); there
 // each failure is handled where it happens, as the comments say.
+#include <algorithm>
+
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "runtime/runtime.h"
 #include "runtime/runtime_internal.h"
 
 namespace remat {
+
+void Runtime::PlanPrefetch(Storage* s) {
+  if (prefetch_window_ns_ == 0 || s->next_use_at < 0 || s->next_use_at == kNeverUsedAgain) return;
+  if (s->state != TensorState::kOnHost && s->state != TensorState::kOffloading) return;
+  const auto later = [](const PlannedPrefetch& a, const PlannedPrefetch& b) {
+    return a.at_ns > b.at_ns;
+  };
+  planned_.push_back({s->next_use_at, s, s->serial});
+  std::push_heap(planned_.begin(), planned_.end(), later);
+}
+
+void Runtime::PrefetchDue(Stream stream) {
+  const auto later = [](const PlannedPrefetch& a, const PlannedPrefetch& b) {
+    return a.at_ns > b.at_ns;
+  };
+  const std::int64_t horizon = Clock() + prefetch_window_ns_;
+  while (!planned_.empty() && planned_.front().at_ns <= horizon) {
+    std::pop_heap(planned_.begin(), planned_.end(), later);
+    const PlannedPrefetch p = planned_.back();
+    planned_.pop_back();
+    Storage* s = p.storage;
+    if (s->serial != p.serial || s->next_use_at != p.at_ns || s->pins > 0 ||
+        (s->state != TensorState::kOnHost && s->state != TensorState::kOffloading)) {
+      continue;  // stale: collected, hinted again, or already back
+    }
+    prefetch_for_ns_ = p.at_ns;
+    const absl::Status st = PrefetchStorage(s, stream);
+    prefetch_for_ns_ = -1;
+    if (!st.ok()) {
+      // No room now (or the device failed): the tensor stays on the host and
+      // comes back on access, or at a later look.
+      planned_.push_back(p);
+      std::push_heap(planned_.begin(), planned_.end(), later);
+      break;
+    }
+  }
+}
 
 absl::Status Runtime::PrefetchStorage(Storage* s, Stream stream) {
   SettleCopies(s);
@@ -197,6 +236,7 @@ bool Runtime::OffloadStorage(Storage* s, Stream to) {
   stats_.offloaded_bytes += s->bytes;
   link_.Queue(s->bytes, device_->NowNs());
   ++stats_.offloads;
+  PlanPrefetch(s);
   if (options_.observer != nullptr) {
     Tell(s, {.kind = TensorEvent::Kind::kOffloaded, .stream = copy_stream_, .pressure = true});
   }

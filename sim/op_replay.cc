@@ -43,10 +43,11 @@ std::uint64_t Checksum(const unsigned char* p, std::size_t bytes) {
   return h;
 }
 
-// Replays a trace through a runtime of its own. It listens to the runtime
-// (RuntimeObserver) only where it needs to: to know what sits on the host
-// when it prefetches, and to record a timeline. A plain run installs no
-// observer and pays a test of a null pointer per runtime event.
+// Replays a trace through a runtime of its own. It tells the runtime each
+// tensor's next use where the policy wants it (the runtime then prefetches
+// by itself where the policy has a prefetch window), and listens to the
+// runtime (RuntimeObserver) only to record a timeline. A plain run installs
+// no observer and pays a test of a null pointer per runtime event.
 class Replayer final : public RuntimeObserver {
  public:
   Replayer(const OpTrace& trace, const OpReplayOptions& options)
@@ -68,18 +69,16 @@ class Replayer final : public RuntimeObserver {
     rt.link_gbps = options_.link_gbps;
     rt.live_budget = options_.live_budget;
     rt.max_steps = MaxSteps(trace_.records.size(), options_.thrash_limit);
-    // The policy is made here, so that whether it prefetches (and so
-    // whether the replay listens to the runtime) is known before the runtime is.
+    // The policy is made here, so that whether it wants next-use hints is
+    // known before the runtime is.
     absl::StatusOr<std::unique_ptr<policies::EvictionPolicy>> policy =
         policies::Create(options_.policy);
     if (!policy.ok()) return policy.status();
     rt.custom_policy = std::move(*policy);
-    hints_ = rt.custom_policy->needs().next_use;
-    prefetch_window_ns_ = rt.custom_policy->prefetch_window_ns();
+    hints_ = rt.custom_policy->needs().next_use || rt.custom_policy->prefetch_window_ns() > 0;
     timeline_ = options_.timeline;
-    if (timeline_ != nullptr || prefetch_window_ns_ > 0) {
+    if (timeline_ != nullptr) {
       rt.observer = this;
-      on_host_.assign(trace_.tensors.size(), 0);
       storage_of_.assign(trace_.tensors.size() + 1, kNoOpIndex);
     }
     absl::StatusOr<Stack> stack = MakeStack(
@@ -91,7 +90,7 @@ class Replayer final : public RuntimeObserver {
     runtime_ = stack_.runtime.get();
 
     ids_.assign(trace_.tensors.size(), 0);
-    if (hints_ || prefetch_window_ns_ > 0) PlanTheFuture();
+    if (hints_) PlanTheFuture();
     checksums_ = std::make_shared<std::vector<std::uint64_t>>(trace_.tensors.size(), 0);
     counters_ = std::make_shared<Counters>();
     report_.policy = runtime_->policy().Spec();
@@ -103,7 +102,7 @@ class Replayer final : public RuntimeObserver {
     const auto loop_start = std::chrono::steady_clock::now();
     for (const OpRecord& r : trace_.records) {
       absl::Status s = Step(r);
-      if (s.ok() && (hints_ || prefetch_window_ns_ > 0)) s = LookAhead(r);
+      if (s.ok() && hints_) s = LookAhead(r);
       ++report_.records;
       if (!s.ok() && (absl::IsResourceExhausted(s) || absl::IsAborted(s))) {
         // Aborted: the thrash limit, reached inside a recompute, or the
@@ -186,11 +185,11 @@ class Replayer final : public RuntimeObserver {
     }
   }
 
-  // After record `r`: hints the next use of what it touched, and prefetches
-  // offloaded tensors read within the policy's window.
+  // After record `r`: hints the next use of what it touched (the runtime
+  // prefetches from the hints where its policy has a prefetch window).
   absl::Status LookAhead(const OpRecord& r) {
     const auto i = static_cast<std::size_t>(&r - trace_.records.data());
-    if (hints_) {
+    {
       const std::int64_t now = runtime_->NowNs();  // the clock hints are read on
       for (const auto& [t, next] : next_read_[i]) {
         if (trace_.tensors[t].released_by != kNoOpIndex && trace_.tensors[t].released_by <= i) {
@@ -200,30 +199,6 @@ class Replayer final : public RuntimeObserver {
                                                    : now + (cum_cost_[next] - cum_cost_[i + 1]);
         (void)runtime_->HintNextUse(ids_[t], at);  // a view's storage may be gone: no matter
       }
-    }
-    if (prefetch_window_ns_ > 0) {
-      // The records within the window ahead read what may need bringing back.
-      // A record is looked at when it enters the window; the whole window
-      // again only after an offload (OnTensor).
-      // A prefetch without room stops the scan there, to try again after the
-      // next record.
-      std::size_t j = i + 1;
-      if (!rescan_window_) j = std::max(j, scanned_to_);
-      rescan_window_ = false;
-      for (; j < trace_.records.size() && j <= i + 512 &&
-             cum_cost_[j] - cum_cost_[i + 1] <= prefetch_window_ns_;
-           ++j) {
-        const OpRecord& ahead = trace_.records[j];
-        scanned_to_ = j;  // not past a record whose prefetch found no room
-        if (ahead.kind != OpKind::kCall && ahead.kind != OpKind::kUse) continue;
-        for (std::uint32_t t : ahead.inputs) {
-          if (ids_[t] == 0 || !on_host_[trace_.tensors[t].storage]) continue;
-          absl::Status s = runtime_->Prefetch(ids_[t], kDefaultStream);
-          if (absl::IsResourceExhausted(s)) return absl::OkStatus();  // no room: on access then
-          if (!s.ok()) return s;
-        }
-      }
-      scanned_to_ = j;
     }
     return absl::OkStatus();
   }
@@ -390,9 +365,6 @@ class Replayer final : public RuntimeObserver {
         absl::StatusOr<TensorId> view = runtime_->CreateView(ids_[tensor.alias_of]);
         if (!view.ok()) return view.status();
         ids_[out] = *view;
-        // A view born on the host (of an offloaded base): reads of it already
-        // in the prefetch window were looked at before it existed.
-        if (prefetch_window_ns_ > 0 && on_host_[tensor.storage]) rescan_window_ = true;
         continue;
       }
       const Guard& g = owning == 1 ? single : made[k++];
@@ -463,9 +435,7 @@ class Replayer final : public RuntimeObserver {
     const std::uint32_t s = e.tensor < storage_of_.size() ? storage_of_[e.tensor] : kNoOpIndex;
     switch (e.kind) {
       case TensorEvent::Kind::kOffloaded:
-        if (s != kNoOpIndex) on_host_[s] = 1;
         host_bytes_ += e.bytes;
-        rescan_window_ = true;  // reads already in the prefetch window may need it back
         if (timeline_ != nullptr) {
           const std::int64_t end = StreamEnd(e.stream);
           const std::int64_t dur = device_->cost_model().CopyNs(e.bytes, CopyKind::kDeviceToHost);
@@ -474,7 +444,6 @@ class Replayer final : public RuntimeObserver {
         }
         break;
       case TensorEvent::Kind::kRestored:
-        if (s != kNoOpIndex) on_host_[s] = 0;
         host_bytes_ -= e.bytes;
         if (timeline_ != nullptr) {
           const std::int64_t end = StreamEnd(e.stream);
@@ -485,7 +454,6 @@ class Replayer final : public RuntimeObserver {
         break;
       case TensorEvent::Kind::kCollected:
         if (e.from == TensorState::kOnHost || e.from == TensorState::kOffloading) {
-          if (s != kNoOpIndex) on_host_[s] = 0;
           host_bytes_ -= e.bytes;
         }
         break;
@@ -553,9 +521,6 @@ class Replayer final : public RuntimeObserver {
   Runtime* runtime_ = nullptr;
   std::vector<TensorId> ids_;  // trace tensor -> runtime tensor
   bool hints_ = false;
-  std::int64_t prefetch_window_ns_ = 0;
-  std::size_t scanned_to_ = 0;          // records before it were looked at for prefetches
-  bool rescan_window_ = false;          // an offload, or a view made on the host, since
   std::vector<std::int64_t> cum_cost_;  // compute before each record
   // Per record: (tensor it touched, the next record reading its storage).
   std::vector<absl::InlinedVector<std::pair<std::uint32_t, std::uint32_t>, 4>> next_read_;
@@ -565,9 +530,8 @@ class Replayer final : public RuntimeObserver {
   std::int64_t recompute_ns_ = 0;  // summed cost of the recomputes run so far
   TensorOptions create_options_;   // Call's, refilled for every tensor it makes
 
-  // Kept only where the replay listens to the runtime (a timeline, prefetches).
+  // Kept only where the replay listens to the runtime (a timeline).
   std::vector<std::uint32_t> storage_of_;  // runtime tensor id -> trace storage
-  std::vector<std::uint8_t> on_host_;      // by storage: offloaded (or on its way out)
   std::uint64_t host_bytes_ = 0;           // offloaded bytes held on the host
   SimTimeline* timeline_ = nullptr;
   std::int64_t record_start_ns_ = 0;  // the compute stream's time as the record began
