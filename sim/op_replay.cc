@@ -557,6 +557,16 @@ MemoryBudget MemoryBudget::FromRatio(double ratio, const OpReplayReport& unlimit
   return {static_cast<std::uint64_t>(ratio * static_cast<double>(peak)), accounting};
 }
 
+absl::Status MemoryBudget::Check() const {
+  if (accounting == Accounting::kReserved && bytes < kSmallBuffer) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a reserved budget of %s is below the allocator's smallest segment (%s), so the replay "
+        "could not keep to it: give a larger budget, or --accounting live",
+        FormatBytes(bytes), FormatBytes(kSmallBuffer)));
+  }
+  return absl::OkStatus();
+}
+
 void MemoryBudget::ApplyTo(OpReplayOptions& options) const {
   if (accounting == Accounting::kLive) {
     options.live_budget = std::max<std::uint64_t>(bytes, 1);
@@ -577,6 +587,9 @@ std::uint64_t MaxSteps(std::uint64_t records, double thrash_limit) {
 
 absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpReplayOptions& options) {
   if (options.scale == 0) return absl::InvalidArgumentError("scale must be at least 1");
+  if (trace.records.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: the trace has no records", trace.name));
+  }
   if (!(options.link_gbps > 0))
     return absl::InvalidArgumentError("link bandwidth must be positive");
   if (!(options.thrash_limit > 0))

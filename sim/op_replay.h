@@ -84,9 +84,11 @@ struct MemoryBudget {
   // or peak reserved bytes), rounded down.
   static MemoryBudget FromRatio(double ratio, const OpReplayReport& unlimited,
                                 Accounting accounting);
+  // InvalidArgument where the replay could not honour it: a reserved budget
+  // below the allocator's smallest segment (2 MiB), which ApplyTo would raise.
+  absl::Status Check() const;
   // Sets the options' budget: `live_budget` (at least 1 byte), or the
-  // allocator's `budget` (at least its smallest segment, 2 MiB; a smaller
-  // budget is an OOM).
+  // allocator's `budget` (at least its smallest segment, 2 MiB: see Check).
   void ApplyTo(OpReplayOptions& options) const;
 };
 

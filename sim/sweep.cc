@@ -110,7 +110,12 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
       SweepRow row;
       row.policy = policy;
       row.ratio = ratio;
-      row.budget = MemoryBudget::FromRatio(ratio, *unlimited, accounting).bytes;
+      const MemoryBudget budget = MemoryBudget::FromRatio(ratio, *unlimited, accounting);
+      if (absl::Status honoured = budget.Check(); !honoured.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("ratio %g: %s", ratio, honoured.message()));
+      }
+      row.budget = budget.bytes;
       result.rows.push_back(std::move(row));
     }
   }
@@ -173,9 +178,12 @@ std::string SweepCsv(const SweepResult& result) {
                                                       static_cast<double>(r.pressure_events)
                                                 : 0.0;
     absl::StrAppendFormat(
-        &csv, "%s,%s,%s,%g,%d,%s,%.6f,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%.6f\n",
+        &csv, "%s,%s,%s,%g,%d,%s,%s,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%.6f\n",
         CsvQuoted(result.trace), CsvQuoted(row.policy), result.live ? "live" : "reserved",
-        row.ratio, row.budget, r.status, result.Overhead(row), r.time_ns, result.baseline.time_ns,
+        row.ratio, row.budget, r.status,
+        // Empty where the run did not finish: not a number anyone should average.
+        r.status == "ok" ? absl::StrFormat("%.6f", result.Overhead(row)) : std::string(),
+        r.time_ns, result.baseline.time_ns,
         r.peak_reserved_bytes, r.peak_live_bytes, r.recomputed_ops, r.recompute_ns,
         r.offloaded_bytes, r.restored_bytes, r.stall_ns, r.evictions, r.pressure_events, choose,
         r.wall_seconds);

@@ -175,6 +175,53 @@ TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
   EXPECT_THAT(malformed.out, HasSubstr("bad.jsonl:2"));
 }
 
+TEST_F(RematCliTest, SimRefusesAnEmptyTraceAndABudgetItCannotKeep) {
+  const std::string empty = WriteTemp("empty.jsonl", "");
+  const Outcome sim = Remat("sim " + empty + " --budget-ratio 0.5");
+  EXPECT_EQ(sim.status, 2) << sim.out;
+  EXPECT_THAT(sim.out, HasSubstr("no records"));
+  const Outcome sweep =
+      Remat("sweep " + empty + " --no-plot --out " + ::testing::TempDir() + "/empty_sweep");
+  EXPECT_EQ(sweep.status, 2) << sweep.out;
+  EXPECT_THAT(sweep.out, HasSubstr("no records"));
+  // Half of a 2 MiB reserved peak is below the allocator's smallest segment:
+  // refused, not run under a budget other than the one printed.
+  const Outcome tiny =
+      Remat("sim " + Trace("transformer_small.jsonl") + " --budget-ratio 0.5 --scale 256");
+  EXPECT_EQ(tiny.status, 2) << tiny.out;
+  EXPECT_THAT(tiny.out, HasSubstr("smallest segment"));
+  const Outcome live = Remat("sim " + Trace("transformer_small.jsonl") +
+                             " --budget-ratio 0.5 --scale 256 --accounting live --json");
+  EXPECT_EQ(live.status, 0) << live.out;
+  const Outcome swept = Remat("sweep " + Trace("transformer_small.jsonl") +
+                              " --ratios 0.5 --policies lru --scale 256 --no-plot --out " +
+                              ::testing::TempDir() + "/tiny_sweep");
+  // (A sweep has no --scale: then the flag itself is the usage error.)
+  EXPECT_EQ(swept.status, 2) << swept.out;
+}
+
+TEST_F(RematCliTest, ARunThatDoesNotFitExitsThreeWithNoOverhead) {
+  const Outcome json = Remat("sim " + Trace("chain_100.jsonl") +
+                             " --budget-ratio 0.2 --accounting live --policy belady --json");
+  EXPECT_EQ(json.status, 3) << json.out;
+  EXPECT_THAT(json.out, HasSubstr("\"status\":\"oom\""));
+  EXPECT_THAT(json.out, HasSubstr("\"overhead\":null"));
+  const Outcome text = Remat("sim " + Trace("chain_100.jsonl") +
+                             " --budget-ratio 0.2 --accounting live --policy belady");
+  EXPECT_EQ(text.status, 3) << text.out;
+  EXPECT_THAT(text.out, HasSubstr("overhead none: the run did not finish"));
+  // In a sweep's results.csv the overhead of such a run is empty.
+  const std::string out = ::testing::TempDir() + "/unfinished_sweep";
+  const Outcome sweep = Remat("sweep " + Trace("chain_100.jsonl") +
+                              " --ratios 0.2,0.9 --policies belady --accounting live --no-plot --out " +
+                              out);
+  ASSERT_EQ(sweep.status, 0) << sweep.out;
+  absl::StatusOr<std::string> csv = remat::ReadFile(out + "/results.csv");
+  ASSERT_TRUE(csv.ok()) << csv.status();
+  EXPECT_THAT(*csv, HasSubstr(",oom,,"));
+  EXPECT_THAT(*csv, ::testing::ContainsRegex(",ok,[0-9]"));
+}
+
 TEST_F(RematCliTest, SweepWritesTheCsvAndTheTableAndRejectsBadUsage) {
   const std::string out = ::testing::TempDir() + "/sweep_out";
   const Outcome run = Remat("sweep " + Trace("chain_100.jsonl") +

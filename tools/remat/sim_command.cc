@@ -43,7 +43,11 @@ reserved bytes (what a GPU really holds); `live` counts resident tensor bytes
 only, as the DTR simulator did.
 
 Status: ok; oom (nothing left to evict); thrash (recompute exceeded
---thrash-limit x the trace's compute so far). Overhead = time / baseline time.
+--thrash-limit x the trace's compute so far). Overhead = time / baseline time,
+for a run that finished only (none for oom or thrash: the part that ran says
+nothing about the whole). Exit status 3 when the run did not finish, so a
+script can ask "does it fit?". A reserved budget below the allocator's
+smallest segment (2 MiB) is refused: use --accounting live for tiny traces.
 With --verify the device keeps real bytes (sizes divided by --scale) and every
 read is checked against the checksum taken when the tensor was produced; any
 mismatch makes the exit status 1.
@@ -68,8 +72,11 @@ double RecordsPerSecond(const OpReplayReport& r) {
 }
 
 void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFlags& f) {
-  const double overhead =
-      base.time_ns > 0 ? static_cast<double>(r.time_ns) / static_cast<double>(base.time_ns) : 0;
+  const std::string overhead =
+      r.status != "ok" ? std::string("none: the run did not finish")
+      : base.time_ns > 0
+          ? absl::StrFormat("%.3f", static_cast<double>(r.time_ns) / static_cast<double>(base.time_ns))
+          : std::string("none");
   std::cout << absl::StrFormat("sim of %s\n", f.trace_path);
   std::cout << absl::StrFormat("  status           %s%s\n", r.status,
                                r.message.empty() ? "" : " (" + r.message + ")");
@@ -85,7 +92,7 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
                                FormatBytes(base.peak_reserved_bytes));
   std::cout << absl::StrFormat("  peak live        %s (unlimited: %s)\n",
                                FormatBytes(r.peak_live_bytes), FormatBytes(base.peak_live_bytes));
-  std::cout << absl::StrFormat("  time             %.3f ms (baseline %.3f ms, overhead %.3f)\n",
+  std::cout << absl::StrFormat("  time             %.3f ms (baseline %.3f ms, overhead %s)\n",
                                static_cast<double>(r.time_ns) / 1e6,
                                static_cast<double>(base.time_ns) / 1e6, overhead);
   std::cout << absl::StrFormat("  recomputed       %d ops, %.3f ms\n", r.recomputed_ops,
@@ -133,9 +140,12 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("baseline_peak_live_bytes").Uint(base.peak_live_bytes);
   w.Key("baseline_ns").Int(base.time_ns);
   w.Key("time_ns").Int(r.time_ns);
-  w.Key("overhead")
-      .Double(base.time_ns > 0 ? static_cast<double>(r.time_ns) / static_cast<double>(base.time_ns)
-                               : 0.0);
+  // None where the run did not finish: the part that ran is no answer.
+  if (r.status == "ok" && base.time_ns > 0) {
+    w.Key("overhead").Double(static_cast<double>(r.time_ns) / static_cast<double>(base.time_ns));
+  } else {
+    w.Key("overhead").Null();
+  }
   w.Key("recomputed_ops").Uint(r.recomputed_ops);
   w.Key("recompute_ns").Int(r.recompute_ns);
   w.Key("offloaded_bytes").Uint(r.offloaded_bytes);
@@ -200,6 +210,7 @@ int RunSim(const SimFlags& f) {
   const MemoryBudget budget = f.budget_ratio > 0
                                   ? MemoryBudget::FromRatio(f.budget_ratio, *base, *accounting)
                                   : MemoryBudget{f.budget, *accounting};
+  if (absl::Status honoured = budget.Check(); !honoured.ok()) return ReportError("sim", honoured);
   budget.ApplyTo(options);
   options.verify = f.verify;
   SimTimeline timeline;
@@ -217,7 +228,8 @@ int RunSim(const SimFlags& f) {
   } else {
     PrintText(*report, *base, f);
   }
-  return report->mismatches == 0 ? kExitOk : kExitFailure;
+  if (report->mismatches != 0) return kExitFailure;
+  return report->status == "ok" ? kExitOk : kExitUnfinished;
 }
 
 }  // namespace
