@@ -24,8 +24,8 @@ using runtime_internal::Storage;
 // The error CheckInvariants returns: the invariant, and the storage it saw
 // it broken on.
 template <typename... Args>
-absl::Status Broken(const Storage* s, const absl::FormatSpec<Args...>& format,
-                    const Args&... args) {
+absl::Status BrokenAt(const Storage* s, const absl::FormatSpec<Args...>& format,
+                      const Args&... args) {
   return absl::InternalError(absl::StrFormat("runtime invariant broken: storage #%d (serial %d, %s): %s",
                                              s->FirstId(), s->serial, TensorStateName(s->state),
                                              absl::StrFormat(format, args...)));
@@ -95,71 +95,71 @@ absl::Status Runtime::CheckStorages() const {
   for (const auto& owned : storages_.all()) {
     const Storage* s = owned.get();
     if (s->state == TensorState::kFreed) {
-      if (!IsReset(*s)) return Broken(s, "collected but not reset");
+      if (!IsReset(*s)) return BrokenAt(s, "collected but not reset");
       ++collected;
       continue;
     }
-    if (s->tensor_ids.empty()) return Broken(s, "uncollected without an id");
+    if (s->tensor_ids.empty()) return BrokenAt(s, "uncollected without an id");
     if (s->serial == 0 || s->serial >= next_serial_) {
-      return Broken(s, "serial not handed out (next %d)", next_serial_);
+      return BrokenAt(s, "serial not handed out (next %d)", next_serial_);
     }
     if (s->pins < 0 || s->handles < 0 || s->dependents < 0) {
-      return Broken(s, "negative count: %d pins, %d handles, %d dependents", s->pins, s->handles,
+      return BrokenAt(s, "negative count: %d pins, %d handles, %d dependents", s->pins, s->handles,
                     s->dependents);
     }
     if (OnDevice(*s)) resident_bytes += s->bytes;
     if ((s->device != nullptr) != (OnDevice(*s) && s->bytes > 0)) {
-      return Broken(s, "%s a device block", s->device != nullptr ? "holds" : "lacks");
+      return BrokenAt(s, "%s a device block", s->device != nullptr ? "holds" : "lacks");
     }
     const bool host_state =
         s->state == TensorState::kOffloading || s->state == TensorState::kOnHost;
     if ((s->host != nullptr) != host_state) {
-      return Broken(s, "%s a host buffer", s->host != nullptr ? "holds" : "lacks");
+      return BrokenAt(s, "%s a host buffer", s->host != nullptr ? "holds" : "lacks");
     }
     const bool copy_state =
         s->state == TensorState::kOffloading || s->state == TensorState::kPrefetching;
     if (s->copy_in_flight != copy_state) {
-      return Broken(s, "%s a copy in flight", s->copy_in_flight ? "holds" : "lacks");
+      return BrokenAt(s, "%s a copy in flight", s->copy_in_flight ? "holds" : "lacks");
     }
     if (s->copy_in_flight) copy_events.push_back(s->copy_event.handle);
     if (s->evictable != (s->bytes > 0 && (s->may_drop || s->may_offload))) {
-      return Broken(s, "evictable is %d with %d bytes, may_drop %d, may_offload %d",
+      return BrokenAt(s, "evictable is %d with %d bytes, may_drop %d, may_offload %d",
                     static_cast<int>(s->evictable), s->bytes, static_cast<int>(s->may_drop),
                     static_cast<int>(s->may_offload));
     }
     // The candidate index holds exactly the candidates.
     const bool in_index = s->candidate_slot != Storage::kNoSlot;
     if (IsCandidate(*s) != in_index) {
-      return Broken(s, "%s the candidate index (%d pins)", in_index ? "wrongly in" : "missing from",
+      return BrokenAt(s, "%s the candidate index (%d pins)", in_index ? "wrongly in" : "missing from",
                     s->pins);
     }
     if (in_index) {
       if (s->candidate_slot >= candidates_.size() || candidates_.all()[s->candidate_slot] != s) {
-        return Broken(s, "its candidate slot %d holds another storage", s->candidate_slot);
+        return BrokenAt(s, "its candidate slot %d holds another storage", s->candidate_slot);
       }
       ++indexed;
     }
     // Claims: pinned, dropped, and only while a regeneration runs.
     if (s->regen_owner != nullptr) {
-      if (between_regenerations) return Broken(s, "claimed with no regeneration running");
+      if (between_regenerations) return BrokenAt(s, "claimed with no regeneration running");
       if (s->pins <= 0 || s->state != TensorState::kDropped) {
-        return Broken(s, "claimed but %d pins", s->pins);
+        return BrokenAt(s, "claimed but %d pins", s->pins);
       }
     }
     // Drops: a closure to come back with, and the call's cost carried once.
     if (s->state == TensorState::kDropped) {
       const bool closure = s->group != nullptr ? static_cast<bool>(s->group->recompute)
                                                : static_cast<bool>(s->recompute);
-      if (!s->may_drop || !closure) return Broken(s, "dropped without a closure");
+      if (!s->may_drop || !closure) return BrokenAt(s, "dropped without a closure");
       if (s->group == nullptr && s->drop_charge_ns != s->compute_ns) {
-        return Broken(s, "dropped, charged %d ns of its %d", s->drop_charge_ns, s->compute_ns);
+        return BrokenAt(s, "dropped, charged %d ns of its %d", s->drop_charge_ns, s->compute_ns);
       }
     } else if (s->drop_charge_ns != 0) {
-      return Broken(s, "not dropped but charged %d ns", s->drop_charge_ns);
+      return BrokenAt(s, "not dropped but charged %d ns", s->drop_charge_ns);
     }
     int dropped_inputs = 0;
     for (const Storage* in : s->inputs) {
-      if (in->state == TensorState::kFreed) return Broken(s, "reads a collected storage");
+      if (in->state == TensorState::kFreed) return BrokenAt(s, "reads a collected storage");
       if (in->state == TensorState::kDropped) ++dropped_inputs;
       Tally& t = tally[in];
       ++t.dependents;
@@ -167,14 +167,14 @@ absl::Status Runtime::CheckStorages() const {
       if (s->state == TensorState::kDropped) t.dropped_consumer_ns += s->drop_charge_ns;
     }
     if (s->dropped_inputs != dropped_inputs) {
-      return Broken(s, "counts %d dropped inputs, has %d", s->dropped_inputs, dropped_inputs);
+      return BrokenAt(s, "counts %d dropped inputs, has %d", s->dropped_inputs, dropped_inputs);
     }
     if (s->group != nullptr && (s->output_index >= s->group->outputs.size() ||
                                 s->group->outputs[s->output_index] != s)) {
-      return Broken(s, "its call's output %d is another storage", s->output_index);
+      return BrokenAt(s, "its call's output %d is another storage", s->output_index);
     }
     if (between_regenerations && s->handles == 0 && s->pins == 0 && s->dependents == 0) {
-      return Broken(s, "nothing holds it, yet it is not collected");
+      return BrokenAt(s, "nothing holds it, yet it is not collected");
     }
   }
   // The neighbours' side of each edge.
@@ -184,14 +184,14 @@ absl::Status Runtime::CheckStorages() const {
     auto it = tally.find(s);
     Tally t = it != tally.end() ? std::move(it->second) : Tally{};
     if (s->dependents != t.dependents) {
-      return Broken(s, "counts %d dependents, is read by %d", s->dependents, t.dependents);
+      return BrokenAt(s, "counts %d dependents, is read by %d", s->dependents, t.dependents);
     }
     std::vector<const Storage*> consumers(s->consumers.begin(), s->consumers.end());
     std::sort(consumers.begin(), consumers.end());
     std::sort(t.consumers.begin(), t.consumers.end());
-    if (consumers != t.consumers) return Broken(s, "its consumers are not its readers");
+    if (consumers != t.consumers) return BrokenAt(s, "its consumers are not its readers");
     if (s->dropped_consumer_ns != t.dropped_consumer_ns) {
-      return Broken(s, "counts %d ns of dropped consumers, they carry %d", s->dropped_consumer_ns,
+      return BrokenAt(s, "counts %d ns of dropped consumers, they carry %d", s->dropped_consumer_ns,
                     t.dropped_consumer_ns);
     }
   }
@@ -204,7 +204,7 @@ absl::Status Runtime::CheckStorages() const {
                   storages_.given_back().size());
   }
   for (const Storage* s : storages_.given_back()) {
-    if (s->state != TensorState::kFreed) return Broken(s, "in the pool but not collected");
+    if (s->state != TensorState::kFreed) return BrokenAt(s, "in the pool but not collected");
   }
   if (resident_bytes != stats_.resident_bytes) {
     return Broken("resident_bytes is %d, storages on the device hold %d", stats_.resident_bytes,
@@ -252,7 +252,7 @@ absl::Status Runtime::CheckGroups() const {
       ++uncollected;
       cost = m->compute_ns;
       if (m->state == TensorState::kFreed || m->group != g || m->output_index != i) {
-        return Broken(m, "output %d of a call group that is not its group", i);
+        return BrokenAt(m, "output %d of a call group that is not its group", i);
       }
       if (m->state == TensorState::kDropped) {
         ++dropped;
@@ -284,10 +284,10 @@ absl::Status Runtime::CheckClasses() const {
     const Storage* s = owned.get();
     const bool has_node = s->class_node != Storage::kNoClass;
     if ((s->state == TensorState::kDropped) != has_node) {
-      return Broken(s, "%s a drop class", has_node ? "holds" : "lacks");
+      return BrokenAt(s, "%s a drop class", has_node ? "holds" : "lacks");
     }
     if (!has_node) continue;
-    if (s->class_node >= classes_.nodes()) return Broken(s, "its class node is not a node");
+    if (s->class_node >= classes_.nodes()) return BrokenAt(s, "its class node is not a node");
     ++dropped;
     class_cost[classes_.RootOf(s->class_node)] += s->drop_charge_ns;
   }
@@ -328,11 +328,11 @@ absl::Status Runtime::CheckTableAndStats() const {
     int not_freed_here = 0;
     for (TensorId id : s->tensor_ids) {
       const Tensor* t = tensors_.Find(id);
-      if (t == nullptr || t->storage != s) return Broken(s, "tensor %d does not name it", id);
+      if (t == nullptr || t->storage != s) return BrokenAt(s, "tensor %d does not name it", id);
       if (!t->freed) ++not_freed_here;
     }
     if (s->handles != not_freed_here) {
-      return Broken(s, "counts %d handles, %d of its tensors are not freed", s->handles,
+      return BrokenAt(s, "counts %d handles, %d of its tensors are not freed", s->handles,
                     not_freed_here);
     }
     ids += s->tensor_ids.size();
