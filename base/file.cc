@@ -38,7 +38,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 absl::Status WriteFile(const std::string& path, std::string_view bytes) {
-  FilePtr file = Open(path, "wb");
+  // Beside the target (a rename does not cross file systems), named by the
+  // process so two writers do not share it.
+  const std::string temp = absl::StrFormat("%s.tmp.%d", path, static_cast<int>(getpid()));
+  FilePtr file = Open(temp, "wb");
   if (file == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: cannot create: %s", path, std::strerror(errno)));
@@ -46,7 +49,15 @@ absl::Status WriteFile(const std::string& path, std::string_view bytes) {
   const bool written = std::fwrite(bytes.data(), 1, bytes.size(), file.get()) == bytes.size();
   // fclose flushes: its failure is a failed write too.
   if (!written || std::fclose(file.release()) != 0) {
-    return absl::DataLossError(absl::StrFormat("%s: write error: %s", path, std::strerror(errno)));
+    const int error = errno;
+    std::remove(temp.c_str());
+    return absl::DataLossError(absl::StrFormat("%s: write error: %s", path, std::strerror(error)));
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(temp.c_str());
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: cannot create: %s", path, std::strerror(error)));
   }
   return absl::OkStatus();
 }
@@ -66,6 +77,49 @@ absl::Status CheckWritable(const std::string& path) {
   }
   const bool exists = fs::exists(path, error);
   if (access(exists ? path.c_str() : dir.c_str(), W_OK) != 0) return cannot(std::strerror(errno));
+  return absl::OkStatus();
+}
+
+namespace {
+
+bool Named(const NamedPath& p) { return !p.path.empty() && p.path != "-"; }
+
+// Whether two paths name one file: the same file where both exist (links
+// and spellings included), else the same normalised absolute path.
+bool SameFile(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (fs::exists(a, error) && fs::exists(b, error)) {
+    const bool same = fs::equivalent(a, b, error);
+    if (!error) return same;
+  }
+  const fs::path ca = fs::weakly_canonical(fs::absolute(a, error), error);
+  const fs::path cb = fs::weakly_canonical(fs::absolute(b, error), error);
+  return ca == cb;
+}
+
+}  // namespace
+
+absl::Status CheckOutputPaths(const std::vector<NamedPath>& inputs,
+                              const std::vector<NamedPath>& outputs) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const NamedPath& out = outputs[i];
+    if (!Named(out)) continue;
+    for (const NamedPath& in : inputs) {
+      if (Named(in) && SameFile(out.path, in.path)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s %s is %s: refusing to overwrite an input", out.name, out.path, in.name));
+      }
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (Named(outputs[j]) && SameFile(out.path, outputs[j].path)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s and %s name the same file (%s): each output needs its own", outputs[j].name,
+            out.name, out.path));
+      }
+    }
+    if (absl::Status writable = CheckWritable(out.path); !writable.ok()) return writable;
+  }
   return absl::OkStatus();
 }
 

@@ -200,6 +200,26 @@ TEST_F(RematCliTest, SimRefusesAnEmptyTraceAndABudgetItCannotKeep) {
   EXPECT_EQ(swept.status, 2) << swept.out;
 }
 
+TEST_F(RematCliTest, NoOutputOverwritesAnInputOrAnotherOutput) {
+  const std::string trace = WriteTemp("mine.jsonl", *remat::ReadFile(
+      Env("REMAT_SOURCE_DIR") + "/examples/traces/chain_100.jsonl"));
+  const Outcome sim = Remat("sim " + trace + " --budget-ratio 0.5 --timeline " + trace);
+  EXPECT_EQ(sim.status, 2) << sim.out;
+  EXPECT_THAT(sim.out, HasSubstr("refusing to overwrite"));
+  const std::string log = WriteTemp("mine.csv", *remat::ReadFile(
+      Env("REMAT_SOURCE_DIR") + "/examples/traces/tiny.csv"));
+  EXPECT_EQ(Remat("replay " + log + " --snapshot " + log).status, 2);
+  const std::string out = ::testing::TempDir() + "/both.out";
+  const Outcome both = Remat("replay " + log + " --snapshot " + out + " --timeline " + out);
+  EXPECT_EQ(both.status, 2) << both.out;
+  EXPECT_THAT(both.out, HasSubstr("name the same file"));
+  // What was handed in is as it was.
+  EXPECT_EQ(*remat::ReadFile(trace),
+            *remat::ReadFile(Env("REMAT_SOURCE_DIR") + "/examples/traces/chain_100.jsonl"));
+  EXPECT_EQ(*remat::ReadFile(log),
+            *remat::ReadFile(Env("REMAT_SOURCE_DIR") + "/examples/traces/tiny.csv"));
+}
+
 TEST_F(RematCliTest, ARunThatDoesNotFitExitsThreeWithNoOverhead) {
   const Outcome json = Remat("sim " + Trace("chain_100.jsonl") +
                              " --budget-ratio 0.2 --accounting live --policy belady --json");

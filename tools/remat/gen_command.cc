@@ -74,7 +74,9 @@ void PrintSummary(std::ostream& out, const GeneratedTrace& gen, const OpTrace& t
 int RunGen(const GenFlags& f) {
   const bool to_stdout = f.output == "-";
   if (!to_stdout) {
-    if (absl::Status s = CheckWritable(f.output); !s.ok()) return ReportError("gen", s);
+    if (absl::Status s = CheckOutputPaths({}, {{"--output", f.output}}); !s.ok()) {
+      return ReportError("gen", s);
+    }
   }
   absl::StatusOr<GeneratedTrace> gen = GenerateModelTrace(f.spec, f.options);
   if (!gen.ok()) return ReportError("gen", gen.status());

@@ -68,12 +68,11 @@ Examples:
   remat replay run.csv --budget 40GiB --json
   remat replay run.csv --snapshot run.pickle --timeline run.json)";
 
-// Refuses output paths that cannot be written before the replay runs.
+// Refuses, before the replay runs, output paths that cannot be written or
+// that name the log or each other.
 absl::Status CheckOutputs(const ReplayFlags& flags) {
-  for (const std::string* path : {&flags.snapshot_path, &flags.timeline_path}) {
-    if (!path->empty()) REMAT_RETURN_IF_ERROR(CheckWritable(*path));
-  }
-  return absl::OkStatus();
+  return CheckOutputPaths({{"the log", flags.log_path}},
+                          {{"--snapshot", flags.snapshot_path}, {"--timeline", flags.timeline_path}});
 }
 
 absl::Status WriteOutputs(const ReplayFlags& flags, const Snapshot& snapshot) {

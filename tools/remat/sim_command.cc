@@ -182,11 +182,12 @@ int RunSim(const SimFlags& f) {
     return ReportError(
         "sim", absl::InvalidArgumentError("give exactly one of --budget-ratio and --budget"));
   }
-  // A timeline that cannot be written is refused before anything runs.
-  if (!f.timeline_path.empty()) {
-    if (absl::Status writable = CheckWritable(f.timeline_path); !writable.ok()) {
-      return ReportError("sim", writable);
-    }
+  // A timeline that cannot be written, or would overwrite the trace, is
+  // refused before anything runs.
+  if (absl::Status outputs =
+          CheckOutputPaths({{"the trace", f.trace_path}}, {{"--timeline", f.timeline_path}});
+      !outputs.ok()) {
+    return ReportError("sim", outputs);
   }
   absl::StatusOr<OpTrace> trace = ReadOpTrace(f.trace_path);
   if (!trace.ok()) return ReportError("sim", trace.status());

@@ -107,7 +107,13 @@ int RunSweepCommand(const SweepFlags& f) {
     std::cerr << "remat sweep: " << f.out_dir << ": " << ec.message() << "\n";
     return kExitUsage;
   }
-  if (absl::Status s = CheckWritable(f.out_dir + "/results.csv"); !s.ok()) {
+  // The trace may sit in the output directory: it is never overwritten.
+  if (absl::Status s = CheckOutputPaths({{"the trace", f.trace_path}},
+                                        {{"--out's results.csv", f.out_dir + "/results.csv"},
+                                         {"--out's overhead.png", f.out_dir + "/overhead.png"},
+                                         {"--out's plot_overhead.py",
+                                          f.out_dir + "/plot_overhead.py"}});
+      !s.ok()) {
     return ReportError("sweep", s);
   }
 
