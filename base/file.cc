@@ -37,23 +37,56 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return text;
 }
 
-absl::Status WriteFile(const std::string& path, std::string_view bytes) {
-  // Beside the target (a rename does not cross file systems), named by the
-  // process so two writers do not share it.
-  const std::string temp = absl::StrFormat("%s.tmp.%d", path, static_cast<int>(getpid()));
-  FilePtr file = Open(temp, "wb");
+namespace {
+
+// Writes `bytes` to `path` in place (what a device or a pipe needs).
+absl::Status WriteInPlace(const std::string& path, std::string_view bytes) {
+  FilePtr file = Open(path, "wb");
   if (file == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: cannot create: %s", path, std::strerror(errno)));
   }
   const bool written = std::fwrite(bytes.data(), 1, bytes.size(), file.get()) == bytes.size();
+  if (!written || std::fclose(file.release()) != 0) {
+    return absl::DataLossError(absl::StrFormat("%s: write error: %s", path, std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteFile(const std::string& path, std::string_view bytes) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);  // through links
+  if (fs::exists(status) && !fs::is_regular_file(status)) return WriteInPlace(path, bytes);
+  // A link is written through: the file it names is the one replaced.
+  std::string target = path;
+  if (fs::is_symlink(fs::symlink_status(path, error))) {
+    const fs::path resolved = fs::canonical(path, error);
+    if (!error) target = resolved.string();
+  }
+  // Beside the target (a rename does not cross file systems), named by the
+  // process so two writers do not share it.
+  const std::string temp = absl::StrFormat("%s.tmp.%d", target, static_cast<int>(getpid()));
+  FilePtr file = Open(temp, "wb");
+  if (file == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: cannot create: %s", path, std::strerror(errno)));
+  }
+  bool written = std::fwrite(bytes.data(), 1, bytes.size(), file.get()) == bytes.size();
+  // On disk before it takes the name, so a crash leaves the old file or the new.
+  written = written && std::fflush(file.get()) == 0 && fsync(fileno(file.get())) == 0;
+  if (fs::exists(status)) {
+    fs::permissions(temp, status.permissions(), error);  // the replaced file's mode
+  }
   // fclose flushes: its failure is a failed write too.
   if (!written || std::fclose(file.release()) != 0) {
     const int error = errno;
     std::remove(temp.c_str());
     return absl::DataLossError(absl::StrFormat("%s: write error: %s", path, std::strerror(error)));
   }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+  if (std::rename(temp.c_str(), target.c_str()) != 0) {
     const int error = errno;
     std::remove(temp.c_str());
     return absl::InvalidArgumentError(
@@ -75,8 +108,18 @@ absl::Status CheckWritable(const std::string& path) {
   if (!fs::is_directory(dir, error)) {
     return cannot(absl::StrFormat("no directory %s", dir.string()));
   }
-  const bool exists = fs::exists(path, error);
-  if (access(exists ? path.c_str() : dir.c_str(), W_OK) != 0) return cannot(std::strerror(errno));
+  const fs::file_status status = fs::status(path, error);
+  const bool exists = fs::exists(status);
+  if (exists && access(path.c_str(), W_OK) != 0) return cannot(std::strerror(errno));
+  // A regular file is replaced through a temporary file beside it (WriteFile):
+  // its directory must take one. A device or a pipe is written in place.
+  if (exists && !fs::is_regular_file(status)) return absl::OkStatus();
+  fs::path beside = dir;
+  if (fs::is_symlink(fs::symlink_status(path, error))) {
+    const fs::path resolved = fs::canonical(path, error);
+    if (!error) beside = resolved.parent_path();
+  }
+  if (access(beside.c_str(), W_OK) != 0) return cannot(std::strerror(errno));
   return absl::OkStatus();
 }
 

@@ -29,6 +29,24 @@ TEST(FileTest, WriteFileReplacesTheFileWholeAndLeavesNothingBeside) {
   EXPECT_EQ(WriteFile(Dir() + "/no/such/dir/x", "x").code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(FileTest, WriteFileWritesThroughLinksAndToDevicesAndKeepsTheMode) {
+  const std::string target = Dir() + "/target.txt";
+  const std::string link = Dir() + "/via_link.txt";
+  ASSERT_TRUE(WriteFile(target, "old").ok());
+  fs::permissions(target, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  fs::remove(link);
+  fs::create_symlink(target, link);
+  ASSERT_TRUE(CheckWritable(link).ok());
+  ASSERT_TRUE(WriteFile(link, "new").ok());
+  EXPECT_TRUE(fs::is_symlink(link));  // still a link, to the file now holding the bytes
+  EXPECT_EQ(*ReadFile(target), "new");
+  EXPECT_EQ(fs::status(target).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  ASSERT_TRUE(CheckWritable("/dev/null").ok());
+  EXPECT_TRUE(WriteFile("/dev/null", "gone").ok());
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+}
+
 TEST(FileTest, AnOutputNamingAnInputOrAnotherOutputIsRefused) {
   const std::string in = Dir() + "/trace.jsonl";
   ASSERT_TRUE(WriteFile(in, "kept").ok());

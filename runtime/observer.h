@@ -11,6 +11,9 @@
 //
 //   kCreated  (kRecomputed | kRestored)* interleaved with (kDropped | kOffloaded)*  kCollected
 //
+// (A storage still held when the runtime is destroyed gets no kCollected:
+// the destructor tells nothing.)
+//
 // - kCreated: made by Create / CreateCall, resident.
 // - kDropped: its bytes are freed; `pressure` says whether a policy chose it
 //   under pressure, or its owner released it while a closure may still read

@@ -461,6 +461,11 @@ class Runtime {
   // While a planned prefetch makes room: its next use. Pressure then evicts
   // only what is next used later (-1: no such limit).
   std::int64_t prefetch_for_ns_ ABSL_GUARDED_BY(mu_) = -1;
+  // Device blocks given back so far (HandBack), and their count when a
+  // planned prefetch last found no room: it is not tried again (a pressure
+  // event, a policy call, perhaps evictions) until memory has come back.
+  std::uint64_t handbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t prefetch_blocked_at_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
   // Estimated compute of the calls made and recomputed so far (NowNs).
   std::int64_t work_ns_ ABSL_GUARDED_BY(mu_) = 0;
   // Bumped (and waiters woken) when a regeneration ends.

@@ -126,10 +126,13 @@ bool Runtime::Evict(const PressureRequest& request) {
     if (step.id >= scratch_storages_.size()) continue;  // a policy bug must not crash us
     Storage* s = scratch_storages_[step.id];
     if (s->pins > 0) continue;
-    if (s->state == TensorState::kPrefetching) {
-      // Evicted before its use: the copy in is abandoned (stream order keeps
-      // the block until it completes).
-      if (s->copy_in_flight) events_.Give(s->copy_event);
+    // Evicted before its use, a prefetch's copy in is abandoned (stream
+    // order keeps the block until it completes) once the eviction succeeds;
+    // if it fails the tensor stays prefetching, with its event to wait on.
+    const bool prefetching = s->state == TensorState::kPrefetching;
+    const Event prefetch_event = s->copy_event;
+    const bool prefetch_in_flight = prefetching && s->copy_in_flight;
+    if (prefetching) {
       s->copy_in_flight = false;
       SetState(s, TensorState::kResident);
     }
@@ -143,7 +146,15 @@ bool Runtime::Evict(const PressureRequest& request) {
     } else if (c.can_drop) {
       done = DropStorage(s, request.stream, /*pressure=*/true);
     }
-    if (!done) continue;
+    if (!done) {
+      if (prefetching) {
+        s->copy_event = prefetch_event;
+        s->copy_in_flight = prefetch_in_flight;
+        SetState(s, TensorState::kPrefetching);
+      }
+      continue;
+    }
+    if (prefetch_in_flight) events_.Give(prefetch_event);
     if (s->state == TensorState::kDropped) ++stats_.drops;
     progress = true;
     ++evicted;

@@ -67,6 +67,7 @@ struct StorageFields {
   // Kept by SetState, so building a candidate reads no neighbour that cannot matter.
   std::int64_t first_access_ns = 0;
   std::int64_t next_use_at = -1;          // HintNextUse's device time; -1 unknown
+  std::int64_t planned_prefetch_at = -1;  // its entry in Runtime::planned_ (-1: none)
   std::uint64_t recomputes = 0;
   static constexpr std::uint32_t kNoClass = DropClasses::kNone;
   std::uint32_t class_node = kNoClass;    // while dropped: its node in the DropClasses

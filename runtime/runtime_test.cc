@@ -168,6 +168,38 @@ TEST_F(RuntimeTest, APrefetchedTensorCanBeEvictedAgainBeforeItsUse) {
   Check(a);  // the bytes survived the round trips
 }
 
+// Plans one action for every candidate.
+class ActionPolicy : public policies::EvictionPolicy {
+ public:
+  policies::Plan Choose(const policies::PressureContext& ctx) override {
+    policies::Plan plan;
+    for (const policies::Candidate& c : ctx.candidates) plan.push_back({c.id, action});
+    return plan;
+  }
+  policies::EvictAction action = policies::EvictAction::kOffload;
+
+ protected:
+  std::string OwnSpec() const override { return "action"; }
+};
+
+TEST_F(RuntimeTest, AFailedEvictionOfAPrefetchingTensorKeepsItsCopyToWaitFor) {
+  auto policy = std::make_shared<ActionPolicy>();
+  Make(8 * kMiB, {.custom_policy = policy});
+  TensorId a = Produce(4 * kMiB, {}, /*drop=*/false, /*offload=*/true);
+  TensorId b = Produce(6 * kMiB, {}, false, false);  // a goes to the host
+  ASSERT_TRUE(runtime_->Free(b).ok());
+  ASSERT_TRUE(runtime_->Prefetch(a).ok());
+  ASSERT_EQ(StateOf(a), TensorState::kPrefetching);
+  // The policy now asks to drop a, which a does not allow: nothing is evicted,
+  // and a must still be waited for, not taken for resident with its copy in
+  // still running.
+  policy->action = policies::EvictAction::kDrop;
+  EXPECT_FALSE(runtime_->Create(6 * kMiB, TensorOptions{}).ok());
+  EXPECT_EQ(StateOf(a), TensorState::kPrefetching);
+  ASSERT_TRUE(runtime_->CheckInvariants().ok()) << runtime_->CheckInvariants();
+  Check(a);
+}
+
 TEST_F(RuntimeTest, WithAPrefetchWindowTheRuntimePrefetchesWhatItsHintsSayComesSoon) {
   // No Prefetch call anywhere: the runtime plans from the hints itself.
   Make(8 * kMiB, {.policy = "hybrid:prefetch_us=100", .enable_drop = false});

@@ -9,6 +9,7 @@
 // each failure is handled where it happens, as the comments say.
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "runtime/runtime.h"
@@ -19,6 +20,8 @@ namespace remat {
 void Runtime::PlanPrefetch(Storage* s) {
   if (prefetch_window_ns_ == 0 || s->next_use_at < 0 || s->next_use_at == kNeverUsedAgain) return;
   if (s->state != TensorState::kOnHost && s->state != TensorState::kOffloading) return;
+  if (s->planned_prefetch_at == s->next_use_at) return;  // already planned for then
+  s->planned_prefetch_at = s->next_use_at;
   const auto later = [](const PlannedPrefetch& a, const PlannedPrefetch& b) {
     return a.at_ns > b.at_ns;
   };
@@ -30,24 +33,33 @@ void Runtime::PrefetchDue(Stream stream) {
   const auto later = [](const PlannedPrefetch& a, const PlannedPrefetch& b) {
     return a.at_ns > b.at_ns;
   };
+  if (prefetch_blocked_at_ == handbacks_) return;  // no memory came back since it found no room
   const std::int64_t horizon = Clock() + prefetch_window_ns_;
   while (!planned_.empty() && planned_.front().at_ns <= horizon) {
     std::pop_heap(planned_.begin(), planned_.end(), later);
     const PlannedPrefetch p = planned_.back();
     planned_.pop_back();
     Storage* s = p.storage;
-    if (s->serial != p.serial || s->next_use_at != p.at_ns || s->pins > 0 ||
+    if (s->serial != p.serial) continue;  // stale: collected (the object reused)
+    if (s->planned_prefetch_at == p.at_ns) s->planned_prefetch_at = -1;  // its entry is out
+    if (s->next_use_at != p.at_ns || s->pins > 0 ||
         (s->state != TensorState::kOnHost && s->state != TensorState::kOffloading)) {
-      continue;  // stale: collected, hinted again, or already back
+      continue;  // stale: hinted again, or already back
     }
-    prefetch_for_ns_ = p.at_ns;
-    const absl::Status st = PrefetchStorage(s, stream);
-    prefetch_for_ns_ = -1;
+    absl::Status st;
+    {
+      // While it makes room, only what is used after it may go.
+      prefetch_for_ns_ = p.at_ns;
+      absl::Cleanup unlimit = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { prefetch_for_ns_ = -1; };
+      st = PrefetchStorage(s, stream);
+    }
     if (!st.ok()) {
       // No room now (or the device failed): the tensor stays on the host and
       // comes back on access, or at a later look.
+      s->planned_prefetch_at = p.at_ns;
       planned_.push_back(p);
       std::push_heap(planned_.begin(), planned_.end(), later);
+      prefetch_blocked_at_ = handbacks_;
       break;
     }
   }
@@ -152,6 +164,7 @@ void Runtime::SettleCopies(Storage* s) {
 }
 
 void Runtime::HandBack(Storage* s, Stream to) {
+  ++handbacks_;
   // A wait that cannot be enqueued is made good here (HandBack's callers
   // cannot fail): the host waits for that stream's work instead, the same
   // order at a higher price. If even that fails, the block is kept from the

@@ -153,13 +153,13 @@ absl::StatusOr<std::unique_ptr<remat::Device>> MakeDevice(const remat_allocator_
           absl::StrFormat("unknown device kind %d (REMAT_DEVICE_SIM or REMAT_DEVICE_CUDA)",
                           static_cast<int>(o.device)));
   }
-  absl::StatusOr<std::unique_ptr<remat::Device>> made = remat::MakeDevice(spec);
-  if (!made.ok() && spec.kind == remat::DeviceSpec::Kind::kCuda &&
-      absl::IsFailedPrecondition(made.status())) {
+#if !defined(REMAT_HAVE_CUDA)
+  if (spec.kind == remat::DeviceSpec::Kind::kCuda) {
     return absl::FailedPreconditionError(
         "this libremat was built without the CUDA toolkit; only REMAT_DEVICE_SIM is available");
   }
-  return made;
+#endif
+  return remat::MakeDevice(spec);
 }
 
 remat_tensor_state StateOf(remat::TensorState s) {

@@ -78,14 +78,14 @@ absl::StatusOr<CachingAllocator*> Allocators::For(int device) {
   PerDevice& d = devices_[device];
   DeviceSpec spec = config_->device;
   spec.cuda_ordinal = device;
-  absl::StatusOr<std::unique_ptr<Device>> made = MakeDevice(spec);
-  if (!made.ok()) {
-    if (spec.kind == DeviceSpec::Kind::kCuda && absl::IsFailedPrecondition(made.status())) {
-      return absl::FailedPreconditionError(
-          "remat was built without CUDA: set REMAT_DEVICE=sim to use the simulated device");
-    }
-    return made.status();
+#ifndef REMAT_HAVE_CUDA
+  if (spec.kind == DeviceSpec::Kind::kCuda) {
+    return absl::FailedPreconditionError(
+        "remat was built without CUDA: set REMAT_DEVICE=sim to use the simulated device");
   }
+#endif
+  absl::StatusOr<std::unique_ptr<Device>> made = MakeDevice(spec);
+  if (!made.ok()) return made.status();
   d.device = std::move(*made);
   const std::size_t capacity = d.device->Capacity();
   if (config_->budget > capacity) {
