@@ -23,6 +23,10 @@ FilePtr Open(const std::string& path, const char* mode) {
 }  // namespace
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: is a directory, not a file", path));
+  }
   FilePtr file = Open(path, "rb");
   if (file == nullptr) {
     return absl::NotFoundError(absl::StrFormat("%s: cannot open: %s", path, std::strerror(errno)));

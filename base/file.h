@@ -12,7 +12,8 @@
 namespace remat {
 
 // The bytes of the file at `path`. NotFound when it cannot be opened,
-// DataLoss when reading fails; messages start with the path.
+// InvalidArgument for a directory, DataLoss when reading fails; messages
+// start with the path.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 // Replaces the file at `path` with `bytes`: written to a temporary file beside

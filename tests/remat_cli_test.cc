@@ -220,6 +220,27 @@ TEST_F(RematCliTest, NoOutputOverwritesAnInputOrAnotherOutput) {
             *remat::ReadFile(Env("REMAT_SOURCE_DIR") + "/examples/traces/tiny.csv"));
 }
 
+TEST_F(RematCliTest, BadInputGetsAMessageThatSaysWhatIsWrong) {
+  // A directory is bad input (2), not a failed run (1).
+  const Outcome dir = Remat("sim " + ::testing::TempDir() + " --budget-ratio 0.5");
+  EXPECT_EQ(dir.status, 2) << dir.out;
+  EXPECT_THAT(dir.out, HasSubstr("is a directory"));
+  EXPECT_EQ(Remat("replay " + ::testing::TempDir()).status, 2);
+  const Outcome nan = Remat("sim " + Trace("chain_100.jsonl") + " --budget-ratio nan");
+  EXPECT_EQ(nan.status, 2) << nan.out;
+  EXPECT_THAT(nan.out, HasSubstr("--budget-ratio must be a number"));
+  // Binary input is quoted with its bytes escaped, never echoed raw.
+  std::string garbage = "\x01\x9b[2J\xff\xfe,zz";
+  garbage += std::string(1, '\0') + "tail\n";
+  const Outcome binary = Remat("replay " + WriteTemp("garbage.bin", garbage));
+  EXPECT_EQ(binary.status, 2) << binary.out;
+  EXPECT_THAT(binary.out, HasSubstr("\\x01\\x9b[2J\\xff"));
+  for (const char c : binary.out) {
+    const auto byte = static_cast<unsigned char>(c);
+    EXPECT_TRUE(byte == '\n' || (byte >= 0x20 && byte < 0x7f)) << "raw byte " << int{byte};
+  }
+}
+
 TEST_F(RematCliTest, ARunThatDoesNotFitExitsThreeWithNoOverhead) {
   const Outcome json = Remat("sim " + Trace("chain_100.jsonl") +
                              " --budget-ratio 0.2 --accounting live --policy belady --json");

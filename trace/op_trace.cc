@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "base/file.h"
+#include "base/text.h"
 #include "simdjson.h"
 
 namespace remat {
@@ -27,12 +28,8 @@ using simdjson::dom::object;
 // simdjson speaks std::string_view; Debian's Abseil has a string_view of its own.
 absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-// A value as an error message shows it: quoted, and cut short if long.
-std::string Quote(std::string_view s) {
-  constexpr std::size_t kMax = 40;
-  if (s.size() <= kMax) return absl::StrFormat("'%s'", s);
-  return absl::StrFormat("'%s...'", s.substr(0, kMax));
-}
+// A value as an error message shows it (base/text.h).
+std::string Quote(std::string_view s) { return QuoteForMessage(s); }
 
 // A JSON value as an error message shows it: minified, cut short if long.
 std::string Shown(const element& e) {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/file.h"
+#include "base/text.h"
 
 namespace remat {
 namespace {
@@ -87,12 +88,8 @@ bool ParseAction(std::string_view s, AllocAction* out) {
   return true;
 }
 
-// A field as an error message shows it: quoted, and cut short if long.
-std::string Quote(std::string_view field) {
-  constexpr std::size_t kMax = 40;
-  if (field.size() <= kMax) return absl::StrFormat("'%s'", field);
-  return absl::StrFormat("'%s...'", field.substr(0, kMax));
-}
+// A field as an error message shows it (base/text.h).
+std::string Quote(std::string_view field) { return QuoteForMessage(field); }
 
 // --- The log being built: record syntax is checked by the caller, the log's
 // consistency (liveness, sizes) here.

@@ -1,4 +1,5 @@
 // remat sim: an op trace through the runtime under a budget and a policy.
+#include <cmath>
 #include <cstdint>
 #include <iostream>
 #include <limits>
@@ -178,6 +179,10 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
 }
 
 int RunSim(const SimFlags& f) {
+  if (std::isnan(f.budget_ratio)) {
+    return ReportError("sim", absl::InvalidArgumentError(
+                                  "--budget-ratio must be a number, a fraction of the peak"));
+  }
   if ((f.budget_ratio > 0) == (f.budget > 0)) {
     return ReportError(
         "sim", absl::InvalidArgumentError("give exactly one of --budget-ratio and --budget"));
