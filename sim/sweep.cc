@@ -57,8 +57,13 @@ absl::StatusOr<std::vector<double>> ParseRatios(std::string_view text) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "ratios %s: expected FROM:TO:STEP with FROM <= TO and STEP > 0", std::string(text)));
     }
-    const auto count = static_cast<int>(std::floor((*to - *from) / *step + 1e-9)) + 1;
-    if (count > 1000) return absl::InvalidArgumentError("ratios: more than 1000 of them");
+    // Counted in floating point: a huge range must not wrap an int to a small one.
+    const double span = std::floor((*to - *from) / *step + 1e-9) + 1;
+    if (!(span <= 1000)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ratios %s: %.0f of them, more than the 1000 a sweep takes", std::string(text), span));
+    }
+    const auto count = static_cast<int>(span);
     for (int i = 0; i < count; ++i) {
       ratios.push_back(std::round((*from + i * *step) * 1e9) / 1e9);
     }

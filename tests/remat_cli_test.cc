@@ -75,7 +75,7 @@ TEST_F(RematCliTest, ReplayJsonHasTheReportKeys) {
 
 TEST_F(RematCliTest, ReplayTextReport) {
   const Outcome run = Remat("replay " + Trace("tiny.csv") + " --capacity 1GiB --budget 30MiB");
-  ASSERT_EQ(run.status, 0) << run.out;
+  ASSERT_EQ(run.status, 3) << run.out;  // the report, and the status of a log that did not fit
   EXPECT_THAT(run.out, HasSubstr("peak requested"));
   EXPECT_THAT(run.out, HasSubstr("sim (unbacked, 1.00 GiB), budget 30.00 MiB"));
   EXPECT_THAT(run.out, HasSubstr("OOMs               1"));
@@ -261,6 +261,14 @@ TEST_F(RematCliTest, ARunThatDoesNotFitExitsThreeWithNoOverhead) {
   ASSERT_TRUE(csv.ok()) << csv.status();
   EXPECT_THAT(*csv, HasSubstr(",oom,,"));
   EXPECT_THAT(*csv, ::testing::ContainsRegex(",ok,[0-9]"));
+}
+
+TEST_F(RematCliTest, ASweepOfTooManyRatiosSaysSo) {
+  const Outcome run = Remat("sweep " + Trace("chain_100.jsonl") +
+                            " --ratios 0.000001:1000000:0.000001 --out " + ::testing::TempDir() +
+                            "/many");
+  EXPECT_EQ(run.status, 2) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("more than the 1000 a sweep takes"));
 }
 
 TEST_F(RematCliTest, SweepWritesTheCsvAndTheTableAndRejectsBadUsage) {

@@ -13,7 +13,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;  // the input was fine; something else went wrong
 inline constexpr int kExitUsage = 2;    // bad flags, or bad input (a missing or malformed file)
 // The run was carried out and the answer is no: the trace did not fit the
-// budget (`remat sim` ended as oom or thrash).
+// budget (`remat sim` ended as oom or thrash; `remat replay` had an OOM).
 inline constexpr int kExitUnfinished = 3;
 
 // kExitUsage for errors that blame the caller's input (InvalidArgument,

@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   app.footer(
       "Run 'remat SUBCOMMAND --help' for a subcommand's options.\n"
       "Exit status: 0 success, 1 failure, 2 bad usage or bad input, 3 the run did not fit its "
-      "budget (remat sim: oom or thrash).");
+      "budget (remat sim: oom or thrash; remat replay: an allocation out of memory).");
 
   const std::vector<remat::tools::Subcommand> subcommands = {
       remat::tools::AddReplayCommand(app),

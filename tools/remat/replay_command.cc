@@ -48,7 +48,8 @@ with the line number and exit status 2.
 Each allocation goes through remat's caching allocator on an unbacked simulated
 device of --capacity bytes (log stream 0 is the default stream; every other log
 stream gets its own). Under --budget, an allocation that does not fit counts as
-an OOM and the replay goes on; its later free is skipped.
+an OOM and the replay goes on; its later free is skipped. A replay with any OOM
+exits with status 3 (the log did not fit), after its full report.
 
 The report: events; peak requested (the log's own sizes, live at once), peak
 allocated (sizes rounded to 512 B), peak reserved (device segments);
@@ -127,7 +128,7 @@ int RunReplay(const ReplayFlags& flags) {
     std::cout << ReplayReportToText(*report);
     if (options.snapshot) PrintOutputs(flags, *report->snapshot);
   }
-  return kExitOk;
+  return report->ooms > 0 ? kExitUnfinished : kExitOk;
 }
 
 }  // namespace
