@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -239,6 +240,24 @@ TEST_F(RematCliTest, BadInputGetsAMessageThatSaysWhatIsWrong) {
     const auto byte = static_cast<unsigned char>(c);
     EXPECT_TRUE(byte == '\n' || (byte >= 0x20 && byte < 0x7f)) << "raw byte " << int{byte};
   }
+}
+
+TEST_F(RematCliTest, RunRefusesBadOutputsAndBudgetsBeforeTheProgramStarts) {
+  const std::string marker = ::testing::TempDir() + "/ran_marker";
+  std::remove(marker.c_str());
+  const Outcome no_dir = Remat("run --device sim --trace " + ::testing::TempDir() +
+                               "/no/such/dir/t.csv -- touch " + marker);
+  EXPECT_EQ(no_dir.status, 2) << no_dir.out;
+  EXPECT_THAT(no_dir.out, HasSubstr("cannot create"));
+  const std::string same = ::testing::TempDir() + "/same.out";
+  const Outcome twice =
+      Remat("run --device sim --trace " + same + " --snapshot " + same + " -- touch " + marker);
+  EXPECT_EQ(twice.status, 2) << twice.out;
+  EXPECT_THAT(twice.out, HasSubstr("name the same file"));
+  const Outcome tiny = Remat("run --device sim --budget 1KiB -- touch " + marker);
+  EXPECT_EQ(tiny.status, 2) << tiny.out;
+  EXPECT_THAT(tiny.out, HasSubstr("smallest segment"));
+  EXPECT_FALSE(std::filesystem::exists(marker));  // the program never started
 }
 
 TEST_F(RematCliTest, ARunThatDoesNotFitExitsThreeWithNoOverhead) {

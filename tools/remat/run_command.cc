@@ -15,6 +15,10 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/strings/str_format.h"
+#include "allocator/caching_allocator.h"
+#include "base/file.h"
+#include "base/units.h"
 #include "tools/remat/byte_size_option.h"
 #include "tools/remat/commands.h"
 #include "tools/remat/exit_codes.h"
@@ -45,15 +49,24 @@ std::string FindPreloadLibrary() {
 }
 
 int RunProgram(const RunFlags& f) {
+  // Refused before the program starts: a long job must not learn at its end
+  // that its trace could not be written, or run with every allocation failing.
+  if (absl::Status outputs = CheckOutputPaths(
+          {}, {{"--trace", f.trace_path}, {"--snapshot", f.snapshot_path}});
+      !outputs.ok()) {
+    return ReportError("run", outputs);
+  }
+  if (f.budget != 0 && f.budget < kSmallBuffer) {
+    return ReportError("run", absl::InvalidArgumentError(absl::StrFormat(
+                                  "--budget %s is below the allocator's smallest segment (%s): "
+                                  "every allocation would fail",
+                                  FormatBytes(f.budget), FormatBytes(kSmallBuffer))));
+  }
   const std::string library = FindPreloadLibrary();
   if (library.empty()) {
     std::cerr << "remat run: cannot find libremat_preload.so next to this binary (../lib/); "
                  "set REMAT_PRELOAD_LIB to its path\n";
     return kExitFailure;
-  }
-  if (!f.trace_path.empty() && f.trace_path == f.snapshot_path) {
-    std::cerr << "remat run: --trace and --snapshot name the same file\n";
-    return kExitUsage;
   }
   std::string preload = library;
   if (const char* old = std::getenv("LD_PRELOAD"); old != nullptr && *old != '\0') {
