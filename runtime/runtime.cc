@@ -176,17 +176,19 @@ TensorId Runtime::NewTensorId(Storage* s) {
   return id;
 }
 
-absl::Status Runtime::CheckInputs(const TensorOptions& options) const {
+absl::Status Runtime::CheckInputs(const TensorOptions& options) {
   if (options.allow_drop && !options.recompute) {
     return absl::InvalidArgumentError("a tensor that may be dropped needs a recompute closure");
   }
   if (options.compute_ns < 0) return absl::InvalidArgumentError("compute_ns must be >= 0");
+  checked_inputs_.clear();
   for (TensorId in : options.inputs) {
     Storage* s = LiveOrNull(in);
     if (s == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrFormat("input of the new tensor: %s", NotLive(in).message()));
     }
+    checked_inputs_.push_back(s);
   }
   return absl::OkStatus();
 }
@@ -204,8 +206,9 @@ Runtime::Storage* Runtime::AddStorage(std::size_t bytes, void* ptr, std::uint64_
   if (s->may_drop) {
     // Only a closure that may run again keeps its inputs alive (with drops
     // disabled, none will: a released input then goes at once).
-    // (CheckInputs found them live; the owner cannot have freed them since.)
-    for (TensorId id : options.inputs) s->inputs.push_back(LiveOrNull(id));
+    // (CheckInputs found them live; the owner cannot have freed them since,
+    // as the lock has been held throughout.)
+    s->inputs.assign(checked_inputs_.begin(), checked_inputs_.end());
     for (Storage* in : s->inputs) {
       ++in->dependents;
       in->consumers.push_back(s);

@@ -304,7 +304,8 @@ class Runtime {
   // Hands out an id over `s`.
   TensorId NewTensorId(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks a new call's options: its inputs are live tensors.
-  absl::Status CheckInputs(const TensorOptions& options) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Their storages are left in checked_inputs_ for AddStorage.
+  absl::Status CheckInputs(const TensorOptions& options) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills a new storage's fields from `options` (inputs checked by
   // CheckInputs) and registers it.
   Storage* AddStorage(std::size_t bytes, void* ptr, std::uint64_t serial, bool may_drop,
@@ -458,6 +459,8 @@ class Runtime {
     std::uint64_t serial;
   };
   std::vector<PlannedPrefetch> planned_ ABSL_GUARDED_BY(mu_);
+  // The storages of the inputs CheckInputs last found (reused: no allocation).
+  std::vector<Storage*> checked_inputs_ ABSL_GUARDED_BY(mu_);
   // While a planned prefetch makes room: its next use. Pressure then evicts
   // only what is next used later (-1: no such limit).
   std::int64_t prefetch_for_ns_ ABSL_GUARDED_BY(mu_) = -1;
