@@ -457,6 +457,10 @@ class Runtime {
     std::int64_t at_ns;
     Storage* storage;
     std::uint64_t serial;
+    // The heap order: the soonest next use on top.
+    static bool Later(const PlannedPrefetch& a, const PlannedPrefetch& b) {
+      return a.at_ns > b.at_ns;
+    }
   };
   std::vector<PlannedPrefetch> planned_ ABSL_GUARDED_BY(mu_);
   // The storages of the inputs CheckInputs last found (reused: no allocation).

@@ -22,21 +22,15 @@ void Runtime::PlanPrefetch(Storage* s) {
   if (s->state != TensorState::kOnHost && s->state != TensorState::kOffloading) return;
   if (s->planned_prefetch_at == s->next_use_at) return;  // already planned for then
   s->planned_prefetch_at = s->next_use_at;
-  const auto later = [](const PlannedPrefetch& a, const PlannedPrefetch& b) {
-    return a.at_ns > b.at_ns;
-  };
   planned_.push_back({s->next_use_at, s, s->serial});
-  std::push_heap(planned_.begin(), planned_.end(), later);
+  std::push_heap(planned_.begin(), planned_.end(), PlannedPrefetch::Later);
 }
 
 void Runtime::PrefetchDue(Stream stream) {
-  const auto later = [](const PlannedPrefetch& a, const PlannedPrefetch& b) {
-    return a.at_ns > b.at_ns;
-  };
   if (prefetch_blocked_at_ == handbacks_) return;  // no memory came back since it found no room
   const std::int64_t horizon = Clock() + prefetch_window_ns_;
   while (!planned_.empty() && planned_.front().at_ns <= horizon) {
-    std::pop_heap(planned_.begin(), planned_.end(), later);
+    std::pop_heap(planned_.begin(), planned_.end(), PlannedPrefetch::Later);
     const PlannedPrefetch p = planned_.back();
     planned_.pop_back();
     Storage* s = p.storage;
@@ -58,7 +52,7 @@ void Runtime::PrefetchDue(Stream stream) {
       // comes back on access, or at a later look.
       s->planned_prefetch_at = p.at_ns;
       planned_.push_back(p);
-      std::push_heap(planned_.begin(), planned_.end(), later);
+      std::push_heap(planned_.begin(), planned_.end(), PlannedPrefetch::Later);
       prefetch_blocked_at_ = handbacks_;
       break;
     }

@@ -194,11 +194,13 @@ TEST_F(RematCliTest, SimRefusesAnEmptyTraceAndABudgetItCannotKeep) {
   const Outcome live = Remat("sim " + Trace("transformer_small.jsonl") +
                              " --budget-ratio 0.5 --scale 256 --accounting live --json");
   EXPECT_EQ(live.status, 0) << live.out;
-  const Outcome swept = Remat("sweep " + Trace("transformer_small.jsonl") +
-                              " --ratios 0.5 --policies lru --scale 256 --no-plot --out " +
+  // A sweep refuses such a ratio before it runs anything.
+  const Outcome swept = Remat("sweep " + Trace("chain_100.jsonl") +
+                              " --ratios 0.0001,0.5 --policies lru --no-plot --out " +
                               ::testing::TempDir() + "/tiny_sweep");
-  // (A sweep has no --scale: then the flag itself is the usage error.)
   EXPECT_EQ(swept.status, 2) << swept.out;
+  EXPECT_THAT(swept.out, HasSubstr("ratio 0.0001"));
+  EXPECT_THAT(swept.out, HasSubstr("smallest segment"));
 }
 
 TEST_F(RematCliTest, NoOutputOverwritesAnInputOrAnotherOutput) {
