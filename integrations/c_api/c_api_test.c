@@ -828,6 +828,90 @@ static void test_a_call_is_recomputed_once(void) {
   CHECK_OK(remat_allocator_destroy(a));
 }
 
+typedef struct event_log {
+  int kinds[64];
+  uint64_t tensors[64];
+  int pressure[64];
+  int count;
+} event_log;
+
+static void log_event(void* user_data, const remat_event* e) {
+  event_log* log = (event_log*)user_data;
+  if (log->count < 64) {
+    log->kinds[log->count] = (int)e->kind;
+    log->tensors[log->count] = e->tensor;
+    log->pressure[log->count] = e->pressure;
+  }
+  ++log->count;
+}
+
+static int fill_byte(void* user_data, void* const* inputs, size_t num_inputs, void* output,
+                     size_t bytes, uint64_t stream) {
+  (void)user_data;
+  (void)inputs;
+  (void)num_inputs;
+  (void)stream;
+  memset(output, 0x33, bytes);
+  return 0;
+}
+
+/* A framework that keeps tensors itself follows the runtime through events:
+ * each drop, offload, restore and recompute is told, in order, with its id. */
+static void test_events_tell_each_transition(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 1);
+  remat_runtime* rt = NULL;
+  remat_runtime_options ro;
+  remat_tensor_options topts;
+  event_log log;
+  uint64_t dropped = 0, offloaded = 0, big = 0;
+  void* p = NULL;
+  int i, seen_drop = 0, seen_offload = 0, seen_recompute = 0, seen_restore = 0;
+  memset(&log, 0, sizeof(log));
+  CHECK(a != NULL);
+  CHECK_OK(remat_runtime_options_init(&ro));
+  ro.policy = "lru";
+  ro.live_budget = 8 * MIB;
+  CHECK_STATUS(remat_runtime_create_observed(a, &ro, log_event, &log, NULL),
+               REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_runtime_create_observed(a, &ro, log_event, &log, &rt));
+  CHECK_OK(remat_tensor_options_init(&topts));
+  topts.allow_drop = 1;
+  topts.recompute = fill_byte;
+  CHECK_OK(remat_tensor_create(rt, 4 * MIB, &topts, 0, &dropped, &p));
+  memset(p, 0x33, 4 * MIB);
+  CHECK_OK(remat_tensor_release(rt, dropped));
+  CHECK_OK(remat_tensor_options_init(&topts));
+  topts.allow_offload = 1;
+  CHECK_OK(remat_tensor_create(rt, 4 * MIB, &topts, 0, &offloaded, &p));
+  CHECK_OK(remat_tensor_release(rt, offloaded));
+  CHECK(log.count == 2 && log.kinds[0] == REMAT_EVENT_CREATED && log.tensors[0] == dropped);
+  CHECK_OK(remat_tensor_create(rt, 8 * MIB, NULL, 0, &big, NULL)); /* both go */
+  CHECK_OK(remat_tensor_release(rt, big));
+  CHECK_OK(remat_tensor_free(rt, big));
+  CHECK_OK(remat_tensor_acquire(rt, dropped, 0, &p));
+  CHECK_OK(remat_tensor_release(rt, dropped));
+  CHECK_OK(remat_tensor_acquire(rt, offloaded, 0, &p));
+  CHECK_OK(remat_tensor_release(rt, offloaded));
+  CHECK(log.count <= 64);
+  for (i = 0; i < log.count && i < 64; ++i) {
+    if (log.kinds[i] == REMAT_EVENT_DROPPED && log.tensors[i] == dropped && log.pressure[i]) {
+      seen_drop = 1;
+    }
+    if (log.kinds[i] == REMAT_EVENT_OFFLOADED && log.tensors[i] == offloaded) seen_offload = 1;
+    if (log.kinds[i] == REMAT_EVENT_RECOMPUTED && log.tensors[i] == dropped) {
+      seen_recompute = seen_drop;
+    }
+    if (log.kinds[i] == REMAT_EVENT_RESTORED && log.tensors[i] == offloaded) {
+      seen_restore = seen_offload;
+    }
+  }
+  CHECK(seen_drop && seen_offload && seen_recompute && seen_restore);
+  CHECK_OK(remat_tensor_free(rt, dropped));
+  CHECK(log.kinds[(log.count - 1) % 64] == REMAT_EVENT_COLLECTED);
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
 int main(void) {
   static const test_case tests[] = {
       {"status_names_and_version", test_status_names_and_version},
@@ -849,6 +933,7 @@ int main(void) {
       {"user_data_destroyed_once", test_user_data_destroyed_once},
       {"last_error_survives_success", test_last_error_survives_success},
       {"a_call_is_recomputed_once", test_a_call_is_recomputed_once},
+      {"events_tell_each_transition", test_events_tell_each_transition},
   };
   size_t i;
   /* Nothing has failed on this thread yet. */

@@ -48,6 +48,9 @@ struct remat_allocator {
 
 struct remat_runtime {
   remat_allocator* owner = nullptr;
+  // Forwards the runtime's tensor events to remat_runtime_create_observed's
+  // callback; declared before `runtime`, so it outlives it.
+  std::unique_ptr<remat::RuntimeObserver> observer;
   std::unique_ptr<remat::Runtime> runtime;
   remat::Mutex mu;
   // Pins the C caller holds, per tensor. Destroyed before `runtime` by
@@ -132,6 +135,47 @@ remat::Stream ToStream(std::uint64_t handle) {
 }
 
 std::uint64_t U64(std::int64_t v) { return v < 0 ? 0 : static_cast<std::uint64_t>(v); }
+
+// Tells a C callback each tensor event.
+class CallbackObserver final : public remat::RuntimeObserver {
+ public:
+  CallbackObserver(remat_event_fn fn, void* user_data) : fn_(fn), user_data_(user_data) {}
+
+  void OnTensor(const remat::TensorEvent& e) override {
+    remat_event out;
+    std::memset(&out, 0, sizeof(out));
+    switch (e.kind) {
+      case remat::TensorEvent::Kind::kCreated:
+        out.kind = REMAT_EVENT_CREATED;
+        break;
+      case remat::TensorEvent::Kind::kDropped:
+        out.kind = REMAT_EVENT_DROPPED;
+        break;
+      case remat::TensorEvent::Kind::kOffloaded:
+        out.kind = REMAT_EVENT_OFFLOADED;
+        break;
+      case remat::TensorEvent::Kind::kRestored:
+        out.kind = REMAT_EVENT_RESTORED;
+        break;
+      case remat::TensorEvent::Kind::kRecomputed:
+        out.kind = REMAT_EVENT_RECOMPUTED;
+        break;
+      case remat::TensorEvent::Kind::kCollected:
+        out.kind = REMAT_EVENT_COLLECTED;
+        break;
+    }
+    out.tensor = e.tensor;
+    out.bytes = e.bytes;
+    out.pressure = e.pressure ? 1 : 0;
+    out.prefetch = e.prefetch ? 1 : 0;
+    out.cost_ns = e.cost_ns;
+    fn_(user_data_, &out);
+  }
+
+ private:
+  remat_event_fn fn_;
+  void* user_data_;
+};
 
 // --- Devices ------------------------------------------------------------------------
 
@@ -542,6 +586,13 @@ remat_status remat_runtime_options_init(remat_runtime_options* options) {
 remat_status remat_runtime_create_with_options(remat_allocator* allocator,
                                                const remat_runtime_options* options,
                                                remat_runtime** out) {
+  return remat_runtime_create_observed(allocator, options, nullptr, nullptr, out);
+}
+
+remat_status remat_runtime_create_observed(remat_allocator* allocator,
+                                           const remat_runtime_options* options,
+                                           remat_event_fn on_event, void* user_data,
+                                           remat_runtime** out) {
   const char* const fn = __func__;
   return Call(fn, [&] {
     if (allocator == nullptr) return NullArgument(fn, "allocator");
@@ -558,6 +609,11 @@ remat_status remat_runtime_create_with_options(remat_allocator* allocator,
     ro.enable_offload = o.enable_offload != 0;
     ro.host_pool_bytes = static_cast<std::size_t>(o.host_pool_bytes);
     ro.live_budget = static_cast<std::size_t>(o.live_budget);
+    std::unique_ptr<remat::RuntimeObserver> observer;
+    if (on_event != nullptr) {
+      observer = std::make_unique<CallbackObserver>(on_event, user_data);
+      ro.observer = observer.get();
+    }
 
     bool expected = false;
     if (!allocator->has_runtime.compare_exchange_strong(expected, true)) {
@@ -572,6 +628,7 @@ remat_status remat_runtime_create_with_options(remat_allocator* allocator,
       }
       auto handle = std::make_unique<remat_runtime>();
       handle->owner = allocator;
+      handle->observer = std::move(observer);
       handle->runtime = std::move(*made);
       *out = handle.release();
       return REMAT_OK;

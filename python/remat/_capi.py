@@ -1,0 +1,149 @@
+"""ctypes declarations of remat's C ABI (integrations/c_api/remat.h).
+
+ctypes, not a compiled extension: the C ABI is already the library's stable,
+exported surface (libremat.so exports remat_* and nothing else), so the
+package needs no compiler of its own, no Python headers and no rebuild per
+Python version; the cost of a call through ctypes (about a microsecond) is
+small next to the tensor operations it accompanies.
+"""
+import ctypes
+import os
+import pathlib
+
+OK = 0
+INVALID_ARGUMENT = 1
+OUT_OF_MEMORY = 2
+NOT_FOUND = 3
+FAILED_PRECONDITION = 4
+INTERNAL = 5
+
+EVENT_CREATED = 0
+EVENT_DROPPED = 1
+EVENT_OFFLOADED = 2
+EVENT_RESTORED = 3
+EVENT_RECOMPUTED = 4
+EVENT_COLLECTED = 5
+
+DEVICE_SIM = 0
+
+
+class AllocatorOptions(ctypes.Structure):
+    _fields_ = [("device", ctypes.c_int), ("cuda_device", ctypes.c_int),
+                ("budget_bytes", ctypes.c_uint64), ("max_split_bytes", ctypes.c_uint64),
+                ("history_events", ctypes.c_uint64), ("sim_capacity_bytes", ctypes.c_uint64),
+                ("sim_backed", ctypes.c_int)]
+
+
+class RuntimeOptions(ctypes.Structure):
+    _fields_ = [("policy", ctypes.c_char_p), ("enable_drop", ctypes.c_int),
+                ("enable_offload", ctypes.c_int), ("host_pool_bytes", ctypes.c_uint64),
+                ("live_budget", ctypes.c_uint64)]
+
+
+RECOMPUTE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p,
+                                ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                                ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64)
+DESTROY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class TensorOptions(ctypes.Structure):
+    _fields_ = [("inputs", ctypes.POINTER(ctypes.c_uint64)), ("num_inputs", ctypes.c_size_t),
+                ("compute_ns", ctypes.c_int64), ("allow_drop", ctypes.c_int),
+                ("allow_offload", ctypes.c_int), ("recompute", RECOMPUTE_FN),
+                ("user_data", ctypes.c_void_p), ("destroy", DESTROY_FN)]
+
+
+class Event(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("tensor", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
+                ("pressure", ctypes.c_int), ("prefetch", ctypes.c_int),
+                ("cost_ns", ctypes.c_int64)]
+
+
+EVENT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(Event))
+
+
+class RuntimeStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "tensors_created", "live_tensors", "pressure_events", "drops", "released_drops",
+        "offloads", "recomputes")] + [("recompute_ns", ctypes.c_int64)] + [
+        (name, ctypes.c_uint64) for name in (
+            "offloaded_bytes", "restored_bytes", "prefetches", "resident_bytes",
+            "peak_resident_bytes", "pinned_by_api")]
+
+
+class RematError(RuntimeError):
+    """A call into libremat failed; `status` is its remat_status."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+def _candidates():
+    env = os.environ.get("REMAT_LIBRARY")
+    if env:
+        yield pathlib.Path(env)
+        return
+    here = pathlib.Path(__file__).resolve().parent
+    yield here / "lib" / "libremat.so"            # an installed package
+    root = here.parent.parent                         # a checkout: python/remat/..
+    for build in ("build", "build-release"):
+        yield root / build / "lib" / "libremat.so"
+
+
+def find_library():
+    """The path of libremat.so: $REMAT_LIBRARY, the package's own copy, or a
+    checkout's build/lib."""
+    tried = []
+    for path in _candidates():
+        if path.is_file():
+            return str(path)
+        tried.append(str(path))
+    raise ImportError("libremat.so not found (tried " + ", ".join(tried) +
+                      "); install the package with `pip install .` or set REMAT_LIBRARY")
+
+
+_lib = None
+
+
+def lib():
+    """libremat.so, loaded once, with its functions' signatures declared."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    so = ctypes.CDLL(find_library())
+    vp, u64, sz = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t
+    sigs = {
+        "remat_last_error": (ctypes.c_char_p, []),
+        "remat_version": (ctypes.c_char_p, []),
+        "remat_allocator_options_init": (ctypes.c_int, [ctypes.POINTER(AllocatorOptions)]),
+        "remat_allocator_create": (ctypes.c_int, [ctypes.POINTER(AllocatorOptions),
+                                                  ctypes.POINTER(vp)]),
+        "remat_allocator_destroy": (ctypes.c_int, [vp]),
+        "remat_runtime_options_init": (ctypes.c_int, [ctypes.POINTER(RuntimeOptions)]),
+        "remat_runtime_create_observed": (ctypes.c_int, [vp, ctypes.POINTER(RuntimeOptions),
+                                                         EVENT_FN, vp, ctypes.POINTER(vp)]),
+        "remat_runtime_destroy": (ctypes.c_int, [vp]),
+        "remat_recompute_set_error": (ctypes.c_int, [ctypes.c_char_p]),
+        "remat_tensor_create": (ctypes.c_int, [vp, sz, ctypes.POINTER(TensorOptions), u64,
+                                               ctypes.POINTER(u64), ctypes.POINTER(vp)]),
+        "remat_tensor_acquire": (ctypes.c_int, [vp, u64, u64, ctypes.POINTER(vp)]),
+        "remat_tensor_release": (ctypes.c_int, [vp, u64]),
+        "remat_tensor_free": (ctypes.c_int, [vp, u64]),
+        "remat_tensor_prefetch": (ctypes.c_int, [vp, u64, u64]),
+        "remat_tensor_get_state": (ctypes.c_int, [vp, u64, ctypes.POINTER(ctypes.c_int)]),
+        "remat_runtime_get_stats": (ctypes.c_int, [vp, ctypes.POINTER(RuntimeStats)]),
+    }
+    for name, (restype, argtypes) in sigs.items():
+        fn = getattr(so, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    _lib = so
+    return so
+
+
+def check(status, what):
+    """Raises RematError with the library's message unless status is OK."""
+    if status != OK:
+        message = lib().remat_last_error().decode("utf-8", "replace")
+        raise RematError(status, message or f"{what} failed ({status})")

@@ -1,0 +1,815 @@
+"""remat.torch.budget: a PyTorch step whose saved activations are kept,
+dropped (to be recomputed) or offloaded, under a budget of bytes.
+
+How it works. Inside the context two things watch the step:
+
+- A TorchDispatchMode records every ATen call of the forward: the function,
+  its arguments (each tensor described by the storage under it, its view
+  (size, stride, offset) and the storage's content version at the call), the
+  RNG state before a random call, and what it costs (FLOPs and bytes at a
+  device's rates). Each new storage a call returns is known by the call and
+  output index that made it; a call that writes into an argument (in place,
+  `out=`) moves that storage's content to its next version.
+- saved_tensors_hooks see each tensor autograd saves for the backward. One
+  whose storage a recorded call made is handed to remat's runtime (the C
+  library, through its C ABI) as a tensor of that storage's bytes, and only a
+  handle goes into the graph. Tensors made before the context (parameters,
+  inputs, buffers) are left to autograd: never dropped, never counted.
+
+The runtime keeps the resident saved bytes within the budget (its live
+budget) by choosing, with its policy, what to drop or offload; its events say
+which. A dropped storage's tensor is let go; an offloaded one is copied to
+host memory and let go. When the backward unpacks a handle the runtime
+brings the storage back: a restore copies it in; a recompute re-runs the
+recorded calls that made that content (with their recorded RNG state), from
+their recorded inputs, recursively through storages nobody saved, taking
+saved ones from the runtime (which brings them back first).
+
+A storage is droppable only when every call its recompute would run can be
+replayed exactly: a random call with its RNG state captured, no call with
+data-dependent output shapes, no call that wrote a tensor made before the
+context unless its outputs do not read it (batch norm's running statistics),
+and on CUDA no kernel PyTorch marks nondeterministic unless the user allows
+it. Other storages may still be offloaded.
+"""
+import ctypes
+import math
+import sys
+import weakref
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from remat import _capi, parse_size
+from remat.torch._cost import CostModel
+
+# Calls whose outputs do not read the arguments they write into when they run
+# in training mode (the running statistics): replayed, those arguments are
+# scratch copies, so a recompute leaves the statistics alone.
+_WRITES_UNREAD = {"native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm",
+                  "miopen_batch_norm", "_batch_norm_with_update",
+                  "_native_batch_norm_legit_functional"}
+_NOT_REPLAYABLE_TAGS = ("data_dependent_output", "dynamic_output_shape")
+
+
+class BudgetTooSmall(RuntimeError):
+    """The budget cannot hold what must be resident at once."""
+
+
+def _tag(name):
+    return getattr(torch.Tag, name, None)
+
+
+def _has_storage(t):
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+        return False
+    try:
+        t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def _key(t):
+    return t.untyped_storage()._cdata
+
+
+class _Storage:
+    """A storage seen in the step: made by a recorded call (`producer`), or a
+    leaf (made before the context, or by something unrecorded)."""
+    __slots__ = ("index", "leaf", "producer", "writers", "version", "dtype", "nbytes",
+                 "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
+                 "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
+                 "__weakref__")
+
+    def __init__(self, index, leaf, producer=None, dtype=None, nbytes=0, weak=None,
+                 tensor=None):
+        self.index = index
+        self.leaf = leaf
+        self.producer = producer      # (call, output index)
+        self.writers = []             # calls that wrote it, in order: version i+1 = writers[i]
+        self.version = 0
+        self.dtype = dtype
+        self.nbytes = nbytes
+        self.weak = weak              # StorageWeakRef: keeps the key unique, says if alive
+        self.tensor_ref = weakref.ref(tensor) if tensor is not None else None
+        self.id = None                # the runtime's tensor id once saved
+        self.reg_version = None       # the content version the runtime holds
+        self.tensor = None            # a tensor over it while resident (held by remat)
+        self.host = None              # its copy while offloaded
+        self.handles = 0
+        self.droppable = False
+        self.why_kept = ""
+        self.pinned_forever = False
+        self.freed = False
+        self.device = None
+        self.readers = None           # a leaf: saved storages whose recompute reads it
+        self.regions = []             # (size, stride, offset) of each saved view of it
+
+
+class _Ref:
+    """A tensor argument of a recorded call: its storage (or, for a leaf, the
+    tensor itself), its view and the content version it had."""
+    __slots__ = ("storage", "leaf_tensor", "size", "stride", "offset", "version", "dtype")
+
+    def __init__(self, storage, t):
+        self.storage = storage
+        self.leaf_tensor = t if storage.leaf else None
+        self.size = tuple(t.size())
+        self.stride = tuple(t.stride())
+        self.offset = t.storage_offset()
+        self.version = t._version if storage.leaf else storage.version
+        self.dtype = t.dtype
+
+
+class _Call:
+    __slots__ = ("func", "spec", "leaves", "rng", "cost_ns", "why_not", "written", "outputs")
+
+    def __init__(self, func, spec, leaves, rng, cost_ns, why_not, written):
+        self.func = func
+        self.spec = spec          # pytree spec of (args, kwargs)
+        self.leaves = leaves      # flattened (args, kwargs), tensors as _Ref
+        self.rng = rng            # (cpu state, {cuda device: state}) for a random call
+        self.cost_ns = cost_ns
+        self.why_not = why_not    # why it cannot be replayed exactly ("" if it can)
+        self.written = written    # indices into leaves of the arguments it writes
+        self.outputs = None       # output index -> _Storage it made
+
+
+class _Handle:
+    """What autograd holds for a saved tensor that remat manages."""
+    __slots__ = ("engine", "storage", "size", "stride", "offset", "__weakref__")
+
+    def __init__(self, engine, storage, t):
+        self.engine = engine
+        self.storage = storage
+        self.size = tuple(t.size())
+        self.stride = tuple(t.stride())
+        self.offset = t.storage_offset()
+
+    def __del__(self):
+        engine = self.engine
+        if engine is not None:
+            # Never into the runtime from here (a finalizer may run anywhere,
+            # even inside one of its callbacks): counted at the next safe point.
+            engine.dead_handles.append(self.storage)
+
+
+def _written_indices(func, args, kwargs, flat_len):
+    """Positions, in the flattened (args, kwargs), of tensors the call writes."""
+    schema = func._schema
+    written_names = set()
+    written_pos = set()
+    for i, arg in enumerate(schema.arguments):
+        info = arg.alias_info
+        if info is not None and info.is_write:
+            if arg.kwarg_only:
+                written_names.add(arg.name)
+            else:
+                written_pos.add(i)
+    if schema.name.split("::")[-1] in _WRITES_UNREAD:
+        # native_batch_norm writes its running statistics without saying so.
+        written_pos.update((3, 4))
+    if not written_names and not written_pos:
+        return []
+    # Flatten each argument alone to find where it lands.
+    out = []
+    pos = 0
+    for i, a in enumerate(args):
+        n = len(tree_flatten(a)[0])
+        if i in written_pos:
+            out.extend(range(pos, pos + n))
+        pos += n
+    for name, v in kwargs.items():
+        n = len(tree_flatten(v)[0])
+        if name in written_names:
+            out.extend(range(pos, pos + n))
+        pos += n
+    return [i for i in out if i < flat_len]
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, engine):
+        super().__init__()
+        self.engine = engine
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        engine = self.engine
+        if engine.internal or torch._C._current_graph_task_id() != -1:
+            # remat's own work, or the backward (which saves nothing new).
+            if not engine.internal:
+                engine.calls_since_unpack += 1
+            return func(*args, **kwargs)
+        return engine.record(func, args, kwargs)
+
+
+class Engine:
+    """The state of one budget context."""
+
+    def __init__(self, budget_bytes, policy, offload, recompute, allow_nondeterministic,
+                 cost_model):
+        self.budget_bytes = budget_bytes
+        self.policy = policy
+        self.offload = offload
+        self.recompute = recompute
+        self.allow_nondeterministic = allow_nondeterministic
+        self.cost_model = cost_model
+        self.storages = {}            # storage key -> _Storage
+        self.by_index = []            # index -> _Storage (the callback's user_data)
+        self.by_id = {}               # runtime id -> _Storage
+        self.internal = False
+        self.calls_since_unpack = 0
+        self.pins = []                # ids pinned for the backward node being run
+        self.pending = []             # (kind, storage) events to act on outside the lock
+        self.dead_handles = []
+        self.error = None             # an exception raised inside a callback
+        self.counts = {"saved_tensors": 0, "saved_unmanaged": 0, "kept_not_replayable": 0,
+                       "recomputed_calls": 0}
+        self.lib = _capi.lib()
+        self.allocator = None
+        self.runtime = None
+        self._event_fn = _capi.EVENT_FN(self._on_event)
+        self._recompute_fn = _capi.RECOMPUTE_FN(self._on_recompute)
+        self.side_stream = None
+        self.closed = False
+        self.restores = 0
+
+    # --- the runtime ------------------------------------------------------------------
+
+    def open(self):
+        lib = self.lib
+        ao = _capi.AllocatorOptions()
+        _capi.check(lib.remat_allocator_options_init(ctypes.byref(ao)), "allocator options")
+        ao.device = _capi.DEVICE_SIM
+        ao.sim_backed = 0
+        # Addresses only: the runtime's bookkeeping of the saved bytes. The
+        # budget that matters is the live budget below.
+        ao.sim_capacity_bytes = 16 << 40  # the most SimDevice models
+        allocator = ctypes.c_void_p()
+        _capi.check(lib.remat_allocator_create(ctypes.byref(ao), ctypes.byref(allocator)),
+                    "remat_allocator_create")
+        self.allocator = allocator
+        ro = _capi.RuntimeOptions()
+        _capi.check(lib.remat_runtime_options_init(ctypes.byref(ro)), "runtime options")
+        ro.policy = self.policy.encode()
+        ro.enable_drop = 1 if self.recompute else 0
+        ro.enable_offload = 1 if self.offload else 0
+        ro.live_budget = self.budget_bytes
+        ro.host_pool_bytes = 16 << 40
+        runtime = ctypes.c_void_p()
+        status = lib.remat_runtime_create_observed(allocator, ctypes.byref(ro), self._event_fn,
+                                                   None, ctypes.byref(runtime))
+        if status != _capi.OK:
+            message = lib.remat_last_error().decode()
+            lib.remat_allocator_destroy(allocator)
+            self.allocator = None
+            raise ValueError(message)
+        self.runtime = runtime
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        self._release_pins()
+        self.stats = self.read_stats()
+        for s in self.by_index:
+            s.tensor = None
+            s.host = None
+        lib = self.lib
+        if self.runtime is not None:
+            lib.remat_runtime_destroy(self.runtime)
+            self.runtime = None
+        if self.allocator is not None:
+            lib.remat_allocator_destroy(self.allocator)
+            self.allocator = None
+        self.storages.clear()
+        self.by_id.clear()
+
+    def read_stats(self):
+        st = _capi.RuntimeStats()
+        _capi.check(self.lib.remat_runtime_get_stats(self.runtime, ctypes.byref(st)), "stats")
+        return {
+            "budget_bytes": self.budget_bytes,
+            "peak_saved_bytes": st.peak_resident_bytes,
+            "saved_bytes": st.resident_bytes,
+            "drops": st.drops,
+            "recomputes": st.recomputes,
+            "offloads": st.offloads,
+            "restores": self.restores,
+            "offloaded_bytes": st.offloaded_bytes,
+            "restored_bytes": st.restored_bytes,
+            "recompute_ns_estimate": st.recompute_ns,
+            "pressure_events": st.pressure_events,
+            **self.counts,
+        }
+
+    def _on_event(self, _user, event_p):
+        # Under the runtime's lock: let go of a dropped tensor, queue the rest.
+        e = event_p.contents
+        s = self.by_id.get(e.tensor)
+        if s is None:
+            return
+        if e.kind == _capi.EVENT_DROPPED or e.kind == _capi.EVENT_COLLECTED:
+            s.tensor = None
+            if e.kind == _capi.EVENT_COLLECTED:
+                s.host = None
+        elif e.kind == _capi.EVENT_OFFLOADED:
+            self.pending.append((e.kind, s))
+        elif e.kind == _capi.EVENT_RESTORED:
+            self.restores += 1
+            self.pending.append((e.kind, s))
+
+    def _drain(self):
+        """Acts on the queued offloads and restores: the copies themselves."""
+        while self.pending:
+            kind, s = self.pending.pop(0)
+            was = self.internal
+            self.internal = True
+            try:
+                if kind == _capi.EVENT_OFFLOADED and s.tensor is not None:
+                    s.host = self._copy_out(s.tensor)
+                    s.tensor = None
+                elif kind == _capi.EVENT_RESTORED and s.host is not None:
+                    s.tensor = self._copy_in(s.host, s.device)
+                    s.host = None
+            finally:
+                self.internal = was
+
+    def _copy_out(self, t):
+        base = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            t.untyped_storage(), 0, (t.untyped_storage().nbytes() // t.element_size(),), (1,))
+        if t.device.type == "cuda":
+            if self.side_stream is None:
+                self.side_stream = torch.cuda.Stream(t.device)
+            host = torch.empty(base.shape, dtype=t.dtype, pin_memory=True)
+            self.side_stream.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(self.side_stream):
+                host.copy_(base, non_blocking=True)
+            base.record_stream(self.side_stream)
+            return host
+        return base.clone()
+
+    def _copy_in(self, host, device):
+        if device.type == "cuda":
+            if self.side_stream is not None:
+                torch.cuda.current_stream(device).wait_stream(self.side_stream)
+            return host.to(device, non_blocking=True)
+        return host.clone()
+
+    def _free_dead(self):
+        while self.dead_handles:
+            s = self.dead_handles.pop()
+            s.handles -= 1
+            if s.handles == 0 and s.id is not None and self.runtime is not None:
+                if s.id in self.pins:
+                    continue  # freed when its pin goes
+                self._free(s)
+
+    def _free(self, s):
+        if not s.freed and not s.pinned_forever:
+            s.freed = True
+            self.lib.remat_tensor_free(self.runtime, s.id)
+
+    def _release_pins(self):
+        pins, self.pins = self.pins, []
+        for id_ in pins:
+            self.lib.remat_tensor_release(self.runtime, id_)
+        self._drain()
+        for id_ in pins:
+            s = self.by_id.get(id_)
+            if s is not None and s.handles == 0 and id_ not in self.pins:
+                self._free(s)
+
+    # --- recording the forward --------------------------------------------------------
+
+    def _storage_of(self, t):
+        """The _Storage under t; an unseen one is a leaf, and so is one under
+        a parameter (a leaf that requires grad), wherever it was made."""
+        key = _key(t)
+        s = self.storages.get(key)
+        if s is not None and not s.leaf and t.is_leaf and t.requires_grad and s.id is None:
+            s.leaf = True
+        if s is None:
+            s = _Storage(len(self.by_index), leaf=True, weak=StorageWeakRef(t.untyped_storage()))
+            self.storages[key] = s
+            self.by_index.append(s)
+        return s
+
+    def record(self, func, args, kwargs):
+        flat, spec = tree_flatten((args, kwargs))
+        tags = getattr(func, "tags", ())
+        random = _tag("nondeterministic_seeded") in tags
+        rng = None
+        if random:
+            cuda_devices = {t.device for t in flat if isinstance(t, torch.Tensor)
+                            and t.device.type == "cuda"}
+            dev = kwargs.get("device")
+            if dev is not None and torch.device(dev).type == "cuda":
+                cuda_devices.add(torch.device(dev))
+            rng = (torch.get_rng_state(),
+                   {d: torch.cuda.get_rng_state(d) for d in cuda_devices})
+        written = _written_indices(func, args, kwargs, len(flat))
+        refs = []
+        for i, a in enumerate(flat):
+            refs.append(_Ref(self._storage_of(a), a) if _has_storage(a) else a)
+        for i in written:
+            r = refs[i]
+            if not isinstance(r, _Ref):
+                continue
+            if r.storage.leaf and r.storage.readers:
+                self._keep_readers(r.storage)
+            elif r.storage.id is not None and not r.storage.pinned_forever and \
+                    self._overlaps(r.storage, r):
+                # A write into what a saved view reads: autograd will read the
+                # new bytes, so the live storage stays as it is.
+                self._pin_forever(r.storage)
+                r.storage.tensor = flat[i]
+
+        result = func(*args, **kwargs)
+
+        why_not = ""
+        if any(_tag(n) in tags for n in _NOT_REPLAYABLE_TAGS if _tag(n) is not None):
+            why_not = f"{func} has a data-dependent output"
+        elif (not self.allow_nondeterministic and _tag("nondeterministic_bitwise") in tags and
+              any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in flat)):
+            why_not = f"{func} is not bitwise deterministic on CUDA"
+        for i in written:
+            r = refs[i]
+            if isinstance(r, _Ref) and r.storage.leaf and \
+                    func._schema.name.split("::")[-1] not in _WRITES_UNREAD:
+                why_not = why_not or f"{func} writes into a tensor made before the context"
+        cost = 0
+        flat_out, _ = tree_flatten(result)
+        if not getattr(func, "is_view", False):
+            cost = self.cost_model.call_ns(func, args, kwargs, result, flat, flat_out)
+        call = _Call(func, spec, refs, rng, cost, why_not, written)
+        call.outputs = {}
+        # Writes move the written storages to their next version.
+        for i in written:
+            r = refs[i]
+            if isinstance(r, _Ref) and not r.storage.leaf:
+                r.storage.writers.append(call)
+                r.storage.version += 1
+        for j, t in enumerate(flat_out):
+            if not _has_storage(t):
+                continue
+            key = _key(t)
+            if key in self.storages:
+                continue  # a view of, or the result written into, a known storage
+            s = _Storage(len(self.by_index), leaf=False, producer=(call, j), dtype=t.dtype,
+                         nbytes=t.untyped_storage().nbytes(),
+                         weak=StorageWeakRef(t.untyped_storage()), tensor=t)
+            self.storages[key] = s
+            self.by_index.append(s)
+            call.outputs[j] = s
+        return result
+
+    # --- saving -----------------------------------------------------------------------
+
+    def pack(self, t):
+        if self.closed or self.internal or not _has_storage(t):
+            return t
+        self._free_dead()
+        s = self.storages.get(_key(t))
+        if s is not None and t.is_leaf and t.requires_grad and s.id is None:
+            s.leaf = True  # a parameter made inside the context
+        if s is None or s.leaf or t.dtype != s.dtype or s.nbytes == 0:
+            self.counts["saved_unmanaged"] += 1
+            return t
+        if s.id is None:
+            self._register(s, t)
+        elif s.reg_version != s.version and not s.pinned_forever:
+            # Saved again after in-place writes that left the views saved so
+            # far alone (else it would be pinned): the newer content serves all.
+            _, _, why_not = self._frontier(s, s.version)
+            if why_not:
+                self._pin_forever(s)
+            else:
+                s.reg_version = s.version
+        if not s.pinned_forever:
+            s.regions.append((tuple(t.size()), tuple(t.stride()), t.storage_offset()))
+        if s.pinned_forever:
+            self.counts["saved_unmanaged"] += 1
+            return t
+        s.handles += 1
+        self.counts["saved_tensors"] += 1
+        return _Handle(self, s, t)
+
+    def _overlaps(self, s, r):
+        """Whether view r of storage s touches an element a saved view of s
+        reads (True when unsure: a storage too large to map cheaply)."""
+        if not s.regions:
+            return False
+        itemsize = torch.empty((), dtype=s.dtype).element_size()
+        if r.dtype != s.dtype or s.nbytes // itemsize > (1 << 24):
+            return True
+        was = self.internal
+        self.internal = True
+        try:
+            mask = torch.zeros(s.nbytes // itemsize, dtype=torch.bool)
+            for size, stride, offset in s.regions:
+                mask.as_strided(size, stride, offset).fill_(True)
+            return bool(mask.as_strided(r.size, r.stride, r.offset).any())
+        finally:
+            self.internal = was
+
+    def _pin_forever(self, s):
+        """Brings s back (recomputed from what its inputs are now) and keeps
+        it resident to the end."""
+        if s.pinned_forever or s.freed:
+            return
+        p = ctypes.c_void_p()
+        self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
+        s.pinned_forever = True
+        self._drain()
+
+    def _keep_readers(self, leaf):
+        """A tensor made before the context is about to be written: what a
+        recompute would read from it must be brought back now, while it still
+        holds what they read, and kept."""
+        readers, leaf.readers = leaf.readers, None
+        for ref in readers:
+            s = ref()
+            if s is not None and s.id is not None:
+                self._pin_forever(s)
+
+    def _register(self, s, t):
+        inputs, cost, why_not = self._frontier(s, s.version)
+        s.droppable = not why_not
+        s.why_kept = why_not
+        if why_not:
+            self.counts["kept_not_replayable"] += 1
+        opts = _capi.TensorOptions()
+        ids = (ctypes.c_uint64 * max(1, len(inputs)))(*[i.id for i in inputs])
+        opts.inputs = ids
+        opts.num_inputs = len(inputs)
+        opts.compute_ns = max(1, cost)
+        opts.allow_drop = 1 if (self.recompute and s.droppable) else 0
+        opts.allow_offload = 1 if self.offload else 0
+        opts.recompute = self._recompute_fn if opts.allow_drop else _capi.RECOMPUTE_FN()
+        opts.user_data = s.index
+        tid = ctypes.c_uint64()
+        s.tensor = t
+        s.device = t.device
+        s.reg_version = s.version
+        status = self.lib.remat_tensor_create(self.runtime, s.nbytes, ctypes.byref(opts), 0,
+                                              ctypes.byref(tid), None)
+        if status != _capi.OK:
+            s.tensor = None
+            message = self.lib.remat_last_error().decode("utf-8", "replace")
+            if status == _capi.OUT_OF_MEMORY:
+                raise BudgetTooSmall(
+                    f"remat.torch.budget({self.budget_bytes} bytes) cannot hold a saved tensor "
+                    f"of {s.nbytes} bytes ({tuple(t.shape)} {t.dtype}, made by "
+                    f"{s.producer[0].func}) with what is pinned now "
+                    f"({len(self.pins)} tensors being read by the backward): {message}")
+            raise _capi.RematError(status, message)
+        s.id = tid.value
+        self.by_id[s.id] = s
+        self.lib.remat_tensor_release(self.runtime, s.id)
+        self._drain()
+
+    def _frontier(self, s, version):
+        """The saved storages a recompute of (s, version) reads (the runtime
+        brings them back first), its cost, and why it cannot be replayed ("")."""
+        inputs = []
+        seen_inputs = set()
+        cost = 0
+        visited = set()
+        leaves = set()
+        stack = [(s, version, True)]
+        while stack:
+            st, ver, top = stack.pop()
+            if (st.index, ver) in visited:
+                continue
+            visited.add((st.index, ver))
+            if not top and st.id is not None and st.reg_version == ver:
+                if st.id not in seen_inputs:
+                    seen_inputs.add(st.id)
+                    inputs.append(st)
+                continue
+            if st.leaf:
+                continue
+            calls = [st.producer[0]] + st.writers[:ver]
+            for call in calls:
+                if call.why_not:
+                    return [], 0, call.why_not
+                cost += call.cost_ns
+                for i, r in enumerate(call.leaves):
+                    if not isinstance(r, _Ref):
+                        continue
+                    if r.storage.leaf:
+                        if i in call.written:
+                            continue  # replayed onto a scratch copy
+                        if r.leaf_tensor._version != r.version:
+                            return [], 0, (f"{call.func} read a tensor made before the context "
+                                           "that was modified in place since")
+                        leaves.add(r.storage)
+                    elif r.storage is not st:  # (st itself: the content being rebuilt)
+                        stack.append((r.storage, r.version, False))
+        for leaf in leaves:
+            if leaf.readers is None:
+                leaf.readers = []
+            leaf.readers.append(weakref.ref(s))
+        return inputs, cost, ""
+
+    # --- bringing back ----------------------------------------------------------------
+
+    def unpack(self, h):
+        if not isinstance(h, _Handle):
+            return h  # left to autograd at pack time
+        if self.closed:
+            raise RuntimeError("a tensor saved under remat.torch.budget was used after the "
+                               "context ended: run the backward inside the `with`")
+        s = h.storage
+        if self.calls_since_unpack > 0:
+            self._release_pins()  # the previous backward node has run
+        self.calls_since_unpack = 0
+        self._free_dead()
+        p = ctypes.c_void_p()
+        self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
+        self.pins.append(s.id)
+        self._drain()
+        base = s.tensor
+        if base is None:
+            raise RuntimeError(f"remat: saved storage {s.index} is resident in the runtime but "
+                               "has no tensor (a bug)")
+        was = self.internal
+        self.internal = True
+        try:
+            return torch.as_strided(base, h.size, h.stride, h.offset)
+        finally:
+            self.internal = was
+
+    def _call_runtime(self, fn, *args):
+        self.error = None
+        status = fn(self.runtime, *args)
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        if status != _capi.OK:
+            message = self.lib.remat_last_error().decode("utf-8", "replace")
+            if status == _capi.OUT_OF_MEMORY:
+                raise BudgetTooSmall(f"remat.torch.budget({self.budget_bytes} bytes): {message}")
+            raise _capi.RematError(status, message)
+
+    def _on_recompute(self, user_data, _inputs, _n, _out, _bytes, _stream):
+        s = self.by_index[user_data or 0]
+        was = self.internal
+        self.internal = True
+        try:
+            self._drain()
+            with torch.no_grad():
+                s.tensor = self._materialize(s, s.reg_version, {}, top=True)
+            self._drain()
+            return 0
+        except BaseException as e:  # noqa: BLE001: carried to the caller
+            self.error = e
+            self.lib.remat_recompute_set_error(str(e).encode("utf-8", "replace")[:1000])
+            return 1
+        finally:
+            self.internal = was
+
+    def _materialize(self, s, version, memo, top=False):
+        """A tensor over a storage holding (s, version)'s content, recomputed
+        where nothing holds it. `top`: the storage the runtime is
+        recomputing now (not to be asked of the runtime)."""
+        k = (s.index, version)
+        if k in memo:
+            return memo[k]
+        managed = not top and s.id is not None and s.reg_version == version
+        if managed and s.tensor is not None:
+            return s.tensor
+        if managed and not s.freed:
+            # Saved since this recompute's inputs were listed: the runtime brings it.
+            p = ctypes.c_void_p()
+            self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
+            try:
+                self._drain()
+                return s.tensor
+            finally:
+                self.lib.remat_tensor_release(self.runtime, s.id)
+        t0 = s.tensor_ref() if s.tensor_ref is not None else None
+        if t0 is not None and s.version == version:
+            return t0  # still alive (the user holds it): nothing to run
+        call, j = s.producer
+        out = self._run(call, memo, rebuild=None)
+        base = tree_flatten(out)[0][j]
+        for w in s.writers[:version]:
+            self._run(w, memo, rebuild=(s, base))
+        memo[k] = base
+        return base
+
+    def _run(self, call, memo, rebuild):
+        """Runs a recorded call again. `rebuild` = (storage, tensor): that
+        storage's arguments become views of `tensor` (an in-place call
+        replayed onto fresh content); other written arguments are scratch
+        copies, so a replay changes nothing outside what it rebuilds."""
+        args = []
+        for i, r in enumerate(call.leaves):
+            if not isinstance(r, _Ref):
+                args.append(r)
+                continue
+            if rebuild is not None and r.storage is rebuild[0]:
+                base = rebuild[1]
+            elif r.storage.leaf:
+                if r.leaf_tensor._version != r.version and i not in call.written:
+                    raise RuntimeError(
+                        f"remat cannot recompute {call.func}: an input made before the context "
+                        f"({tuple(r.leaf_tensor.shape)} {r.leaf_tensor.dtype}) was modified "
+                        "in place after the forward used it")
+                base = r.leaf_tensor
+            else:
+                base = self._materialize(r.storage, r.version, memo)
+            v = torch.as_strided(base, r.size, r.stride, r.offset)
+            if i in call.written and (rebuild is None or r.storage is not rebuild[0]):
+                v = v.clone()
+            args.append(v)
+        a, kw = tree_unflatten(args, call.spec)
+        self.counts["recomputed_calls"] += 1
+        if call.rng is None:
+            return call.func(*a, **kw)
+        cpu_state = torch.get_rng_state()
+        cuda_states = {d: torch.cuda.get_rng_state(d) for d in call.rng[1]}
+        torch.set_rng_state(call.rng[0])
+        for d, st in call.rng[1].items():
+            torch.cuda.set_rng_state(st, d)
+        try:
+            return call.func(*a, **kw)
+        finally:
+            torch.set_rng_state(cpu_state)
+            for d, st in cuda_states.items():
+                torch.cuda.set_rng_state(st, d)
+
+
+class budget:
+    """Runs what is inside the `with` under a budget of resident saved
+    activations. See the package's README for the whole story.
+
+        with remat.torch.budget("2GiB", policy="dtr-eq") as run:
+            loss = model(batch).sum()
+            loss.backward()
+        print(run.stats)
+
+    budget: bytes (int) or a size string ("2GiB", "512MiB").
+    policy: a remat eviction-policy spec ("dtr", "dtr-eq", "lru", "largest",
+        "dtr:staleness_exp=2", ...).
+    offload / recompute: allow offloading to host memory / dropping for
+        recompute (at least one).
+    allow_nondeterministic: on CUDA, let kernels PyTorch marks as not
+        bitwise deterministic be recomputed too.
+    tflops, hbm_gbps: the device rates recompute costs are estimated at.
+    """
+
+    def __init__(self, budget, policy="dtr", offload=False, recompute=True,
+                 allow_nondeterministic=False, tflops=None, hbm_gbps=None):
+        self.budget_bytes = parse_size(budget)
+        if self.budget_bytes == 0:
+            raise ValueError("a budget of 0 bytes holds nothing; give bytes or a size like '2GiB'")
+        if not isinstance(policy, str) or not policy:
+            raise ValueError(f"policy must be a policy spec such as 'dtr', not {policy!r}")
+        if not offload and not recompute:
+            raise ValueError("with neither offload nor recompute allowed, nothing could leave "
+                             "the budget: allow at least one")
+        kw = {}
+        if tflops is not None:
+            kw["tflops"] = tflops
+        if hbm_gbps is not None:
+            kw["hbm_gbps"] = hbm_gbps
+        self._engine = Engine(self.budget_bytes, policy, bool(offload), bool(recompute),
+                              bool(allow_nondeterministic), CostModel(**kw))
+        self._mode = None
+        self._hooks = None
+        self.stats = None
+
+    def __enter__(self):
+        engine = self._engine
+        if engine.runtime is not None or engine.closed:
+            raise RuntimeError("a remat.torch.budget context can be entered once")
+        engine.open()
+        self._mode = _Mode(engine)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(engine.pack, engine.unpack)
+        self._mode.__enter__()
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self._hooks.__exit__(exc_type, exc, tb)
+        finally:
+            try:
+                self._mode.__exit__(exc_type, exc, tb)
+            finally:
+                self._engine.close()
+                self.stats = self._engine.stats
+        return False
+
+    def live_stats(self):
+        """The runtime's figures now, inside the context."""
+        return self._engine.read_stats()
+
+
+del math, sys

@@ -1,0 +1,80 @@
+"""What an ATen call costs on a device, from its FLOPs and the bytes it moves
+(as `remat gen` costs its ops): max(launch_ns, FLOPs / tflops, bytes / hbm_gbps)."""
+import math
+
+import torch
+from torch.utils.flop_counter import flop_registry
+
+COSTS = ("model", "measured")
+# The device `--cost model` describes (as `remat gen`'s defaults).
+DEFAULT_TFLOPS = 400.0
+DEFAULT_HBM_GBPS = 3000.0
+DEFAULT_LAUNCH_NS = 1000
+
+# Operations that only describe a tensor and move no bytes: their cost is 0.
+_FREE = {"aten::detach", "aten::view", "aten::_unsafe_view", "aten::alias", "aten::t",
+         "aten::transpose", "aten::permute", "aten::expand", "aten::slice", "aten::select",
+         "aten::split", "aten::split_with_sizes", "aten::unsqueeze", "aten::squeeze",
+         "aten::as_strided", "aten::unbind", "aten::reshape", "aten::lift_fresh",
+         # Splits whose pieces share the input's storage without being marked
+         # as views (an LSTM cell's gates): nothing is copied.
+         "aten::unsafe_split", "aten::unsafe_split_with_sizes", "aten::unsafe_chunk"}
+
+
+def _has_storage(t):
+    """A tensor with bytes of its own somewhere (not sparse, not a wrapper)."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    try:
+        t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def _logical_bytes(t):
+    return t.numel() * t.element_size()
+
+
+class CostModel:
+    """An operation's cost on a device from its FLOPs and the bytes it moves:
+    max(launch_ns, FLOPs / tflops, bytes / hbm_gbps) ns, rounded up."""
+
+    def __init__(self, tflops=DEFAULT_TFLOPS, hbm_gbps=DEFAULT_HBM_GBPS,
+                 launch_ns=DEFAULT_LAUNCH_NS):
+        if not (tflops > 0 and math.isfinite(tflops)):
+            raise ValueError("tflops must be a positive number")
+        if not (hbm_gbps > 0 and math.isfinite(hbm_gbps)):
+            raise ValueError("hbm_gbps must be a positive number")
+        if launch_ns < 0:
+            raise ValueError("launch_ns must not be negative")
+        self.tflops = tflops
+        self.hbm_gbps = hbm_gbps
+        self.launch_ns = launch_ns
+
+    @staticmethod
+    def flops(func, args, kwargs, result):
+        """FLOPs of one call by torch.utils.flop_counter's formula for its
+        operation; 0 where it has none."""
+        formula = flop_registry.get(func.overloadpacket)
+        if formula is None:
+            return 0
+        return formula(*args, **kwargs, out_val=result)
+
+    @staticmethod
+    def moved(in_tensors, out_tensors):
+        """Bytes read and written: every tensor argument and every tensor
+        returned, at its logical size."""
+        return sum(_logical_bytes(t) for t in in_tensors) + \
+            sum(_logical_bytes(t) for t in out_tensors)
+
+    def cost_ns(self, flops, moved):
+        return int(max(self.launch_ns, math.ceil(flops / (self.tflops * 1e3)),
+                       math.ceil(moved / self.hbm_gbps)))
+
+    def call_ns(self, func, args, kwargs, result, flat_in, flat_out):
+        """What one call costs: cost_ns of its FLOPs and of the bytes of its
+        tensor arguments and results."""
+        moved = self.moved([t for t in flat_in if isinstance(t, torch.Tensor)],
+                           [t for t in flat_out if isinstance(t, torch.Tensor)])
+        return self.cost_ns(self.flops(func, args, kwargs, result), moved)

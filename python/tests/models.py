@@ -1,0 +1,135 @@
+"""Small models for the tests and the benchmark: each `make(seed)` returns
+(model, step) where step() runs the forward and returns the loss."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def mlp(seed, width=256, depth=6, batch=64):
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.GELU()]
+    model = nn.Sequential(*layers)
+    x = torch.randn(batch, width)
+
+    def step():
+        return model(x).square().mean()
+    return model, step
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, p):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.out = nn.Linear(4 * d, d)
+        self.heads = heads
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (d // self.heads) ** 0.5)
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        att = self.drop(att.masked_fill(~mask, float("-inf")).softmax(-1))
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.drop(self.proj(y))
+        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)))))
+
+
+class Gpt(nn.Module):
+    """A GPT-2-style decoder with dropout."""
+
+    def __init__(self, vocab=128, d=64, heads=4, layers=2, seq=32, p=0.1):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(Block(d, heads, p) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        x = self.drop(self.tok(ids) + self.pos(torch.arange(t)))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def gpt(seed, batch=4, seq=32, layers=2, d=64, vocab=128):
+    torch.manual_seed(seed)
+    model = Gpt(vocab=vocab, d=d, layers=layers, seq=seq)
+    model.train()
+    ids = torch.randint(0, vocab, (batch, seq + 1))
+
+    def step():
+        logits = model(ids[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    return model, step
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.b1 = nn.BatchNorm2d(c)
+        self.c2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.b2 = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = F.relu(self.b1(self.c1(x)), inplace=True)
+        return F.relu(self.b2(self.c2(y)) + x)
+
+
+def resnet(seed, batch=8, channels=16, blocks=3, image=16, classes=10):
+    """A small ResNet: batch norm in training mode, in-place ReLUs."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False),
+                          nn.BatchNorm2d(channels), nn.ReLU(inplace=True),
+                          *[BasicBlock(channels) for _ in range(blocks)],
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes))
+    model.train()
+    x = torch.randn(batch, 3, image, image)
+    labels = torch.randint(0, classes, (batch,))
+
+    def step():
+        return F.cross_entropy(model(x), labels)
+    return model, step
+
+
+class Lstm(nn.Module):
+    def __init__(self, vocab, hidden, layers):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, hidden)
+        self.cells = nn.ModuleList(nn.LSTMCell(hidden, hidden) for _ in range(layers))
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens):
+        steps = list(self.emb(tokens).unbind(0))
+        for cell in self.cells:
+            h = steps[0].new_zeros(steps[0].shape[0], cell.hidden_size)
+            c = torch.zeros_like(h)
+            out = []
+            for x in steps:
+                h, c = cell(x, (h, c))
+                out.append(h)
+            steps = out
+        return self.head(torch.stack(steps))
+
+
+def lstm(seed, vocab=64, hidden=64, layers=2, seq=16, batch=8):
+    """An LSTM language model stepped cell by cell."""
+    torch.manual_seed(seed)
+    model = Lstm(vocab, hidden, layers)
+    tokens = torch.randint(0, vocab, (seq + 1, batch))
+
+    def step():
+        logits = model(tokens[:-1])
+        return F.cross_entropy(logits.flatten(0, 1), tokens[1:].flatten())
+    return model, step

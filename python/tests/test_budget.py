@@ -1,0 +1,205 @@
+"""remat.torch.budget on the CPU: gradients bitwise equal to a plain step's,
+the saved bytes within the budget, and drops or offloads that happened."""
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
+
+import remat  # noqa: E402
+import remat.torch  # noqa: E402
+from remat.torch import BudgetTooSmall  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+
+def run_step(make, budget=None, seed=0, **kw):
+    """Builds the model afresh (same seed), runs one step, returns the
+    gradients by name, the loss, the stats and the model."""
+    model, step = make(seed)
+    torch.manual_seed(seed + 1)
+    if budget is None:
+        loss = step()
+        loss.backward()
+        stats = None
+    else:
+        with remat.torch.budget(budget, **kw) as run:
+            loss = step()
+            loss.backward()
+        stats = run.stats
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return grads, loss.detach(), stats, model
+
+
+def saved_bytes_of(make):
+    """The plain step's saved activations at their peak (what the budget
+    ratios are of)."""
+    model, step = make(0)
+    torch.manual_seed(1)
+    with remat.torch.budget(1 << 40) as run:
+        step().backward()
+    return run.stats["peak_saved_bytes"]
+
+
+def assert_same_grads(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"gradient of {name} differs"
+
+
+MODELS = {"mlp": models.mlp, "gpt": models.gpt, "resnet": models.resnet, "lstm": models.lstm}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("ratio", [0.3, 0.5, 0.7, 0.9])
+def test_gradients_equal_under_drop(name, ratio):
+    make = MODELS[name]
+    plain, plain_loss, _, plain_model = run_step(make)
+    full = saved_bytes_of(make)
+    budget = int(full * ratio)
+    grads, loss, stats, model = run_step(make, budget, policy="dtr")
+    assert torch.equal(loss, plain_loss)
+    assert_same_grads(plain, grads)
+    assert stats["peak_saved_bytes"] <= budget
+    assert stats["drops"] > 0
+    assert stats["recomputes"] > 0
+    # Buffers (batch norm's running statistics) saw one step, not a replay.
+    for (n, b1), (_, b2) in zip(plain_model.named_buffers(), model.named_buffers()):
+        assert torch.equal(b1, b2), f"buffer {n} differs"
+
+
+@pytest.mark.parametrize("policy", ["lru", "largest", "dtr-eq", "msps"])
+def test_other_policies(policy):
+    plain, _, _, _ = run_step(models.gpt)
+    budget = int(saved_bytes_of(models.gpt) * 0.4)
+    grads, _, stats, _ = run_step(models.gpt, budget, policy=policy)
+    assert_same_grads(plain, grads)
+    assert stats["peak_saved_bytes"] <= budget
+
+
+def test_offload_only():
+    plain, _, _, _ = run_step(models.mlp)
+    budget = int(saved_bytes_of(models.mlp) * 0.4)
+    grads, _, stats, _ = run_step(models.mlp, budget, offload=True, recompute=False)
+    assert_same_grads(plain, grads)
+    assert stats["offloads"] > 0 and stats["restores"] > 0
+    assert stats["drops"] == 0
+    assert stats["peak_saved_bytes"] <= budget
+
+
+def test_hybrid():
+    plain, _, _, _ = run_step(models.resnet)
+    budget = int(saved_bytes_of(models.resnet) * 0.5)
+    grads, _, stats, _ = run_step(models.resnet, budget, offload=True, recompute=True,
+                                  policy="hybrid")
+    assert_same_grads(plain, grads)
+    assert stats["peak_saved_bytes"] <= budget
+    assert stats["drops"] + stats["offloads"] > 0
+
+
+def test_dropout_masks_replayed_and_rng_left_as_plain():
+    """A recompute replays dropout with the original mask, and the step
+    leaves the RNG where a plain step leaves it."""
+    _, _, _, _ = run_step(models.gpt)
+    plain_state = torch.get_rng_state()
+    budget = int(saved_bytes_of(models.gpt) * 0.3)
+    run_step(models.gpt, budget)
+    assert torch.equal(torch.get_rng_state(), plain_state)
+
+
+def test_too_small_budget_is_a_clear_error():
+    model, step = models.mlp(0)
+    with pytest.raises(BudgetTooSmall, match="cannot hold"):
+        with remat.torch.budget(4096):
+            step().backward()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        remat.torch.budget("lots")
+    with pytest.raises(ValueError):
+        remat.torch.budget(0)
+    with pytest.raises(ValueError):
+        remat.torch.budget("1GiB", offload=False, recompute=False)
+    with pytest.raises(ValueError, match="policy"):
+        with remat.torch.budget("1GiB", policy="no-such-policy"):
+            pass
+
+
+def test_backward_after_the_context_is_refused():
+    model, step = models.mlp(0)
+    with remat.torch.budget("1GiB"):
+        loss = step()
+    with pytest.raises(RuntimeError, match="after the context ended"):
+        loss.backward()
+
+
+def test_activation_mutated_after_use():
+    """An activation written in place after a saved tensor was computed from
+    it: the recompute rebuilds the old content, not the new one."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64)
+    x = torch.randn(32, 64)
+
+    def step():
+        h = lin(x)
+        g = h.sigmoid()          # saves g, computed from h as it was
+        h.mul_(3)                # nobody saved h: autograd allows it
+        big = (g @ lin.weight).tanh()
+        return (big.sum() + h.sum())
+
+    lin.zero_grad()
+    step().backward()
+    plain = lin.weight.grad.clone()
+    lin.zero_grad()
+    with remat.torch.budget(32 * 64 * 4 + 100) as run:
+        step().backward()
+    assert torch.equal(plain, lin.weight.grad)
+    assert run.stats["recomputes"] > 0
+
+
+def test_input_mutated_after_forward_keeps_its_dependents():
+    """An input made before the context, written in place after the forward
+    read it: what was computed from it is brought back before the write and
+    kept, never recomputed from the new values."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(32, 64)
+
+    def step():
+        a = (x * 2).sin()        # saves x*2 (made here, read from x)
+        b = (a @ w).tanh()
+        c = (b @ w).tanh()
+        with torch.no_grad():
+            x.add_(1)            # x is not saved by anyone: autograd allows it
+        return c.sum()
+
+    x0 = x.clone()
+    step().backward()
+    plain = w.grad.clone()
+    w.grad = None
+    x.copy_(x0)
+    with remat.torch.budget(32 * 64 * 4 * 2) as run:
+        step().backward()
+    assert torch.equal(plain, w.grad)
+    assert run.stats["peak_saved_bytes"] <= 32 * 64 * 4 * 2
+
+
+def test_import_without_torch_needs_no_torch():
+    assert remat.parse_size("2GiB") == 2 << 30
+    assert remat.parse_size("1.5 KiB") == 1536
+    assert remat.parse_size(4096) == 4096
+    for bad in ["", "GiB", "-1MiB", "nan", "1.3B", "3 parsecs", -5, True, 1.5]:
+        with pytest.raises(ValueError):
+            remat.parse_size(bad)
+
+
+def test_record_writes_a_trace(tmp_path):
+    model, step = models.mlp(0)
+    path = tmp_path / "mlp.jsonl"
+    n = remat.torch.record(lambda: step().backward(), str(path))
+    assert n > 10 and path.stat().st_size > 0
+    with pytest.raises(FileExistsError):
+        remat.torch.record(lambda: step().backward(), str(path))
