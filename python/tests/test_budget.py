@@ -1,7 +1,5 @@
 """remat.torch.budget on the CPU: gradients bitwise equal to a plain step's,
 the saved bytes within the budget, and drops or offloads that happened."""
-import os
-import sys
 
 import pytest
 
@@ -11,8 +9,7 @@ import remat  # noqa: E402
 import remat.torch  # noqa: E402
 from remat.torch import BudgetTooSmall  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import models  # noqa: E402
+from remat.torch import models  # noqa: E402
 
 
 def run_step(make, budget=None, seed=0, **kw):

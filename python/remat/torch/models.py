@@ -1,17 +1,35 @@
-"""Small models for the tests and the benchmark: each `make(seed)` returns
-(model, step) where step() runs the forward and returns the loss."""
+"""Small models for the tests and the benchmark: each `make(seed, ...)`
+returns (model, step) where step() runs the forward and returns the loss.
+`ckpt=True` wraps every block in torch.utils.checkpoint (the baseline that
+users reach for today)."""
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
-def mlp(seed, width=256, depth=6, batch=64):
+class Checkpointed(nn.Module):
+    """A module whose activations torch.utils.checkpoint recomputes."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        return checkpoint(self.inner, *args, use_reentrant=False)
+
+
+def _wrap(module, ckpt):
+    return Checkpointed(module) if ckpt else module
+
+
+def mlp(seed, width=256, depth=6, batch=64, ckpt=False, device="cpu"):
     torch.manual_seed(seed)
     layers = []
     for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.GELU()]
-    model = nn.Sequential(*layers)
-    x = torch.randn(batch, width)
+        layers.append(_wrap(nn.Sequential(nn.Linear(width, width), nn.GELU()), ckpt))
+    model = nn.Sequential(*layers).to(device)
+    x = torch.randn(batch, width, device=device)
 
     def step():
         return model(x).square().mean()
@@ -35,7 +53,7 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) * (1.0 / (d // self.heads) ** 0.5)
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = self.drop(att.masked_fill(~mask, float("-inf")).softmax(-1))
         y = (att @ v).transpose(1, 2).reshape(b, t, d)
         x = x + self.drop(self.proj(y))
@@ -45,28 +63,29 @@ class Block(nn.Module):
 class Gpt(nn.Module):
     """A GPT-2-style decoder with dropout."""
 
-    def __init__(self, vocab=128, d=64, heads=4, layers=2, seq=32, p=0.1):
+    def __init__(self, vocab=128, d=64, heads=4, layers=2, seq=32, p=0.1, ckpt=False):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads, p) for _ in range(layers))
+        self.blocks = nn.ModuleList(_wrap(Block(d, heads, p), ckpt) for _ in range(layers))
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
         self.drop = nn.Dropout(p)
 
     def forward(self, ids):
         t = ids.shape[1]
-        x = self.drop(self.tok(ids) + self.pos(torch.arange(t)))
+        x = self.drop(self.tok(ids) + self.pos(torch.arange(t, device=ids.device)))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x))
 
 
-def gpt(seed, batch=4, seq=32, layers=2, d=64, vocab=128):
+def gpt(seed, batch=4, seq=32, layers=2, d=64, vocab=128, ckpt=False, device="cpu"):
+    """A GPT-2-style decoder with dropout (0.1)."""
     torch.manual_seed(seed)
-    model = Gpt(vocab=vocab, d=d, layers=layers, seq=seq)
+    model = Gpt(vocab=vocab, d=d, layers=layers, seq=seq, ckpt=ckpt).to(device)
     model.train()
-    ids = torch.randint(0, vocab, (batch, seq + 1))
+    ids = torch.randint(0, vocab, (batch, seq + 1), device=device)
 
     def step():
         logits = model(ids[:, :-1])
@@ -87,16 +106,18 @@ class BasicBlock(nn.Module):
         return F.relu(self.b2(self.c2(y)) + x)
 
 
-def resnet(seed, batch=8, channels=16, blocks=3, image=16, classes=10):
+def resnet(seed, batch=8, channels=16, blocks=3, image=16, classes=10, ckpt=False,
+           device="cpu"):
     """A small ResNet: batch norm in training mode, in-place ReLUs."""
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False),
                           nn.BatchNorm2d(channels), nn.ReLU(inplace=True),
-                          *[BasicBlock(channels) for _ in range(blocks)],
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes))
+                          *[_wrap(BasicBlock(channels), ckpt) for _ in range(blocks)],
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(channels, classes)).to(device)
     model.train()
-    x = torch.randn(batch, 3, image, image)
-    labels = torch.randint(0, classes, (batch,))
+    x = torch.randn(batch, 3, image, image, device=device)
+    labels = torch.randint(0, classes, (batch,), device=device)
 
     def step():
         return F.cross_entropy(model(x), labels)
@@ -104,10 +125,11 @@ def resnet(seed, batch=8, channels=16, blocks=3, image=16, classes=10):
 
 
 class Lstm(nn.Module):
-    def __init__(self, vocab, hidden, layers):
+    def __init__(self, vocab, hidden, layers, ckpt=False):
         super().__init__()
         self.emb = nn.Embedding(vocab, hidden)
         self.cells = nn.ModuleList(nn.LSTMCell(hidden, hidden) for _ in range(layers))
+        self.ckpt = ckpt
         self.head = nn.Linear(hidden, vocab)
 
     def forward(self, tokens):
@@ -117,17 +139,20 @@ class Lstm(nn.Module):
             c = torch.zeros_like(h)
             out = []
             for x in steps:
-                h, c = cell(x, (h, c))
+                if self.ckpt:
+                    h, c = checkpoint(cell, x, (h, c), use_reentrant=False)
+                else:
+                    h, c = cell(x, (h, c))
                 out.append(h)
             steps = out
         return self.head(torch.stack(steps))
 
 
-def lstm(seed, vocab=64, hidden=64, layers=2, seq=16, batch=8):
+def lstm(seed, vocab=64, hidden=64, layers=2, seq=16, batch=8, ckpt=False, device="cpu"):
     """An LSTM language model stepped cell by cell."""
     torch.manual_seed(seed)
-    model = Lstm(vocab, hidden, layers)
-    tokens = torch.randint(0, vocab, (seq + 1, batch))
+    model = Lstm(vocab, hidden, layers, ckpt).to(device)
+    tokens = torch.randint(0, vocab, (seq + 1, batch), device=device)
 
     def step():
         logits = model(tokens[:-1])

@@ -1,0 +1,215 @@
+"""python -m remat.torch.bench: the figures users judge a memory-saving scheme
+by, side by side in one run, for a GPT-2-style model (with dropout), a ResNet
+(batch norm) and an LSTM:
+
+  plain        a plain step
+  checkpoint   torch.utils.checkpoint around every block
+  save_on_cpu  torch.autograd.graph.save_on_cpu
+  remat-drop   remat.torch.budget(ratio x plain saved bytes), recompute only
+  remat-offload                                            offload only
+  remat-hybrid                                             both, policy hybrid
+
+Columns: peak activation memory (the most bytes of tensors the step made that
+were alive at once on the device, all of them, not only the saved ones, so the
+schemes compare on what the device really held; on the CPU the host copies of
+save_on_cpu and remat-offload are on the same device and count), step time
+(median of --repeat steps after a warm-up), samples per second, the largest
+batch (x1, x2, x4) whose peak activation memory stays under the plain step's at
+x1 (the "does it fit" figure), and whether the gradients equal the plain
+step's bit for bit.
+
+torch.compile's activation_memory_budget is not run here (no compiler on the
+CPU runs of CI; see the GPU script).
+
+  python -m remat.torch.bench [--device cpu|cuda] [--models gpt,resnet,lstm]
+      [--ratios 0.3,0.5,0.7,0.9] [--repeat 3] [--markdown out.md]
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import remat.torch
+from remat.torch import models
+
+
+class PeakMeter(TorchDispatchMode):
+    """The most bytes of storages made inside it that were alive at once on
+    `device`, checked after every ATen call."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.device = torch.device(device)
+        self.alive = {}
+        self.live = 0
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        dead = [k for k, (ref, _) in self.alive.items() if ref.expired()]
+        for k in dead:
+            self.live -= self.alive.pop(k)[1]
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == self.device.type and \
+                    t.layout == torch.strided:
+                st = t.untyped_storage()
+                k = st._cdata
+                if k not in self.alive:
+                    self.alive[k] = (StorageWeakRef(st), st.nbytes())
+                    self.live += st.nbytes()
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+MODELS = {
+    # (maker, kwargs at x1, the batch keyword)
+    "gpt": (models.gpt, dict(batch=8, seq=128, layers=4, d=128, vocab=512), "batch"),
+    "resnet": (models.resnet, dict(batch=16, channels=32, blocks=4, image=32), "batch"),
+    "lstm": (models.lstm, dict(batch=16, seq=64, hidden=128, layers=2, vocab=256), "batch"),
+}
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def one_step(name, method, ratio, saved_bytes, device, scale=1, seed=0):
+    """(grads, peak activation bytes, seconds, stats) of one step."""
+    maker, kw, batch_key = MODELS[name]
+    kw = dict(kw)
+    kw[batch_key] *= scale
+    model, step = maker(seed, ckpt=(method == "checkpoint"), device=device, **kw)
+    torch.manual_seed(seed + 1)
+    _sync(device)
+    meter = PeakMeter(device)
+    stats = None
+    t0 = time.perf_counter()
+    with meter:
+        if method in ("plain", "checkpoint"):
+            step().backward()
+        elif method == "save_on_cpu":
+            with torch.autograd.graph.save_on_cpu(pin_memory=torch.device(device).type == "cuda"):
+                loss = step()
+            loss.backward()
+        else:
+            mode = {"remat-drop": dict(recompute=True, offload=False, policy="dtr-eq"),
+                    "remat-offload": dict(recompute=False, offload=True, policy="lru"),
+                    "remat-hybrid": dict(recompute=True, offload=True, policy="hybrid")}[method]
+            with remat.torch.budget(max(1, int(saved_bytes * ratio)), **mode) as run:
+                step().backward()
+            stats = run.stats
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    # By position: checkpoint's wrappers rename the parameters, not reorder them.
+    grads = {i: p.grad.detach().clone() for i, p in enumerate(model.parameters())
+             if p.grad is not None}
+    return grads, meter.peak, seconds, stats, kw[batch_key]
+
+
+def plain_saved_bytes(name, device):
+    maker, kw, _ = MODELS[name]
+    model, step = maker(0, device=device, **kw)
+    torch.manual_seed(1)
+    with remat.torch.budget(1 << 40) as run:
+        step().backward()
+    return run.stats["peak_saved_bytes"]
+
+
+def rows(names, ratios, repeat, device, out):
+    methods = [("plain", None), ("checkpoint", None), ("save_on_cpu", None)]
+    for r in ratios:
+        methods += [("remat-drop", r), ("remat-offload", r), ("remat-hybrid", r)]
+    header = ("| model | method | budget | peak activation MiB | step ms | samples/s | "
+              "fits (batch) | drops | recomputes | offloads | grads equal |")
+    out.write(header + "\n" + "|---" * 11 + "|\n")
+    for name in names:
+        saved = plain_saved_bytes(name, device)
+        ref, cap, _, _, _ = one_step(name, "plain", None, saved, device)
+        for method, ratio in methods:
+            try:
+                one_step(name, method, ratio, saved, device)  # warm-up
+                times = []
+                for _ in range(repeat):
+                    grads, peak, sec, stats, batch = one_step(name, method, ratio, saved, device)
+                    times.append(sec)
+                fits = "-"
+                for scale in (4, 2, 1):
+                    try:
+                        _, p, _, _, b = one_step(name, method, ratio, saved, device, scale=scale)
+                    except remat.torch.BudgetTooSmall:
+                        continue
+                    if p <= cap:
+                        fits = str(b)
+                        break
+                equal = grads.keys() == ref.keys() and all(torch.equal(grads[k], ref[k])
+                                                           for k in ref)
+                ms = statistics.median(times) * 1e3
+                budget = f"{ratio:.1f} ({int(saved * ratio) >> 10} KiB)" if ratio else "-"
+                s = stats or {}
+                out.write(f"| {name} | {method} | {budget} | {peak / (1 << 20):.2f} | {ms:.1f} | "
+                          f"{batch / (ms / 1e3):.0f} | {fits} | {s.get('drops', '-')} | "
+                          f"{s.get('recomputes', '-')} | {s.get('offloads', '-')} | "
+                          f"{'yes' if equal else 'NO'} |\n")
+            except remat.torch.BudgetTooSmall as e:
+                out.write(f"| {name} | {method} | {ratio} | too small: {str(e)[:60]} |"
+                          + " |" * 7 + "\n")
+            out.flush()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--models", default="gpt,resnet,lstm")
+    parser.add_argument("--ratios", default="0.3,0.5,0.7,0.9")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--markdown", help="also write the table here (must not exist)")
+    args = parser.parse_args(argv)
+    names = [n for n in args.models.split(",") if n]
+    for n in names:
+        if n not in MODELS:
+            parser.error(f"unknown model {n!r}; known: {', '.join(MODELS)}")
+    try:
+        ratios = [float(r) for r in args.ratios.split(",") if r]
+    except ValueError:
+        parser.error(f"--ratios: numbers between 0 and 1, not {args.ratios!r}")
+    if not ratios or any(not 0 < r <= 1 for r in ratios):
+        parser.error("--ratios: numbers in (0, 1]")
+    if args.repeat < 1:
+        parser.error("--repeat: at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no GPU here")
+    if args.markdown and os.path.exists(args.markdown):
+        parser.error(f"--markdown {args.markdown} exists; nothing is overwritten")
+
+    class Tee:
+        def __init__(self, *files):
+            self.files = files
+
+        def write(self, s):
+            for f in self.files:
+                f.write(s)
+
+        def flush(self):
+            for f in self.files:
+                f.flush()
+    files = [sys.stdout]
+    md = open(args.markdown, "x") if args.markdown else None
+    if md:
+        files.append(md)
+    try:
+        rows(names, ratios, args.repeat, args.device, Tee(*files))
+    finally:
+        if md:
+            md.close()
+
+
+if __name__ == "__main__":
+    main()
