@@ -204,6 +204,7 @@ class TraceBuilder {
     if (record.kind == OpKind::kCall) {
       ++trace_.calls;
       trace_.total_cost_ns += static_cast<std::uint64_t>(record.cost_ns);
+      NoteWorkingSet(record);
     } else if (record.kind == OpKind::kConstant) {
       ++trace_.constants;
     }
@@ -266,6 +267,7 @@ class TraceBuilder {
       tensor.bytes = bytes;
       tensor.storage = index;
       live_bytes_ += bytes;
+      if (tensor.constant) live_constant_bytes_ += bytes;
     } else {
       tensor.alias_of = alias_of;
       tensor.storage = trace_.tensors[alias_of].storage;
@@ -279,7 +281,34 @@ class TraceBuilder {
   void Release(std::uint32_t index) {
     OpTensor& tensor = trace_.tensors[index];
     tensor.released_by = static_cast<std::uint32_t>(trace_.records.size() - 1);
-    if (--refs_[tensor.storage] == 0) live_bytes_ -= trace_.tensors[tensor.storage].bytes;
+    if (--refs_[tensor.storage] == 0) {
+      const OpTensor& storage = trace_.tensors[tensor.storage];
+      live_bytes_ -= storage.bytes;
+      if (storage.constant) live_constant_bytes_ -= storage.bytes;
+    }
+  }
+
+  // A call needs its inputs and outputs resident at once, with the constants
+  // live then (which nothing evicts): no budget below the largest such sum
+  // can run the trace.
+  void NoteWorkingSet(const OpRecord& record) {
+    absl::InlinedVector<std::uint32_t, 8> storages;
+    std::uint64_t need = live_constant_bytes_;
+    auto add = [&](std::uint32_t t) {
+      const std::uint32_t s = trace_.tensors[t].storage;
+      if (trace_.tensors[s].constant) return;
+      for (std::uint32_t seen : storages) {
+        if (seen == s) return;
+      }
+      storages.push_back(s);
+      need += trace_.tensors[s].bytes;
+    };
+    for (std::uint32_t t : record.inputs) add(t);
+    for (std::uint32_t t : record.outputs) add(t);
+    if (need > trace_.least_budget_bytes) {
+      trace_.least_budget_bytes = need;
+      trace_.least_budget_record = static_cast<std::uint32_t>(trace_.records.size() - 1);
+    }
   }
 
   // False when adding `cost_ns` would carry the total past 2^64.
@@ -303,6 +332,7 @@ class TraceBuilder {
   absl::flat_hash_map<std::string, std::uint32_t> name_index_;  // into trace_.names
   std::vector<std::uint32_t> refs_;  // per storage: its live tensors (root and views)
   std::uint64_t live_bytes_ = 0;
+  std::uint64_t live_constant_bytes_ = 0;
 };
 
 // --- One record kind each. `obj` is the line's object, its `op` already read.

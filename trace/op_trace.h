@@ -102,6 +102,12 @@ struct OpTrace {
   std::uint64_t peak_live_bytes = 0;
   std::uint32_t peak_record = kNoOpIndex;  // the first record after which the peak is reached
   std::uint64_t live_bytes_at_end = 0;
+  // The least live budget the trace could run in: the largest, over calls, of
+  // the bytes of a call's inputs and outputs (distinct storages) plus the
+  // constants live then, which nothing evicts (a lower bound: a recompute may
+  // need more at once). least_budget_record: the call that sets it.
+  std::uint64_t least_budget_bytes = 0;
+  std::uint32_t least_budget_record = kNoOpIndex;
 };
 
 // Parses `text` (a whole trace). `name` prefixes error messages. InvalidArgument

@@ -237,6 +237,10 @@ TEST(OpTraceTest, PeakLiveBytesIsExact) {
   EXPECT_EQ(trace->calls, 8u);
   EXPECT_EQ(trace->constants, 2u);
   EXPECT_EQ(trace->constant_bytes, 110u);
+  // A call's inputs and outputs at once, with the constants (110): tmp reads
+  // x2 and makes t (4000), as does f reading t and making x3; tmp comes first.
+  EXPECT_EQ(trace->least_budget_bytes, 4110u);
+  EXPECT_EQ(trace->least_budget_record, 5u);
 }
 
 TEST(OpTraceTest, ErrorsNameTheTraceAndLine) {

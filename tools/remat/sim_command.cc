@@ -72,7 +72,34 @@ double RecordsPerSecond(const OpReplayReport& r) {
   return r.replay_seconds > 0 ? static_cast<double>(r.records) / r.replay_seconds : 0.0;
 }
 
-void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFlags& f) {
+// The least live budget the trace could run in (see OpTrace), in the
+// replay's units (--scale divides sizes), and the call that sets it.
+struct LeastBudget {
+  std::uint64_t bytes = 0;
+  std::string op;
+  std::uint32_t line = 0;
+};
+
+LeastBudget LeastBudgetOf(const OpTrace& trace, std::uint64_t scale) {
+  LeastBudget least;
+  const std::uint64_t s = scale == 0 ? 1 : scale;
+  least.bytes = trace.least_budget_bytes / s + (trace.least_budget_bytes % s != 0 ? 1 : 0);
+  if (trace.least_budget_record != kNoOpIndex) {
+    const OpRecord& record = trace.records[trace.least_budget_record];
+    least.line = record.line;
+    if (record.name != kNoOpIndex) least.op = trace.names[record.name];
+  }
+  return least;
+}
+
+std::string DescribeLeast(const LeastBudget& least) {
+  return absl::StrFormat("%s (call '%s' at line %d: its inputs and outputs, with the constants "
+                         "live then)",
+                         FormatBytes(least.bytes), least.op, least.line);
+}
+
+void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFlags& f,
+               const LeastBudget& least) {
   const std::string overhead =
       r.status != "ok" ? std::string("none: the run did not finish")
       : base.time_ns > 0
@@ -85,6 +112,7 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
                                f.no_swap ? ", no swap" : "", f.no_recompute ? ", no recompute" : "");
   std::cout << absl::StrFormat("  budget           %s (%s accounting)\n",
                                FormatBytes(r.budget_bytes), f.accounting);
+  std::cout << absl::StrFormat("  least budget     %s\n", DescribeLeast(least));
   std::cout << absl::StrFormat("  split limit      %s\n", r.max_split_bytes == 0
                                                               ? std::string("none")
                                                               : FormatBytes(r.max_split_bytes));
@@ -122,12 +150,16 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
   }
 }
 
-std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const SimFlags& f) {
+std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const SimFlags& f,
+                   const LeastBudget& least) {
   JsonWriter w;
   w.BeginObject();
   w.Key("trace").String(f.trace_path);
   w.Key("status").String(r.status);
   if (!r.message.empty()) w.Key("message").String(r.message);
+  w.Key("least_budget_bytes").Uint(least.bytes);
+  w.Key("least_budget_op").String(least.op);
+  w.Key("least_budget_line").Uint(least.line);
   w.Key("policy").String(r.policy);
   w.Key("accounting").String(f.accounting);
   w.Key("budget_bytes").Uint(r.budget_bytes);
@@ -224,15 +256,21 @@ int RunSim(const SimFlags& f) {
   absl::StatusOr<OpReplayReport> report = ReplayOpTrace(*trace, options);
   if (!report.ok()) return ReportError("sim", report.status());
   report->budget_bytes = budget.bytes;
+  const LeastBudget least = LeastBudgetOf(*trace, f.scale);
+  if (report->status == "oom" && budget.bytes < least.bytes) {
+    report->message += absl::StrFormat("; no budget under %s can run this trace: call '%s' at "
+                                       "line %d needs its inputs and outputs at once",
+                                       FormatBytes(least.bytes), least.op, least.line);
+  }
   if (!f.timeline_path.empty()) {
     if (absl::Status written = timeline.Write(*trace, f.timeline_path); !written.ok()) {
       return ReportError("sim", written);
     }
   }
   if (f.json) {
-    std::cout << ToJson(*report, *base, f) << "\n";
+    std::cout << ToJson(*report, *base, f, least) << "\n";
   } else {
-    PrintText(*report, *base, f);
+    PrintText(*report, *base, f, least);
   }
   if (report->mismatches != 0) return kExitFailure;
   return report->status == "ok" ? kExitOk : kExitUnfinished;

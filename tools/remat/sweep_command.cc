@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_format.h"
 #include "base/file.h"
+#include "base/units.h"
 #include "gen/model_gen.h"
 #include "sim/sweep.h"
 #include "tools/remat/byte_size_option.h"
@@ -146,6 +147,17 @@ int RunSweepCommand(const SweepFlags& f) {
     return ReportError("sweep", s);
   }
   std::cout << SweepTable(*result);
+  if (trace->least_budget_record != kNoOpIndex) {
+    const OpRecord& r = trace->records[trace->least_budget_record];
+    std::cout << absl::StrFormat(
+        "least budget: %s live, set by call '%s' at line %d (its inputs and outputs, with the "
+        "constants live then): %.3f of the unlimited peak live bytes\n",
+        FormatBytes(trace->least_budget_bytes),
+        r.name == kNoOpIndex ? std::string() : trace->names[r.name], r.line,
+        trace->peak_live_bytes == 0 ? 0.0
+                                    : static_cast<double>(trace->least_budget_bytes) /
+                                          static_cast<double>(trace->peak_live_bytes));
+  }
   std::cout << "wrote " << f.out_dir << "/results.csv\n";
   if (!f.no_plot) {
     if (Plot(f.out_dir)) {

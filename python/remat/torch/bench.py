@@ -13,7 +13,7 @@ Columns: peak activation memory (the most bytes of tensors the step made that
 were alive at once on the device, all of them, not only the saved ones, so the
 schemes compare on what the device really held; on the CPU the host copies of
 save_on_cpu and remat-offload are on the same device and count), step time
-(median of --repeat steps after a warm-up), samples per second, the largest
+(median of --repeat steps without the meter, after the metered one), samples per second, the largest
 batch (x1, x2, x4) whose peak activation memory stays under the plain step's at
 x1 (the "does it fit" figure), and whether the gradients equal the plain
 step's bit for bit.
@@ -25,6 +25,7 @@ CPU runs of CI; see the GPU script).
       [--ratios 0.3,0.5,0.7,0.9] [--repeat 3] [--markdown out.md]
 """
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -80,15 +81,17 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def one_step(name, method, ratio, saved_bytes, device, scale=1, seed=0):
-    """(grads, peak activation bytes, seconds, stats) of one step."""
+def one_step(name, method, ratio, saved_bytes, device, scale=1, seed=0, metered=True):
+    """(grads, peak activation bytes, seconds, stats, batch) of one step; the
+    meter (which looks at every live storage after every call) only where
+    `metered`, so that timed steps do not pay for it."""
     maker, kw, batch_key = MODELS[name]
     kw = dict(kw)
     kw[batch_key] *= scale
     model, step = maker(seed, ckpt=(method == "checkpoint"), device=device, **kw)
     torch.manual_seed(seed + 1)
     _sync(device)
-    meter = PeakMeter(device)
+    meter = PeakMeter(device) if metered else contextlib.nullcontext()
     stats = None
     t0 = time.perf_counter()
     with meter:
@@ -110,7 +113,7 @@ def one_step(name, method, ratio, saved_bytes, device, scale=1, seed=0):
     # By position: checkpoint's wrappers rename the parameters, not reorder them.
     grads = {i: p.grad.detach().clone() for i, p in enumerate(model.parameters())
              if p.grad is not None}
-    return grads, meter.peak, seconds, stats, kw[batch_key]
+    return grads, meter.peak if metered else None, seconds, stats, kw[batch_key]
 
 
 def plain_saved_bytes(name, device):
@@ -134,10 +137,11 @@ def rows(names, ratios, repeat, device, out):
         ref, cap, _, _, _ = one_step(name, "plain", None, saved, device)
         for method, ratio in methods:
             try:
-                one_step(name, method, ratio, saved, device)  # warm-up
+                grads, peak, _, stats, batch = one_step(name, method, ratio, saved, device)
                 times = []
                 for _ in range(repeat):
-                    grads, peak, sec, stats, batch = one_step(name, method, ratio, saved, device)
+                    _, _, sec, _, _ = one_step(name, method, ratio, saved, device,
+                                               metered=False)
                     times.append(sec)
                 fits = "-"
                 for scale in (4, 2, 1):
