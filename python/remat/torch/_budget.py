@@ -112,7 +112,8 @@ class _Storage:
 class _Ref:
     """A tensor argument of a recorded call: its storage (or, for a leaf, the
     tensor itself), its view and the content version it had."""
-    __slots__ = ("storage", "leaf_tensor", "size", "stride", "offset", "version", "dtype")
+    __slots__ = ("storage", "leaf_tensor", "size", "stride", "offset", "version", "dtype",
+                 "conj_or_neg")
 
     def __init__(self, storage, t):
         self.storage = storage
@@ -122,6 +123,7 @@ class _Ref:
         self.offset = t.storage_offset()
         self.version = t._version if storage.leaf else storage.version
         self.dtype = t.dtype
+        self.conj_or_neg = t.is_conj() or t.is_neg()
 
 
 class _Call:
@@ -390,8 +392,6 @@ class Engine:
         a parameter (a leaf that requires grad), wherever it was made."""
         key = _key(t)
         s = self.storages.get(key)
-        if s is not None and not s.leaf and t.is_leaf and t.requires_grad and s.id is None:
-            s.leaf = True
         if s is None:
             s = _Storage(len(self.by_index), leaf=True, weak=StorageWeakRef(t.untyped_storage()))
             self.storages[key] = s
@@ -409,8 +409,10 @@ class Engine:
             dev = kwargs.get("device")
             if dev is not None and torch.device(dev).type == "cuda":
                 cuda_devices.add(torch.device(dev))
+            gens = [g for g in flat if isinstance(g, torch.Generator)]
             rng = (torch.get_rng_state(),
-                   {d: torch.cuda.get_rng_state(d) for d in cuda_devices})
+                   {d: torch.cuda.get_rng_state(d) for d in cuda_devices},
+                   [(g, g.get_state()) for g in gens])
         written = _written_indices(func, args, kwargs, len(flat))
         refs = []
         for i, a in enumerate(flat):
@@ -431,6 +433,10 @@ class Engine:
         result = func(*args, **kwargs)
 
         why_not = ""
+        for r in refs:
+            if isinstance(r, _Ref) and (r.conj_or_neg or (not r.storage.leaf and
+                                                          r.dtype != r.storage.dtype)):
+                why_not = f"{func} reads a view a replay would not rebuild (conj, neg or dtype)"
         if any(_tag(n) in tags for n in _NOT_REPLAYABLE_TAGS if _tag(n) is not None):
             why_not = f"{func} has a data-dependent output"
         elif (not self.allow_nondeterministic and _tag("nondeterministic_bitwise") in tags and
@@ -473,12 +479,21 @@ class Engine:
         if self.closed or self.internal or not _has_storage(t):
             return t
         self._free_dead()
+        if self.pins:
+            self._release_pins()  # a forward again: the last backward node has run
         s = self.storages.get(_key(t))
-        if s is not None and t.is_leaf and t.requires_grad and s.id is None:
-            s.leaf = True  # a parameter made inside the context
-        if s is None or s.leaf or t.dtype != s.dtype or s.nbytes == 0:
+        if s is None or s.leaf or t.dtype != s.dtype or s.nbytes == 0 or \
+                (t.is_leaf and t.requires_grad) or t.is_conj() or t.is_neg():
+            # Made before the context, a parameter (wherever it was made), a
+            # view of another dtype, or one whose conj/neg bit a view would lose.
             self.counts["saved_unmanaged"] += 1
             return t
+        if s.id is not None and s.freed and not s.pinned_forever:
+            # Saved again after the runtime let it go: a new runtime tensor.
+            self.by_id.pop(s.id, None)
+            s.id = None
+            s.freed = False
+            s.regions = []
         if s.id is None:
             self._register(s, t)
         elif s.reg_version != s.version and not s.pinned_forever:
@@ -530,6 +545,9 @@ class Engine:
         """A tensor made before the context is about to be written: what a
         recompute would read from it must be brought back now, while it still
         holds what they read, and kept."""
+        if self.pins:
+            self._release_pins()
+        self._free_dead()
         readers, leaf.readers = leaf.readers, None
         for ref in readers:
             s = ref()
@@ -586,7 +604,7 @@ class Engine:
             if (st.index, ver) in visited:
                 continue
             visited.add((st.index, ver))
-            if not top and st.id is not None and st.reg_version == ver:
+            if not top and st.id is not None and not st.freed and st.reg_version == ver:
                 if st.id not in seen_inputs:
                     seen_inputs.add(st.id)
                     inputs.append(st)
@@ -734,15 +752,20 @@ class Engine:
             return call.func(*a, **kw)
         cpu_state = torch.get_rng_state()
         cuda_states = {d: torch.cuda.get_rng_state(d) for d in call.rng[1]}
+        gen_states = [(g, g.get_state()) for g, _ in call.rng[2]]
         torch.set_rng_state(call.rng[0])
         for d, st in call.rng[1].items():
             torch.cuda.set_rng_state(st, d)
+        for g, st in call.rng[2]:  # a generator= of the user's own
+            g.set_state(st)
         try:
             return call.func(*a, **kw)
         finally:
             torch.set_rng_state(cpu_state)
             for d, st in cuda_states.items():
                 torch.cuda.set_rng_state(st, d)
+            for g, st in gen_states:
+                g.set_state(st)
 
 
 class budget:
