@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a real GPU, in one run: the gpu-labelled tests, the
 # preload shim under real CUDA programs (our probes and PyTorch), the PyTorch
-# integrations, cuda_bench, and a PyTorch GPT-2 memory reference.
+# integrations (remat.torch.budget's tests and benchmark among them), cuda_bench,
+# and a PyTorch GPT-2 memory reference.
 #
 #   ./scripts/gpu_check.sh [BUILD_DIR [OUT_DIR]]
 #
@@ -90,6 +91,13 @@ step torch_mempool 60 bash -c "torch_or_skip; python3 examples/torch_pluggable.p
 step torch_offload_hooks 60 bash -c "torch_or_skip; python3 examples/torch_offload_hooks.py --device cuda"
 step torch_offload_hooks_64 60 bash -c "torch_or_skip; python3 examples/torch_offload_hooks.py --device cuda --budget-mib 64"
 
+# remat.torch.budget on the GPU: its tests (gradients equal to plain CUDA steps, with
+# drops, offloads and both), then the side-by-side benchmark (the three figures).
+export REMAT_LIBRARY="$build/lib/libremat.so"
+step torch_budget_tests 240 bash -c "torch_or_skip; python3 -c 'import pytest' || { echo no pytest; exit 77; }; PYTHONPATH=python python3 -m pytest -q -rs \
+  python/tests/test_budget_cuda.py python/tests/test_budget.py -k 'cuda or mlp or gpt'"
+step torch_budget_bench 300 bash -c "torch_or_skip; PYTHONPATH=python python3 -m remat.torch.bench \
+  --device cuda --repeat 5 --markdown '$out/torch_budget_cuda.md'"
 step cuda_bench 120 "$build/bin/cuda_bench" --benchmark_min_time=0.2 \
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json
 step gpt2_memory 90 bash -c "torch_or_skip; python3 bench/torch_gpt2_memory.py"

@@ -82,6 +82,7 @@ def test_offload_only():
     grads, _, stats, _ = run_step(models.mlp, budget, offload=True, recompute=False)
     assert_same_grads(plain, grads)
     assert stats["offloads"] > 0 and stats["restores"] > 0
+    assert stats["prefetches"] > 0  # copied in ahead of the backward node that reads it
     assert stats["drops"] == 0
     assert stats["peak_saved_bytes"] <= budget
 

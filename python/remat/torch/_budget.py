@@ -82,6 +82,7 @@ class _Storage:
     __slots__ = ("index", "leaf", "producer", "writers", "version", "dtype", "nbytes",
                  "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
+                 "order",
                  "__weakref__")
 
     def __init__(self, index, leaf, producer=None, dtype=None, nbytes=0, weak=None,
@@ -107,6 +108,7 @@ class _Storage:
         self.device = None
         self.readers = None           # a leaf: saved storages whose recompute reads it
         self.regions = []             # (size, stride, offset) of each saved view of it
+        self.order = -1               # its place in Engine.registered
 
 
 class _Ref:
@@ -224,7 +226,9 @@ class Engine:
         self.by_id = {}               # runtime id -> _Storage
         self.internal = False
         self.calls_since_unpack = 0
+        self.registered = []          # saved storages in the order they were saved
         self.pins = []                # ids pinned for the backward node being run
+        self.pin_node = None          # that node
         self.pending = []             # (kind, storage) events to act on outside the lock
         self.dead_handles = []
         self.error = None             # an exception raised inside a callback
@@ -301,6 +305,7 @@ class Engine:
             "recomputes": st.recomputes,
             "offloads": st.offloads,
             "restores": self.restores,
+            "prefetches": st.prefetches,
             "offloaded_bytes": st.offloaded_bytes,
             "restored_bytes": st.restored_bytes,
             "recompute_ns_estimate": st.recompute_ns,
@@ -376,6 +381,7 @@ class Engine:
             self.lib.remat_tensor_free(self.runtime, s.id)
 
     def _release_pins(self):
+        self.pin_node = None
         pins, self.pins = self.pins, []
         for id_ in pins:
             self.lib.remat_tensor_release(self.runtime, id_)
@@ -587,6 +593,8 @@ class Engine:
             raise _capi.RematError(status, message)
         s.id = tid.value
         self.by_id[s.id] = s
+        s.order = len(self.registered)
+        self.registered.append(s)
         self.lib.remat_tensor_release(self.runtime, s.id)
         self._drain()
 
@@ -643,14 +651,20 @@ class Engine:
             raise RuntimeError("a tensor saved under remat.torch.budget was used after the "
                                "context ended: run the backward inside the `with`")
         s = h.storage
-        if self.calls_since_unpack > 0:
+        # Pins last while the autograd node that unpacked them runs: the
+        # engine unpacks a node's saved tensors just before applying it.
+        node = torch._C._current_autograd_node()
+        if node is None or node is not self.pin_node or self.calls_since_unpack > 0:
             self._release_pins()  # the previous backward node has run
+            self.pin_node = node  # held: a wrapper's id() could be reused
         self.calls_since_unpack = 0
         self._free_dead()
         p = ctypes.c_void_p()
         self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
         self.pins.append(s.id)
         self._drain()
+        if self.offload:
+            self._prefetch_before(s)
         base = s.tensor
         if base is None:
             raise RuntimeError(f"remat: saved storage {s.index} is resident in the runtime but "
@@ -661,6 +675,26 @@ class Engine:
             return torch.as_strided(base, h.size, h.stride, h.offset)
         finally:
             self.internal = was
+
+    # The backward reads saved tensors about in the reverse order of saving:
+    # the next few offloaded ones before this are copied in now, so that the
+    # copy (on a side stream, on CUDA) runs behind this node's compute.
+    PREFETCH_AHEAD = 2
+    PREFETCH_SCAN = 64
+
+    def _prefetch_before(self, s):
+        found = 0
+        for i in range(s.order - 1, max(-1, s.order - 1 - self.PREFETCH_SCAN), -1):
+            t = self.registered[i]
+            if t.freed or t.pinned_forever or t.host is None or t.tensor is not None:
+                continue
+            status = self.lib.remat_tensor_prefetch(self.runtime, t.id, 0)
+            if status != _capi.OK:
+                break  # no room now: it comes back on access
+            found += 1
+            if found == self.PREFETCH_AHEAD:
+                break
+        self._drain()
 
     def _call_runtime(self, fn, *args):
         self.error = None
