@@ -52,6 +52,9 @@ _WRITES_UNREAD = {"native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_
                   "miopen_batch_norm", "_batch_norm_with_update",
                   "_native_batch_norm_legit_functional"}
 _NOT_REPLAYABLE_TAGS = ("data_dependent_output", "dynamic_output_shape")
+# Operators that talk to other ranks: never run again by one rank alone.
+_COLLECTIVES = {"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd",
+                "_dtensor"}
 
 
 class BudgetTooSmall(RuntimeError):
@@ -443,7 +446,9 @@ class Engine:
             if isinstance(r, _Ref) and (r.conj_or_neg or (not r.storage.leaf and
                                                           r.dtype != r.storage.dtype)):
                 why_not = f"{func} reads a view a replay would not rebuild (conj, neg or dtype)"
-        if any(_tag(n) in tags for n in _NOT_REPLAYABLE_TAGS if _tag(n) is not None):
+        if func.namespace in _COLLECTIVES:
+            why_not = f"{func} is a collective (a replay on one rank alone would hang)"
+        elif any(_tag(n) in tags for n in _NOT_REPLAYABLE_TAGS if _tag(n) is not None):
             why_not = f"{func} has a data-dependent output"
         elif (not self.allow_nondeterministic and _tag("nondeterministic_bitwise") in tags and
               any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in flat)):
