@@ -33,8 +33,6 @@ and on CUDA no kernel PyTorch marks nondeterministic unless the user allows
 it. Other storages may still be offloaded.
 """
 import ctypes
-import math
-import sys
 import weakref
 
 import torch
@@ -872,6 +870,3 @@ class budget:
     def live_stats(self):
         """The runtime's figures now, inside the context."""
         return self._engine.read_stats()
-
-
-del math, sys

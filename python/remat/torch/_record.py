@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_flatten
 from remat.torch._cost import (COSTS, DEFAULT_HBM_GBPS, DEFAULT_LAUNCH_NS, DEFAULT_TFLOPS,
                                CostModel, _FREE, _has_storage)
 
+
 class Recorder(TorchDispatchMode):
     """Writes each operation it sees as op-trace records, costed by
     `cost_model` (a CostModel), or timed where it is None."""

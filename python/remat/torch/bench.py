@@ -18,11 +18,14 @@ batch (x1, x2, x4) whose peak activation memory stays under the plain step's at
 x1 (the "does it fit" figure), and whether the gradients equal the plain
 step's bit for bit.
 
-torch.compile's activation_memory_budget is not run here (no compiler on the
-CPU runs of CI; see the GPU script).
+--compile adds torch.compile rows: plain, and with its activation_memory_budget
+at each ratio (its ratio is of what compile's own partitioner would save, not
+of the plain step's saved bytes; compiled numerics differ from eager, so its
+gradients are not expected to be bitwise equal). On CUDA the peak is the
+allocator's (torch.cuda.max_memory_allocated above the start).
 
   python -m remat.torch.bench [--device cpu|cuda] [--models gpt,resnet,lstm]
-      [--ratios 0.3,0.5,0.7,0.9] [--repeat 3] [--markdown out.md]
+      [--ratios 0.3,0.5,0.7,0.9] [--repeat 3] [--compile] [--markdown out.md]
 """
 import argparse
 import contextlib
@@ -68,6 +71,26 @@ class PeakMeter(TorchDispatchMode):
         return out
 
 
+class CudaPeak:
+    """The CUDA allocator's peak over the step, above what was allocated at
+    its start: every tensor the step made, compiled code's buffers too."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.peak = 0
+
+    def __enter__(self):
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.base = torch.cuda.memory_allocated(self.device)
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.synchronize(self.device)
+        self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
+        return False
+
+
 MODELS = {
     # (maker, kwargs at x1, the batch keyword)
     "gpt": (models.gpt, dict(batch=8, seq=128, layers=4, d=128, vocab=512), "batch"),
@@ -89,13 +112,23 @@ def one_step(name, method, ratio, saved_bytes, device, scale=1, seed=0, metered=
     kw = dict(kw)
     kw[batch_key] *= scale
     model, step = maker(seed, ckpt=(method == "checkpoint"), device=device, **kw)
+    if method.startswith("compile"):
+        import torch._functorch.config as functorch_config
+        torch._dynamo.reset()
+        functorch_config.activation_memory_budget = ratio if ratio is not None else 1.0
+        step = torch.compile(step)
     torch.manual_seed(seed + 1)
     _sync(device)
-    meter = PeakMeter(device) if metered else contextlib.nullcontext()
+    if not metered:
+        meter = contextlib.nullcontext()
+    elif torch.device(device).type == "cuda":
+        meter = CudaPeak(device)
+    else:
+        meter = PeakMeter(device)
     stats = None
     t0 = time.perf_counter()
     with meter:
-        if method in ("plain", "checkpoint"):
+        if method in ("plain", "checkpoint") or method.startswith("compile"):
             step().backward()
         elif method == "save_on_cpu":
             with torch.autograd.graph.save_on_cpu(pin_memory=torch.device(device).type == "cuda"):
@@ -125,10 +158,14 @@ def plain_saved_bytes(name, device):
     return run.stats["peak_saved_bytes"]
 
 
-def rows(names, ratios, repeat, device, out):
+def rows(names, ratios, repeat, device, out, compile_too=False):
     methods = [("plain", None), ("checkpoint", None), ("save_on_cpu", None)]
+    if compile_too:
+        methods.append(("compile", None))
     for r in ratios:
         methods += [("remat-drop", r), ("remat-offload", r), ("remat-hybrid", r)]
+        if compile_too:
+            methods.append(("compile-budget", r))
     header = ("| model | method | budget | peak activation MiB | step ms | samples/s | "
               "fits (batch) | drops | recomputes | offloads | grads equal |")
     out.write(header + "\n" + "|---" * 11 + "|\n")
@@ -164,6 +201,11 @@ def rows(names, ratios, repeat, device, out):
             except remat.torch.BudgetTooSmall as e:
                 out.write(f"| {name} | {method} | {ratio} | too small: {str(e)[:60]} |"
                           + " |" * 7 + "\n")
+            except Exception as e:  # noqa: BLE001: a compile that fails is a row, not the end
+                if not method.startswith("compile"):
+                    raise
+                out.write(f"| {name} | {method} | {ratio} | failed: {type(e).__name__}: "
+                          f"{str(e)[:80]} |" + " |" * 7 + "\n")
             out.flush()
 
 
@@ -174,6 +216,9 @@ def main(argv=None):
     parser.add_argument("--models", default="gpt,resnet,lstm")
     parser.add_argument("--ratios", default="0.3,0.5,0.7,0.9")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--compile", action="store_true",
+                        help="also torch.compile, plain and with activation_memory_budget at "
+                             "each ratio (slow: one compile per row)")
     parser.add_argument("--markdown", help="also write the table here (must not exist)")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
@@ -209,7 +254,7 @@ def main(argv=None):
     if md:
         files.append(md)
     try:
-        rows(names, ratios, args.repeat, args.device, Tee(*files))
+        rows(names, ratios, args.repeat, args.device, Tee(*files), compile_too=args.compile)
     finally:
         if md:
             md.close()
