@@ -1,5 +1,5 @@
 # cmake -DBUILD_DIR=... -DWORK_DIR=... -DCONSUMER_DIR=... -DC_COMPILER=... -DGENERATOR=...
-#       -P install_test.cmake
+#       [-DCONSUMER_CXX_DIR=... -DCXX_COMPILER=...] -P install_test.cmake
 #
 # Installs the build into a fresh prefix, then builds and runs the consumer
 # program (consumer/) twice: with find_package(remat) and with pkg-config.
@@ -18,6 +18,8 @@ run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
 
 file(GLOB_RECURSE installed RELATIVE ${prefix} ${prefix}/*)
 foreach(name include/remat/remat.h libremat.so cmake/remat/rematConfig.cmake
+             include/remat/cpp/runtime/runtime.h include/remat/cpp/allocator/caching_allocator.h
+             libremat_runtime.a cmake/remat/rematCxxTargets.cmake
              cmake/remat/rematConfigVersion.cmake pkgconfig/remat.pc)
   set(hits ${installed})
   list(FILTER hits INCLUDE REGEX "(^|/)${name}$")
@@ -51,3 +53,14 @@ run(${C_COMPILER} -std=c99 -Wall -Wextra -Wpedantic -Werror ${CONSUMER_DIR}/cons
     -Wl,-rpath,${libdir} -o ${WORK_DIR}/consumer_pc)
 run(${WORK_DIR}/consumer_pc)
 message(STATUS "pkg-config consumer: ${run_output}")
+
+# find_package(remat COMPONENTS cxx) -> remat::runtime, from a C++ program
+# outside the tree (Abseil found through the package's own dependency).
+if(CXX_COMPILER)
+  run(${CMAKE_COMMAND} -S ${CONSUMER_CXX_DIR} -B ${WORK_DIR}/cxx-build -G ${GENERATOR}
+      -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=Release
+      -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/cxx-build)
+  run(${WORK_DIR}/cxx-build/consumer_cxx)
+  message(STATUS "C++ consumer: ${run_output}")
+endif()
