@@ -126,6 +126,15 @@ def test_bad_arguments():
             pass
 
 
+def test_budgets_do_not_nest():
+    with remat.torch.budget("1GiB"):
+        with pytest.raises(RuntimeError, match="do not nest"):
+            with remat.torch.budget("1GiB"):
+                pass
+    with remat.torch.budget("1GiB"):  # and the first one left nothing behind
+        pass
+
+
 def test_backward_after_the_context_is_refused():
     model, step = models.mlp(0)
     with remat.torch.budget("1GiB"):

@@ -33,6 +33,7 @@ and on CUDA no kernel PyTorch marks nondeterministic unless the user allows
 it. Other storages may still be offloaded.
 """
 import ctypes
+import threading
 import weakref
 
 import torch
@@ -53,6 +54,10 @@ _NOT_REPLAYABLE_TAGS = ("data_dependent_output", "dynamic_output_shape")
 # Operators that talk to other ranks: never run again by one rank alone.
 _COLLECTIVES = {"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd",
                 "_dtensor"}
+
+
+# The budget open on each thread (they do not nest).
+_active = {}
 
 
 class BudgetTooSmall(RuntimeError):
@@ -849,7 +854,11 @@ class budget:
         engine = self._engine
         if engine.runtime is not None or engine.closed:
             raise RuntimeError("a remat.torch.budget context can be entered once")
+        if _active.get(threading.get_ident()) is not None:
+            raise RuntimeError("remat.torch.budget contexts do not nest: one budget covers "
+                               "the whole step")
         engine.open()
+        _active[threading.get_ident()] = self
         self._mode = _Mode(engine)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(engine.pack, engine.unpack)
         self._mode.__enter__()
@@ -863,6 +872,7 @@ class budget:
             try:
                 self._mode.__exit__(exc_type, exc, tb)
             finally:
+                _active.pop(threading.get_ident(), None)
                 self._engine.close()
                 self.stats = self._engine.stats
         return False
