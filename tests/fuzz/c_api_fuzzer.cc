@@ -1,7 +1,7 @@
 // libFuzzer target over the C ABI (remat.h), as a C program would use it: the
 // input is a program of calls (allocate, free, bad frees, runtime tensors and
-// calls with recompute callbacks, acquire, release, free, prefetch, state,
-// unknown ids, bad options) on a small backed simulated device. Whatever the
+// calls with recompute callbacks, views, acquire, release, free, prefetch,
+// state, unknown ids, bad options) on a small backed simulated device. Whatever the
 // program, no call may crash; a failing call returns a status with a message
 // and changes nothing; every tensor, whenever acquired, holds the bytes it was
 // made with (a dropped one is recomputed, an offloaded one copied back). At
@@ -150,7 +150,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<Tensor> tensors;   // runtime tensors this program still owns
   while (!in.empty()) {
     const std::uint8_t op = in.Byte();
-    switch (op % 12) {
+    switch (op % 13) {
       case 0: {  // a plain allocation, sometimes of an absurd size
         const std::uint32_t w = in.Word();
         const std::size_t bytes = w & 0x80000000u ? std::size_t{w} << 20 : w & 0xfffff;
@@ -291,6 +291,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 10: {
         if (tensors.empty()) break;
         (void)remat_tensor_prefetch(rt, tensors[in.Byte() % tensors.size()].id, 0);
+        break;
+      }
+      case 12: {  // a view: evicted and restored with its base, the same bytes
+        if (tensors.empty()) break;
+        const Tensor base = tensors[in.Byte() % tensors.size()];
+        std::uint64_t view = 0;
+        const remat_status s = remat_tensor_create_view(rt, base.id, &view);
+        TRACE("view of %llu -> %d id %llu\n", static_cast<unsigned long long>(base.id), s,
+              static_cast<unsigned long long>(view));
+        if (s != REMAT_OK) {
+          CheckFailed(s);
+          break;
+        }
+        tensors.push_back({view, base.bytes, base.fill});
         break;
       }
       case 11: {
