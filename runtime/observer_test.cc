@@ -260,7 +260,7 @@ TEST_F(ObserverTest, AShadowBuiltFromEventsAlwaysAgreesWithTheRuntime) {
         }
       }
       for (TensorId t : made) {
-        absl::StatusOr<TensorState> st = runtime_->State(t);
+        absl::StatusOr<TensorState> st = runtime_->StorageState(t);
         ASSERT_TRUE(st.ok());
         Place want = Place::kGone;
         switch (*st) {

@@ -363,6 +363,16 @@ absl::StatusOr<TensorState> Runtime::State(TensorId id) const {
   Lock lock(this);
   if (!tensors_.Issued(id)) return NotLive(id);
   const Tensor* t = tensors_.Find(id);
+  // Freed by its owner: kFreed, even while a view (or a closure) keeps the
+  // storage it shared, as every other call on the id says.
+  if (t == nullptr || t->storage == nullptr || t->freed) return TensorState::kFreed;
+  return t->storage->state;
+}
+
+absl::StatusOr<TensorState> Runtime::StorageState(TensorId id) const {
+  Lock lock(this);
+  if (!tensors_.Issued(id)) return NotLive(id);
+  const Tensor* t = tensors_.Find(id);
   if (t == nullptr || t->storage == nullptr) return TensorState::kFreed;
   return t->storage->state;
 }

@@ -243,7 +243,14 @@ class Runtime {
   static constexpr std::int64_t kNeverUsedAgain = policies::kNeverUsedAgain;
   absl::Status HintNextUse(TensorId id, std::int64_t at_ns);
 
+  // The tensor's state: kFreed once its owner freed it (as every other call
+  // on the id then says), even while a view or a closure keeps its storage.
   absl::StatusOr<TensorState> State(TensorId id) const;
+  // The state of the storage under the id, as long as the storage lives (a
+  // freed tensor's storage kept for a view or a closure included); kFreed
+  // once it is collected. For tools that follow storages (the observer's
+  // events name them by such ids).
+  absl::StatusOr<TensorState> StorageState(TensorId id) const;
   // The runtime's clock, which access times, staleness and next-use hints
   // are measured on: the device's clock plus the estimated compute of every
   // call made or recomputed so far. It counts work done, as the DTR

@@ -255,6 +255,9 @@ TEST_F(RuntimeTest, ViewsShareTheirStoragesFate) {
   ASSERT_TRUE(runtime_->Free(base).ok());
   Check(*view);
   EXPECT_EQ(runtime_->Acquire(base).status().code(), absl::StatusCode::kFailedPrecondition);
+  // The freed id says so, though its storage lives on in the view.
+  EXPECT_EQ(StateOf(base), TensorState::kFreed);
+  EXPECT_EQ(StateOf(*view), TensorState::kResident);
 }
 
 TEST_F(RuntimeTest, PinnedTensorsAreNeverEvictedAndTheErrorSaysWhy) {

@@ -912,6 +912,41 @@ static void test_events_tell_each_transition(void) {
   CHECK_OK(remat_allocator_destroy(a));
 }
 
+/* On the simulated device a stream it never made, or one destroyed, is
+ * refused by every call that takes a stream, and nothing changes. */
+static void test_unknown_streams_are_refused(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 0);
+  remat_runtime* rt = NULL;
+  uint64_t s1 = 0, id = 0;
+  void* p = NULL;
+  remat_stats before, after;
+  CHECK(a != NULL);
+  CHECK_OK(remat_stream_create(a, &s1));
+  CHECK_OK(remat_stream_destroy(a, s1));
+  CHECK_OK(remat_get_stats(a, &before));
+  CHECK_STATUS(remat_allocate(a, 4096, s1, &p), REMAT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("not a stream of this device");
+  CHECK_STATUS(remat_allocate(a, 4096, 777, &p), REMAT_INVALID_ARGUMENT);
+  CHECK(p == NULL);
+  CHECK_OK(remat_get_stats(a, &after));
+  CHECK(same_stats(&before, &after));
+  CHECK_OK(remat_allocate(a, 4096, 0, &p));
+  CHECK_STATUS(remat_deallocate_on_stream(a, p, 777), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_record_stream(a, p, s1), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_deallocate(a, p));
+  CHECK_OK(remat_runtime_create(a, "lru", &rt));
+  CHECK_STATUS(remat_tensor_create(rt, 4096, NULL, 777, &id, NULL), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_tensor_create(rt, 4096, NULL, 0, &id, NULL));
+  CHECK_OK(remat_tensor_release(rt, id));
+  CHECK_STATUS(remat_tensor_acquire(rt, id, 777, &p), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_tensor_prefetch(rt, id, s1), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_tensor_free(rt, id));
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_get_stats(a, &after));
+  CHECK(after.allocations == 0);
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
 int main(void) {
   static const test_case tests[] = {
       {"status_names_and_version", test_status_names_and_version},
@@ -934,6 +969,7 @@ int main(void) {
       {"last_error_survives_success", test_last_error_survives_success},
       {"a_call_is_recomputed_once", test_a_call_is_recomputed_once},
       {"events_tell_each_transition", test_events_tell_each_transition},
+      {"unknown_streams_are_refused", test_unknown_streams_are_refused},
   };
   size_t i;
   /* Nothing has failed on this thread yet. */

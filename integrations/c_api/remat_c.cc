@@ -42,6 +42,10 @@
 struct remat_allocator {
   std::unique_ptr<remat::Device> device;
   std::unique_ptr<remat::CachingAllocator> allocator;  // declared after: destroyed first
+  // The device, where it is the simulated one: its streams are known, so a
+  // handle it never made (or destroyed) is refused. (On CUDA any
+  // cudaStream_t the caller holds is a stream.)
+  remat::SimDevice* sim = nullptr;
   // The runtime installed as the allocator's pressure handler, if any.
   std::atomic<bool> has_runtime{false};
 };
@@ -128,6 +132,18 @@ remat_status Call(const char* fn, Body&& body) noexcept {
 
 remat_status NullArgument(const char* fn, const char* name) {
   return Fail(REMAT_INVALID_ARGUMENT, fn, absl::StrCat(name, " is NULL"));
+}
+
+// REMAT_OK, or REMAT_INVALID_ARGUMENT for a stream the simulated device does
+// not know (never made, or destroyed).
+remat_status CheckStream(const remat_allocator* allocator, const char* fn, std::uint64_t stream) {
+  if (allocator->sim == nullptr || stream == 0) return REMAT_OK;
+  if (allocator->sim->StreamTimeNs(remat::Stream{static_cast<std::uintptr_t>(stream)}).ok()) {
+    return REMAT_OK;
+  }
+  return Fail(REMAT_INVALID_ARGUMENT, fn,
+              absl::StrCat("stream ", stream,
+                           " is not a stream of this device (never created, or destroyed)"));
 }
 
 remat::Stream ToStream(std::uint64_t handle) {
@@ -395,6 +411,7 @@ remat_status remat_allocator_create(const remat_allocator_options* options, rema
     if (!made.ok()) return FromStatus(fn, made.status());
     auto handle = std::make_unique<remat_allocator>();
     handle->device = std::move(*device);
+    handle->sim = dynamic_cast<remat::SimDevice*>(handle->device.get());
     handle->allocator = std::move(*made);
     *out = handle.release();
     return REMAT_OK;
@@ -419,6 +436,7 @@ remat_status remat_allocate(remat_allocator* allocator, size_t bytes, uint64_t s
   return Call(fn, [&] {
     if (allocator == nullptr) return NullArgument(fn, "allocator");
     if (out == nullptr) return NullArgument(fn, "out");
+    if (remat_status st = CheckStream(allocator, fn, stream); st != REMAT_OK) return st;
     absl::StatusOr<void*> p = allocator->allocator->Allocate(bytes, ToStream(stream));
     if (!p.ok()) return FromStatus(fn, p.status());
     *out = *p;
@@ -438,6 +456,7 @@ remat_status remat_deallocate_on_stream(remat_allocator* allocator, void* ptr, u
   const char* const fn = __func__;
   return Call(fn, [&] {
     if (allocator == nullptr) return NullArgument(fn, "allocator");
+    if (remat_status st = CheckStream(allocator, fn, stream); st != REMAT_OK) return st;
     return FromStatus(fn, allocator->allocator->FreeOnStream(ptr, ToStream(stream)));
   });
 }
@@ -446,6 +465,7 @@ remat_status remat_record_stream(remat_allocator* allocator, void* ptr, uint64_t
   const char* const fn = __func__;
   return Call(fn, [&] {
     if (allocator == nullptr) return NullArgument(fn, "allocator");
+    if (remat_status st = CheckStream(allocator, fn, stream); st != REMAT_OK) return st;
     return FromStatus(fn, allocator->allocator->RecordStream(ptr, ToStream(stream)));
   });
 }
@@ -699,6 +719,7 @@ remat_status remat_tensor_create(remat_runtime* runtime, size_t bytes,
   return Call(fn, [&] {
     if (runtime == nullptr) return NullArgument(fn, "runtime");
     if (id_out == nullptr) return NullArgument(fn, "id_out");
+    if (remat_status st = CheckStream(runtime->owner, fn, stream); st != REMAT_OK) return st;
     remat::TensorOptions to;
     if (remat_status st = ToTensorOptions(fn, options, callback, to); st != REMAT_OK) return st;
     absl::StatusOr<remat::Guard> guard =
@@ -728,6 +749,7 @@ remat_status remat_call_create(remat_runtime* runtime, size_t num_outputs,
   return Call(fn, [&] {
     if (runtime == nullptr) return NullArgument(fn, "runtime");
     if (ids_out == nullptr) return NullArgument(fn, "ids_out");
+    if (remat_status st = CheckStream(runtime->owner, fn, stream); st != REMAT_OK) return st;
     if (num_outputs == 0) return Fail(REMAT_INVALID_ARGUMENT, fn, "a call needs an output");
     if (output_bytes == nullptr) return NullArgument(fn, "output_bytes");
     remat::TensorOptions to;
@@ -768,6 +790,7 @@ remat_status remat_tensor_acquire(remat_runtime* runtime, uint64_t id, uint64_t 
   const char* const fn = __func__;
   return Call(fn, [&] {
     if (runtime == nullptr) return NullArgument(fn, "runtime");
+    if (remat_status st = CheckStream(runtime->owner, fn, stream); st != REMAT_OK) return st;
     absl::StatusOr<remat::Guard> guard = runtime->runtime->Acquire(id, ToStream(stream));
     if (!guard.ok()) return FromStatus(fn, guard.status());
     void* const ptr = guard->ptr();
@@ -821,6 +844,7 @@ remat_status remat_tensor_prefetch(remat_runtime* runtime, uint64_t id, uint64_t
   const char* const fn = __func__;
   return Call(fn, [&] {
     if (runtime == nullptr) return NullArgument(fn, "runtime");
+    if (remat_status st = CheckStream(runtime->owner, fn, stream); st != REMAT_OK) return st;
     return FromStatus(fn, runtime->runtime->Prefetch(id, ToStream(stream)));
   });
 }
