@@ -343,7 +343,8 @@ TEST_F(RuntimeTest, FreedTensorStaysWhileAClosureNeedsIt) {
   TensorId y = Produce(2 * kMiB, {x}, true, false);
   // Freed while y's closure reads it: its bytes go at once, its metadata stays.
   ASSERT_TRUE(runtime_->Free(x).ok());
-  EXPECT_EQ(StateOf(x), TensorState::kDropped);
+  EXPECT_EQ(StateOf(x), TensorState::kFreed);  // to its owner
+  EXPECT_EQ(*runtime_->StorageState(x), TensorState::kDropped);
   EXPECT_EQ(runtime_->stats().released_drops, 1u);
   EXPECT_EQ(runtime_->stats().drops, 0u);
   TensorId big = Produce(7 * kMiB, {}, false, false);
