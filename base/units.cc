@@ -51,7 +51,8 @@ absl::StatusOr<std::uint64_t> ParseBytes(std::string_view text) {
   }
   if (match == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "byte size '%s' has unknown unit '%s' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)", text,
+        "byte size '%s' has unknown unit '%s' (binary, powers of 1024: B, K or KiB, M or MiB, "
+        "G or GiB, T or TiB; decimal, powers of 1000: KB, MB, GB, TB)", text,
         suffix));
   }
   if (number.find('.') == std::string_view::npos) {

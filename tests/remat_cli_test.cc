@@ -111,6 +111,23 @@ TEST_F(RematCliTest, UsageErrorsExitTwo) {
   EXPECT_EQ(Remat("replay " + Trace("tiny.csv") + " --capacity 1GiB --budget 2GiB").status, 2);
 }
 
+TEST_F(RematCliTest, ChainStepsPastInt64AreNamedAsGivenNotClamped) {
+  const Outcome huge = Remat("chain --steps 99999999999999999999 --slots 3");
+  EXPECT_EQ(huge.status, 2);
+  EXPECT_THAT(huge.out, HasSubstr("99999999999999999999 is more than the 10000000 steps"));
+  EXPECT_THAT(huge.out, Not(HasSubstr("9223372036854775807")));
+  const Outcome junk = Remat("chain --steps 12x --slots 3");
+  EXPECT_EQ(junk.status, 2);
+  EXPECT_THAT(junk.out, HasSubstr("a whole number of steps, not '12x'"));
+}
+
+TEST_F(RematCliTest, AnUnknownSizeUnitExplainsBinaryAndDecimal) {
+  const Outcome run = Remat("sim " + Trace("chain_100.jsonl") + " --budget 3X");
+  EXPECT_EQ(run.status, 2);
+  EXPECT_THAT(run.out, HasSubstr("G or GiB"));
+  EXPECT_THAT(run.out, HasSubstr("powers of 1000: KB, MB, GB, TB"));
+}
+
 TEST_F(RematCliTest, HelpExitsZero) {
   const Outcome top = Remat("--help");
   EXPECT_EQ(top.status, 0);

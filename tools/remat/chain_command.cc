@@ -1,5 +1,6 @@
 // remat chain: a homogeneous chain reversed through the runtime, by the
 // optimal binomial schedule (revolve) or by an online eviction policy.
+#include <charconv>
 #include <cstdint>
 #include <iostream>
 #include <memory>
@@ -106,7 +107,21 @@ Subcommand AddChainCommand(CLI::App& remat) {
       "chain",
       "Reverse a homogeneous chain through the runtime: the optimal binomial schedule (revolve) "
       "or an online eviction policy, against the optimum");
-  cmd->add_option("--steps", flags->steps, "Steps of the chain, N >= 1")->required();
+  cmd->add_option("--steps", flags->steps, "Steps of the chain, N >= 1")
+      ->required()
+      ->check([](const std::string& text) -> std::string {
+        // Before CLI11 converts it: a number past int64 would arrive clamped.
+        std::int64_t value = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (ec == std::errc::result_out_of_range) {
+          return text + " is more than the " + std::to_string(revolve::kMaxSteps) +
+                 " steps a chain may have";
+        }
+        if (ec != std::errc() || end != text.data() + text.size()) {
+          return "a whole number of steps, not '" + text + "'";
+        }
+        return "";
+      });
   cmd->add_option("--slots", flags->slots,
                   "Checkpoint slots, C >= 1, the one holding x0 included (the runtime's budget "
                   "is C+3 states: C slots + the working state + the adjoint + a step's output)")
