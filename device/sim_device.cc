@@ -19,6 +19,15 @@ constexpr std::size_t kGranule = 512;  // every unbacked range is aligned to thi
 
 std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
+// A device's unbacked address window: four times its capacity, so that
+// address-space fragmentation never refuses what the capacity allows.
+std::uintptr_t DeviceWindowBytes(const SimDeviceOptions& o) {
+  return 4 * RoundUp(o.capacity, kGranule);
+}
+std::uintptr_t DeviceWindowBase(const SimDeviceOptions& o) {
+  return kDeviceBase + static_cast<std::uintptr_t>(o.address_window) * DeviceWindowBytes(o);
+}
+
 void* MapBytes(std::size_t bytes) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                  -1, 0);
@@ -85,6 +94,13 @@ absl::StatusOr<std::unique_ptr<SimDevice>> SimDevice::Create(SimDeviceOptions op
     return absl::InvalidArgumentError(
         absl::StrFormat("SimDevice host capacity must be at most %s", FormatBytes(kMaxCapacity)));
   }
+  const std::uintptr_t windows = (kHostBase - kDeviceBase) / DeviceWindowBytes(options);
+  if (options.address_window < 0 || static_cast<std::uintptr_t>(options.address_window) >= windows) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "SimDevice address window %d does not fit a device of %s (the simulated device address "
+        "space holds %d such windows)",
+        options.address_window, FormatBytes(options.capacity), windows));
+  }
   const SimCostModel& c = options.cost;
   if (!(c.host_to_device_gbps > 0) || !(c.device_to_host_gbps > 0) ||
       !(c.device_to_device_gbps > 0) || c.copy_latency_ns < 0) {
@@ -98,7 +114,7 @@ SimDevice::SimDevice(SimDeviceOptions options)
       // Address windows larger than the capacity, so that address-space
       // fragmentation never refuses what the capacity allows (GPUs map
       // physical pages into a virtual space far larger than memory).
-      device_space_(kDeviceBase, 4 * RoundUp(options.capacity, kGranule)),
+      device_space_(DeviceWindowBase(options), DeviceWindowBytes(options)),
       host_space_(kHostBase, 4 * RoundUp(std::max<std::size_t>(options.host_capacity, 1), kGranule)) {
   stream_time_.emplace(kDefaultStream.handle, 0);
 }

@@ -51,6 +51,12 @@ struct SimDeviceOptions {
   // Pinned host memory the device will hand out (beyond it AllocateHost fails).
   std::size_t host_capacity = kTiB;
   SimCostModel cost;
+  // Unbacked: which of the disjoint device address windows (each four times
+  // the capacity) it hands out addresses from. Devices alive at once in one
+  // process (one per GPU index) take different windows, so that no address
+  // is ever handed out by two of them. Create refuses a window that does not
+  // fit the simulated address space.
+  int address_window = 0;
 };
 
 class SimDevice final : public Device {

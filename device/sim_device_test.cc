@@ -4,10 +4,13 @@
 #include <cstring>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace remat {
 namespace {
+
+using ::testing::HasSubstr;
 
 std::unique_ptr<SimDevice> MakeDevice(SimDeviceOptions options = {}) {
   auto device = SimDevice::Create(options);
@@ -200,6 +203,23 @@ TEST(SimDeviceTest, HostCapacityIsEnforced) {
   EXPECT_EQ(device->AllocateHost(2 * kMiB).status().code(), absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(device->FreeHost(a).ok());
   EXPECT_TRUE(device->AllocateHost(4 * kMiB).ok());
+}
+
+TEST(SimDeviceTest, AddressWindowsKeepDevicesApart) {
+  auto a = SimDevice::Create({.capacity = kGiB}).value();
+  auto b = SimDevice::Create({.capacity = kGiB, .address_window = 1}).value();
+  auto pa = a->ReserveSegment(64 * kMiB);
+  auto pb = b->ReserveSegment(64 * kMiB);
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  // Window 0 spans 4 GiB: all of a's addresses lie below all of b's.
+  EXPECT_LT(reinterpret_cast<std::uintptr_t>(*pa) + 4 * kGiB,
+            reinterpret_cast<std::uintptr_t>(*pb) + 1);
+  EXPECT_TRUE(a->ReleaseSegment(*pa).ok());
+  EXPECT_TRUE(b->ReleaseSegment(*pb).ok());
+  EXPECT_FALSE(SimDevice::Create({.capacity = kGiB, .address_window = -1}).ok());
+  auto too_far = SimDevice::Create({.capacity = SimDevice::kMaxCapacity, .address_window = 1});
+  ASSERT_FALSE(too_far.ok());
+  EXPECT_THAT(std::string(too_far.status().message()), HasSubstr("address window 1"));
 }
 
 }  // namespace

@@ -78,6 +78,8 @@ absl::StatusOr<CachingAllocator*> Allocators::For(int device) {
   PerDevice& d = devices_[device];
   DeviceSpec spec = config_->device;
   spec.cuda_ordinal = device;
+  // Simulated devices: each index its own addresses, as real GPUs have.
+  spec.sim.address_window = device;
 #ifndef REMAT_HAVE_CUDA
   if (spec.kind == DeviceSpec::Kind::kCuda) {
     return absl::FailedPreconditionError(
@@ -131,6 +133,21 @@ CachingAllocator* Allocators::Owner(const void* ptr) {
 }
 
 bool Allocators::Owns(const void* ptr) { return ptr != nullptr && Owner(ptr) != nullptr; }
+
+absl::Status Allocators::FreeOn(int device, const void* ptr, const std::uint64_t* stream) {
+  if (ptr == nullptr) return absl::OkStatus();
+  CachingAllocator* owner = Owner(ptr);
+  if (owner != nullptr && (device < 0 || device >= kMaxDevices ||
+                           ready_[device].load(std::memory_order_acquire) != owner)) {
+    int from = -1;
+    for (int i = 0; i < kMaxDevices; ++i) {
+      if (ready_[i].load(std::memory_order_acquire) == owner) from = i;
+    }
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%p was allocated on device %d, not device %d: not freed", ptr, from, device));
+  }
+  return Free(ptr, stream);
+}
 
 absl::Status Allocators::Free(const void* ptr, const std::uint64_t* stream) {
   if (ptr == nullptr) return absl::OkStatus();

@@ -70,6 +70,10 @@ class Allocators {
   // Frees a pointer one of our allocators handed out, on `stream` when given
   // (stream-ordered, as cudaFreeAsync). NotFound for pointers we do not own.
   absl::Status Free(const void* ptr, const std::uint64_t* stream = nullptr);
+  // Free, for a caller that says which device the pointer is from (PyTorch's
+  // pluggable allocator does): a pointer of another device is InvalidArgument
+  // and stays allocated.
+  absl::Status FreeOn(int device, const void* ptr, const std::uint64_t* stream = nullptr);
   bool Owns(const void* ptr);
   absl::Status RecordStream(const void* ptr, std::uint64_t stream);
   absl::Status EmptyCache();

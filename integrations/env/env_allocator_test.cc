@@ -90,6 +90,26 @@ TEST_F(EnvTest, ServesUnderTheBudgetAndReportsMemInfo) {
   EXPECT_EQ(a.GetMemInfo(0)->total, kGiB / 4);
 }
 
+TEST_F(EnvTest, SimulatedDevicesHaveTheirOwnAddressesAndRefuseAnothersFree) {
+  Config c;
+  c.device.kind = DeviceSpec::Kind::kSim;
+  c.device.sim.capacity = kGiB;
+  Allocators a(c);
+  absl::StatusOr<void*> p0 = a.Allocate(0, 4 * kMiB, 0);
+  absl::StatusOr<void*> p1 = a.Allocate(1, 4 * kMiB, 0);
+  ASSERT_TRUE(p0.ok() && p1.ok());
+  EXPECT_NE(*p0, *p1);
+  EXPECT_TRUE((*a.For(0))->ContainsAddress(*p0));
+  EXPECT_FALSE((*a.For(0))->ContainsAddress(*p1));
+  EXPECT_FALSE((*a.For(1))->ContainsAddress(*p0));
+  absl::Status wrong = a.FreeOn(1, *p0);
+  EXPECT_TRUE(absl::IsInvalidArgument(wrong)) << wrong;
+  EXPECT_THAT(std::string(wrong.message()), HasSubstr("allocated on device 0, not device 1"));
+  EXPECT_EQ((*a.For(0))->GetStats().allocation.all().current, 1);  // still allocated
+  EXPECT_TRUE(a.FreeOn(0, *p0).ok());
+  EXPECT_TRUE(a.FreeOn(1, *p1).ok());
+}
+
 TEST_F(EnvTest, ABudgetLargerThanTheDeviceIsRefused) {
   Config c;
   c.device.kind = DeviceSpec::Kind::kSim;

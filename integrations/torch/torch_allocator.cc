@@ -55,11 +55,10 @@ REMAT_EXPORT void* remat_malloc(std::size_t size, int device, void* stream) {
 
 REMAT_EXPORT void remat_free(void* ptr, std::size_t size, int device, void* stream) {
   (void)size;
-  (void)device;
   Guarded(
       [&] {
         const std::uint64_t s = StreamValue(stream);
-        SetLastError(Allocators::Process().Free(ptr, &s));
+        SetLastError(Allocators::Process().FreeOn(device, ptr, &s));
         return 0;
       },
       0);
