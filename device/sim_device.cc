@@ -450,6 +450,11 @@ absl::Status SimDevice::LaunchHostFunc(Stream stream, absl::AnyInvocable<void() 
   return absl::OkStatus();
 }
 
+std::size_t SimDevice::PendingWork() const {
+  MutexLock lock(&mu_);
+  return pending_.size();
+}
+
 absl::Status SimDevice::Occupy(Stream stream, std::int64_t cost_ns) {
   MutexLock lock(&mu_);
   // (Once per replayed op: the lookup inline, the error built only on failure.)

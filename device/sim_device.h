@@ -101,6 +101,9 @@ class SimDevice final : public Device {
 
   // --- Simulation controls and observations ---
   bool backed() const { return options_.backed; }
+  // Copies and host functions enqueued and not yet run (they run when the
+  // host clock passes their completion: when the host waits).
+  std::size_t PendingWork() const;
   const SimCostModel& cost_model() const { return options_.cost; }
   // Lets host time pass (work the host does between calls), running whatever
   // device work completes meanwhile.

@@ -121,6 +121,10 @@ class Replayer final : public RuntimeObserver {
       }
       // (Recompute grows only inside the closures, which check the thrash limit.)
       if (timeline_ != nullptr) EndRecord();
+      if (options_.verify && device_->PendingWork() > options_.verify_queue_limit) {
+        if (absl::Status waited = device_->Synchronize(); !waited.ok()) return waited;
+        ++report_.verify_waits;
+      }
     }
     (void)device_->Synchronize();  // the simulated work still queued is part of the replay
     report_.replay_seconds =

@@ -60,6 +60,12 @@ struct OpReplayOptions {
   bool enable_offload = true;
   double thrash_limit = 1.0;  // stop when recompute exceeds this x the trace's compute
   bool verify = false;
+  // In verify mode the checks are host work queued on the simulated streams,
+  // run only when the host waits. When this many are queued the host waits
+  // for the device (Synchronize), which bounds memory (each queued check
+  // holds a few hundred bytes) and shifts the simulated time as any wait
+  // does: verify mode's times are not the model's.
+  std::size_t verify_queue_limit = std::size_t{1} << 16;
   std::uint64_t scale = 1;  // divide every size by this (rounded up)
   // When set: cleared, then filled with the run's timeline.
   SimTimeline* timeline = nullptr;
@@ -116,6 +122,7 @@ struct OpReplayReport {
   std::uint64_t candidates_shown = 0;  // candidates handed to the policy, over all events
   std::int64_t choose_wall_ns = 0;     // host time building candidates and choosing
   std::uint64_t verified_accesses = 0;
+  std::uint64_t verify_waits = 0;  // times the host waited to run queued checks
   std::uint64_t mismatches = 0;
   double wall_seconds = 0;    // the whole run, set-up included
   double replay_seconds = 0;  // the record loop alone (what records per second divides by)

@@ -178,6 +178,29 @@ TEST(OpReplayTest, TransformerStepVerifiesUnderPressure) {
   }
 }
 
+TEST(OpReplayTest, VerifyModeBoundsItsQueueOfChecks) {
+  // Checks run when the host waits; a replay that never waits would queue
+  // one per access to the end (memory growing with the trace). With a small
+  // limit the host waits along the way, and every check still passes.
+  const OpTrace trace = Load("transformer_small.jsonl");
+  OpReplayOptions options;
+  options.policy = "lru";
+  options.verify = true;
+  options.scale = 256;
+  options.live_budget = trace.peak_live_bytes / 256 * 6 / 10;
+  options.thrash_limit = 100;
+  options.verify_queue_limit = 16;
+  const OpReplayReport bounded = Replay(trace, options);
+  EXPECT_EQ(bounded.status, "ok") << bounded.message;
+  EXPECT_GT(bounded.verify_waits, 0u);
+  EXPECT_GT(bounded.verified_accesses, 0u);
+  EXPECT_EQ(bounded.mismatches, 0u);
+  options.verify_queue_limit = std::size_t{1} << 40;
+  const OpReplayReport unbounded = Replay(trace, options);
+  EXPECT_EQ(unbounded.verify_waits, 0u);
+  EXPECT_EQ(unbounded.verified_accesses, bounded.verified_accesses);
+}
+
 TEST(OpReplayTest, TheSplitLimitKeepsABigFreeBlockWholeForTheNextBigRequest) {
   // A 100 MiB buffer is freed; a 12 MiB tensor that outlives it comes next,
   // then another 100 MiB. Split, the first block holds the small tensor and
