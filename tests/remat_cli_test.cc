@@ -279,6 +279,15 @@ TEST_F(RematCliTest, RunRefusesBadOutputsAndBudgetsBeforeTheProgramStarts) {
   EXPECT_FALSE(std::filesystem::exists(marker));  // the program never started
 }
 
+TEST_F(RematCliTest, RunSaysWhenTheProgramMadeNoCudaAllocation) {
+  const std::string trace = ::testing::TempDir() + "/never.csv";
+  std::remove(trace.c_str());
+  const Outcome run = Remat("run --device sim --trace " + trace + " -- true");
+  EXPECT_EQ(run.status, 0) << run.out;  // the program's own status
+  EXPECT_THAT(run.out, HasSubstr("nothing written to " + trace));
+  EXPECT_THAT(run.out, HasSubstr("made no CUDA allocation"));
+}
+
 TEST_F(RematCliTest, ARunThatDoesNotFitExitsThreeWithNoOverhead) {
   const Outcome json = Remat("sim " + Trace("chain_100.jsonl") +
                              " --budget-ratio 0.2 --accounting live --policy belady --json");

@@ -67,7 +67,22 @@ Stream Allocators::StreamFor(std::uint64_t stream) const {
   return Stream{static_cast<std::uintptr_t>(stream)};
 }
 
+void Allocators::TellOnce(const absl::Status& why) {
+  if (told_.exchange(true)) return;
+  std::fprintf(stderr, "remat: %s; every CUDA allocation made through remat fails\n",
+               std::string(why.message()).c_str());
+}
+
 absl::StatusOr<CachingAllocator*> Allocators::For(int device) {
+  if (device < 0 || device >= kMaxDevices) {  // this call's own bad input
+    return absl::InvalidArgumentError(absl::StrFormat("device %d is out of range", device));
+  }
+  absl::StatusOr<CachingAllocator*> made = MakeFor(device);
+  if (!made.ok()) TellOnce(made.status());  // a bad setting: every call would fail alike
+  return made;
+}
+
+absl::StatusOr<CachingAllocator*> Allocators::MakeFor(int device) {
   if (!config_.ok()) return config_.status();
   if (device < 0 || device >= kMaxDevices) {
     return absl::InvalidArgumentError(absl::StrFormat("device %d is out of range", device));
@@ -220,6 +235,16 @@ std::string Allocators::OutputPath(const std::string& path) const {
 
 void Allocators::Finish() {
   if (finished_.exchange(true) || !config_.ok()) return;
+  bool any = false;
+  for (int i = 0; i < kMaxDevices; ++i) any = any || ready_[i].load() != nullptr;
+  if (!any && (!config_->trace_path.empty() || !config_->snapshot_path.empty() ||
+               config_->stats)) {
+    std::fprintf(stderr,
+                 "remat: the program made no CUDA allocation through remat (nothing called "
+                 "cudaMalloc or its kin, or it never reached a GPU): no trace, snapshot or "
+                 "statistics to write\n");
+    return;
+  }
   if (!config_->trace_path.empty()) {
     if (absl::Status s = trace_.WriteTo(OutputPath(config_->trace_path)); !s.ok()) {
       std::fprintf(stderr, "remat: cannot write the trace: %s\n", std::string(s.message()).c_str());

@@ -101,6 +101,7 @@ class Allocators {
   };
   Stream StreamFor(std::uint64_t stream) const;
   CachingAllocator* Owner(const void* ptr);
+  absl::StatusOr<CachingAllocator*> MakeFor(int device);
 
   const absl::StatusOr<Config> config_;
   Mutex mu_;  // guards creation; each allocator is thread-safe itself
@@ -111,6 +112,10 @@ class Allocators {
   Mutex trace_mu_;  // a call and its trace record, together
   RmmLogRecorder trace_;
   std::atomic<bool> finished_{false};
+  // Says once on stderr why allocations fail (a bad REMAT_* variable, a
+  // device that cannot be made): the program itself may only see errors.
+  void TellOnce(const absl::Status& why);
+  std::atomic<bool> told_{false};
 };
 
 // The message of the last failure on this thread (empty if none).

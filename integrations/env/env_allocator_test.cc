@@ -116,8 +116,15 @@ TEST_F(EnvTest, ABudgetLargerThanTheDeviceIsRefused) {
   c.budget = 2 * kGiB;
   c.device.sim.capacity = kGiB;
   Allocators a(c);
+  ::testing::internal::CaptureStderr();
   EXPECT_THAT(std::string(a.Allocate(0, 1, 0).status().message()),
               HasSubstr("larger than device 0"));
+  EXPECT_FALSE(a.Allocate(0, 1, 0).ok());
+  // Said once on stderr, whatever the program does with the errors.
+  const std::string told = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(told, HasSubstr("larger than device 0"));
+  EXPECT_THAT(told, HasSubstr("every CUDA allocation made through remat fails"));
+  EXPECT_EQ(told.find("remat:"), told.rfind("remat:"));
 }
 
 TEST_F(EnvTest, TheTraceAtFinishReplays) {
@@ -141,6 +148,18 @@ TEST_F(EnvTest, TheTraceAtFinishReplays) {
   EXPECT_EQ(log->frees, 2u);
   EXPECT_EQ(log->alloc_failures, 1u);
   EXPECT_TRUE(std::filesystem::exists(c.snapshot_path));
+}
+
+TEST_F(EnvTest, NoAllocationAtAllIsSaidAtFinish) {
+  Config c;
+  c.device.kind = DeviceSpec::Kind::kSim;
+  c.trace_path = ::testing::TempDir() + "/never_written.csv";
+  Allocators a(c);
+  ::testing::internal::CaptureStderr();
+  a.Finish();
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr("the program made no CUDA allocation through remat"));
+  EXPECT_FALSE(std::filesystem::exists(c.trace_path));
 }
 
 }  // namespace

@@ -111,6 +111,17 @@ int RunProgram(const RunFlags& f) {
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGQUIT, &old_quit, nullptr);
+  // The shim writes what was asked for at the program's exit, once it served
+  // an allocation. Nothing there means nothing reached it: say so, rather
+  // than leave the next command to fail on a missing file.
+  for (const std::string* path : {&f.trace_path, &f.snapshot_path}) {
+    std::error_code ec;
+    if (!path->empty() && !std::filesystem::exists(*path, ec)) {
+      std::cerr << "remat run: nothing written to " << *path
+                << ": the program made no CUDA allocation through remat (it never called "
+                   "cudaMalloc or its kin, or it never reached a GPU)\n";
+    }
+  }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return kExitFailure;
