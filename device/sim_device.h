@@ -52,10 +52,11 @@ struct SimDeviceOptions {
   std::size_t host_capacity = kTiB;
   SimCostModel cost;
   // Unbacked: which of the disjoint device address windows (each four times
-  // the capacity) it hands out addresses from. Devices alive at once in one
-  // process (one per GPU index) take different windows, so that no address
-  // is ever handed out by two of them. Create refuses a window that does not
-  // fit the simulated address space.
+  // the capacity) it hands out device addresses from. Devices alive at once
+  // in one process (one per GPU index) take different windows, so that no
+  // device address is ever handed out by two of them (pinned host addresses
+  // may coincide: they stand for the one host). Create refuses a window that
+  // does not fit the simulated address space.
   int address_window = 0;
 };
 

@@ -122,7 +122,10 @@ class Replayer final : public RuntimeObserver {
       // (Recompute grows only inside the closures, which check the thrash limit.)
       if (timeline_ != nullptr) EndRecord();
       if (options_.verify && device_->PendingWork() > options_.verify_queue_limit) {
-        if (absl::Status waited = device_->Synchronize(); !waited.ok()) return waited;
+        if (absl::Status waited = device_->Synchronize(); !waited.ok()) {
+          return absl::Status(waited.code(), absl::StrFormat("%s:%d: %s", trace_.name, r.line,
+                                                             waited.message()));
+        }
         ++report_.verify_waits;
       }
     }

@@ -1,5 +1,6 @@
 #include "trace/op_trace.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -292,19 +293,19 @@ class TraceBuilder {
   // live then (which nothing evicts): no budget below the largest such sum
   // can run the trace.
   void NoteWorkingSet(const OpRecord& record) {
+    // Inputs' storages and outputs' own (a view output needs nothing more on
+    // the device: its base is there or comes back with it), each once.
     absl::InlinedVector<std::uint32_t, 8> storages;
+    for (std::uint32_t t : record.inputs) storages.push_back(trace_.tensors[t].storage);
+    for (std::uint32_t t : record.outputs) {
+      if (!trace_.tensors[t].is_view()) storages.push_back(trace_.tensors[t].storage);
+    }
+    std::sort(storages.begin(), storages.end());
+    storages.erase(std::unique(storages.begin(), storages.end()), storages.end());
     std::uint64_t need = live_constant_bytes_;
-    auto add = [&](std::uint32_t t) {
-      const std::uint32_t s = trace_.tensors[t].storage;
-      if (trace_.tensors[s].constant) return;
-      for (std::uint32_t seen : storages) {
-        if (seen == s) return;
-      }
-      storages.push_back(s);
-      need += trace_.tensors[s].bytes;
-    };
-    for (std::uint32_t t : record.inputs) add(t);
-    for (std::uint32_t t : record.outputs) add(t);
+    for (std::uint32_t s : storages) {
+      if (!trace_.tensors[s].constant) need += trace_.tensors[s].bytes;
+    }
     if (need > trace_.least_budget_bytes) {
       trace_.least_budget_bytes = need;
       trace_.least_budget_record = static_cast<std::uint32_t>(trace_.records.size() - 1);

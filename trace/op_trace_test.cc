@@ -113,6 +113,19 @@ TEST(OpTraceTest, ParsesEveryRecordKind) {
   EXPECT_EQ(trace->live_bytes_at_end, 5120 + kMiB + 24);
 }
 
+TEST(OpTraceTest, TheLeastBudgetCountsAViewOutputNotItsBase) {
+  // `v` views `a`, which the call does not read: it needs only `b` and `out`.
+  absl::StatusOr<OpTrace> trace = ParseOpTrace(
+      R"({"op":"call","name":"make","inputs":[],"outputs":[{"id":"a","bytes":1000}],"cost_ns":1}
+{"op":"call","name":"make","inputs":[],"outputs":[{"id":"b","bytes":10}],"cost_ns":1}
+{"op":"call","name":"f","inputs":["b"],"outputs":[{"id":"out","bytes":20},{"id":"v","alias_of":"a"}],"cost_ns":1}
+)",
+      "v.jsonl");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->least_budget_bytes, 1000u);  // `make` of a sets it; f needs 30
+  EXPECT_EQ(trace->least_budget_record, 0u);
+}
+
 TEST(OpTraceTest, KindNamesAreTheOpSpellings) {
   EXPECT_EQ(OpKindName(OpKind::kConstant), "constant");
   EXPECT_EQ(OpKindName(OpKind::kCall), "call");

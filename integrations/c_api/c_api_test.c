@@ -386,6 +386,7 @@ static void test_unknown_policy_and_one_runtime_per_allocator(void) {
   CHECK_STATUS(remat_runtime_create(a, "belady-ish", &rt), REMAT_INVALID_ARGUMENT);
   CHECK(rt == NULL);
   CHECK_ERROR_HAS("belady-ish");
+  CHECK(strncmp(remat_last_error(), "remat_runtime_create:", 21) == 0); /* names its caller */
   CHECK_ERROR_HAS("lru");
   CHECK_ERROR_HAS("largest");
   CHECK_ERROR_HAS("dtr");
@@ -832,6 +833,7 @@ typedef struct event_log {
   int kinds[64];
   uint64_t tensors[64];
   int pressure[64];
+  uint64_t streams[64];
   int count;
 } event_log;
 
@@ -841,6 +843,7 @@ static void log_event(void* user_data, const remat_event* e) {
     log->kinds[log->count] = (int)e->kind;
     log->tensors[log->count] = e->tensor;
     log->pressure[log->count] = e->pressure;
+    log->streams[log->count] = e->stream;
   }
   ++log->count;
 }
@@ -897,7 +900,9 @@ static void test_events_tell_each_transition(void) {
     if (log.kinds[i] == REMAT_EVENT_DROPPED && log.tensors[i] == dropped && log.pressure[i]) {
       seen_drop = 1;
     }
-    if (log.kinds[i] == REMAT_EVENT_OFFLOADED && log.tensors[i] == offloaded) seen_offload = 1;
+    if (log.kinds[i] == REMAT_EVENT_OFFLOADED && log.tensors[i] == offloaded) {
+      seen_offload = log.streams[i] != 0; /* the runtime's copy stream, to order after */
+    }
     if (log.kinds[i] == REMAT_EVENT_RECOMPUTED && log.tensors[i] == dropped) {
       seen_recompute = seen_drop;
     }

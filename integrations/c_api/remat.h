@@ -204,6 +204,8 @@ typedef struct remat_event {
   int pressure;
   int prefetch;
   int64_t cost_ns;   /* RECOMPUTED: the run's estimated cost (first output only) */
+  uint64_t stream;   /* OFFLOADED, RESTORED, RECOMPUTED: the stream the work went on
+                      * (order a copy of your own after it) */
 } remat_event;
 
 /* Called with the runtime's lock held, on the thread whose call caused the

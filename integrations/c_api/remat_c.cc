@@ -185,6 +185,7 @@ class CallbackObserver final : public remat::RuntimeObserver {
     out.pressure = e.pressure ? 1 : 0;
     out.prefetch = e.prefetch ? 1 : 0;
     out.cost_ns = e.cost_ns;
+    out.stream = static_cast<std::uint64_t>(e.stream.handle);
     fn_(user_data_, &out);
   }
 
@@ -603,17 +604,30 @@ remat_status remat_runtime_options_init(remat_runtime_options* options) {
   });
 }
 
+namespace {
+remat_status CreateRuntime(const char* fn, remat_allocator* allocator,
+                           const remat_runtime_options* options, remat_event_fn on_event,
+                           void* user_data, remat_runtime** out);
+}  // namespace
+
 remat_status remat_runtime_create_with_options(remat_allocator* allocator,
                                                const remat_runtime_options* options,
                                                remat_runtime** out) {
-  return remat_runtime_create_observed(allocator, options, nullptr, nullptr, out);
+  return CreateRuntime(__func__, allocator, options, nullptr, nullptr, out);
 }
 
 remat_status remat_runtime_create_observed(remat_allocator* allocator,
                                            const remat_runtime_options* options,
                                            remat_event_fn on_event, void* user_data,
                                            remat_runtime** out) {
-  const char* const fn = __func__;
+  return CreateRuntime(__func__, allocator, options, on_event, user_data, out);
+}
+
+namespace {
+// Errors name the entry point the caller used.
+remat_status CreateRuntime(const char* fn, remat_allocator* allocator,
+                           const remat_runtime_options* options, remat_event_fn on_event,
+                           void* user_data, remat_runtime** out) {
   return Call(fn, [&] {
     if (allocator == nullptr) return NullArgument(fn, "allocator");
     if (out == nullptr) return NullArgument(fn, "out");
@@ -659,12 +673,14 @@ remat_status remat_runtime_create_observed(remat_allocator* allocator,
   });
 }
 
+}  // namespace
+
 remat_status remat_runtime_create(remat_allocator* allocator, const char* policy_spec,
                                   remat_runtime** out) {
   remat_runtime_options o;
   remat_runtime_options_init(&o);
   o.policy = policy_spec;
-  return remat_runtime_create_with_options(allocator, &o, out);
+  return CreateRuntime(__func__, allocator, &o, nullptr, nullptr, out);
 }
 
 remat_status remat_runtime_destroy(remat_runtime* runtime) {

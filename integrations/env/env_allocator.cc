@@ -67,9 +67,16 @@ Stream Allocators::StreamFor(std::uint64_t stream) const {
   return Stream{static_cast<std::uintptr_t>(stream)};
 }
 
-void Allocators::TellOnce(const absl::Status& why) {
-  if (told_.exchange(true)) return;
-  std::fprintf(stderr, "remat: %s; every CUDA allocation made through remat fails\n",
+void Allocators::TellOnce(int device, const absl::Status& why) {
+  if (!config_.ok()) {
+    // A bad setting: every allocation on every device fails alike.
+    if (told_config_.exchange(true)) return;
+    std::fprintf(stderr, "remat: %s; every CUDA allocation made through remat fails\n",
+                 std::string(why.message()).c_str());
+    return;
+  }
+  if (told_[device].exchange(true)) return;
+  std::fprintf(stderr, "remat: device %d: %s; allocations on it through remat fail\n", device,
                std::string(why.message()).c_str());
 }
 
@@ -78,7 +85,7 @@ absl::StatusOr<CachingAllocator*> Allocators::For(int device) {
     return absl::InvalidArgumentError(absl::StrFormat("device %d is out of range", device));
   }
   absl::StatusOr<CachingAllocator*> made = MakeFor(device);
-  if (!made.ok()) TellOnce(made.status());  // a bad setting: every call would fail alike
+  if (!made.ok()) TellOnce(device, made.status());  // every later call would fail alike
   return made;
 }
 
@@ -240,9 +247,9 @@ void Allocators::Finish() {
   if (!any && (!config_->trace_path.empty() || !config_->snapshot_path.empty() ||
                config_->stats)) {
     std::fprintf(stderr,
-                 "remat: the program made no CUDA allocation through remat (nothing called "
-                 "cudaMalloc or its kin, or it never reached a GPU): no trace, snapshot or "
-                 "statistics to write\n");
+                 "remat: process %d made no CUDA allocation through remat: no trace, snapshot "
+                 "or statistics of its own to write\n",
+                 static_cast<int>(getpid()));
     return;
   }
   if (!config_->trace_path.empty()) {

@@ -114,8 +114,9 @@ class Allocators {
   std::atomic<bool> finished_{false};
   // Says once on stderr why allocations fail (a bad REMAT_* variable, a
   // device that cannot be made): the program itself may only see errors.
-  void TellOnce(const absl::Status& why);
-  std::atomic<bool> told_{false};
+  void TellOnce(int device, const absl::Status& why);
+  std::atomic<bool> told_config_{false};
+  std::array<std::atomic<bool>, kMaxDevices> told_{};
 };
 
 // The message of the last failure on this thread (empty if none).

@@ -56,7 +56,7 @@ class TensorOptions(ctypes.Structure):
 class Event(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("tensor", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
                 ("pressure", ctypes.c_int), ("prefetch", ctypes.c_int),
-                ("cost_ns", ctypes.c_int64)]
+                ("cost_ns", ctypes.c_int64), ("stream", ctypes.c_uint64)]
 
 
 EVENT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(Event))

@@ -113,6 +113,12 @@ int Failing(void*, void* const*, std::size_t, void*, std::size_t, std::uint64_t)
   return 7;
 }
 
+std::uint64_t g_events = 0;
+void CountEvent(void* /*user_data*/, const remat_event* e) {
+  Check(e->kind >= REMAT_EVENT_CREATED && e->kind <= REMAT_EVENT_COLLECTED);
+  ++g_events;
+}
+
 const char* const kPolicies[] = {"lru", "largest", "dtr", "dtr-eq", "msps", "hybrid",
                                  "window", "no-such-policy", "dtr:staleness_exp=", ""};
 
@@ -140,12 +146,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   TRACE("runtime %s drop=%d offload=%d live_budget=%llu budget=%llu\n", ro.policy, ro.enable_drop,
         ro.enable_offload, static_cast<unsigned long long>(ro.live_budget),
         static_cast<unsigned long long>(ao.budget_bytes));
-  if (remat_runtime_create_with_options(a, &ro, &rt) != REMAT_OK) {
+  // Sometimes observed: events must come for what the program does, and the
+  // callback must never be called back into.
+  const bool observed = in.Byte() & 1;
+  if ((observed ? remat_runtime_create_observed(a, &ro, CountEvent, nullptr, &rt)
+                : remat_runtime_create_with_options(a, &ro, &rt)) != REMAT_OK) {
     Check(std::strlen(remat_last_error()) > 0);
     Check(remat_allocator_destroy(a) == REMAT_OK);
     return 0;
   }
 
+  std::uint64_t side = 0;  // a second stream, for acquires
+  Check(remat_stream_create(a, &side) == REMAT_OK);
   std::vector<void*> raw;        // plain allocations
   std::vector<Tensor> tensors;   // runtime tensors this program still owns
   while (!in.empty()) {
@@ -247,13 +259,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 6: {  // acquire: the bytes it was made with
         if (tensors.empty()) break;
         const Tensor& t = tensors[in.Byte() % tensors.size()];
+        const std::uint64_t on = op & 0x80 ? side : 0;
         void* p = nullptr;
-        const remat_status s = remat_tensor_acquire(rt, t.id, 0, &p);
+        const remat_status s = remat_tensor_acquire(rt, t.id, on, &p);
         TRACE("acquire %llu -> %d\n", static_cast<unsigned long long>(t.id), s);
         if (s != REMAT_OK) {
           CheckFailed(s);  // no room for it now: it stays as it was
           break;
         }
+        // Its bytes were written on stream 0 (or by a recompute or copy on
+        // `on`): as on a GPU, reading them on another stream needs both done.
+        Check(remat_stream_synchronize(a, on) == REMAT_OK);
         Check(remat_stream_synchronize(a, 0) == REMAT_OK);
         const auto* bytes = static_cast<const unsigned char*>(p);
         for (std::size_t i = 0; i < t.bytes; i += 1021) {
@@ -320,6 +336,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (const Tensor& t : tensors) Check(remat_tensor_free(rt, t.id) == REMAT_OK);
   for (void* p : raw) Check(remat_deallocate(a, p) == REMAT_OK);
   Check(remat_runtime_destroy(rt) == REMAT_OK);
+  Check(remat_stream_destroy(a, side) == REMAT_OK);
   Check(remat_allocator_destroy(a) == REMAT_OK);
   return 0;
 }

@@ -113,6 +113,9 @@ Subcommand AddChainCommand(CLI::App& remat) {
         // Before CLI11 converts it: a number past int64 would arrive clamped.
         std::int64_t value = 0;
         const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (ec == std::errc::result_out_of_range && !text.empty() && text[0] == '-') {
+          return "at least 1 step, not " + text;
+        }
         if (ec == std::errc::result_out_of_range) {
           return text + " is more than the " + std::to_string(revolve::kMaxSteps) +
                  " steps a chain may have";

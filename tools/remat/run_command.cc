@@ -118,8 +118,9 @@ int RunProgram(const RunFlags& f) {
     std::error_code ec;
     if (!path->empty() && !std::filesystem::exists(*path, ec)) {
       std::cerr << "remat run: nothing written to " << *path
-                << ": the program made no CUDA allocation through remat (it never called "
-                   "cudaMalloc or its kin, or it never reached a GPU)\n";
+                << ": the program made no CUDA allocation through remat, or did not reach its "
+                   "normal exit (remat writes there at exit); a child process writes to "
+                << *path << ".<pid>\n";
     }
   }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
