@@ -9,30 +9,13 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "tests/fuzz/fuzz_input.h"
 #include "device/sim_device.h"
 
 namespace {
 
-class Input {
- public:
-  Input(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
-  bool empty() const { return pos_ >= size_; }
-  std::uint8_t Byte() { return pos_ < size_ ? data_[pos_++] : 0; }
-  std::uint32_t Word() {
-    std::uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v = v << 8 | Byte();
-    return v;
-  }
-
- private:
-  const std::uint8_t* data_;
-  std::size_t size_;
-  std::size_t pos_ = 0;
-};
-
-void Check(bool ok) {
-  if (!ok) __builtin_trap();
-}
+using remat::fuzz::Check;
+using remat::fuzz::Input;
 
 std::size_t SizeFrom(std::uint32_t w) {
   // Mostly small, sometimes large, rarely beyond the device.

@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from remat import _capi, parse_size
+from remat.torch import _cost
 from remat.torch._cost import CostModel
 
 # Calls whose outputs do not read the arguments they write into when they run
@@ -69,13 +70,8 @@ def _tag(name):
 
 
 def _has_storage(t):
-    if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
-        return False
-    try:
-        t.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return False
-    return True
+    """A strided tensor with bytes of its own (what remat can hold)."""
+    return _cost._has_storage(t) and t.layout == torch.strided
 
 
 def _key(t):
