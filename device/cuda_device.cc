@@ -1,5 +1,7 @@
 #include "device/cuda_device.h"
 
+#include <cuda.h>  // driver types only: the entry points come through cudart
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -121,6 +123,93 @@ class DeviceGuard {
   DeviceGuard remat_device_guard_(ordinal_, where); \
   REMAT_RETURN_IF_ERROR(remat_device_guard_.status())
 
+// The driver's virtual-memory calls, found once through cudart.
+struct DriverVmm {
+  PFN_cuMemAddressReserve_v10020 address_reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 address_free = nullptr;
+  PFN_cuMemCreate_v10020 create = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemUnmap_v10020 unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
+  PFN_cuGetErrorName_v6000 error_name = nullptr;
+  PFN_cuDeviceGet_v2000 device_get = nullptr;
+  PFN_cuDeviceGetAttribute_v2000 device_attribute = nullptr;
+  bool ok = false;
+};
+
+template <typename Fn>
+bool FindDriverFn(const char* symbol, unsigned int version, Fn* fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(symbol, &p, version, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || p == nullptr) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  *fn = reinterpret_cast<Fn>(p);
+  return true;
+}
+
+const DriverVmm& Vmm() {
+  static const DriverVmm vmm = [] {
+    DriverVmm v;
+    v.ok = FindDriverFn("cuMemAddressReserve", 10020, &v.address_reserve) &&
+           FindDriverFn("cuMemAddressFree", 10020, &v.address_free) &&
+           FindDriverFn("cuMemCreate", 10020, &v.create) &&
+           FindDriverFn("cuMemRelease", 10020, &v.release) &&
+           FindDriverFn("cuMemMap", 10020, &v.map) &&
+           FindDriverFn("cuMemUnmap", 10020, &v.unmap) &&
+           FindDriverFn("cuMemSetAccess", 10020, &v.set_access) &&
+           FindDriverFn("cuMemGetAllocationGranularity", 10020, &v.granularity) &&
+           FindDriverFn("cuDeviceGet", 2000, &v.device_get) &&
+           FindDriverFn("cuDeviceGetAttribute", 2000, &v.device_attribute);
+    FindDriverFn("cuGetErrorName", 6000, &v.error_name);
+    return v;
+  }();
+  return vmm;
+}
+
+CUmemAllocationProp ChunkProp(int ordinal) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = ordinal;
+  return prop;
+}
+
+absl::Status DriverError(CUresult r, std::string_view where, std::string_view what) {
+  const char* name = nullptr;
+  if (Vmm().error_name == nullptr || Vmm().error_name(r, &name) != CUDA_SUCCESS) name = nullptr;
+  const absl::StatusCode code = r == CUDA_ERROR_OUT_OF_MEMORY ? absl::StatusCode::kResourceExhausted
+                                : r == CUDA_ERROR_INVALID_VALUE ? absl::StatusCode::kInvalidArgument
+                                                                : absl::StatusCode::kInternal;
+  return absl::Status(code, absl::StrFormat("%s: %s failed: %s (%d)", where, what,
+                                            name != nullptr ? name : "CUresult", static_cast<int>(r)));
+}
+
+// The driver's minimum granularity for device memory, or 0 without virtual
+// memory management (no entry points, or a device that does not support it).
+std::size_t QueryPageSize(int ordinal) {
+  if (!Vmm().ok) return 0;
+  CUdevice device = 0;
+  int supported = 0;
+  if (Vmm().device_get(&device, ordinal) != CUDA_SUCCESS ||
+      Vmm().device_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                             device) != CUDA_SUCCESS ||
+      supported == 0) {
+    return 0;
+  }
+  const CUmemAllocationProp prop = ChunkProp(ordinal);
+  std::size_t granularity = 0;
+  if (Vmm().granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) {
+    return 0;
+  }
+  return granularity;
+}
+
 using HostFn = absl::AnyInvocable<void() &&>;
 
 // cudart's callback thread runs this; it owns (and deletes) the function.
@@ -178,12 +267,16 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int device_ordina
     return CudaError(err, where, "cudaMemGetInfo", absl::StatusCode::kFailedPrecondition);
   }
   std::string description = absl::StrFormat("cuda:%d %s", device_ordinal, props.name);
-  return std::unique_ptr<CudaDevice>(
-      new CudaDevice(device_ordinal, std::move(description), total_bytes));
+  return std::unique_ptr<CudaDevice>(new CudaDevice(device_ordinal, std::move(description),
+                                                    total_bytes, QueryPageSize(device_ordinal)));
 }
 
-CudaDevice::CudaDevice(int ordinal, std::string description, std::size_t capacity)
-    : ordinal_(ordinal), description_(std::move(description)), capacity_(capacity) {}
+CudaDevice::CudaDevice(int ordinal, std::string description, std::size_t capacity,
+                       std::size_t page_size)
+    : ordinal_(ordinal),
+      description_(std::move(description)),
+      capacity_(capacity),
+      page_size_(page_size) {}
 
 std::size_t CudaDevice::FreeBytes() const {
   DeviceGuard guard(ordinal_, description_);
@@ -460,6 +553,131 @@ absl::Status CudaDevice::LaunchHostFunc(Stream stream, absl::AnyInvocable<void()
     delete heap_fn;
     return CudaError(err, description_,
                      absl::StrFormat("cudaLaunchHostFunc(stream %#x)", stream.handle));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Virtual memory
+
+#define REMAT_CUDA_VMM_(op)                                                          \
+  if (page_size_ == 0) {                                                             \
+    return absl::UnimplementedError(                                                 \
+        absl::StrFormat("%s has no virtual memory management (%s)", description_, op)); \
+  }                                                                                  \
+  REMAT_CUDA_ON_DEVICE_(description_)
+
+absl::StatusOr<void*> CudaDevice::ReserveAddressRange(std::size_t bytes) {
+  REMAT_CUDA_VMM_("ReserveAddressRange");
+  if (bytes == 0 || bytes % page_size_ != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ReserveAddressRange of %d bytes: not a positive multiple of the %s page", bytes,
+        FormatBytes(page_size_)));
+  }
+  CUdeviceptr ptr = 0;
+  const CUresult r = Vmm().address_reserve(&ptr, bytes, page_size_, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    return DriverError(r, description_, absl::StrFormat("cuMemAddressReserve(%s)", FormatBytes(bytes)));
+  }
+  MutexLock lock(&mu_);
+  vm_ranges_.emplace(static_cast<std::uintptr_t>(ptr), bytes);
+  return reinterpret_cast<void*>(ptr);
+}
+
+absl::Status CudaDevice::ReleaseAddressRange(void* ptr) {
+  REMAT_CUDA_VMM_("ReleaseAddressRange");
+  std::size_t bytes = 0;
+  {
+    MutexLock lock(&mu_);
+    auto it = vm_ranges_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == vm_ranges_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("ReleaseAddressRange(%p): not an address range of %s", ptr, description_));
+    }
+    bytes = it->second;
+  }
+  const CUresult r = Vmm().address_free(reinterpret_cast<CUdeviceptr>(ptr), bytes);
+  if (r != CUDA_SUCCESS) return DriverError(r, description_, "cuMemAddressFree");
+  MutexLock lock(&mu_);
+  vm_ranges_.erase(reinterpret_cast<std::uintptr_t>(ptr));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PhysicalChunk> CudaDevice::CreateChunk(std::size_t bytes) {
+  REMAT_CUDA_VMM_("CreateChunk");
+  if (bytes == 0 || bytes % page_size_ != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CreateChunk of %d bytes: not a positive multiple of the %s page", bytes,
+        FormatBytes(page_size_)));
+  }
+  const CUmemAllocationProp prop = ChunkProp(ordinal_);
+  CUmemGenericAllocationHandle handle = 0;
+  const CUresult r = Vmm().create(&handle, bytes, &prop, 0);
+  if (r != CUDA_SUCCESS) {
+    return DriverError(r, description_, absl::StrFormat("cuMemCreate(%s)", FormatBytes(bytes)));
+  }
+  MutexLock lock(&mu_);
+  chunks_.emplace(static_cast<std::uintptr_t>(handle), bytes);
+  reserved_bytes_ += bytes;
+  return PhysicalChunk{static_cast<std::uintptr_t>(handle)};
+}
+
+absl::Status CudaDevice::ReleaseChunk(PhysicalChunk chunk) {
+  REMAT_CUDA_VMM_("ReleaseChunk");
+  std::size_t bytes = 0;
+  {
+    MutexLock lock(&mu_);
+    auto it = chunks_.find(chunk.handle);
+    if (it == chunks_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("ReleaseChunk(%#x): not a chunk of %s", chunk.handle, description_));
+    }
+    bytes = it->second;
+  }
+  const CUresult r = Vmm().release(static_cast<CUmemGenericAllocationHandle>(chunk.handle));
+  if (r != CUDA_SUCCESS) return DriverError(r, description_, "cuMemRelease");
+  MutexLock lock(&mu_);
+  chunks_.erase(chunk.handle);
+  reserved_bytes_ -= bytes;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Map(void* ptr, PhysicalChunk chunk) {
+  REMAT_CUDA_VMM_("Map");
+  std::size_t bytes = 0;
+  {
+    MutexLock lock(&mu_);
+    auto it = chunks_.find(chunk.handle);
+    if (it == chunks_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("Map(%p, %#x): not a chunk of %s", ptr, chunk.handle, description_));
+    }
+    bytes = it->second;
+  }
+  const CUresult r = Vmm().map(reinterpret_cast<CUdeviceptr>(ptr), bytes, 0,
+                               static_cast<CUmemGenericAllocationHandle>(chunk.handle), 0);
+  if (r != CUDA_SUCCESS) return DriverError(r, description_, absl::StrFormat("cuMemMap(%p)", ptr));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::SetAccess(void* ptr, std::size_t bytes) {
+  REMAT_CUDA_VMM_("SetAccess");
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = ordinal_;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const CUresult r = Vmm().set_access(reinterpret_cast<CUdeviceptr>(ptr), bytes, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    return DriverError(r, description_, absl::StrFormat("cuMemSetAccess(%p, %d)", ptr, bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Unmap(void* ptr, std::size_t bytes) {
+  REMAT_CUDA_VMM_("Unmap");
+  const CUresult r = Vmm().unmap(reinterpret_cast<CUdeviceptr>(ptr), bytes);
+  if (r != CUDA_SUCCESS) {
+    return DriverError(r, description_, absl::StrFormat("cuMemUnmap(%p, %d)", ptr, bytes));
   }
   return absl::OkStatus();
 }

@@ -105,6 +105,20 @@ class CudaDevice final : public Device {
   absl::Status LaunchHostFunc(Stream stream, absl::AnyInvocable<void() &&> fn,
                               std::int64_t cost_ns = 0) override;
 
+  // Virtual memory through the driver (cuMemAddressReserve, cuMemCreate,
+  // cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease), reached through
+  // cudart's driver entry points so that nothing links libcuda. PageSize() is
+  // the driver's minimum granularity, or 0 when the device or driver has no
+  // virtual memory management.
+  std::size_t PageSize() const override { return page_size_; }
+  absl::StatusOr<void*> ReserveAddressRange(std::size_t bytes) override;
+  absl::Status ReleaseAddressRange(void* ptr) override;
+  absl::StatusOr<PhysicalChunk> CreateChunk(std::size_t bytes) override;
+  absl::Status ReleaseChunk(PhysicalChunk chunk) override;
+  absl::Status Map(void* ptr, PhysicalChunk chunk) override;
+  absl::Status SetAccess(void* ptr, std::size_t bytes) override;
+  absl::Status Unmap(void* ptr, std::size_t bytes) override;
+
   int ordinal() const { return ordinal_; }
   // Bytes in segments this device reserved and has not released.
   std::size_t ReservedBytes() const;
@@ -113,15 +127,19 @@ class CudaDevice final : public Device {
   std::size_t HostBytes() const;
 
  private:
-  CudaDevice(int ordinal, std::string description, std::size_t capacity);
+  CudaDevice(int ordinal, std::string description, std::size_t capacity, std::size_t page_size);
 
   const int ordinal_;
   const std::string description_;  // "cuda:0 NVIDIA H200"
   const std::size_t capacity_;
+  const std::size_t page_size_;
 
   mutable Mutex mu_;
   absl::flat_hash_map<std::uintptr_t, std::size_t> segments_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::uintptr_t, std::size_t> host_blocks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::uintptr_t, std::size_t> vm_ranges_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::uintptr_t, std::size_t> chunks_ ABSL_GUARDED_BY(mu_);  // handle -> bytes
+  // Segments and physical chunks alike.
   std::size_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::size_t host_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };

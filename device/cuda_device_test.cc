@@ -477,5 +477,42 @@ TEST_F(CudaDeviceTest, CachingAllocatorBudgetRefusesWhatDoesNotFit) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+TEST_F(CudaDeviceTest, VirtualMemoryMapsPagesThatHoldBytes) {
+  const std::size_t page = device_->PageSize();
+  if (page == 0) GTEST_SKIP() << device_->Describe() << " has no virtual memory management";
+  const std::size_t before = device_->ReservedBytes();
+  auto range = device_->ReserveAddressRange(4 * page);
+  ASSERT_TRUE(range.ok()) << range.status();
+  char* base = static_cast<char*>(*range);
+  std::vector<PhysicalChunk> chunks;
+  for (int i = 0; i < 2; ++i) {
+    auto chunk = device_->CreateChunk(page);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    ASSERT_TRUE(device_->Map(base + i * page, *chunk).ok());
+    chunks.push_back(*chunk);
+  }
+  EXPECT_EQ(device_->ReservedBytes(), before + 2 * page);
+  ASSERT_TRUE(device_->SetAccess(base, 2 * page).ok());
+  // A copy across the page boundary comes back byte for byte.
+  const std::size_t bytes = page;
+  void* in = PinnedPattern(bytes, 7);
+  void* out = Pinned(bytes, 0);
+  ASSERT_TRUE(in != nullptr && out != nullptr);
+  char* at = base + page / 2;
+  ASSERT_TRUE(device_->CopyAsync(at, in, bytes, CopyKind::kHostToDevice, kDefaultStream).ok());
+  ASSERT_TRUE(device_->CopyAsync(out, at, bytes, CopyKind::kDeviceToHost, kDefaultStream).ok());
+  ASSERT_TRUE(device_->Synchronize().ok());
+  EXPECT_EQ(std::memcmp(in, out, bytes), 0);
+  ASSERT_TRUE(device_->Unmap(base, page).ok());
+  ASSERT_TRUE(device_->Unmap(base + page, page).ok());
+  for (PhysicalChunk c : chunks) ASSERT_TRUE(device_->ReleaseChunk(c).ok());
+  EXPECT_EQ(device_->ReservedBytes(), before);
+  ASSERT_TRUE(device_->ReleaseAddressRange(*range).ok());
+  EXPECT_FALSE(device_->ReleaseAddressRange(*range).ok());
+  EXPECT_FALSE(device_->ReleaseChunk(chunks[0]).ok());
+  ASSERT_TRUE(device_->FreeHost(in).ok());
+  ASSERT_TRUE(device_->FreeHost(out).ok());
+}
+
 }  // namespace
 }  // namespace remat

@@ -42,6 +42,13 @@ struct Event {
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
+// Physical device memory made by CreateChunk, not yet at any address until
+// mapped (a CUmemGenericAllocationHandle on CUDA).
+struct PhysicalChunk {
+  std::uintptr_t handle = 0;
+  friend bool operator==(PhysicalChunk a, PhysicalChunk b) { return a.handle == b.handle; }
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -91,6 +98,33 @@ class Device {
   // function must not call back into the device (as with cudaLaunchHostFunc).
   virtual absl::Status LaunchHostFunc(Stream stream, absl::AnyInvocable<void() &&> fn,
                                       std::int64_t cost_ns = 0) = 0;
+
+  // --- Virtual memory (cuMemAddressReserve, cuMemCreate, cuMemMap, ...) ---
+  // Address space is reserved without memory; physical chunks are made
+  // separately and mapped into it, so a range can grow and shrink page by
+  // page and keep its addresses while its memory comes and goes.
+  //
+  // The page size: every size and address below is a multiple of it. 0 when
+  // the device has no virtual memory; every call below then fails with
+  // Unimplemented.
+  virtual std::size_t PageSize() const { return 0; }
+  // `bytes` of address space, page-aligned, with nothing mapped; costs no memory.
+  virtual absl::StatusOr<void*> ReserveAddressRange(std::size_t bytes);
+  // Gives back a whole range ReserveAddressRange returned; nothing may be mapped in it.
+  virtual absl::Status ReleaseAddressRange(void* ptr);
+  // `bytes` of physical memory, counted against the capacity as a segment is.
+  virtual absl::StatusOr<PhysicalChunk> CreateChunk(std::size_t bytes);
+  // Frees an unmapped chunk.
+  virtual absl::Status ReleaseChunk(PhysicalChunk chunk);
+  // Maps the whole chunk at `ptr`, which lies in a reserved range where
+  // nothing is mapped yet. The device may not touch it before SetAccess.
+  virtual absl::Status Map(void* ptr, PhysicalChunk chunk);
+  // Lets the device read and write [ptr, ptr + bytes), which must be mapped.
+  virtual absl::Status SetAccess(void* ptr, std::size_t bytes);
+  // Unmaps whole mappings covering exactly [ptr, ptr + bytes). Work that
+  // still uses the range must have completed (the caller synchronizes). The
+  // chunks stay until ReleaseChunk; their bytes are not kept.
+  virtual absl::Status Unmap(void* ptr, std::size_t bytes);
 };
 
 }  // namespace remat

@@ -125,6 +125,7 @@ SimDevice::~SimDevice() {
   if (options_.backed) {
     for (const auto& [addr, bytes] : segments_) munmap(reinterpret_cast<void*>(addr), bytes);
     for (const auto& [addr, bytes] : host_blocks_) munmap(reinterpret_cast<void*>(addr), bytes);
+    for (const auto& [addr, bytes] : vm_ranges_) munmap(reinterpret_cast<void*>(addr), bytes);
   }
 }
 
@@ -197,6 +198,225 @@ absl::Status SimDevice::ReleaseSegment(void* ptr) {
   }
   return absl::OkStatus();
 }
+
+// ---------------------------------------------------------------------------
+// Virtual memory
+
+absl::StatusOr<void*> SimDevice::ReserveAddressRange(std::size_t bytes) {
+  MutexLock lock(&mu_);
+  if (bytes == 0 || bytes % kPageSize != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ReserveAddressRange of %d bytes: the size must be a positive multiple of the %s page",
+        bytes, FormatBytes(kPageSize)));
+  }
+  std::uintptr_t addr = 0;
+  if (options_.backed) {
+    // Host address space with no access, aligned to the page as CUDA's is.
+    void* p = mmap(nullptr, bytes + kPageSize, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p != MAP_FAILED) {
+      const auto raw = reinterpret_cast<std::uintptr_t>(p);
+      addr = RoundUp(raw, kPageSize);
+      if (addr > raw) munmap(p, addr - raw);
+      const std::uintptr_t end = raw + bytes + kPageSize;
+      if (end > addr + bytes) munmap(reinterpret_cast<void*>(addr + bytes), end - (addr + bytes));
+    }
+  } else {
+    // Take page-aligned space: the window's base is aligned, so over-take and give back the slack.
+    const std::uintptr_t raw = device_space_.Take(bytes + kPageSize);
+    if (raw != 0) {
+      addr = RoundUp(raw, kPageSize);
+      if (addr > raw) device_space_.Give(raw, addr - raw);
+      const std::uintptr_t end = raw + bytes + kPageSize;
+      if (end > addr + bytes) device_space_.Give(addr + bytes, end - (addr + bytes));
+    }
+  }
+  if (addr == 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s: no address range of %s", Describe(), FormatBytes(bytes)));
+  }
+  vm_ranges_.emplace(addr, bytes);
+  return reinterpret_cast<void*>(addr);
+}
+
+absl::Status SimDevice::ReleaseAddressRange(void* ptr) {
+  MutexLock lock(&mu_);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = vm_ranges_.find(addr);
+  if (it == vm_ranges_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ReleaseAddressRange(%p): not an address range of %s", ptr, Describe()));
+  }
+  const std::size_t bytes = it->second;
+  auto m = mappings_.lower_bound(addr);
+  if (m != mappings_.end() && m->first < addr + bytes) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "ReleaseAddressRange(%p): %#x is still mapped; unmap first", ptr, m->first));
+  }
+  vm_ranges_.erase(it);
+  if (options_.backed) {
+    munmap(ptr, bytes);
+  } else {
+    device_space_.Give(addr, bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PhysicalChunk> SimDevice::CreateChunk(std::size_t bytes) {
+  MutexLock lock(&mu_);
+  if (bytes == 0 || bytes % kPageSize != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CreateChunk of %d bytes: the size must be a positive multiple of the %s page", bytes,
+        FormatBytes(kPageSize)));
+  }
+  if (bytes > options_.capacity - reserved_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s: cannot create a chunk of %s; %s of %s already in use", Describe(), FormatBytes(bytes),
+        FormatBytes(reserved_bytes_), FormatBytes(options_.capacity)));
+  }
+  const PhysicalChunk chunk{next_chunk_++};
+  chunks_.emplace(chunk.handle, Chunk{bytes, 0});
+  reserved_bytes_ += bytes;
+  return chunk;
+}
+
+absl::Status SimDevice::ReleaseChunk(PhysicalChunk chunk) {
+  MutexLock lock(&mu_);
+  auto it = chunks_.find(chunk.handle);
+  if (it == chunks_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ReleaseChunk(%d): not a chunk of %s", chunk.handle, Describe()));
+  }
+  if (it->second.mapped_at != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "ReleaseChunk(%d): still mapped at %#x; unmap first", chunk.handle, it->second.mapped_at));
+  }
+  reserved_bytes_ -= it->second.bytes;
+  chunks_.erase(it);
+  return absl::OkStatus();
+}
+
+std::map<std::uintptr_t, std::size_t>::const_iterator SimDevice::VmRangeOfLocked(
+    std::uintptr_t addr, std::size_t bytes) const {
+  auto it = vm_ranges_.upper_bound(addr);
+  if (it == vm_ranges_.begin()) return vm_ranges_.end();
+  --it;
+  if (addr - it->first >= it->second || bytes > it->second - (addr - it->first)) {
+    return vm_ranges_.end();
+  }
+  return it;
+}
+
+absl::Status SimDevice::Map(void* ptr, PhysicalChunk chunk) {
+  MutexLock lock(&mu_);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  auto c = chunks_.find(chunk.handle);
+  if (c == chunks_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Map(%p, chunk %d): not a chunk of %s", ptr, chunk.handle, Describe()));
+  }
+  if (c->second.mapped_at != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "Map(%p, chunk %d): the chunk is mapped at %#x already", ptr, chunk.handle,
+        c->second.mapped_at));
+  }
+  const std::size_t bytes = c->second.bytes;
+  if (addr % kPageSize != 0 || VmRangeOfLocked(addr, bytes) == vm_ranges_.end()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Map(%p, %s): not a page-aligned place inside a reserved address range of %s", ptr,
+        FormatBytes(bytes), Describe()));
+  }
+  auto next = mappings_.lower_bound(addr);
+  const bool overlaps_next = next != mappings_.end() && next->first < addr + bytes;
+  const bool overlaps_prev =
+      next != mappings_.begin() && std::prev(next)->first + std::prev(next)->second.bytes > addr;
+  if (overlaps_next || overlaps_prev) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("Map(%p, %s): part of the range is mapped already", ptr, FormatBytes(bytes)));
+  }
+  mappings_.emplace(addr, Mapping{bytes, chunk.handle, false});
+  c->second.mapped_at = addr;
+  return absl::OkStatus();
+}
+
+absl::Status SimDevice::SetAccess(void* ptr, std::size_t bytes) {
+  MutexLock lock(&mu_);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  // Every byte must be mapped, by mappings that start inside the range.
+  std::uintptr_t at = addr;
+  auto m = mappings_.find(addr);
+  while (at < addr + bytes && m != mappings_.end() && m->first == at) {
+    at += m->second.bytes;
+    ++m;
+  }
+  if (bytes == 0 || at != addr + bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "SetAccess(%p, %d): the range is not exactly a run of mappings on %s", ptr, bytes,
+        Describe()));
+  }
+  for (m = mappings_.find(addr); m != mappings_.end() && m->first < addr + bytes; ++m) {
+    if (!m->second.access) mapped_bytes_ += m->second.bytes;
+    m->second.access = true;
+  }
+  if (options_.backed && mprotect(ptr, bytes, PROT_READ | PROT_WRITE) != 0) {
+    return absl::InternalError(absl::StrFormat("SetAccess(%p): mprotect failed", ptr));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SimDevice::Unmap(void* ptr, std::size_t bytes) {
+  MutexLock lock(&mu_);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  std::uintptr_t at = addr;
+  auto m = mappings_.find(addr);
+  while (at < addr + bytes && m != mappings_.end() && m->first == at) {
+    at += m->second.bytes;
+    ++m;
+  }
+  if (bytes == 0 || at != addr + bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Unmap(%p, %d): the range is not exactly a run of whole mappings on %s", ptr, bytes,
+        Describe()));
+  }
+  for (m = mappings_.find(addr); m != mappings_.end() && m->first < addr + bytes;) {
+    if (m->second.access) mapped_bytes_ -= m->second.bytes;
+    chunks_[m->second.chunk].mapped_at = 0;
+    m = mappings_.erase(m);
+  }
+  if (options_.backed) {
+    // The bytes go with the mapping, and the pages fault again.
+    madvise(ptr, bytes, MADV_DONTNEED);
+    mprotect(ptr, bytes, PROT_NONE);
+  }
+  return absl::OkStatus();
+}
+
+std::size_t SimDevice::MappedBytes() const {
+  MutexLock lock(&mu_);
+  return mapped_bytes_;
+}
+
+std::size_t SimDevice::num_chunks() const {
+  MutexLock lock(&mu_);
+  return chunks_.size();
+}
+
+bool SimDevice::MappedWithAccessLocked(std::uintptr_t addr, std::size_t bytes) const {
+  auto m = mappings_.upper_bound(addr);
+  if (m == mappings_.begin()) return false;
+  --m;
+  std::uintptr_t at = addr;
+  while (m != mappings_.end() && m->first <= at && at < m->first + m->second.bytes &&
+         m->second.access) {
+    at = m->first + m->second.bytes;
+    if (at >= addr + bytes) return true;
+    ++m;
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------------------
+// Pinned host memory
 
 absl::StatusOr<void*> SimDevice::AllocateHost(std::size_t bytes) {
   MutexLock lock(&mu_);
@@ -400,6 +620,11 @@ absl::Status SimDevice::CheckDeviceRangeLocked(const void* ptr, std::size_t byte
     if (addr >= it->first && addr - it->first <= it->second && bytes <= it->second - (addr - it->first)) {
       return absl::OkStatus();
     }
+  }
+  if (VmRangeOfLocked(addr, bytes) != vm_ranges_.end()) {
+    if (MappedWithAccessLocked(addr, bytes)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s range [%p, +%d) is not mapped with access on %s", what, ptr, bytes, Describe()));
   }
   return absl::InvalidArgumentError(absl::StrFormat(
       "%s range [%p, +%d) is not inside a reserved segment of %s", what, ptr, bytes, Describe()));

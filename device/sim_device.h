@@ -95,6 +95,25 @@ class SimDevice final : public Device {
   absl::Status LaunchHostFunc(Stream stream, absl::AnyInvocable<void() &&> fn,
                               std::int64_t cost_ns = 0) override;
 
+  // Virtual memory with 2 MiB pages. Address ranges come from the device's
+  // window (unbacked) or from host address space reserved with no access
+  // (backed: a device or host read of an unmapped or inaccessible page is an
+  // error from CopyAsync, and a fault from the CPU). Chunks count against the
+  // capacity; a chunk's bytes are not kept once it is unmapped, and a chunk
+  // is released only unmapped (stricter than CUDA, which defers the free).
+  static constexpr std::size_t kPageSize = 2 * kMiB;
+  std::size_t PageSize() const override { return kPageSize; }
+  absl::StatusOr<void*> ReserveAddressRange(std::size_t bytes) override;
+  absl::Status ReleaseAddressRange(void* ptr) override;
+  absl::StatusOr<PhysicalChunk> CreateChunk(std::size_t bytes) override;
+  absl::Status ReleaseChunk(PhysicalChunk chunk) override;
+  absl::Status Map(void* ptr, PhysicalChunk chunk) override;
+  absl::Status SetAccess(void* ptr, std::size_t bytes) override;
+  absl::Status Unmap(void* ptr, std::size_t bytes) override;
+  // Bytes mapped with access, and physical chunks alive (mapped or not).
+  std::size_t MappedBytes() const;
+  std::size_t num_chunks() const;
+
   // Keeps `stream` busy for `cost_ns` after its work so far, with nothing to
   // run: LaunchHostFunc of an empty function, without queueing one (what a
   // simulated kernel that touches no bytes costs).
@@ -146,6 +165,15 @@ class SimDevice final : public Device {
     bool recorded = false;
     std::int64_t time_ns = 0;
   };
+  struct Chunk {
+    std::size_t bytes = 0;
+    std::uintptr_t mapped_at = 0;  // 0: not mapped
+  };
+  struct Mapping {
+    std::size_t bytes = 0;
+    std::uintptr_t chunk = 0;
+    bool access = false;
+  };
 
   explicit SimDevice(SimDeviceOptions options);
 
@@ -156,6 +184,13 @@ class SimDevice final : public Device {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::int64_t*> StreamTimeLocked(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckDeviceRangeLocked(const void* ptr, std::size_t bytes, const char* what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether [addr, addr + bytes) is covered by contiguous accessible mappings.
+  bool MappedWithAccessLocked(std::uintptr_t addr, std::size_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The reserved range holding [addr, addr + bytes), or vm_ranges_.end().
+  std::map<std::uintptr_t, std::size_t>::const_iterator VmRangeOfLocked(std::uintptr_t addr,
+                                                                        std::size_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SimDeviceOptions options_;
@@ -180,6 +215,12 @@ class SimDevice final : public Device {
   AddressSpace host_space_ ABSL_GUARDED_BY(mu_);
   std::map<std::uintptr_t, std::size_t> segments_ ABSL_GUARDED_BY(mu_);  // start -> bytes
   absl::flat_hash_map<std::uintptr_t, std::size_t> host_blocks_ ABSL_GUARDED_BY(mu_);
+  std::map<std::uintptr_t, std::size_t> vm_ranges_ ABSL_GUARDED_BY(mu_);  // start -> bytes
+  absl::flat_hash_map<std::uintptr_t, Chunk> chunks_ ABSL_GUARDED_BY(mu_);
+  std::uintptr_t next_chunk_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::uintptr_t, Mapping> mappings_ ABSL_GUARDED_BY(mu_);  // start -> mapping
+  std::size_t mapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Segments and chunks alike: what the capacity is charged.
   std::size_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::size_t host_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t copied_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};

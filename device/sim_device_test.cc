@@ -222,5 +222,95 @@ TEST(SimDeviceTest, AddressWindowsKeepDevicesApart) {
   EXPECT_THAT(std::string(too_far.status().message()), HasSubstr("address window 1"));
 }
 
+
+// --- Virtual memory ---
+
+TEST(SimDeviceVmTest, MappedPagesHoldBytesAndCountAgainstCapacity) {
+  auto device = MakeDevice({.capacity = 8 * kMiB, .backed = true});
+  const std::size_t page = device->PageSize();
+  ASSERT_EQ(page, 2 * kMiB);
+  auto range = device->ReserveAddressRange(16 * kMiB);  // address space beyond the capacity is free
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(*range) % page, 0u);
+  EXPECT_EQ(device->FreeBytes(), 8 * kMiB);
+  char* base = static_cast<char*>(*range);
+  std::vector<PhysicalChunk> chunks;
+  for (int i = 0; i < 2; ++i) {
+    auto chunk = device->CreateChunk(page);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    ASSERT_TRUE(device->Map(base + i * page, *chunk).ok());
+    chunks.push_back(*chunk);
+  }
+  EXPECT_EQ(device->FreeBytes(), 4 * kMiB);
+  // Mapped but not yet accessible: the device may not touch it.
+  std::vector<char> host(4096, 'x');
+  auto s = device->CopyAsync(base, host.data(), host.size(), CopyKind::kHostToDevice, kDefaultStream);
+  EXPECT_THAT(s.message(), HasSubstr("not mapped with access"));
+  ASSERT_TRUE(device->SetAccess(base, 2 * page).ok());
+  // A copy across the two pages moves real bytes.
+  ASSERT_TRUE(device->CopyAsync(base + page - 2048, host.data(), host.size(),
+                                CopyKind::kHostToDevice, kDefaultStream).ok());
+  ASSERT_TRUE(device->Synchronize().ok());
+  EXPECT_EQ(std::memcmp(base + page - 2048, host.data(), host.size()), 0);
+  // The third page is not mapped: copies into it are refused.
+  s = device->CopyAsync(base + 2 * page - 16, host.data(), 32, CopyKind::kHostToDevice,
+                        kDefaultStream);
+  EXPECT_THAT(s.message(), HasSubstr("not mapped with access"));
+  // The capacity holds two more pages, not three.
+  auto c3 = device->CreateChunk(page);
+  auto c4 = device->CreateChunk(page);
+  ASSERT_TRUE(c3.ok() && c4.ok());
+  EXPECT_EQ(device->CreateChunk(page).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(device->ReserveSegment(page).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(device->ReleaseChunk(*c3).ok());
+  ASSERT_TRUE(device->ReleaseChunk(*c4).ok());
+  // Unmapping gives the bytes up; the chunks are then released.
+  ASSERT_TRUE(device->Unmap(base, 2 * page).ok());
+  EXPECT_EQ(device->MappedBytes(), 0u);
+  for (PhysicalChunk c : chunks) ASSERT_TRUE(device->ReleaseChunk(c).ok());
+  EXPECT_EQ(device->FreeBytes(), 8 * kMiB);
+  EXPECT_EQ(device->num_chunks(), 0u);
+  ASSERT_TRUE(device->ReleaseAddressRange(*range).ok());
+}
+
+TEST(SimDeviceVmTest, MisuseIsRefusedAndChangesNothing) {
+  auto device = MakeDevice({.capacity = 64 * kMiB});
+  const std::size_t page = device->PageSize();
+  EXPECT_FALSE(device->ReserveAddressRange(0).ok());
+  EXPECT_FALSE(device->ReserveAddressRange(page + 512).ok());
+  EXPECT_FALSE(device->CreateChunk(page / 2).ok());
+  auto range = device->ReserveAddressRange(4 * page);
+  ASSERT_TRUE(range.ok());
+  char* base = static_cast<char*>(*range);
+  auto chunk = device->CreateChunk(2 * page);
+  ASSERT_TRUE(chunk.ok());
+  EXPECT_FALSE(device->Map(base + 512, *chunk).ok());               // misaligned
+  EXPECT_FALSE(device->Map(base + 3 * page, *chunk).ok());          // runs past the range
+  EXPECT_FALSE(device->Map(base, PhysicalChunk{9999}).ok());        // foreign chunk
+  ASSERT_TRUE(device->Map(base + page, *chunk).ok());
+  auto other = device->CreateChunk(page);
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(device->Map(base + 2 * page, *other).ok());          // overlaps a mapping
+  EXPECT_FALSE(device->Map(base + page, *chunk).ok());              // mapped already
+  EXPECT_FALSE(device->ReleaseChunk(*chunk).ok());                  // still mapped
+  EXPECT_FALSE(device->Unmap(base + page, page).ok());              // half a mapping
+  EXPECT_FALSE(device->SetAccess(base, 3 * page).ok());             // an unmapped page in it
+  EXPECT_FALSE(device->ReleaseAddressRange(*range).ok());           // still mapped in it
+  EXPECT_FALSE(device->ReleaseAddressRange(base + page).ok());      // not a range's start
+  ASSERT_TRUE(device->Map(base, *other).ok());                      // the state is intact
+  ASSERT_TRUE(device->Unmap(base, 3 * page).ok());                  // a run of two mappings
+  EXPECT_TRUE(device->ReleaseChunk(*chunk).ok());
+  EXPECT_TRUE(device->ReleaseChunk(*other).ok());
+  EXPECT_TRUE(device->ReleaseAddressRange(*range).ok());
+}
+
+TEST(SimDeviceVmDeathTest, ReadingAnUnmappedBackedPageFaults) {
+  auto device = MakeDevice({.capacity = 64 * kMiB, .backed = true});
+  auto range = device->ReserveAddressRange(device->PageSize());
+  ASSERT_TRUE(range.ok());
+  volatile char* p = static_cast<char*>(*range);
+  EXPECT_DEATH((void)*p, "");
+}
+
 }  // namespace
 }  // namespace remat
