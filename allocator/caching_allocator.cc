@@ -1,6 +1,8 @@
 #include "allocator/caching_allocator.h"
 
 #include <algorithm>
+#include <limits>
+#include <tuple>
 #include <utility>
 
 #include "absl/base/attributes.h"
@@ -15,6 +17,13 @@ namespace {
 #define REMAT_HOT_INLINE ABSL_ATTRIBUTE_ALWAYS_INLINE inline
 
 std::size_t RoundUpTo(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+// Bytes of the whole pages (of `page` bytes) inside [addr, addr + size).
+std::size_t WholePageBytes(std::uintptr_t addr, std::size_t size, std::size_t page) {
+  const std::uintptr_t lo = RoundUpTo(addr, page);
+  const std::uintptr_t hi = (addr + size) / page * page;
+  return hi > lo ? hi - lo : 0;
+}
 
 }  // namespace
 
@@ -60,11 +69,26 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
   if (options.max_pressure_rounds < 0) {
     return absl::InvalidArgumentError("max_pressure_rounds must be >= 0");
   }
+  if (options.expandable_segments) {
+    const std::size_t page = device->PageSize();
+    if (page == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "expandable segments need virtual memory, which %s does not have", device->Describe()));
+    }
+    if (page > kSmallBuffer || kSmallBuffer % page != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "expandable segments need a page that divides %s; %s has %s pages",
+          FormatBytes(kSmallBuffer), device->Describe(), FormatBytes(page)));
+    }
+  }
   return std::unique_ptr<CachingAllocator>(new CachingAllocator(device, options));
 }
 
 CachingAllocator::CachingAllocator(Device* device, AllocatorOptions options)
-    : device_(device), device_capacity_(device->Capacity()), options_(options) {
+    : device_(device),
+      device_capacity_(device->Capacity()),
+      options_(options),
+      page_size_(options.expandable_segments ? device->PageSize() : 0) {
   MutexLock lock(&mu_);
   budget_ = options.budget == 0 ? device->Capacity() : options.budget;
   large_.large = true;
@@ -87,8 +111,12 @@ CachingAllocator::~CachingAllocator() {
     if (harvest.in_flight) spare_events_.push_back(harvest.event);
   }
   for (auto& [addr, seg] : segments_) {
-    absl::Status s = device_->ReleaseSegment(reinterpret_cast<void*>(addr));
-    if (!s.ok()) REMAT_LOG(kError, "releasing segment: %s", s.ToString());
+    if (seg->expandable) {
+      DestroyExpandable(seg);
+    } else {
+      absl::Status s = device_->ReleaseSegment(reinterpret_cast<void*>(addr));
+      if (!s.ok()) REMAT_LOG(kError, "releasing segment: %s", s.ToString());
+    }
     for (Block* b = seg->first; b != nullptr;) {
       Block* next = b->next;
       delete b;
@@ -110,6 +138,7 @@ REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::NewBlock() {
   b->prev = b->next = nullptr;
   b->stream = kDefaultStream;
   b->allocated = b->pending_free = b->shared = false;
+  b->mapped = true;
   b->free_seq = 0;
   b->pending_events = 0;
   b->owner = 0;
@@ -224,7 +253,7 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     ProcessPendingFrees(/*wait=*/false);
     HarvestStreams(&stream, /*wait=*/false);
     if (Block* b = FindFreeBlockPtr(pool, size, stream)) return b;
-    if (Block* b = ReserveSegment(pool, size, stream)) return b;
+    if (Block* b = GrowPool(pool, size, stream)) return b;
 
     // Out of room. Wait for what is in flight, give whole free segments back,
     // and try again: the cache may hold the memory in the wrong shape.
@@ -235,13 +264,14 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     HarvestStreams(nullptr, /*wait=*/true);
     if (Block* b = FindFreeBlockPtr(pool, size, stream)) return b;
     ReleaseCachedSegments();
-    if (Block* b = ReserveSegment(pool, size, stream)) return b;
+    if (Block* b = GrowPool(pool, size, stream)) return b;
 
     // Ask the runtime to evict, and retry while it makes progress. A request
     // larger than the whole budget cannot be helped.
     std::shared_ptr<PressureHandler> handler = pressure_handler_;
     if (handler == nullptr || round >= options_.max_pressure_rounds ||
-        std::min(segment_size, RoundUpTo(size, kRoundLarge)) > budget_) {
+        std::min(segment_size, RoundUpTo(size, page_size_ != 0 ? page_size_ : kRoundLarge)) >
+            budget_) {
       break;
     }
     PressureRequest request{size, stream, budget_,
@@ -283,6 +313,7 @@ CachingAllocator::Block* CachingAllocator::ReserveSegment(Pool& pool, std::size_
   auto* seg = new Segment;
   seg->addr = reinterpret_cast<std::uintptr_t>(*ptr);
   seg->size = segment_size;
+  seg->whole_size = segment_size;
   seg->large = pool.large;
   seg->stream = stream;
   Block* b = NewBlock();
@@ -301,6 +332,255 @@ CachingAllocator::Block* CachingAllocator::ReserveSegment(Pool& pool, std::size_
   RecordTrace(TraceAction::kSegmentAlloc, seg->addr, segment_size, segment_size, stream);
   InsertFree(b);
   return b;
+}
+
+// ---------------------------------------------------------------------------
+// Expandable segments
+
+std::pair<CachingAllocator::Block*, std::size_t> CachingAllocator::FindExpansion(
+    Pool& pool, std::size_t size, Stream stream) {
+  Block* best = nullptr;
+  std::size_t best_pages = 0;
+  for (Block* u : pool.unmapped) {
+    if (u->segment->stream != stream) continue;
+    // Free mapped bytes right before it that the stream may use: the new
+    // pages extend them.
+    const Block* c = u->prev;
+    const bool extends = c != nullptr && !c->allocated && !c->pending_free && c->mapped &&
+                         (c->shared || c->stream == stream);
+    const std::size_t have = extends ? c->size : 0;
+    if (have >= size || have + u->size < size) continue;
+    const std::size_t pages = (size - have + page_size_ - 1) / page_size_;
+    if (best == nullptr || pages < best_pages) {
+      best = u;
+      best_pages = pages;
+    }
+  }
+  return {best, best_pages};
+}
+
+CachingAllocator::Segment* CachingAllocator::NewExpandableSegment(Pool& pool, std::size_t size,
+                                                                  Stream stream) {
+  // As much address space as the budget allows memory, halved while the
+  // device has no range that large.
+  const std::size_t least = RoundUpTo(size, page_size_);
+  std::size_t bytes = RoundUpTo(std::max(budget_, size), page_size_);
+  absl::StatusOr<void*> ptr = device_->ReserveAddressRange(bytes);
+  while (!ptr.ok() && bytes > least) {
+    bytes = std::max(least, RoundUpTo(bytes / 2, page_size_));
+    ptr = device_->ReserveAddressRange(bytes);
+  }
+  if (!ptr.ok()) return nullptr;
+  auto* seg = new Segment;
+  seg->addr = reinterpret_cast<std::uintptr_t>(*ptr);
+  seg->size = bytes;
+  seg->whole_size = std::numeric_limits<std::size_t>::max();
+  seg->large = pool.large;
+  seg->expandable = true;
+  seg->stream = stream;
+  seg->pages.assign(bytes / page_size_, PhysicalChunk{});
+  Block* u = NewBlock();
+  u->addr = seg->addr;
+  u->size = bytes;
+  u->segment = seg;
+  u->stream = stream;
+  u->mapped = false;
+  seg->first = u;
+  segments_.emplace(seg->addr, seg);
+  pool.unmapped.insert(u);
+  stats_.segment.Increase(StatPoolOf(pool), 1);
+  return seg;
+}
+
+CachingAllocator::Block* CachingAllocator::Expand(Pool& pool, std::size_t size, Stream stream) {
+  auto [u, pages] = FindExpansion(pool, size, stream);
+  if (u == nullptr) {
+    if (NewExpandableSegment(pool, size, stream) == nullptr) return nullptr;
+    std::tie(u, pages) = FindExpansion(pool, size, stream);
+    if (u == nullptr) return nullptr;
+  }
+  auto reserved = [&] { return static_cast<std::size_t>(stats_.reserved_bytes.all().current); };
+  // Past the high-water mark only once the free pages already held are
+  // unmapped: the peak then counts the pages of live blocks, not holes.
+  if (reserved() + pages * page_size_ > reserved_high_water_ && free_page_bytes_ > 0) {
+    ProcessPendingFrees(/*wait=*/true);
+    HarvestStreams(nullptr, /*wait=*/true);
+    UnmapFreePages();
+    if (Block* b = FindFreeBlockPtr(pool, size, stream)) return b;  // the harvest may have made room
+    std::tie(u, pages) = FindExpansion(pool, size, stream);
+    if (u == nullptr) return nullptr;
+  }
+  if (reserved() + pages * page_size_ > budget_) return nullptr;
+  if (!MapPages(u, pages, stream)) return nullptr;
+  reserved_high_water_ = std::max(reserved_high_water_, reserved());
+  return FindFreeBlockPtr(pool, size, stream);
+}
+
+bool CachingAllocator::MapPages(Block* u, std::size_t pages, Stream stream) {
+  Segment* seg = u->segment;
+  const std::size_t first = (u->addr - seg->addr) / page_size_;
+  const std::size_t bytes = pages * page_size_;
+  std::vector<PhysicalChunk> made;
+  made.reserve(pages);
+  bool ok = true;
+  for (std::size_t i = 0; i < pages && ok; ++i) {
+    absl::StatusOr<PhysicalChunk> chunk = device_->CreateChunk(page_size_);
+    if (!chunk.ok()) {
+      ok = false;
+    } else if (!device_->Map(reinterpret_cast<void*>(u->addr + i * page_size_), *chunk).ok()) {
+      (void)device_->ReleaseChunk(*chunk);
+      ok = false;
+    } else {
+      made.push_back(*chunk);
+    }
+  }
+  if (ok) ok = device_->SetAccess(reinterpret_cast<void*>(u->addr), bytes).ok();
+  if (!ok) {
+    for (std::size_t i = 0; i < made.size(); ++i) {
+      (void)device_->Unmap(reinterpret_cast<void*>(u->addr + i * page_size_), page_size_);
+      (void)device_->ReleaseChunk(made[i]);
+    }
+    return false;
+  }
+  for (std::size_t i = 0; i < pages; ++i) seg->pages[first + i] = made[i];
+  Pool& pool = PoolOf(u);
+  pool.unmapped.erase(u);
+  if (bytes < u->size) {
+    Block* rest = NewBlock();
+    rest->addr = u->addr + bytes;
+    rest->size = u->size - bytes;
+    rest->segment = seg;
+    rest->stream = seg->stream;
+    rest->mapped = false;
+    rest->prev = u;
+    rest->next = u->next;
+    if (u->next != nullptr) u->next->prev = rest;
+    u->next = rest;
+    pool.unmapped.insert(rest);
+  }
+  // Fresh pages no work has touched; private to the stream, so that they
+  // merge with the stream's free bytes before them.
+  u->size = bytes;
+  u->mapped = true;
+  u->stream = stream;
+  u->shared = false;
+  u->free_seq = next_free_seq_++;
+  stats_.reserved_bytes.Increase(StatPoolOf(pool), static_cast<std::int64_t>(bytes));
+  ++stats_.num_device_alloc;
+  RecordTrace(TraceAction::kSegmentMap, u->addr, bytes, bytes, stream);
+  ++free_epoch_;
+  InsertCoalesced(u);
+  return true;
+}
+
+std::size_t CachingAllocator::UnmapFreePages() {
+  if (free_page_bytes_ == 0) return 0;
+  // Work queued on a stream may still use a block freed on it.
+  if (!device_->Synchronize().ok()) return 0;
+  std::vector<Block*> blocks;
+  for (Pool* pool : {&small_, &large_}) {
+    for (Block* b : pool->free) {
+      if (b != &pool->sentinel && b->segment->expandable &&
+          WholePageBytes(b->addr, b->size, page_size_) > 0) {
+        blocks.push_back(b);
+      }
+    }
+  }
+  std::size_t released = 0;
+  for (Block* b : blocks) {
+    Segment* seg = b->segment;
+    const std::uintptr_t lo = RoundUpTo(b->addr, page_size_);
+    const std::uintptr_t end = b->addr + b->size;
+    std::uintptr_t hi = lo;  // end of the pages unmapped so far
+    while (hi + page_size_ <= end) {
+      const std::size_t index = (hi - seg->addr) / page_size_;
+      if (!device_->Unmap(reinterpret_cast<void*>(hi), page_size_).ok()) break;
+      (void)device_->ReleaseChunk(seg->pages[index]);
+      seg->pages[index] = PhysicalChunk{};
+      hi += page_size_;
+    }
+    if (hi == lo) continue;
+    EraseFree(b);
+    // The mapped head and tail stay free blocks; the pages between go.
+    if (lo > b->addr) {
+      Block* head = NewBlock();
+      head->addr = b->addr;
+      head->size = lo - b->addr;
+      head->segment = seg;
+      head->stream = b->stream;
+      head->shared = b->shared;
+      head->free_seq = b->free_seq;
+      head->prev = b->prev;
+      head->next = b;
+      if (b->prev != nullptr) {
+        b->prev->next = head;
+      } else {
+        seg->first = head;
+      }
+      b->prev = head;
+      InsertFree(head);
+    }
+    if (end > hi) {
+      Block* tail = NewBlock();
+      tail->addr = hi;
+      tail->size = end - hi;
+      tail->segment = seg;
+      tail->stream = b->stream;
+      tail->shared = b->shared;
+      tail->free_seq = b->free_seq;
+      tail->prev = b;
+      tail->next = b->next;
+      if (b->next != nullptr) b->next->prev = tail;
+      b->next = tail;
+      InsertFree(tail);
+    }
+    b->addr = lo;
+    b->size = hi - lo;
+    b->mapped = false;
+    b->shared = false;
+    b->stream = seg->stream;
+    stats_.reserved_bytes.Decrease(seg->large ? kLargePool : kSmallPool,
+                                   static_cast<std::int64_t>(hi - lo));
+    ++stats_.num_device_free;
+    RecordTrace(TraceAction::kSegmentUnmap, lo, hi - lo, hi - lo, seg->stream);
+    released += hi - lo;
+    InsertUnmapped(b);
+  }
+  return released;
+}
+
+void CachingAllocator::InsertUnmapped(Block* b) {
+  Pool& pool = PoolOf(b);
+  if (b->prev != nullptr && !b->prev->mapped) {
+    Block* p = b->prev;  // already in the set, at the same address
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next != nullptr) b->next->prev = p;
+    DeleteBlock(b);
+    b = p;
+  } else {
+    pool.unmapped.insert(b);
+  }
+  if (b->next != nullptr && !b->next->mapped) {
+    Block* n = b->next;
+    pool.unmapped.erase(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != nullptr) n->next->prev = b;
+    DeleteBlock(n);
+  }
+}
+
+void CachingAllocator::DestroyExpandable(Segment* seg) {
+  for (std::size_t i = 0; i < seg->pages.size(); ++i) {
+    if (seg->pages[i].handle == 0) continue;
+    void* at = reinterpret_cast<void*>(seg->addr + i * page_size_);
+    absl::Status s = device_->Unmap(at, page_size_);
+    if (s.ok()) s = device_->ReleaseChunk(seg->pages[i]);
+    if (!s.ok()) REMAT_LOG(kError, "unmapping an expandable segment's page: %s", s.ToString());
+  }
+  absl::Status s = device_->ReleaseAddressRange(reinterpret_cast<void*>(seg->addr));
+  if (!s.ok()) REMAT_LOG(kError, "releasing an expandable segment's range: %s", s.ToString());
 }
 
 // ---------------------------------------------------------------------------
@@ -383,7 +663,7 @@ REMAT_HOT_INLINE bool CachingAllocator::CanMerge(const Block* a, const Block* b)
   // `b` is a free neighbour of the inactive block `a`. A shared neighbour may
   // join a private block (the stream owning it may use shared memory); two
   // private blocks merge only on the same stream.
-  if (b == nullptr || b->allocated || b->pending_free) return false;
+  if (b == nullptr || b->allocated || b->pending_free || !b->mapped) return false;
   if (a->shared) return b->shared;
   return b->shared || b->stream == a->stream;
 }
@@ -434,7 +714,11 @@ REMAT_HOT_INLINE void CachingAllocator::InsertCoalesced(Block* x) {
 REMAT_HOT_INLINE void CachingAllocator::CountFree(const Block* b, int sign) {
   Pool& pool = PoolOf(b);
   if (b->shared) pool.shared_count += sign;
-  if (b->size == b->segment->size) {
+  if (b->segment->expandable) {
+    const std::size_t pages = WholePageBytes(b->addr, b->size, page_size_);
+    free_page_bytes_ = sign > 0 ? free_page_bytes_ + pages : free_page_bytes_ - pages;
+  }
+  if (b->size == b->segment->whole_size) {
     whole_free_segments_ += sign;
   } else {
     const StatPool sp = StatPoolOf(pool);
@@ -498,9 +782,13 @@ REMAT_HOT_INLINE void CachingAllocator::RekeyFree(Block* b, std::uintptr_t addr,
     return;
   }
   // Same partition, same place: only the split statistics can change.
-  const std::size_t segment_size = b->segment->size;
-  const std::int64_t old_split = b->size < segment_size ? static_cast<std::int64_t>(b->size) : 0;
-  const std::int64_t new_split = size < segment_size ? static_cast<std::int64_t>(size) : 0;
+  if (b->segment->expandable) {
+    free_page_bytes_ = free_page_bytes_ - WholePageBytes(b->addr, b->size, page_size_) +
+                       WholePageBytes(addr, size, page_size_);
+  }
+  const std::size_t segment_size = b->segment->whole_size;
+  const std::int64_t old_split = b->size != segment_size ? static_cast<std::int64_t>(b->size) : 0;
+  const std::int64_t new_split = size != segment_size ? static_cast<std::int64_t>(size) : 0;
   if (old_split != new_split) {
     const StatPool sp = b->segment->large ? kLargePool : kSmallPool;
     if (old_split == 0) {
@@ -635,7 +923,7 @@ void CachingAllocator::ShareBlocksOf(Stream stream, std::uint64_t before_seq) {
 }
 
 std::size_t CachingAllocator::ReleaseCachedSegments() {
-  std::size_t released = 0;
+  std::size_t released = page_size_ != 0 ? UnmapFreePages() : 0;
   // A pressure event comes with every allocation that does not fit: skip the
   // walk over every segment when none can be released.
   for (auto it = segments_.begin(); whole_free_segments_ > 0 && it != segments_.end();) {
@@ -748,7 +1036,7 @@ absl::StatusOr<std::size_t> CachingAllocator::AdjacentFreeBytes(const void* ptr)
   const Block* b = it->second;
   std::size_t bytes = 0;
   for (const Block* n : {b->prev, b->next}) {
-    if (n != nullptr && !n->allocated && !n->pending_free) bytes += n->size;
+    if (n != nullptr && !n->allocated && !n->pending_free && n->mapped) bytes += n->size;
   }
   return bytes;
 }
@@ -789,27 +1077,37 @@ Snapshot CachingAllocator::TakeSnapshot() const {
   snap.stats.Complete();
   snap.segments.reserve(segments_.size());
   for (const auto& [addr, seg] : segments_) {
-    SegmentInfo info;
-    info.address = seg->addr;
-    info.total_size = seg->size;
-    info.is_large = seg->large;
-    info.stream = seg->stream;
-    for (const Block* b = seg->first; b != nullptr; b = b->next) {
-      BlockInfo bi;
-      bi.address = b->addr;
-      bi.size = b->size;
-      bi.state = StateOf(b->allocated, b->pending_free);
-      bi.requested_size = bi.state == BlockState::kInactive ? 0 : b->requested;
-      bi.stream = b->stream;
-      bi.owner = b->owner;
-      if (bi.state == BlockState::kActiveAllocated) info.allocated_size += b->size;
-      if (bi.state != BlockState::kInactive) {
-        info.active_size += b->size;
-        info.requested_size += b->requested;
+    // An expandable segment shows as its runs of mapped pages.
+    for (const Block* run = seg->first; run != nullptr;) {
+      if (!run->mapped) {
+        run = run->next;
+        continue;
       }
-      info.blocks.push_back(bi);
+      SegmentInfo info;
+      info.address = run->addr;
+      info.is_large = seg->large;
+      info.is_expandable = seg->expandable;
+      info.stream = seg->stream;
+      const Block* b = run;
+      for (; b != nullptr && b->mapped; b = b->next) {
+        info.total_size += b->size;
+        BlockInfo bi;
+        bi.address = b->addr;
+        bi.size = b->size;
+        bi.state = StateOf(b->allocated, b->pending_free);
+        bi.requested_size = bi.state == BlockState::kInactive ? 0 : b->requested;
+        bi.stream = b->stream;
+        bi.owner = b->owner;
+        if (bi.state == BlockState::kActiveAllocated) info.allocated_size += b->size;
+        if (bi.state != BlockState::kInactive) {
+          info.active_size += b->size;
+          info.requested_size += b->requested;
+        }
+        info.blocks.push_back(bi);
+      }
+      snap.segments.push_back(std::move(info));
+      run = b;
     }
-    snap.segments.push_back(std::move(info));
   }
   // Oldest first: once the ring is full, the oldest entry is the next to go.
   if (ring_size_ < ring_.size()) {
@@ -827,15 +1125,24 @@ MemoryMap CachingAllocator::GetMemoryMap() const {
   MemoryMap map;
   map.segments.reserve(segments_.size());
   for (const auto& [addr, seg] : segments_) {
-    MemoryMapSegment ms;
-    ms.address = seg->addr;
-    ms.size = seg->size;
-    ms.is_large = seg->large;
-    for (const Block* b = seg->first; b != nullptr; b = b->next) {
-      ms.blocks.push_back(MemoryMapBlock{b->addr, b->size, StateOf(b->allocated, b->pending_free),
-                                         b->owner});
+    // An expandable segment shows as its runs of mapped pages.
+    for (const Block* run = seg->first; run != nullptr;) {
+      if (!run->mapped) {
+        run = run->next;
+        continue;
+      }
+      MemoryMapSegment ms;
+      ms.address = run->addr;
+      ms.is_large = seg->large;
+      const Block* b = run;
+      for (; b != nullptr && b->mapped; b = b->next) {
+        ms.size += b->size;
+        ms.blocks.push_back(MemoryMapBlock{b->addr, b->size,
+                                           StateOf(b->allocated, b->pending_free), b->owner});
+      }
+      map.segments.push_back(std::move(ms));
+      run = b;
     }
-    map.segments.push_back(std::move(ms));
   }
   return map;
 }

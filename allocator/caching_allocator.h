@@ -23,6 +23,20 @@
 //   whole free segments in the cache; ask the pressure handler (the runtime's
 //   eviction) and retry while it reports progress; fail with ResourceExhausted.
 //
+// Expandable segments (AllocatorOptions::expandable_segments, PyTorch's
+// expandable_segments:True; the device needs virtual memory). Each pool keeps,
+// per stream, one large reserved address range whose pages (the device's page
+// size, 2 MiB) are mapped as it grows and unmapped as it shrinks, so a freed
+// block coalesces with everything free next to it and no segment boundary
+// strands free bytes. A request that fits no free block maps the pages it
+// lacks, preferring a place whose free mapped bytes it extends. Before the
+// reserved bytes would pass their high-water mark, the allocator first
+// synchronizes the device and unmaps every whole free page it caches (what
+// releasing the cache does for whole segments), so the reserved peak stays
+// at the pages that hold live blocks. Reserved and segment statistics count
+// mapped pages; snapshots show each run of mapped pages as a segment marked
+// is_expandable.
+//
 // Zero-byte requests return nullptr without touching the pool, and freeing
 // nullptr does nothing, as in PyTorch. Every other bad input (a foreign or
 // interior pointer, a double free, a size beyond the device) returns an error
@@ -38,6 +52,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/btree_map.h"
@@ -75,6 +90,9 @@ struct AllocatorOptions {
   std::size_t event_ring_capacity = 0;
   // Safety net against a handler that reports progress it did not make.
   int max_pressure_rounds = 1 << 20;
+  // Grow and shrink one reserved range per pool and stream (see above).
+  // Create fails when the device has no virtual memory.
+  bool expandable_segments = false;
 };
 
 // What the allocator asks of the pressure handler.
@@ -166,6 +184,7 @@ class CachingAllocator {
     bool allocated = false;
     bool pending_free = false;
     bool shared = false;    // free and safe for every stream
+    bool mapped = true;     // false: unmapped pages of an expandable segment (page-aligned)
     std::uintptr_t partition = 0;  // free-set partition, set on entering the set
     std::uint64_t free_seq = 0;
     int pending_events = 0;
@@ -174,10 +193,18 @@ class CachingAllocator {
   };
   struct Segment {
     std::uintptr_t addr = 0;
-    std::size_t size = 0;
+    std::size_t size = 0;        // the whole address range
+    // A free block this size is a whole free segment; SIZE_MAX for an
+    // expandable segment, which is never released whole.
+    std::size_t whole_size = 0;
     bool large = false;
+    bool expandable = false;
     Stream stream;
     Block* first = nullptr;
+    std::vector<PhysicalChunk> pages;  // expandable: page i's chunk (handle 0: unmapped)
+  };
+  struct AddrOrder {
+    bool operator()(const Block* a, const Block* b) const { return a->addr < b->addr; }
   };
   // Free blocks: shared ones first, then each stream's private ones; within
   // each, by (size, address) for best fit.
@@ -206,6 +233,8 @@ class CachingAllocator {
     FreeSet free;
     bool large = false;
     std::size_t shared_count = 0;
+    // Unmapped blocks of the expandable segments, by address.
+    absl::btree_set<Block*, AddrOrder> unmapped;
     // Sorts after every real block (partition kSentinelPartition) and never
     // leaves the set, so the tree never empties: an exact-fit alloc/free of a
     // whole segment would otherwise free and reallocate the root node each time.
@@ -248,6 +277,31 @@ class CachingAllocator {
                                       Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Block* ReserveSegment(Pool& pool, std::size_t size, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReserveSegment, or Expand in expandable mode.
+  Block* GrowPool(Pool& pool, std::size_t size, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return options_.expandable_segments ? Expand(pool, size, stream)
+                                        : ReserveSegment(pool, size, stream);
+  }
+  // Maps the pages a request of `size` lacks in one of the stream's
+  // expandable segments (a new one when none has the address space), within
+  // the budget; returns the free block that now fits, or nullptr.
+  Block* Expand(Pool& pool, std::size_t size, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where Expand would map for `size`: the unmapped block to map from and
+  // the pages it needs (0 when no segment has room).
+  std::pair<Block*, std::size_t> FindExpansion(Pool& pool, std::size_t size, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Segment* NewExpandableSegment(Pool& pool, std::size_t size, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Maps the first `pages` pages of the unmapped block `u`; false (nothing
+  // changed) when the device refuses.
+  bool MapPages(Block* u, std::size_t pages, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps the whole pages inside free blocks of expandable segments, after
+  // synchronizing the device; returns bytes unmapped.
+  std::size_t UnmapFreePages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts an unmapped block into its pool's set, merged with unmapped neighbours.
+  void InsertUnmapped(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases every page and range of an expandable segment (destruction).
+  void DestroyExpandable(Segment* seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FreeLocked(void* ptr, const Stream* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns an inactive block to its pool, private to `stream`, coalesced.
   void ReturnBlock(Block* block, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -291,6 +345,10 @@ class CachingAllocator {
 
   mutable Mutex mu_;
   std::size_t budget_ ABSL_GUARDED_BY(mu_);
+  const std::size_t page_size_;  // expandable segments' page; 0 when not expandable
+  // The most bytes ever reserved: expandable segments pass it only after
+  // unmapping the free pages they cache.
+  std::size_t reserved_high_water_ ABSL_GUARDED_BY(mu_) = 0;
   Pool small_ ABSL_GUARDED_BY(mu_);
   Pool large_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::uintptr_t, Block*> live_ ABSL_GUARDED_BY(mu_);
@@ -305,6 +363,9 @@ class CachingAllocator {
   std::uint64_t free_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // Free blocks spanning a whole segment (what ReleaseCachedSegments can give back).
   std::size_t whole_free_segments_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes of the whole pages inside free blocks of expandable segments
+  // (what UnmapFreePages can give back).
+  std::size_t free_page_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<TraceEvent> ring_ ABSL_GUARDED_BY(mu_);
   std::size_t ring_next_ ABSL_GUARDED_BY(mu_) = 0;  // where the next event goes

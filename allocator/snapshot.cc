@@ -21,6 +21,8 @@ const char* TraceActionName(TraceAction action) {
     case TraceAction::kFreeCompleted: return "free_completed";
     case TraceAction::kSegmentAlloc: return "segment_alloc";
     case TraceAction::kSegmentFree: return "segment_free";
+    case TraceAction::kSegmentMap: return "segment_map";
+    case TraceAction::kSegmentUnmap: return "segment_unmap";
     case TraceAction::kOom: return "oom";
   }
   return "?";
@@ -40,6 +42,7 @@ std::string SnapshotToJson(const Snapshot& snapshot) {
     w.Key("active_size").Uint(seg.active_size);
     w.Key("requested_size").Uint(seg.requested_size);
     w.Key("segment_type").String(seg.is_large ? "large" : "small");
+    w.Key("is_expandable").Bool(seg.is_expandable);
     w.Key("stream").Uint(seg.stream.handle);
     w.Key("blocks").BeginArray();
     for (const BlockInfo& b : seg.blocks) {

@@ -34,11 +34,24 @@ struct SegmentInfo {
   std::size_t active_size = 0;     // bytes of active blocks (allocated or pending free)
   std::size_t requested_size = 0;
   bool is_large = false;           // large pool (false: small pool)
+  // A run of mapped pages of an expandable segment (one entry per run).
+  bool is_expandable = false;
   Stream stream;                   // stream that first asked for it
   std::vector<BlockInfo> blocks;   // address order, tiling the segment
 };
 
-enum class TraceAction { kAlloc, kFreeRequested, kFreeCompleted, kSegmentAlloc, kSegmentFree, kOom };
+// kSegmentMap / kSegmentUnmap: pages of an expandable segment gaining or
+// losing their memory (PyTorch's segment_map / segment_unmap).
+enum class TraceAction {
+  kAlloc,
+  kFreeRequested,
+  kFreeCompleted,
+  kSegmentAlloc,
+  kSegmentFree,
+  kOom,
+  kSegmentMap,
+  kSegmentUnmap
+};
 const char* TraceActionName(TraceAction action);  // "alloc", "free_requested", ...
 
 struct TraceEvent {

@@ -29,7 +29,7 @@ void WriteSegment(const SegmentInfo& segment, PickleWriter& p) {
   p.Key("stream").Uint(segment.stream.handle);
   p.Key("segment_type").String(segment.is_large ? "large" : "small");
   p.Key("segment_pool_id").BeginTuple().Int(0).Int(0).EndTuple();
-  p.Key("is_expandable").Bool(false);
+  p.Key("is_expandable").Bool(segment.is_expandable);
   p.Key("frames").BeginList().EndList();
   p.Key("blocks").BeginList();
   for (const BlockInfo& block : segment.blocks) WriteBlock(block, p);

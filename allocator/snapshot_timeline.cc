@@ -23,6 +23,8 @@ Levels DeltaOf(const TraceEvent& event) {
     case TraceAction::kFreeRequested: return {-size, 0};
     case TraceAction::kSegmentAlloc: return {0, size};
     case TraceAction::kSegmentFree: return {0, -size};
+    case TraceAction::kSegmentMap: return {0, size};
+    case TraceAction::kSegmentUnmap: return {0, -size};
     case TraceAction::kFreeCompleted:
     case TraceAction::kOom: return {};
   }
