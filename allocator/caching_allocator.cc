@@ -1,6 +1,7 @@
 #include "allocator/caching_allocator.h"
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -32,6 +33,17 @@ std::size_t WholePageBytes(std::uintptr_t addr, std::size_t size, std::size_t pa
 
 std::size_t CachingAllocator::RoundSize(std::size_t bytes) {
   return bytes < kMinBlockSize ? kMinBlockSize : RoundUpTo(bytes, kMinBlockSize);
+}
+
+std::size_t CachingAllocator::RoundRequest(std::size_t bytes) const {
+  if (!round_divisions_ || bytes <= kMinBlockSize) return RoundSize(bytes);
+  const std::size_t divisions =
+      options_.roundup_divisions[static_cast<std::size_t>(std::bit_width(bytes) - 1)];
+  if (divisions <= 1 || bytes <= kMinBlockSize * divisions || std::has_single_bit(bytes)) {
+    return RoundSize(bytes);
+  }
+  // A power-of-two step of at least 512 B (bytes > 512 * divisions).
+  return RoundUpTo(bytes, std::bit_floor(bytes) / divisions);
 }
 
 std::size_t CachingAllocator::SegmentSizeFor(std::size_t rounded) {
@@ -69,6 +81,17 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
   if (options.max_pressure_rounds < 0) {
     return absl::InvalidArgumentError("max_pressure_rounds must be >= 0");
   }
+  for (std::uint8_t d : options.roundup_divisions) {
+    if (d > 64 || (d > 1 && !std::has_single_bit(static_cast<unsigned>(d)))) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "roundup_divisions must be 0, 1 or a power of two up to 64, not %d", d));
+    }
+  }
+  if (!(options.garbage_collection_threshold >= 0 && options.garbage_collection_threshold < 1)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "garbage_collection_threshold must be in [0, 1), not %g",
+        options.garbage_collection_threshold));
+  }
   if (options.expandable_segments) {
     const std::size_t page = device->PageSize();
     if (page == 0) {
@@ -88,7 +111,10 @@ CachingAllocator::CachingAllocator(Device* device, AllocatorOptions options)
     : device_(device),
       device_capacity_(device->Capacity()),
       options_(options),
-      page_size_(options.expandable_segments ? device->PageSize() : 0) {
+      page_size_(options.expandable_segments ? device->PageSize() : 0),
+      round_divisions_(std::any_of(options.roundup_divisions.begin(),
+                                   options.roundup_divisions.end(),
+                                   [](std::uint8_t d) { return d > 1; })) {
   MutexLock lock(&mu_);
   budget_ = options.budget == 0 ? device->Capacity() : options.budget;
   large_.large = true;
@@ -159,7 +185,7 @@ absl::StatusOr<void*> CachingAllocator::Allocate(std::size_t bytes, Stream strea
         "cannot allocate %d bytes (%s): larger than the device (%s, %s)", bytes,
         FormatBytes(bytes), device_->Describe(), FormatBytes(device_capacity_)));
   }
-  const std::size_t size = RoundSize(bytes);
+  const std::size_t size = round_divisions_ ? RoundRequest(bytes) : RoundSize(bytes);
   Pool& pool = PoolFor(size);
   MutexLock lock(&mu_);
   if (auto it = FindFreeBlock(pool, size, stream); it != pool.free.end()) {
@@ -253,6 +279,12 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     ProcessPendingFrees(/*wait=*/false);
     HarvestStreams(&stream, /*wait=*/false);
     if (Block* b = FindFreeBlockPtr(pool, size, stream)) return b;
+    if (options_.garbage_collection_threshold > 0 &&
+        static_cast<double>(stats_.reserved_bytes.all().current) >
+            options_.garbage_collection_threshold * static_cast<double>(budget_)) {
+      // Give the cache back before growing past the threshold.
+      ReleaseCachedSegments();
+    }
     if (Block* b = GrowPool(pool, size, stream)) return b;
 
     // Out of room. Wait for what is in flight, give whole free segments back,
@@ -300,13 +332,24 @@ CachingAllocator::Block* CachingAllocator::ReserveSegment(Pool& pool, std::size_
     segment_size = RoundUpTo(size, kRoundLarge);
   }
   // Within a tight budget, a large request shrinks its segment to what it needs.
-  if (pool.large && reserved + segment_size > budget_) segment_size = RoundUpTo(size, kRoundLarge);
-  if (reserved + segment_size > budget_) return nullptr;
-  absl::StatusOr<void*> ptr = device_->ReserveSegment(segment_size);
+  const std::size_t committed = reserved + reserving_bytes_;
+  if (pool.large && committed + segment_size > budget_) segment_size = RoundUpTo(size, kRoundLarge);
+  if (committed + segment_size > budget_) return nullptr;
+  auto reserve = [&](std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!options_.release_lock_on_device_reserve) return device_->ReserveSegment(bytes);
+    // Others use the cache meanwhile; the bytes count against the budget.
+    reserving_bytes_ += bytes;
+    mu_.Unlock();
+    absl::StatusOr<void*> got = device_->ReserveSegment(bytes);
+    mu_.Lock();
+    reserving_bytes_ -= bytes;
+    return got;
+  };
+  absl::StatusOr<void*> ptr = reserve(segment_size);
   if (!ptr.ok()) {
     if (pool.large && segment_size > RoundUpTo(size, kRoundLarge)) {
       segment_size = RoundUpTo(size, kRoundLarge);
-      ptr = device_->ReserveSegment(segment_size);
+      ptr = reserve(segment_size);
     }
     if (!ptr.ok()) return nullptr;
   }

@@ -47,6 +47,7 @@
 #ifndef REMAT_ALLOCATOR_CACHING_ALLOCATOR_H_
 #define REMAT_ALLOCATOR_CACHING_ALLOCATOR_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -93,6 +94,16 @@ struct AllocatorOptions {
   // Grow and shrink one reserved range per pool and stream (see above).
   // Create fails when the device has no virtual memory.
   bool expandable_segments = false;
+  // Requests in [2^b, 2^(b+1)) bytes round up to one of roundup_divisions[b]
+  // equal steps between powers of two (0 or 1: to 512 B only), as PyTorch's
+  // roundup_power2_divisions; each value 0, 1 or a power of two up to 64.
+  std::array<std::uint8_t, 64> roundup_divisions{};
+  // Above this share of the budget reserved, the cache's whole free segments
+  // (free pages, when expandable) are released before the pool grows. 0: off.
+  double garbage_collection_threshold = 0;
+  // The device reserves segments without the allocator's lock held, so other
+  // threads allocate from the cache meanwhile (release_lock_on_cudamalloc).
+  bool release_lock_on_device_reserve = false;
 };
 
 // What the allocator asks of the pressure handler.
@@ -168,6 +179,8 @@ class CachingAllocator {
   const AllocatorOptions& options() const { return options_; }
 
   static std::size_t RoundSize(std::size_t bytes);
+  // RoundSize, with the options' power-of-two divisions.
+  std::size_t RoundRequest(std::size_t bytes) const;
   // Size of the segment a request of `rounded` bytes reserves when nothing fits.
   static std::size_t SegmentSizeFor(std::size_t rounded);
 
@@ -345,7 +358,10 @@ class CachingAllocator {
 
   mutable Mutex mu_;
   std::size_t budget_ ABSL_GUARDED_BY(mu_);
-  const std::size_t page_size_;  // expandable segments' page; 0 when not expandable
+  const std::size_t page_size_;
+  const bool round_divisions_;  // some roundup_divisions entry is above 1
+  // Bytes segments being reserved without the lock will add (budget checks count them).
+  std::size_t reserving_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // expandable segments' page; 0 when not expandable
   // The most bytes ever reserved: expandable segments pass it only after
   // unmapping the free pages they cache.
   std::size_t reserved_high_water_ ABSL_GUARDED_BY(mu_) = 0;

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "allocator/alloc_conf.h"
 #include "allocator/caching_allocator.h"
 #include "base/json_writer.h"
 #include "base/status_macros.h"
@@ -78,6 +79,7 @@ absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOpt
   SimDevice* const device = made.get();
   AllocatorOptions allocator_options;
   allocator_options.budget = options.budget;
+  REMAT_RETURN_IF_ERROR(ApplyAllocConf(options.alloc_conf, &allocator_options));
   // Off unless asked for: the report reads statistics, never the event ring,
   // and keeping it costs a device clock read per event.
   allocator_options.event_ring_capacity = HistoryCapacity(log, options.history_events);
@@ -144,6 +146,7 @@ absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOpt
   report.device = device->Describe();
   report.capacity = options.capacity;
   report.budget = options.budget;
+  report.alloc_conf = options.alloc_conf;
   report.events = log.records.size();
   report.allocations = log.allocations;
   report.frees = log.frees;
@@ -183,6 +186,7 @@ std::string ReplayReportToJson(const ReplayReport& r) {
   } else {
     w.Uint(r.budget);
   }
+  w.Key("alloc_conf").String(r.alloc_conf);
   w.Key("events").Uint(r.events);
   w.Key("allocations").Uint(r.allocations);
   w.Key("frees").Uint(r.frees);
@@ -240,6 +244,7 @@ std::string ReplayReportToText(const ReplayReport& r) {
   row("device", absl::StrFormat(
                     "%s, %s", r.device,
                     r.budget == 0 ? std::string("no budget") : "budget " + FormatBytes(r.budget)));
+  if (!r.alloc_conf.empty()) row("alloc conf", r.alloc_conf);
   row("events",
       absl::StrFormat("%d (%s, %s, %s in the log)", r.events, Count(r.allocations, "allocation"),
                       Count(r.frees, "free"), Count(r.alloc_failures_in_log, "allocate failure")));

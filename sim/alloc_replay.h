@@ -48,6 +48,8 @@ struct ReplayOptions {
   std::size_t history_events = 0;
   // Take ReplayReport::snapshot at the end of the replay.
   bool snapshot = false;
+  // Allocator settings with PyTorch's keys (allocator/alloc_conf.h).
+  std::string alloc_conf;
 };
 
 // The event ring a replay of `log` uses for `history_events`: at most the 4
@@ -60,6 +62,7 @@ struct ReplayReport {
   std::string device;  // SimDevice::Describe()
   std::size_t capacity = 0;
   std::size_t budget = 0;  // 0: none
+  std::string alloc_conf;  // as given ("" when none)
 
   // From the log.
   std::uint64_t events = 0;  // records replayed: every line after the header

@@ -11,6 +11,7 @@
 #include "absl/base/attributes.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
+#include "allocator/alloc_conf.h"
 #include "allocator/caching_allocator.h"
 #include "base/units.h"
 #include "device/sim_device.h"
@@ -81,9 +82,13 @@ class Replayer final : public RuntimeObserver {
       rt.observer = this;
       storage_of_.assign(trace_.tensors.size() + 1, kNoOpIndex);
     }
-    absl::StatusOr<Stack> stack = MakeStack(
-        *std::move(device),
-        {.budget = options_.budget, .max_split_size = EffectiveMaxSplit(options_)}, std::move(rt));
+    AllocatorOptions allocator_options{.budget = options_.budget,
+                                       .max_split_size = EffectiveMaxSplit(options_)};
+    if (absl::Status conf = ApplyAllocConf(options_.alloc_conf, &allocator_options); !conf.ok()) {
+      return conf;
+    }
+    absl::StatusOr<Stack> stack =
+        MakeStack(*std::move(device), allocator_options, std::move(rt));
     if (!stack.ok()) return stack.status();
     stack_ = std::move(*stack);
     alloc_ = stack_.allocator.get();
@@ -95,7 +100,8 @@ class Replayer final : public RuntimeObserver {
     counters_ = std::make_shared<Counters>();
     report_.policy = runtime_->policy().Spec();
     report_.budget_bytes = options_.live_budget != 0 ? options_.live_budget : options_.budget;
-    const std::size_t max_split = EffectiveMaxSplit(options_);
+    report_.alloc_conf = options_.alloc_conf;
+    const std::size_t max_split = alloc_->options().max_split_size;
     report_.max_split_bytes = max_split == std::numeric_limits<std::size_t>::max() ? 0 : max_split;
     report_.status = "ok";
     if (timeline_ != nullptr) StartTimeline();

@@ -54,6 +54,9 @@ struct OpReplayOptions {
   // Blocks above this are never split. 0: kBudgetedMaxSplit when `budget` is
   // set, else no limit; SIZE_MAX: no limit.
   std::size_t max_split_size = 0;
+  // Allocator settings with PyTorch's keys (allocator/alloc_conf.h), applied
+  // after max_split_size (its max_split_size_mb wins).
+  std::string alloc_conf;
   std::string policy = "dtr";
   double link_gbps = 25.0;
   bool enable_drop = true;
@@ -107,6 +110,7 @@ struct OpReplayReport {
   std::string policy;
   std::uint64_t budget_bytes = 0;
   std::uint64_t max_split_bytes = 0;  // the allocator's split limit (0: none)
+  std::string alloc_conf;             // the allocator settings string, as given
   std::uint64_t peak_reserved_bytes = 0;
   std::uint64_t peak_live_bytes = 0;
   std::int64_t compute_ns = 0;  // the trace's own compute (sum of cost_ns)

@@ -99,6 +99,7 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   base.enable_offload = options.enable_offload;
   base.thrash_limit = options.thrash_limit;
   base.max_split_size = options.max_split_size;
+  base.alloc_conf = options.alloc_conf;
   SweepResult result;
   result.trace = trace.name;
   result.live = options.live;
@@ -106,6 +107,7 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   // budgeted runs use, so that a ratio names the same bytes either way.
   OpReplayOptions reference = base;
   reference.max_split_size = std::numeric_limits<std::size_t>::max();
+  reference.alloc_conf.clear();
   absl::StatusOr<OpReplayReport> unlimited = ReplayOpTrace(trace, reference);
   if (!unlimited.ok()) return unlimited.status();
   result.baseline = *unlimited;

@@ -28,6 +28,7 @@ struct SweepOptions {
   double link_gbps = 25.0;
   double thrash_limit = 1.0;
   std::size_t max_split_size = 0;  // as OpReplayOptions::max_split_size
+  std::string alloc_conf;          // as OpReplayOptions::alloc_conf (budgeted runs only)
   int jobs = 1;
   // Called (from one thread at a time) after each run.
   std::function<void(std::size_t done, std::size_t total, const struct SweepRow& row)> progress;

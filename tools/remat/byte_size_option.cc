@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "allocator/alloc_conf.h"
 #include "allocator/caching_allocator.h"
 #include "base/units.h"
 
@@ -57,6 +58,22 @@ CLI::Option* AddMaxSplitOption(CLI::App& app, std::size_t* bytes) {
           "", "SIZE|none|auto"))
       ->default_str("auto");
   return option;
+}
+
+CLI::Option* AddAllocConfOption(CLI::App& app, std::string* conf) {
+  return app
+      .add_option("--alloc-conf", *conf,
+                  "Allocator settings with PyTorch's keys, e.g. expandable_segments:True,"
+                  "max_split_size_mb:256 (also roundup_power2_divisions, "
+                  "garbage_collection_threshold, release_lock_on_cudamalloc)")
+      ->type_name("STRING")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            AllocatorOptions probe;
+            absl::Status s = ApplyAllocConf(text, &probe);
+            return s.ok() ? std::string() : std::string(s.message());
+          },
+          "", "alloc-conf"));
 }
 
 }  // namespace remat::tools

@@ -23,6 +23,10 @@ CLI::Option* AddByteSizeOption(CLI::App& app, const std::string& name, std::uint
 // under 10 MiB, the large pool's threshold, are a usage error.
 CLI::Option* AddMaxSplitOption(CLI::App& app, std::size_t* bytes);
 
+// Adds `--alloc-conf STRING`: the allocator settings with PyTorch's keys
+// (allocator/alloc_conf.h), checked when parsed: a bad string is a usage error.
+CLI::Option* AddAllocConfOption(CLI::App& app, std::string* conf);
+
 }  // namespace remat::tools
 
 #endif  // REMAT_TOOLS_REMAT_BYTE_SIZE_OPTION_H_

@@ -30,6 +30,7 @@ struct ReplayFlags {
   std::string log_path;
   std::uint64_t capacity = 80 * kGiB;
   std::uint64_t budget = 0;  // 0: none
+  std::string alloc_conf;
   bool json = false;
   std::string snapshot_path;  // "": none
   std::string timeline_path;  // "": none
@@ -107,6 +108,7 @@ int RunReplay(const ReplayFlags& flags) {
   ReplayOptions options;
   options.capacity = flags.capacity;
   options.budget = flags.budget;
+  options.alloc_conf = flags.alloc_conf;
   options.snapshot = flags.wants_snapshot();
   options.history_events = options.snapshot ? flags.history_events : 0;
   absl::StatusOr<ReplayReport> report = ReplayAllocLog(*log, options);
@@ -143,6 +145,7 @@ Subcommand AddReplayCommand(CLI::App& remat) {
                     "Memory of the simulated device (e.g. 80GiB, 24GB, 512MiB)", "80GiB");
   AddByteSizeOption(*cmd, "--budget", &flags->budget,
                     "Cap on the bytes the allocator may reserve (default: the capacity)");
+  AddAllocConfOption(*cmd, &flags->alloc_conf);
   cmd->add_flag("--json", flags->json, "Print the report as one JSON object");
   cmd->add_option("--snapshot", flags->snapshot_path,
                   "Write the allocator at the end, with its event history, as a PyTorch memory "

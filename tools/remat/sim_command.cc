@@ -31,6 +31,7 @@ struct SimFlags {
   std::string accounting = "reserved";
   double thrash_limit = 1.0;
   std::size_t max_split = 0;  // OpReplayOptions::max_split_size
+  std::string alloc_conf;
   bool json = false;
   bool verify = false;
   std::uint64_t scale = 1;
@@ -116,6 +117,7 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
   std::cout << absl::StrFormat("  split limit      %s\n", r.max_split_bytes == 0
                                                               ? std::string("none")
                                                               : FormatBytes(r.max_split_bytes));
+  if (!r.alloc_conf.empty()) std::cout << absl::StrFormat("  alloc conf       %s\n", r.alloc_conf);
   std::cout << absl::StrFormat("  peak reserved    %s (unlimited: %s)\n",
                                FormatBytes(r.peak_reserved_bytes),
                                FormatBytes(base.peak_reserved_bytes));
@@ -166,6 +168,7 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("accounting").String(f.accounting);
   w.Key("budget_bytes").Uint(r.budget_bytes);
   w.Key("max_split_bytes").Uint(r.max_split_bytes);
+  w.Key("alloc_conf").String(r.alloc_conf);
   if (f.budget_ratio > 0) w.Key("budget_ratio").Double(f.budget_ratio);
   w.Key("swap").Bool(!f.no_swap);
   w.Key("recompute").Bool(!f.no_recompute);
@@ -238,12 +241,14 @@ int RunSim(const SimFlags& f) {
   options.enable_drop = !f.no_recompute;
   options.thrash_limit = f.thrash_limit;
   options.max_split_size = f.max_split;
+  options.alloc_conf = f.alloc_conf;
   options.scale = f.scale;
   // The unlimited run: the baseline time and the peak the ratio refers to.
   OpReplayOptions unlimited = options;
   // PyTorch's default allocator, whatever the budgeted run uses: the peak a
   // ratio refers to does not move with --max-split.
   unlimited.max_split_size = std::numeric_limits<std::size_t>::max();
+  unlimited.alloc_conf.clear();
   absl::StatusOr<OpReplayReport> base = ReplayOpTrace(*trace, unlimited);
   if (!base.ok()) return ReportError("sim", base.status());
   absl::StatusOr<Accounting> accounting = ParseAccounting(f.accounting);
@@ -303,6 +308,7 @@ Subcommand AddSimCommand(CLI::App& remat) {
       ->capture_default_str()
       ->check(CLI::IsMember({"reserved", "live"}));
   AddMaxSplitOption(*cmd, &flags->max_split);
+  AddAllocConfOption(*cmd, &flags->alloc_conf);
   cmd->add_option("--thrash-limit", flags->thrash_limit,
                   "Stop when recompute exceeds this x the trace's compute")
       ->capture_default_str()

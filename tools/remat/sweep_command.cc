@@ -36,6 +36,7 @@ struct SweepFlags {
   double link_gbps = 25.0;
   double thrash_limit = 1.0;
   std::size_t max_split = 0;  // OpReplayOptions::max_split_size
+  std::string alloc_conf;
   int jobs = 0;
   std::string out_dir;
   bool no_plot = false;
@@ -127,6 +128,7 @@ int RunSweepCommand(const SweepFlags& f) {
   o.link_gbps = f.link_gbps;
   o.thrash_limit = f.thrash_limit;
   o.max_split_size = f.max_split;
+  o.alloc_conf = f.alloc_conf;
   o.jobs = f.jobs > 0 ? f.jobs : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const bool tty = isatty(STDERR_FILENO) != 0;
   o.progress = [tty](std::size_t done, std::size_t total, const SweepRow& row) {
@@ -193,6 +195,7 @@ Subcommand AddSweepCommand(CLI::App& remat) {
       ->capture_default_str()
       ->check(CLI::Range(1e-3, 1e6));
   AddMaxSplitOption(*cmd, &flags->max_split);
+  AddAllocConfOption(*cmd, &flags->alloc_conf);
   cmd->add_option("--thrash-limit", flags->thrash_limit,
                   "Stop a run when recompute exceeds this x the trace's compute")
       ->capture_default_str()
