@@ -82,6 +82,45 @@ TEST_F(RematCliTest, ReplayTextReport) {
   EXPECT_THAT(run.out, HasSubstr("OOMs               1"));
 }
 
+TEST_F(RematCliTest, ExpandableSegmentsCutFragmentationOnTheMultistreamLog) {
+  auto fragmentation = [](const std::string& json) {
+    const std::size_t at = json.find("\"fragmentation\":");
+    return at == std::string::npos ? -1.0 : std::stod(json.substr(at + 16));
+  };
+  const Outcome fixed = Remat("replay --json " + Trace("multistream.csv"));
+  const Outcome expandable = Remat("replay --json " + Trace("multistream.csv") +
+                                   " --alloc-conf expandable_segments:True");
+  ASSERT_EQ(fixed.status, 0) << fixed.out;
+  ASSERT_EQ(expandable.status, 0) << expandable.out;
+  EXPECT_GT(fragmentation(fixed.out), 0.2);
+  EXPECT_GE(fragmentation(expandable.out), 0.0);
+  EXPECT_LT(fragmentation(expandable.out), 0.05);
+  EXPECT_THAT(expandable.out, HasSubstr("\"alloc_conf\":\"expandable_segments:True\""));
+}
+
+TEST_F(RematCliTest, ABadAllocConfIsAUsageErrorEverywhere) {
+  for (const std::string& args :
+       {"replay " + Trace("tiny.csv"), "sim " + Trace("chain_100.jsonl") + " --budget-ratio 0.5",
+        "sweep " + Trace("chain_100.jsonl"), std::string("run --device sim")}) {
+    SCOPED_TRACE(args);
+    const Outcome run = Remat(args + " --alloc-conf expandable_segments:sometimes" +
+                              (args.starts_with("run") ? " -- true" : ""));
+    EXPECT_EQ(run.status, 2) << run.out;
+    EXPECT_THAT(run.out, HasSubstr("expandable_segments:sometimes: want True or False"));
+  }
+  const Outcome unknown =
+      Remat("replay " + Trace("tiny.csv") + " --alloc-conf pinned_use_cuda_host_register:True");
+  EXPECT_EQ(unknown.status, 2) << unknown.out;
+  EXPECT_THAT(unknown.out, HasSubstr("unknown key 'pinned_use_cuda_host_register'"));
+}
+
+TEST_F(RematCliTest, RunHandsTheAllocConfToTheProgram) {
+  const Outcome run = Remat(
+      "run --device sim --alloc-conf expandable_segments:True -- sh -c 'echo conf=$REMAT_ALLOC_CONF'");
+  EXPECT_EQ(run.status, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("conf=expandable_segments:True"));
+}
+
 TEST_F(RematCliTest, MalformedLogExitsTwoNamingTheLine) {
   const std::string path = WriteTemp("bad.csv",
                                      "Thread,Time,Action,Pointer,Size,Stream\n"

@@ -952,8 +952,49 @@ static void test_unknown_streams_are_refused(void) {
   CHECK_OK(remat_allocator_destroy(a));
 }
 
+static void test_alloc_conf(void) {
+  remat_allocator_options options;
+  remat_allocator* a = NULL;
+  remat_stats stats;
+  char* json = NULL;
+  void* p = NULL;
+  void* q = NULL;
+  CHECK_OK(remat_allocator_options_init(&options));
+  CHECK(options.alloc_conf == NULL);
+  options.sim_capacity_bytes = GIB;
+  options.budget_bytes = 40 * MIB;
+  /* A bad settings string is refused, naming the key, and makes nothing. */
+  options.alloc_conf = "expandable_segments:True,backend:native";
+  CHECK_STATUS(remat_allocator_create(&options, &a), REMAT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("unknown key 'backend'");
+  CHECK(a == NULL);
+  options.alloc_conf = "expandable_segments:True";
+  CHECK_OK(remat_allocator_create(&options, &a));
+  /* Two 10 MiB holes in a full 40 MiB budget serve 20 MiB: the pages move. */
+  {
+    void* x[4];
+    int i;
+    for (i = 0; i < 4; ++i) CHECK_OK(remat_allocate(a, 10 * MIB, 0, &x[i]));
+    CHECK_OK(remat_deallocate(a, x[0]));
+    CHECK_OK(remat_deallocate(a, x[2]));
+    CHECK_OK(remat_allocate(a, 20 * MIB, 0, &p));
+    CHECK_OK(remat_get_stats(a, &stats));
+    CHECK(stats.reserved_bytes <= 40 * MIB);
+    CHECK_OK(remat_snapshot_json(a, &json));
+    CHECK(json != NULL && strstr(json, "\"is_expandable\":true") != NULL);
+    remat_string_free(json);
+    CHECK_OK(remat_deallocate(a, x[1]));
+    CHECK_OK(remat_deallocate(a, x[3]));
+  }
+  CHECK_OK(remat_allocate(a, 4096, 0, &q));
+  CHECK_OK(remat_deallocate(a, q));
+  CHECK_OK(remat_deallocate(a, p));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
 int main(void) {
   static const test_case tests[] = {
+      {"alloc_conf", test_alloc_conf},
       {"status_names_and_version", test_status_names_and_version},
       {"null_arguments", test_null_arguments},
       {"cuda_device_or_clean_failure", test_cuda_device_or_clean_failure},

@@ -83,6 +83,9 @@ typedef struct remat_allocator_options {
   uint64_t sim_capacity_bytes; /* the simulated device's memory */
   int sim_backed;              /* nonzero: real host memory behind every pointer
                                 * (dereferenceable); zero: addresses only */
+  const char* alloc_conf;      /* allocator settings with PyTorch's keys, e.g.
+                                * "expandable_segments:True,max_split_size_mb:256"
+                                * (applied after max_split_bytes); NULL or "": none */
 } remat_allocator_options;
 
 /* Defaults: the simulated device, unbacked, 80 GiB, no budget. */

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "allocator/alloc_conf.h"
 #include "allocator/caching_allocator.h"
 #include "base/mutex.h"
 #include "base/units.h"
@@ -384,6 +385,7 @@ remat_status remat_allocator_options_init(remat_allocator_options* options) {
     options->cuda_device = 0;
     options->sim_capacity_bytes = 80 * remat::kGiB;
     options->sim_backed = 0;
+    options->alloc_conf = nullptr;
     return REMAT_OK;
   });
 }
@@ -408,6 +410,11 @@ remat_status remat_allocator_create(const remat_allocator_options* options, rema
     ao.budget = static_cast<std::size_t>(o.budget_bytes);
     if (o.max_split_bytes != 0) ao.max_split_size = static_cast<std::size_t>(o.max_split_bytes);
     ao.event_ring_capacity = static_cast<std::size_t>(o.history_events);
+    if (o.alloc_conf != nullptr) {
+      if (absl::Status conf = remat::ApplyAllocConf(o.alloc_conf, &ao); !conf.ok()) {
+        return FromStatus(fn, conf);
+      }
+    }
     auto made = remat::CachingAllocator::Create(device->get(), ao);
     if (!made.ok()) return FromStatus(fn, made.status());
     auto handle = std::make_unique<remat_allocator>();

@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
 
 #include "absl/strings/str_format.h"
+#include "allocator/alloc_conf.h"
 #include "allocator/snapshot_pickle.h"
 #include "base/env.h"
 #include "base/units.h"
@@ -31,6 +33,8 @@ void PrintStats(int device, const CachingAllocator& alloc) {
                static_cast<long long>(s.num_alloc_retries), static_cast<long long>(s.num_ooms));
 }
 
+std::atomic<bool> read_pytorch_alloc_conf{false};
+
 }  // namespace
 
 const char* LastError() { return tls_last_error.c_str(); }
@@ -46,8 +50,23 @@ absl::StatusOr<Config> ConfigFromEnvironment() {
   if (absl::Status s = FlagFromEnv("REMAT_STATS", &c.stats); !s.ok()) return s;
   if (const char* t = GetEnv("REMAT_TRACE")) c.trace_path = t;
   if (const char* t = GetEnv("REMAT_SNAPSHOT")) c.snapshot_path = t;
+  const char* conf_var = "REMAT_ALLOC_CONF";
+  const char* conf = GetEnv(conf_var);
+  if (conf == nullptr && read_pytorch_alloc_conf.load(std::memory_order_relaxed)) {
+    conf_var = "PYTORCH_CUDA_ALLOC_CONF";
+    conf = GetEnv(conf_var);
+  }
+  if (conf != nullptr) {
+    AllocatorOptions probe;
+    if (absl::Status s = ApplyAllocConf(conf, &probe); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s=%s: %s", conf_var, conf, s.message()));
+    }
+    c.alloc_conf = conf;
+  }
   return c;
 }
+
+void ReadPyTorchAllocConf() { read_pytorch_alloc_conf.store(true, std::memory_order_relaxed); }
 
 Allocators& Allocators::Process() {
   // Leaked on purpose: calls made while the process exits must still work.
@@ -120,6 +139,7 @@ absl::StatusOr<CachingAllocator*> Allocators::MakeFor(int device) {
   AllocatorOptions options;
   options.budget = config_->budget;
   if (!config_->snapshot_path.empty()) options.event_ring_capacity = 1 << 16;
+  if (absl::Status s = ApplyAllocConf(config_->alloc_conf, &options); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<CachingAllocator>> alloc =
       CachingAllocator::Create(d.device.get(), options);
   if (!alloc.ok()) return alloc.status();

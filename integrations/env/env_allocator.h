@@ -50,10 +50,19 @@ struct Config {
   std::string trace_path;
   std::string snapshot_path;
   bool stats = false;
+  // Allocator settings with PyTorch's keys (allocator/alloc_conf.h), from
+  // REMAT_ALLOC_CONF, or PYTORCH_CUDA_ALLOC_CONF where ReadPyTorchAllocConf
+  // was called and REMAT_ALLOC_CONF is unset.
+  std::string alloc_conf;
 };
 
 // Reads the REMAT_* variables; a malformed one is InvalidArgument naming it.
 absl::StatusOr<Config> ConfigFromEnvironment();
+
+// Makes ConfigFromEnvironment fall back on PYTORCH_CUDA_ALLOC_CONF: called
+// when remat is PyTorch's allocator (libremat_torch.so), where that variable
+// is the user's way of configuring the allocator.
+void ReadPyTorchAllocConf();
 
 class Allocators {
  public:

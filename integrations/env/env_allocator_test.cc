@@ -20,7 +20,8 @@ class EnvTest : public ::testing::Test {
  protected:
   void TearDown() override {
     for (const char* v : {"REMAT_DEVICE", "REMAT_BUDGET", "REMAT_TRACE", "REMAT_STATS",
-                          "REMAT_SNAPSHOT", "REMAT_SIM_CAPACITY", "REMAT_SIM_BACKED"}) {
+                          "REMAT_SNAPSHOT", "REMAT_SIM_CAPACITY", "REMAT_SIM_BACKED",
+                          "REMAT_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"}) {
       unsetenv(v);
     }
   }
@@ -53,6 +54,38 @@ TEST_F(EnvTest, ABadVariableIsNamedInTheError) {
   Allocators bad(ConfigFromEnvironment());
   absl::StatusOr<void*> p = bad.Allocate(0, 1024, 0);
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("REMAT_BUDGET=lots"));
+}
+
+TEST_F(EnvTest, AllocatorSettingsReachEveryDevicesAllocator) {
+  setenv("REMAT_DEVICE", "sim", 1);
+  setenv("REMAT_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:64", 1);
+  // Not read by the preload shim: that variable configures PyTorch's own allocator.
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync", 1);
+  absl::StatusOr<Config> c = ConfigFromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status();
+  Allocators allocators(c);
+  absl::StatusOr<CachingAllocator*> a = allocators.For(1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE((*a)->options().expandable_segments);
+  EXPECT_EQ((*a)->options().max_split_size, 64 * kMiB);
+  absl::StatusOr<void*> p = allocators.Allocate(1, 3 * kMiB, 0);
+  ASSERT_TRUE(p.ok());
+  EXPECT_TRUE((*a)->TakeSnapshot().segments.at(0).is_expandable);
+  ASSERT_TRUE(allocators.FreeOn(1, *p, nullptr).ok());
+  // A bad string is named, with the variable it came from.
+  setenv("REMAT_ALLOC_CONF", "expandable_segments:maybe", 1);
+  EXPECT_THAT(std::string(ConfigFromEnvironment().status().message()),
+              HasSubstr("REMAT_ALLOC_CONF=expandable_segments:maybe"));
+  // As PyTorch's allocator, PYTORCH_CUDA_ALLOC_CONF counts when REMAT_ALLOC_CONF is unset.
+  unsetenv("REMAT_ALLOC_CONF");
+  ReadPyTorchAllocConf();
+  EXPECT_THAT(std::string(ConfigFromEnvironment().status().message()),
+              HasSubstr("PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync: allocator settings: "
+                        "unknown key 'backend'"));
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", 1);
+  c = ConfigFromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->alloc_conf, "expandable_segments:True");
 }
 
 TEST_F(EnvTest, ServesUnderTheBudgetAndReportsMemInfo) {

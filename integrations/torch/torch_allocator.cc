@@ -26,6 +26,12 @@ namespace {
 using remat::env::Allocators;
 using remat::env::SetLastError;
 
+// As PyTorch's allocator, remat reads PyTorch's settings variable too.
+[[maybe_unused]] const bool kReadsPyTorchConf = [] {
+  remat::env::ReadPyTorchAllocConf();
+  return true;
+}();
+
 std::uint64_t StreamValue(void* stream) {
   return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(stream));
 }

@@ -31,7 +31,7 @@ class AllocatorOptions(ctypes.Structure):
     _fields_ = [("device", ctypes.c_int), ("cuda_device", ctypes.c_int),
                 ("budget_bytes", ctypes.c_uint64), ("max_split_bytes", ctypes.c_uint64),
                 ("history_events", ctypes.c_uint64), ("sim_capacity_bytes", ctypes.c_uint64),
-                ("sim_backed", ctypes.c_int)]
+                ("sim_backed", ctypes.c_int), ("alloc_conf", ctypes.c_char_p)]
 
 
 class RuntimeOptions(ctypes.Structure):

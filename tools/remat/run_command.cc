@@ -31,6 +31,7 @@ struct RunFlags {
   std::string trace_path;
   std::string snapshot_path;
   std::string device = "cuda";
+  std::string alloc_conf;
   bool stats = false;
   std::vector<std::string> command;
 };
@@ -78,6 +79,7 @@ int RunProgram(const RunFlags& f) {
   if (!f.trace_path.empty()) setenv("REMAT_TRACE", f.trace_path.c_str(), 1);
   if (!f.snapshot_path.empty()) setenv("REMAT_SNAPSHOT", f.snapshot_path.c_str(), 1);
   if (f.stats) setenv("REMAT_STATS", "1", 1);
+  if (!f.alloc_conf.empty()) setenv("REMAT_ALLOC_CONF", f.alloc_conf.c_str(), 1);
 
   std::vector<char*> argv;
   for (const std::string& a : f.command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -148,6 +150,7 @@ Subcommand AddRunCommand(CLI::App& remat) {
       ->check(CLI::IsMember({"cuda", "sim"}))
       ->default_str("cuda");
   cmd->add_flag("--stats", flags->stats, "Print the allocator's statistics to stderr at exit");
+  AddAllocConfOption(*cmd, &flags->alloc_conf);
   cmd->add_option("COMMAND", flags->command, "The program and its arguments (after --)")
       ->required()
       ->type_name("CMD [ARGS...]");
