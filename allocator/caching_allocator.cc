@@ -165,6 +165,8 @@ REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::NewBlock() {
   b->stream = kDefaultStream;
   b->allocated = b->pending_free = b->shared = false;
   b->mapped = true;
+  b->unbacked_lo = b->unbacked_hi = 0;
+  b->unbacked_done = false;
   b->free_seq = 0;
   b->pending_events = 0;
   b->owner = 0;
@@ -445,7 +447,8 @@ CachingAllocator::Block* CachingAllocator::Expand(Pool& pool, std::size_t size, 
   auto reserved = [&] { return static_cast<std::size_t>(stats_.reserved_bytes.all().current); };
   // Past the high-water mark only once the free pages already held are
   // unmapped: the peak then counts the pages of live blocks, not holes.
-  if (reserved() + pages * page_size_ > reserved_high_water_ && free_page_bytes_ > 0) {
+  if (reserved() + pages * page_size_ > reserved_high_water_ &&
+      (free_page_bytes_ > 0 || !unbacking_.empty())) {
     ProcessPendingFrees(/*wait=*/true);
     HarvestStreams(nullptr, /*wait=*/true);
     UnmapFreePages();
@@ -461,31 +464,8 @@ CachingAllocator::Block* CachingAllocator::Expand(Pool& pool, std::size_t size, 
 
 bool CachingAllocator::MapPages(Block* u, std::size_t pages, Stream stream) {
   Segment* seg = u->segment;
-  const std::size_t first = (u->addr - seg->addr) / page_size_;
   const std::size_t bytes = pages * page_size_;
-  std::vector<PhysicalChunk> made;
-  made.reserve(pages);
-  bool ok = true;
-  for (std::size_t i = 0; i < pages && ok; ++i) {
-    absl::StatusOr<PhysicalChunk> chunk = device_->CreateChunk(page_size_);
-    if (!chunk.ok()) {
-      ok = false;
-    } else if (!device_->Map(reinterpret_cast<void*>(u->addr + i * page_size_), *chunk).ok()) {
-      (void)device_->ReleaseChunk(*chunk);
-      ok = false;
-    } else {
-      made.push_back(*chunk);
-    }
-  }
-  if (ok) ok = device_->SetAccess(reinterpret_cast<void*>(u->addr), bytes).ok();
-  if (!ok) {
-    for (std::size_t i = 0; i < made.size(); ++i) {
-      (void)device_->Unmap(reinterpret_cast<void*>(u->addr + i * page_size_), page_size_);
-      (void)device_->ReleaseChunk(made[i]);
-    }
-    return false;
-  }
-  for (std::size_t i = 0; i < pages; ++i) seg->pages[first + i] = made[i];
+  if (!MapRange(seg, u->addr, u->addr + bytes)) return false;
   Pool& pool = PoolOf(u);
   pool.unmapped.erase(u);
   if (bytes < u->size) {
@@ -508,18 +488,208 @@ bool CachingAllocator::MapPages(Block* u, std::size_t pages, Stream stream) {
   u->stream = stream;
   u->shared = false;
   u->free_seq = next_free_seq_++;
-  stats_.reserved_bytes.Increase(StatPoolOf(pool), static_cast<std::int64_t>(bytes));
-  ++stats_.num_device_alloc;
-  RecordTrace(TraceAction::kSegmentMap, u->addr, bytes, bytes, stream);
   ++free_epoch_;
   InsertCoalesced(u);
   return true;
 }
 
+bool CachingAllocator::MapRange(Segment* seg, std::uintptr_t lo, std::uintptr_t hi) {
+  const std::size_t first = (lo - seg->addr) / page_size_;
+  const std::size_t pages = (hi - lo) / page_size_;
+  std::vector<PhysicalChunk> made;
+  made.reserve(pages);
+  bool ok = true;
+  for (std::size_t i = 0; i < pages && ok; ++i) {
+    absl::StatusOr<PhysicalChunk> chunk = device_->CreateChunk(page_size_);
+    if (!chunk.ok()) {
+      ok = false;
+    } else if (!device_->Map(reinterpret_cast<void*>(lo + i * page_size_), *chunk).ok()) {
+      (void)device_->ReleaseChunk(*chunk);
+      ok = false;
+    } else {
+      made.push_back(*chunk);
+    }
+  }
+  if (ok) ok = device_->SetAccess(reinterpret_cast<void*>(lo), hi - lo).ok();
+  if (!ok) {
+    for (std::size_t i = 0; i < made.size(); ++i) {
+      (void)device_->Unmap(reinterpret_cast<void*>(lo + i * page_size_), page_size_);
+      (void)device_->ReleaseChunk(made[i]);
+    }
+    return false;
+  }
+  for (std::size_t i = 0; i < pages; ++i) seg->pages[first + i] = made[i];
+  stats_.reserved_bytes.Increase(seg->large ? kLargePool : kSmallPool,
+                                 static_cast<std::int64_t>(hi - lo));
+  ++stats_.num_device_alloc;
+  RecordTrace(TraceAction::kSegmentMap, lo, hi - lo, hi - lo, seg->stream);
+  return true;
+}
+
+std::size_t CachingAllocator::UnmapPages(Segment* seg, std::uintptr_t lo, std::uintptr_t hi) {
+  std::uintptr_t at = lo;
+  while (at < hi) {
+    const std::size_t index = (at - seg->addr) / page_size_;
+    if (!device_->Unmap(reinterpret_cast<void*>(at), page_size_).ok()) break;
+    (void)device_->ReleaseChunk(seg->pages[index]);
+    seg->pages[index] = PhysicalChunk{};
+    at += page_size_;
+  }
+  if (at == lo) return 0;
+  stats_.reserved_bytes.Decrease(seg->large ? kLargePool : kSmallPool,
+                                 static_cast<std::int64_t>(at - lo));
+  ++stats_.num_device_free;
+  RecordTrace(TraceAction::kSegmentUnmap, lo, at - lo, at - lo, seg->stream);
+  return at - lo;
+}
+
+absl::StatusOr<std::size_t> CachingAllocator::Unback(void* ptr) {
+  MutexLock lock(&mu_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Unback"));
+  Block* b = it->second;
+  if (!b->segment->expandable) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "Unback(%p): the block is not in an expandable segment (expandable_segments:True)", ptr));
+  }
+  if (b->unbacked_hi != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat("Unback(%p): unbacked already", ptr));
+  }
+  const std::uintptr_t lo = RoundUpTo(b->addr, page_size_);
+  const std::uintptr_t hi = (b->addr + b->size) / page_size_ * page_size_;
+  if (hi <= lo) return 0;
+  b->unbacked_lo = lo;
+  b->unbacked_hi = hi;
+  b->unbacked_done = false;
+  unbacking_.push_back(b);
+  ++free_epoch_;
+  return hi - lo;
+}
+
+void CachingAllocator::ForgetUnbacking(Block* block) {
+  auto it = std::find(unbacking_.begin(), unbacking_.end(), block);
+  if (it != unbacking_.end()) {
+    *it = unbacking_.back();
+    unbacking_.pop_back();
+  }
+  block->unbacked_lo = block->unbacked_hi = 0;
+  block->unbacked_done = false;
+}
+
+absl::Status CachingAllocator::Reback(void* ptr, Stream stream) {
+  MutexLock lock(&mu_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Reback"));
+  Block* b = it->second;
+  if (b->unbacked_hi == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat("Reback(%p): the block is not unbacked", ptr));
+  }
+  if (!b->unbacked_done) {  // its pages never went
+    ForgetUnbacking(b);
+    return absl::OkStatus();
+  }
+  const std::size_t bytes = b->unbacked_hi - b->unbacked_lo;
+  for (int round = 0;; ++round) {
+    // `b` stays allocated while the lock is released below: only its
+    // unbacked range is ours to map.
+    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+    if (reserved + bytes <= budget_) {
+      if (!MapRange(b->segment, b->unbacked_lo, b->unbacked_hi)) {
+        return absl::ResourceExhaustedError(
+            absl::StrFormat("Reback(%p): the device has no memory for %s", ptr, FormatBytes(bytes)));
+      }
+      reserved_high_water_ = std::max(
+          reserved_high_water_, static_cast<std::size_t>(stats_.reserved_bytes.all().current));
+      b->unbacked_lo = b->unbacked_hi = 0;
+      b->unbacked_done = false;
+      return absl::OkStatus();
+    }
+    ProcessPendingFrees(/*wait=*/true);
+    HarvestStreams(nullptr, /*wait=*/true);
+    if (ReleaseCachedSegments() > 0) continue;
+    std::shared_ptr<PressureHandler> handler = pressure_handler_;
+    if (handler == nullptr || round >= options_.max_pressure_rounds || bytes > budget_) break;
+    PressureRequest request{bytes, stream, budget_, reserved,
+                            static_cast<std::size_t>(stats_.allocated_bytes.all().current)};
+    ++stats_.num_pressure_calls;
+    const std::uint64_t epoch = free_epoch_;
+    mu_.Unlock();
+    const bool progress = (*handler)(request);
+    mu_.Lock();
+    if (!progress && free_epoch_ == epoch) break;
+  }
+  ++stats_.num_ooms;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "Reback(%p): cannot map %s within the budget %s (reserved %s)", ptr, FormatBytes(bytes),
+      FormatBytes(budget_), FormatBytes(static_cast<std::size_t>(stats_.reserved_bytes.all().current))));
+}
+
+void CachingAllocator::ReturnUnbacked(Block* block) {
+  const std::uintptr_t lo = block->unbacked_lo;
+  const std::uintptr_t hi = block->unbacked_hi;
+  const std::uintptr_t end = block->addr + block->size;
+  Segment* seg = block->segment;
+  block->unbacked_lo = block->unbacked_hi = 0;
+  block->unbacked_done = false;
+  auto piece = [&](std::uintptr_t addr, std::size_t size) {
+    Block* p = NewBlock();
+    p->addr = addr;
+    p->size = size;
+    p->segment = seg;
+    p->stream = block->stream;
+    p->free_seq = block->free_seq;
+    return p;
+  };
+  Block* head = nullptr;
+  Block* tail = nullptr;
+  if (lo > block->addr) {
+    head = piece(block->addr, lo - block->addr);
+    head->prev = block->prev;
+    head->next = block;
+    if (block->prev != nullptr) {
+      block->prev->next = head;
+    } else {
+      seg->first = head;
+    }
+    block->prev = head;
+  }
+  if (end > hi) {
+    tail = piece(hi, end - hi);
+    tail->prev = block;
+    tail->next = block->next;
+    if (block->next != nullptr) block->next->prev = tail;
+    block->next = tail;
+  }
+  block->addr = lo;
+  block->size = hi - lo;
+  block->mapped = false;
+  block->stream = seg->stream;
+  InsertUnmapped(block);
+  if (head != nullptr) InsertCoalesced(head);
+  if (tail != nullptr) InsertCoalesced(tail);
+}
+
 std::size_t CachingAllocator::UnmapFreePages() {
-  if (free_page_bytes_ == 0) return 0;
-  // Work queued on a stream may still use a block freed on it.
+  if (free_page_bytes_ == 0 && unbacking_.empty()) return 0;
+  // Work queued on a stream may still use a block freed (or unbacked) on it.
   if (!device_->Synchronize().ok()) return 0;
+  std::size_t released = 0;
+  for (Block* b : unbacking_) {
+    const std::size_t gone = UnmapPages(b->segment, b->unbacked_lo, b->unbacked_hi);
+    released += gone;
+    if (gone == b->unbacked_hi - b->unbacked_lo) {
+      b->unbacked_done = true;
+    } else {
+      // The device refused part of it: map back what went, keep the block whole.
+      if (gone > 0 && !MapRange(b->segment, b->unbacked_lo, b->unbacked_lo + gone)) {
+        REMAT_LOG(kError, "an unbacked block lost pages it cannot map again");
+      }
+      released -= gone;
+      b->unbacked_lo = b->unbacked_hi = 0;
+    }
+  }
+  unbacking_.clear();
+  if (released > 0) ++free_epoch_;
   std::vector<Block*> blocks;
   for (Pool* pool : {&small_, &large_}) {
     for (Block* b : pool->free) {
@@ -529,19 +699,11 @@ std::size_t CachingAllocator::UnmapFreePages() {
       }
     }
   }
-  std::size_t released = 0;
   for (Block* b : blocks) {
     Segment* seg = b->segment;
     const std::uintptr_t lo = RoundUpTo(b->addr, page_size_);
     const std::uintptr_t end = b->addr + b->size;
-    std::uintptr_t hi = lo;  // end of the pages unmapped so far
-    while (hi + page_size_ <= end) {
-      const std::size_t index = (hi - seg->addr) / page_size_;
-      if (!device_->Unmap(reinterpret_cast<void*>(hi), page_size_).ok()) break;
-      (void)device_->ReleaseChunk(seg->pages[index]);
-      seg->pages[index] = PhysicalChunk{};
-      hi += page_size_;
-    }
+    const std::uintptr_t hi = lo + UnmapPages(seg, lo, end / page_size_ * page_size_);
     if (hi == lo) continue;
     EraseFree(b);
     // The mapped head and tail stay free blocks; the pages between go.
@@ -582,10 +744,6 @@ std::size_t CachingAllocator::UnmapFreePages() {
     b->mapped = false;
     b->shared = false;
     b->stream = seg->stream;
-    stats_.reserved_bytes.Decrease(seg->large ? kLargePool : kSmallPool,
-                                   static_cast<std::int64_t>(hi - lo));
-    ++stats_.num_device_free;
-    RecordTrace(TraceAction::kSegmentUnmap, lo, hi - lo, hi - lo, seg->stream);
     released += hi - lo;
     InsertUnmapped(b);
   }
@@ -699,6 +857,13 @@ REMAT_HOT_INLINE void CachingAllocator::ReturnBlock(Block* block, Stream stream)
   block->shared = false;
   block->free_seq = next_free_seq_++;
   ++free_epoch_;
+  if (block->unbacked_hi != 0) [[unlikely]] {
+    if (block->unbacked_done) {
+      ReturnUnbacked(block);
+      return;
+    }
+    ForgetUnbacking(block);  // its pages are still mapped: an ordinary free
+  }
   InsertCoalesced(block);
 }
 
@@ -1133,7 +1298,8 @@ Snapshot CachingAllocator::TakeSnapshot() const {
       info.stream = seg->stream;
       const Block* b = run;
       for (; b != nullptr && b->mapped; b = b->next) {
-        info.total_size += b->size;
+        // An unbacked block keeps its size; only its mapped pages count.
+        info.total_size += b->size - (b->unbacked_done ? b->unbacked_hi - b->unbacked_lo : 0);
         BlockInfo bi;
         bi.address = b->addr;
         bi.size = b->size;
@@ -1179,7 +1345,7 @@ MemoryMap CachingAllocator::GetMemoryMap() const {
       ms.is_large = seg->large;
       const Block* b = run;
       for (; b != nullptr && b->mapped; b = b->next) {
-        ms.size += b->size;
+        ms.size += b->size - (b->unbacked_done ? b->unbacked_hi - b->unbacked_lo : 0);
         ms.blocks.push_back(MemoryMapBlock{b->addr, b->size,
                                            StateOf(b->allocated, b->pending_free), b->owner});
       }

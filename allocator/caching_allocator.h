@@ -152,6 +152,21 @@ class CachingAllocator {
   // Returns every whole free segment to the device (after pending events).
   absl::Status EmptyCache();
 
+  // Addresses that survive eviction (expandable segments only). Unback gives
+  // up the memory of the whole pages inside a live block while the block,
+  // and so its address, stays allocated: a framework that kept the pointer
+  // (or a view into it) finds it again after Reback. It returns the bytes
+  // that go (0 when no whole page lies inside the block: nothing changes).
+  // The pages are unmapped when memory is next needed, after a device
+  // synchronize, so work already enqueued on the block may finish; nothing
+  // may be enqueued on it after Unback until Reback.
+  absl::StatusOr<std::size_t> Unback(void* ptr);
+  // Maps fresh pages under an unbacked block, within the budget (releasing
+  // the cache and asking the pressure handler as Allocate does). The bytes
+  // are not kept: the caller copies them back. ResourceExhausted when no
+  // room can be made; the block then stays unbacked.
+  absl::Status Reback(void* ptr, Stream stream = kDefaultStream);
+
   void SetPressureHandler(PressureHandler handler);
   // Rejects budgets below the smallest segment (2 MiB) and beyond the device.
   // Lowering it below what is
@@ -198,6 +213,11 @@ class CachingAllocator {
     bool pending_free = false;
     bool shared = false;    // free and safe for every stream
     bool mapped = true;     // false: unmapped pages of an expandable segment (page-aligned)
+    // Unback: the whole pages [unbacked_lo, unbacked_hi) of an allocated
+    // block are given up; unbacked_done once they are unmapped.
+    std::uintptr_t unbacked_lo = 0;
+    std::uintptr_t unbacked_hi = 0;
+    bool unbacked_done = false;
     std::uintptr_t partition = 0;  // free-set partition, set on entering the set
     std::uint64_t free_seq = 0;
     int pending_events = 0;
@@ -313,6 +333,18 @@ class CachingAllocator {
   std::size_t UnmapFreePages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts an unmapped block into its pool's set, merged with unmapped neighbours.
   void InsertUnmapped(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps whole pages [lo, hi) of `seg`; returns the bytes unmapped (it
+  // stops at the first page the device refuses).
+  std::size_t UnmapPages(Segment* seg, std::uintptr_t lo, std::uintptr_t hi)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Maps fresh pages over [lo, hi) of `seg`; false (nothing mapped) when the
+  // device refuses.
+  bool MapRange(Segment* seg, std::uintptr_t lo, std::uintptr_t hi)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An inactive block whose middle pages were unbacked: splits off the
+  // unmapped middle, and puts the mapped ends in the free set.
+  void ReturnUnbacked(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetUnbacking(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases every page and range of an expandable segment (destruction).
   void DestroyExpandable(Segment* seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FreeLocked(void* ptr, const Stream* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -382,6 +414,8 @@ class CachingAllocator {
   // Bytes of the whole pages inside free blocks of expandable segments
   // (what UnmapFreePages can give back).
   std::size_t free_page_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Blocks Unback gave up whose pages are still mapped.
+  std::vector<Block*> unbacking_ ABSL_GUARDED_BY(mu_);
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<TraceEvent> ring_ ABSL_GUARDED_BY(mu_);
   std::size_t ring_next_ ABSL_GUARDED_BY(mu_) = 0;  // where the next event goes

@@ -46,7 +46,8 @@ class ExpandableTest : public ::testing::Test {
         EXPECT_EQ(b.address, seg.address + tiled);
         tiled += b.size;
       }
-      EXPECT_EQ(tiled, seg.total_size);
+      // Equal, less the pages of blocks that gave theirs up (Unback).
+      EXPECT_GE(tiled, seg.total_size);
       in_segments += static_cast<std::int64_t>(seg.total_size);
     }
     EXPECT_EQ(in_segments, reserved);
@@ -196,10 +197,27 @@ TEST_F(ExpandableTest, LiveBytesSurviveGrowthAndShrinking) {
       void* ptr;
       std::size_t bytes;
       unsigned char fill;
+      std::vector<unsigned char> saved;  // while unbacked: its bytes on the host
+      bool unbacked = false;
     };
     std::vector<Live> live;
     std::vector<unsigned char> host;
+    // An unbacked block comes back at its address, with the bytes copied in.
+    auto reback = [&](Live& l) {
+      if (!l.unbacked) return;
+      absl::Status s = alloc_->Reback(l.ptr);
+      if (absl::IsResourceExhausted(s)) return;  // no room now: it stays on the host
+      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_TRUE(device_->CopyAsync(l.ptr, l.saved.data(), l.bytes, CopyKind::kHostToDevice,
+                                     kDefaultStream).ok());
+      ASSERT_TRUE(device_->Synchronize().ok());
+      l.unbacked = false;
+    };
     auto check = [&](const Live& l) {
+      if (l.unbacked) {
+        for (std::size_t i = 0; i < l.bytes; i += 4093) ASSERT_EQ(l.saved[i], l.fill) << i;
+        return;
+      }
       host.assign(l.bytes, 0);
       ASSERT_TRUE(device_->CopyAsync(host.data(), l.ptr, l.bytes, CopyKind::kDeviceToHost,
                                      kDefaultStream).ok());
@@ -208,7 +226,24 @@ TEST_F(ExpandableTest, LiveBytesSurviveGrowthAndShrinking) {
       ASSERT_EQ(host[l.bytes - 1], l.fill);
     };
     for (int step = 0; step < 300; ++step) {
-      const bool allocate = live.empty() || rng() % 100 < 55;
+      const unsigned roll = rng() % 100;
+      const bool allocate = live.empty() || roll < 50;
+      if (!allocate && roll < 62) {
+        // Offload one that keeps its address, or bring one back.
+        Live& l = live[rng() % live.size()];
+        if (l.unbacked) {
+          reback(l);
+          continue;
+        }
+        l.saved.assign(l.bytes, 0);
+        ASSERT_TRUE(device_->CopyAsync(l.saved.data(), l.ptr, l.bytes, CopyKind::kDeviceToHost,
+                                       kDefaultStream).ok());
+        auto gone = alloc_->Unback(l.ptr);
+        ASSERT_TRUE(gone.ok()) << gone.status();
+        ASSERT_TRUE(device_->Synchronize().ok());  // the host buffer is read below
+        l.unbacked = *gone > 0;
+        continue;
+      }
       if (allocate) {
         const std::size_t sizes[] = {4096, 300 * 1024, 1536 * 1024, 3 * kMiB, 7 * kMiB + 512};
         const std::size_t bytes = sizes[rng() % 5] + rng() % 4096;
@@ -227,7 +262,7 @@ TEST_F(ExpandableTest, LiveBytesSurviveGrowthAndShrinking) {
         const std::size_t i = rng() % live.size();
         check(live[i]);
         Free(live[i].ptr);
-        live[i] = live.back();
+        live[i] = std::move(live.back());
         live.pop_back();
       }
       if (step % 50 == 0) {
@@ -235,13 +270,93 @@ TEST_F(ExpandableTest, LiveBytesSurviveGrowthAndShrinking) {
         CheckConsistent();
       }
     }
-    for (const Live& l : live) {
+    for (Live& l : live) {
+      reback(l);
       check(l);
       Free(l.ptr);
     }
     ASSERT_TRUE(alloc_->EmptyCache().ok());
     EXPECT_EQ(Reserved(), 0);
   }
+}
+
+// Addresses that survive eviction: an offload gives the pages up, the
+// restore maps fresh ones at the same address, and the bytes come back.
+TEST_F(ExpandableTest, UnbackedBlocksKeepTheirAddressAndGetTheirBytesBack) {
+  Make(true, /*budget=*/16 * kMiB, /*backed=*/true);
+  void* a = Alloc(5 * kMiB / 2);
+  void* b = Alloc(10 * kMiB);  // [2.5, 12.5) MiB: whole pages [4, 12) inside
+  ASSERT_EQ(static_cast<char*>(b) - static_cast<char*>(a), 5 * static_cast<std::ptrdiff_t>(kMiB) / 2);
+  std::vector<unsigned char> pattern(10 * kMiB), back(10 * kMiB);
+  for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<unsigned char>(i * 131 + 7);
+  ASSERT_TRUE(device_->CopyAsync(b, pattern.data(), pattern.size(), CopyKind::kHostToDevice,
+                                 kDefaultStream).ok());
+  // The copy out, then the pages go.
+  ASSERT_TRUE(device_->CopyAsync(back.data(), b, back.size(), CopyKind::kDeviceToHost,
+                                 kDefaultStream).ok());
+  auto gone = alloc_->Unback(b);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_EQ(*gone, 8 * kMiB);
+  EXPECT_EQ(alloc_->Unback(b).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Memory is needed: the unbacked pages are what makes room.
+  void* c = Alloc(8 * kMiB);
+  ASSERT_NE(c, nullptr);
+  EXPECT_LE(Reserved(), 16 * static_cast<std::int64_t>(kMiB));
+  EXPECT_EQ(std::memcmp(back.data(), pattern.data(), pattern.size()), 0);  // the copy out was whole
+  // Nothing backs the middle now: the device refuses to touch it.
+  EXPECT_FALSE(device_->CopyAsync(back.data(), static_cast<char*>(b) + 2 * kMiB, 4096,
+                                  CopyKind::kDeviceToHost, kDefaultStream).ok());
+  // No room to map it back while c lives...
+  EXPECT_EQ(alloc_->Reback(b).code(), absl::StatusCode::kResourceExhausted);
+  Free(c);
+  // ...and once c's pages are free, they move.
+  ASSERT_TRUE(alloc_->Reback(b).ok());
+  ASSERT_TRUE(device_->CopyAsync(b, back.data(), back.size(), CopyKind::kHostToDevice,
+                                 kDefaultStream).ok());
+  std::vector<unsigned char> check(10 * kMiB);
+  ASSERT_TRUE(device_->CopyAsync(check.data(), b, check.size(), CopyKind::kDeviceToHost,
+                                 kDefaultStream).ok());
+  ASSERT_TRUE(device_->Synchronize().ok());
+  EXPECT_EQ(std::memcmp(check.data(), pattern.data(), pattern.size()), 0);
+  EXPECT_EQ(alloc_->Reback(b).code(), absl::StatusCode::kFailedPrecondition);
+  CheckConsistent();
+  Free(a);
+  Free(b);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+}
+
+TEST_F(ExpandableTest, FreeingAnUnbackedBlockLeavesItsMiddleUnmapped) {
+  Make(true, /*budget=*/64 * kMiB);
+  void* a = Alloc(5 * kMiB / 2);
+  void* b = Alloc(10 * kMiB);  // [2.5, 12.5) MiB
+  void* c = Alloc(5 * kMiB / 2);
+  ASSERT_TRUE(alloc_->Unback(b).ok());
+  // Freed before its pages went: an ordinary free.
+  Free(b);
+  CheckConsistent();
+  void* again = Alloc(10 * kMiB);
+  ASSERT_EQ(again, b);
+  ASSERT_TRUE(alloc_->Unback(b).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());  // the pages go now
+  EXPECT_EQ(Reserved(), 8 * static_cast<std::int64_t>(kMiB));  // a, c and b's edge pages
+  Free(b);
+  CheckConsistent();
+  EXPECT_EQ(Reserved(), 8 * static_cast<std::int64_t>(kMiB));
+  // The hole maps again for whoever needs it (with the free bytes before it,
+  // it takes the fewest new pages).
+  void* d = Alloc(19 * kMiB / 2);
+  EXPECT_EQ(d, b);
+  CheckConsistent();
+  Free(a);
+  Free(c);
+  Free(d);
+  // Without expandable segments there is nothing to unback.
+  Make(false);
+  void* e = Alloc(30 * kMiB);
+  EXPECT_EQ(alloc_->Unback(e).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(alloc_->Unback(static_cast<char*>(e) + 512).ok());
+  Free(e);
 }
 
 }  // namespace
