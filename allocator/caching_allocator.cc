@@ -386,16 +386,22 @@ std::pair<CachingAllocator::Block*, std::size_t> CachingAllocator::FindExpansion
     Pool& pool, std::size_t size, Stream stream) {
   Block* best = nullptr;
   std::size_t best_pages = 0;
+  auto usable = [stream](const Block* c) {
+    return c != nullptr && !c->allocated && !c->pending_free && c->mapped &&
+           (c->shared || c->stream == stream);
+  };
   for (Block* u : pool.unmapped) {
     if (u->segment->stream != stream) continue;
     // Free mapped bytes right before it that the stream may use: the new
-    // pages extend them.
-    const Block* c = u->prev;
-    const bool extends = c != nullptr && !c->allocated && !c->pending_free && c->mapped &&
-                         (c->shared || c->stream == stream);
-    const std::size_t have = extends ? c->size : 0;
-    if (have >= size || have + u->size < size) continue;
-    const std::size_t pages = (size - have + page_size_ - 1) / page_size_;
+    // pages extend them. When those and the whole hole are not enough, the
+    // free bytes right after it may close the gap (the hole is then mapped
+    // whole): partial pages left around a hole are used, not stranded.
+    const std::size_t before = usable(u->prev) ? u->prev->size : 0;
+    const std::size_t after = usable(u->next) ? u->next->size : 0;
+    if (before >= size || before + u->size + after < size) continue;
+    const std::size_t pages = before + u->size >= size
+                                  ? (size - before + page_size_ - 1) / page_size_
+                                  : u->size / page_size_;
     if (best == nullptr || pages < best_pages) {
       best = u;
       best_pages = pages;
@@ -406,10 +412,13 @@ std::pair<CachingAllocator::Block*, std::size_t> CachingAllocator::FindExpansion
 
 CachingAllocator::Segment* CachingAllocator::NewExpandableSegment(Pool& pool, std::size_t size,
                                                                   Stream stream) {
-  // As much address space as the budget allows memory, halved while the
-  // device has no range that large.
+  // Twice the budget of address space (up to the device's size), so that
+  // where blocks lie seldom limits what the budget allows (a stream opens
+  // another range when it does), halved while the device has no range that
+  // large.
   const std::size_t least = RoundUpTo(size, page_size_);
-  std::size_t bytes = RoundUpTo(std::max(budget_, size), page_size_);
+  const std::size_t room = budget_ > device_capacity_ / 2 ? device_capacity_ : 2 * budget_;
+  std::size_t bytes = RoundUpTo(std::max(room, size), page_size_);
   absl::StatusOr<void*> ptr = device_->ReserveAddressRange(bytes);
   while (!ptr.ok() && bytes > least) {
     bytes = std::max(least, RoundUpTo(bytes / 2, page_size_));
@@ -438,12 +447,17 @@ CachingAllocator::Segment* CachingAllocator::NewExpandableSegment(Pool& pool, st
 }
 
 CachingAllocator::Block* CachingAllocator::Expand(Pool& pool, std::size_t size, Stream stream) {
-  auto [u, pages] = FindExpansion(pool, size, stream);
-  if (u == nullptr) {
-    if (NewExpandableSegment(pool, size, stream) == nullptr) return nullptr;
+  Block* u = nullptr;
+  std::size_t pages = 0;
+  // Where to map, in a new range when no range of the stream has the room.
+  auto place = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::tie(u, pages) = FindExpansion(pool, size, stream);
-    if (u == nullptr) return nullptr;
-  }
+    if (u == nullptr && NewExpandableSegment(pool, size, stream) != nullptr) {
+      std::tie(u, pages) = FindExpansion(pool, size, stream);
+    }
+    return u != nullptr;
+  };
+  if (!place()) return nullptr;
   auto reserved = [&] { return static_cast<std::size_t>(stats_.reserved_bytes.all().current); };
   // Past the high-water mark only once the free pages already held are
   // unmapped: the peak then counts the pages of live blocks, not holes.
@@ -453,8 +467,7 @@ CachingAllocator::Block* CachingAllocator::Expand(Pool& pool, std::size_t size, 
     HarvestStreams(nullptr, /*wait=*/true);
     UnmapFreePages();
     if (Block* b = FindFreeBlockPtr(pool, size, stream)) return b;  // the harvest may have made room
-    std::tie(u, pages) = FindExpansion(pool, size, stream);
-    if (u == nullptr) return nullptr;
+    if (!place()) return nullptr;
   }
   if (reserved() + pages * page_size_ > budget_) return nullptr;
   if (!MapPages(u, pages, stream)) return nullptr;
