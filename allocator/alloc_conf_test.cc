@@ -105,11 +105,13 @@ TEST(AllocConfTest, GarbageCollectionReleasesTheCacheBeforeGrowing) {
     auto device = std::move(SimDevice::Create({.capacity = kGiB})).value();
     AllocatorOptions o;
     o.budget = 100 * kMiB;
-    if (gc) ASSERT_TRUE(ApplyAllocConf("garbage_collection_threshold:0.5", &o).ok());
+    if (gc) {
+      ASSERT_TRUE(ApplyAllocConf("garbage_collection_threshold:0.5", &o).ok());
+    }
     auto a = std::move(CachingAllocator::Create(device.get(), o)).value();
     void* x = *a->Allocate(60 * kMiB);  // its own 60 MiB segment
     ASSERT_TRUE(a->Free(x).ok());       // cached
-    void* y = *a->Allocate(30 * kMiB);  // fits no cached block under max split... takes x's
+    void* y = *a->Allocate(30 * kMiB);  // takes part of x's cached segment
     ASSERT_TRUE(a->Free(y).ok());
     void* z = *a->Allocate(70 * kMiB);  // needs a new segment
     // Past half the budget, the 60 MiB cached segment goes before the new one
@@ -130,7 +132,9 @@ TEST(AllocConfTest, ReleasingTheLockKeepsTheBudget) {
     threads.emplace_back([&] {
       for (int i = 0; i < 200; ++i) {
         auto p = a->Allocate((10 + i % 40) * kMiB);
-        if (p.ok()) ASSERT_TRUE(a->Free(*p).ok());
+        if (p.ok()) {
+          ASSERT_TRUE(a->Free(*p).ok());
+        }
       }
     });
   }

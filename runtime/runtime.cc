@@ -119,6 +119,10 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(CachingAllocator* alloc
   if (!(options.link_gbps > 0) || options.link_latency_ns < 0) {
     return absl::InvalidArgumentError("link bandwidth must be positive and latency >= 0");
   }
+  if (options.keep_addresses && !allocator->options().expandable_segments) {
+    return absl::InvalidArgumentError(
+        "keep_addresses needs an allocator with expandable segments (expandable_segments:True)");
+  }
   std::shared_ptr<policies::EvictionPolicy> policy = options.custom_policy;
   if (policy == nullptr) {
     REMAT_ASSIGN_OR_RETURN(policy, policies::Create(options.policy));
@@ -152,6 +156,7 @@ Runtime::~Runtime() {
   LogIfError(device_->Synchronize(), "synchronizing before destruction");
   for (const auto& s : storages_.all()) {
     if (s->device != nullptr) LogIfError(allocator_->Free(s->device), "freeing a block");
+    if (s->kept != nullptr) LogIfError(allocator_->Free(s->kept), "freeing a kept block");
     if (s->host != nullptr) {
       LogIfError(host_pool_.FreeAfter(s->host, copy_stream_), "returning a host buffer");
     }
@@ -456,6 +461,11 @@ void Runtime::MaybeCollect(Storage* first) {
       stats_.resident_bytes -= s->bytes;  // a zero-byte tensor
     }
     if (s->host != nullptr) ReturnHostBuffer(s->host, copy_stream_);
+    if (s->kept != nullptr) {
+      // Behind the copy out, which is on the copy stream.
+      LogIfError(allocator_->FreeOnStream(s->kept, copy_stream_), "freeing a kept block");
+      s->kept = nullptr;
+    }
     if (s->copy_in_flight) events_.Give(s->copy_event);
     if (options_.observer != nullptr) {
       Tell(s, {.kind = TensorEvent::Kind::kCollected, .from = s->state});

@@ -143,6 +143,15 @@ struct RuntimeOptions {
   // Told every storage's transitions and every pressure event
   // (runtime/observer.h); not owned, must outlive the runtime. nullptr: none.
   RuntimeObserver* observer = nullptr;
+  // An offloaded tensor keeps its device address: the whole pages under its
+  // block go (CachingAllocator::Unback) and its restore maps fresh pages at
+  // the same address before copying the bytes back, so a pointer a framework
+  // kept (a view's data pointer) is valid again, with the same bytes, after
+  // every restore. Needs an allocator with expandable segments. A block with
+  // no whole page inside (under 2 MiB, say) would give nothing back this
+  // way: it is handed back as without the option and comes back elsewhere
+  // (RuntimeStats::moved_restores counts those).
+  bool keep_addresses = false;
 };
 
 struct RuntimeStats {
@@ -158,6 +167,8 @@ struct RuntimeStats {
   std::int64_t recompute_ns = 0;      // estimated cost of the recomputes run
   std::uint64_t offloaded_bytes = 0;
   std::uint64_t restored_bytes = 0;
+  std::uint64_t kept_addresses = 0;  // offloads that kept their address (keep_addresses)
+  std::uint64_t moved_restores = 0;  // restores at a new address under keep_addresses
   std::uint64_t prefetches = 0;
   std::uint64_t resident_bytes = 0;   // storages on the device now
   std::uint64_t peak_resident_bytes = 0;
@@ -368,6 +379,18 @@ class Runtime {
   // MemoryMap), evicting first to stay within the live budget.
   absl::StatusOr<void*> AllocateDevice(std::size_t bytes, Stream stream, std::uint64_t owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts until `bytes` more fit the live budget (a no-op without one).
+  absl::Status MakeLiveRoom(std::size_t bytes, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The block a restore of `s` copies into: its kept address, backed again,
+  // or a new block.
+  absl::StatusOr<void*> BlockToRestore(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a failed restore into `ptr`: a kept address is given up again
+  // (kept), any other block goes back to the allocator.
+  void UndoRestoreBlock(Storage* s, void* ptr, bool kept, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // keep_addresses: gives up the pages under an offloaded storage's block and
+  // keeps the block; false when it cannot (the caller hands the block back).
+  bool KeepAddress(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Evict(const PressureRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills scratch_ (and scratch_storages_) with what the policy sees now.
   void GatherCandidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -116,6 +116,9 @@ absl::Status Runtime::CheckStorages() const {
     if ((s->host != nullptr) != host_state) {
       return BrokenAt(s, "%s a host buffer", s->host != nullptr ? "holds" : "lacks");
     }
+    if (s->kept != nullptr && (!host_state || !options_.keep_addresses)) {
+      return BrokenAt(s, "keeps a device address while %s", TensorStateName(s->state));
+    }
     const bool copy_state =
         s->state == TensorState::kOffloading || s->state == TensorState::kPrefetching;
     if (s->copy_in_flight != copy_state) {

@@ -7,6 +7,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "base/units.h"
+#include "base/status_macros.h"
 #include "runtime/runtime.h"
 #include "runtime/runtime_internal.h"
 
@@ -14,6 +15,15 @@ namespace remat {
 
 absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream,
                                               std::uint64_t owner) {
+  REMAT_RETURN_IF_ERROR(MakeLiveRoom(bytes, stream));
+  absl::StatusOr<void*> ptr = allocator_->Allocate(bytes, stream, owner);
+  if (ptr.ok() || !absl::IsResourceExhausted(ptr.status())) return ptr;
+  if (StepLimitReached()) return StepLimitError();
+  return absl::ResourceExhaustedError(
+      absl::StrCat(DescribePressure(bytes), "; allocator: ", ptr.status().message()));
+}
+
+absl::Status Runtime::MakeLiveRoom(std::size_t bytes, Stream stream) {
   if (options_.live_budget != 0) {
     // Outputs allocated for closures not yet run count as live already.
     while (stats_.resident_bytes + pending_live_bytes_ + bytes > options_.live_budget) {
@@ -28,11 +38,7 @@ absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream,
       }
     }
   }
-  absl::StatusOr<void*> ptr = allocator_->Allocate(bytes, stream, owner);
-  if (ptr.ok() || !absl::IsResourceExhausted(ptr.status())) return ptr;
-  if (StepLimitReached()) return StepLimitError();
-  return absl::ResourceExhaustedError(
-      absl::StrCat(DescribePressure(bytes), "; allocator: ", ptr.status().message()));
+  return absl::OkStatus();
 }
 
 policies::Candidate Runtime::MakeCandidate(const Storage* s, const policies::Needs& needs,

@@ -140,6 +140,47 @@ TEST_F(RuntimeTest, OffloadedTensorComesBackFromHost) {
   EXPECT_EQ(runtime_->stats().restored_bytes, 4 * kMiB);
 }
 
+TEST_F(RuntimeTest, KeptAddressesSurviveOffloadAndRestore) {
+  Make(16 * kMiB, {.policy = "lru", .keep_addresses = true}, /*backed=*/true, /*expandable=*/true);
+  TensorId a = Produce(6 * kMiB + 4096, {}, false, true);  // offload only; whole pages inside
+  TensorId small = Produce(256 * 1024, {}, false, true);  // no whole page of its own
+  void* a_ptr = runtime_->Acquire(a)->ptr();
+  void* small_ptr = runtime_->Acquire(small)->ptr();
+  CheckInvariants();
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    TensorId b = Produce(12 * kMiB, {}, false, false);  // a and small go to the host
+    ASSERT_TRUE(StateOf(a) == TensorState::kOffloading || StateOf(a) == TensorState::kOnHost);
+    CheckInvariants();
+    ASSERT_TRUE(runtime_->Free(b).ok());
+    // Back at the address it had, with its bytes.
+    Check(a);
+    EXPECT_EQ(runtime_->Acquire(a)->ptr(), a_ptr);
+    Check(small);
+    CheckInvariants();
+  }
+  EXPECT_EQ(runtime_->stats().kept_addresses, 3u);
+  EXPECT_GE(runtime_->stats().moved_restores, 1u);  // the small one came back elsewhere
+  (void)small_ptr;
+  // An offloaded tensor freed by its owner gives its block back.
+  TensorId b = Produce(12 * kMiB, {}, false, false);
+  ASSERT_NE(StateOf(a), TensorState::kResident);
+  ASSERT_TRUE(runtime_->Free(a).ok());
+  CheckInvariants();
+  ASSERT_TRUE(runtime_->Free(b).ok());
+  ASSERT_TRUE(runtime_->Free(small).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(alloc_->GetStats().allocated_bytes.all().current, 0);
+}
+
+TEST_F(RuntimeTest, KeepingAddressesNeedsExpandableSegments) {
+  device_ = std::move(SimDevice::Create({.capacity = kGiB})).value();
+  alloc_ = std::move(CachingAllocator::Create(device_.get(), {.budget = 64 * kMiB})).value();
+  auto rt = Runtime::Create(alloc_.get(), {.keep_addresses = true});
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(rt.status().message()), ::testing::HasSubstr("expandable"));
+}
+
 TEST_F(RuntimeTest, PrefetchBringsATensorBackAheadOfUse) {
   Make(8 * kMiB, {.policy = "lru"});
   TensorId a = Produce(4 * kMiB, {}, false, true);

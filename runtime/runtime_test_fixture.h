@@ -45,11 +45,14 @@ class RuntimeTest : public ::testing::Test {
   // The chain the neighbourhood tests share (runtime_candidates_test.cc).
   ScriptedChain ProduceScriptedChain(std::shared_ptr<policies::EvictionPolicy> policy);
 
-  void Make(std::size_t budget, RuntimeOptions options = {}, bool backed = true) {
+  void Make(std::size_t budget, RuntimeOptions options = {}, bool backed = true,
+            bool expandable = false) {
     runtime_.reset();
     alloc_.reset();
     device_ = std::move(SimDevice::Create({.capacity = 4 * kGiB, .backed = backed})).value();
-    alloc_ = std::move(CachingAllocator::Create(device_.get(), {.budget = budget})).value();
+    alloc_ = std::move(CachingAllocator::Create(
+                           device_.get(), {.budget = budget, .expandable_segments = expandable}))
+                 .value();
     auto rt = Runtime::Create(alloc_.get(), std::move(options));
     ASSERT_TRUE(rt.ok()) << rt.status();
     runtime_ = std::move(rt).value();
@@ -119,8 +122,11 @@ class RuntimeTest : public ::testing::Test {
   }
 
   // Acquires and compares the bytes with what they were when produced.
-  void Check(TensorId id) {
+  // `allow_oom`: a ResourceExhausted acquire is fine (the invariants are
+  // checked by the caller).
+  void Check(TensorId id, bool allow_oom = false) {
     auto g = runtime_->Acquire(id);
+    if (allow_oom && absl::IsResourceExhausted(g.status())) return;
     ASSERT_TRUE(g.ok()) << g.status();
     ASSERT_TRUE(device_->SynchronizeStream(kDefaultStream).ok());
     const std::vector<unsigned char>& want = expected_.at(id);

@@ -64,7 +64,8 @@ absl::Status Runtime::PrefetchStorage(Storage* s, Stream stream) {
   if (s->state != TensorState::kOnHost && s->state != TensorState::kOffloading) {
     return absl::OkStatus();  // resident, on its way, or dropped: nothing to copy
   }
-  REMAT_ASSIGN_OR_RETURN(void* const ptr, AllocateDevice(s->bytes, stream, s->serial));
+  const bool kept = s->kept != nullptr;
+  REMAT_ASSIGN_OR_RETURN(void* const ptr, BlockToRestore(s, stream));
   // The copy stream writes the block only after `stream`'s earlier work on it,
   // and (same stream) after the offload's copy out; the host buffer goes back
   // to the pool behind the copy in. On any failure the block goes back, and
@@ -89,7 +90,7 @@ absl::Status Runtime::PrefetchStorage(Storage* s, Stream stream) {
         return st;
       }
     }
-    FreeBlockOnError(ptr, stream);
+    UndoRestoreBlock(s, ptr, kept, stream);
     return st;
   }
   if (s->copy_in_flight) events_.Give(s->copy_event);
@@ -121,13 +122,14 @@ absl::Status Runtime::Restore(Storage* s, Stream stream) {
   // for the copy out). On any failure the block goes back behind what was
   // enqueued on `stream`, and the tensor stays on the host, with the copy
   // out's event (if any) still to wait for.
-  REMAT_ASSIGN_OR_RETURN(void* const ptr, AllocateDevice(s->bytes, stream, s->serial));
+  const bool kept = s->kept != nullptr;
+  REMAT_ASSIGN_OR_RETURN(void* const ptr, BlockToRestore(s, stream));
   absl::Status st =
       s->copy_in_flight ? device_->StreamWaitEvent(stream, s->copy_event) : absl::OkStatus();
   if (st.ok()) st = device_->CopyAsync(ptr, s->host, s->bytes, CopyKind::kHostToDevice, stream);
   if (st.ok()) st = host_pool_.FreeAfter(s->host, stream);
   if (!st.ok()) {
-    FreeBlockOnError(ptr, stream);
+    UndoRestoreBlock(s, ptr, kept, stream);
     return st;
   }
   if (s->copy_in_flight) {
@@ -192,6 +194,48 @@ void Runtime::ReturnHostBuffer(void* host, Stream after) {
   }
 }
 
+bool Runtime::KeepAddress(Storage* s) {
+  if (!options_.keep_addresses) return false;
+  // The pages go once the allocator next needs memory, after a device
+  // synchronize: the copy out enqueued above finishes first.
+  absl::StatusOr<std::size_t> gone = allocator_->Unback(s->device);
+  if (!gone.ok() || *gone == 0) return false;
+  ++handbacks_;
+  ++stats_.kept_addresses;
+  s->kept = s->device;
+  LeaveDevice(s);
+  return true;
+}
+
+absl::StatusOr<void*> Runtime::BlockToRestore(Storage* s, Stream stream) {
+  if (s->kept == nullptr) {
+    if (options_.keep_addresses) ++stats_.moved_restores;
+    return AllocateDevice(s->bytes, stream, s->serial);
+  }
+  REMAT_RETURN_IF_ERROR(MakeLiveRoom(s->bytes, stream));
+  if (absl::Status st = allocator_->Reback(s->kept, stream); !st.ok()) {
+    if (StepLimitReached()) return StepLimitError();
+    return absl::Status(st.code(), absl::StrCat(DescribePressure(s->bytes), "; allocator: ",
+                                                st.message()));
+  }
+  void* const ptr = s->kept;
+  s->kept = nullptr;
+  return ptr;
+}
+
+void Runtime::UndoRestoreBlock(Storage* s, void* ptr, bool kept, Stream stream) {
+  if (!kept) {
+    FreeBlockOnError(ptr, stream);
+    return;
+  }
+  // Nothing was enqueued on the block that it must keep: give the pages up again.
+  if (absl::StatusOr<std::size_t> gone = allocator_->Unback(ptr); !gone.ok()) {
+    REMAT_LOG(kError, "runtime: a kept block stays backed after a failed restore: %s",
+              gone.status().ToString());
+  }
+  s->kept = ptr;
+}
+
 void Runtime::FreeBlockOnError(void* ptr, Stream stream) {
   // The caller returns the error that brought it here; a block the
   // allocator will not take back either is logged (and stays allocated).
@@ -235,7 +279,7 @@ bool Runtime::OffloadStorage(Storage* s, Stream to) {
   // The block goes back on `to`, which waits for the copy out: stream-ordered,
   // the host never blocks.
   s->used_streams.assign({copy_stream_});
-  HandBack(s, to);
+  if (!KeepAddress(s)) HandBack(s, to);
   s->host = *host;
   s->copy_event = *done;
   s->copy_in_flight = true;
