@@ -458,7 +458,9 @@ CachingAllocator::Block* CachingAllocator::Expand(Pool& pool, std::size_t size, 
     return u != nullptr;
   };
   if (!place()) return nullptr;
-  auto reserved = [&] { return static_cast<std::size_t>(stats_.reserved_bytes.all().current); };
+  auto reserved = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+  };
   // Past the high-water mark only once the free pages already held are
   // unmapped: the peak then counts the pages of live blocks, not holes.
   if (reserved() + pages * page_size_ > reserved_high_water_ &&
@@ -644,7 +646,7 @@ void CachingAllocator::ReturnUnbacked(Block* block) {
   Segment* seg = block->segment;
   block->unbacked_lo = block->unbacked_hi = 0;
   block->unbacked_done = false;
-  auto piece = [&](std::uintptr_t addr, std::size_t size) {
+  auto piece = [&](std::uintptr_t addr, std::size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Block* p = NewBlock();
     p->addr = addr;
     p->size = size;

@@ -80,8 +80,9 @@ void Runtime::GatherCandidates() {
   if (prefetch_for_ns_ >= 0) {
     // Room for a planned prefetch: only what is next used after it may go
     // (a tensor with no hint is kept: nothing says it can wait).
+    const std::int64_t prefetch_at = prefetch_for_ns_;
     std::erase_if(scratch_storages_,
-                  [&](const Storage* s) { return s->next_use_at <= prefetch_for_ns_; });
+                  [prefetch_at](const Storage* s) { return s->next_use_at <= prefetch_at; });
   }
   const policies::Needs needs = policy_->needs();
   const std::int64_t now = Clock();

@@ -992,9 +992,67 @@ static void test_alloc_conf(void) {
   CHECK_OK(remat_allocator_destroy(a));
 }
 
+static void test_offloaded_tensor_keeps_its_address(void) {
+  const size_t bytes = 6 * (size_t)MIB;
+  remat_allocator_options aopts;
+  remat_allocator* a = NULL;
+  remat_runtime* rt = NULL;
+  remat_runtime_options ropts;
+  remat_tensor_options topts;
+  remat_tensor_state state;
+  unsigned char* want = (unsigned char*)malloc(bytes);
+  uint64_t z = 0;
+  uint64_t big = 0;
+  void* ptr = NULL;
+  void* first = NULL;
+  void* big_ptr = NULL;
+  kernel z_kernel = {NULL, 43, NULL, NULL};
+  CHECK(want != NULL);
+  CHECK_OK(remat_allocator_options_init(&aopts));
+  aopts.sim_capacity_bytes = GIB;
+  aopts.sim_backed = 1;
+  aopts.budget_bytes = 12 * MIB;
+  /* Without expandable segments there is nothing to keep an address with. */
+  CHECK_OK(remat_allocator_create(&aopts, &a));
+  CHECK_OK(remat_runtime_options_init(&ropts));
+  CHECK(ropts.keep_addresses == 0);
+  ropts.keep_addresses = 1;
+  CHECK_STATUS(remat_runtime_create_with_options(a, &ropts, &rt), REMAT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("expandable");
+  CHECK_OK(remat_allocator_destroy(a));
+  aopts.alloc_conf = "expandable_segments:True";
+  CHECK_OK(remat_allocator_create(&aopts, &a));
+  z_kernel.allocator = a;
+  ropts.policy = "lru";
+  ropts.enable_drop = 0;
+  ropts.host_pool_bytes = 64 * MIB;
+  CHECK_OK(remat_runtime_create_with_options(a, &ropts, &rt));
+  CHECK_OK(remat_tensor_options_init(&topts));
+  topts.allow_offload = 1;
+  fill(want, NULL, bytes, 43);
+  CHECK_OK(remat_tensor_create(rt, bytes, &topts, 0, &z, &first));
+  CHECK(recompute(&z_kernel, NULL, 0, first, bytes, 0) == 0);
+  CHECK_OK(remat_tensor_release(rt, z));
+  /* z goes to the host to make room, and comes back where it was. */
+  CHECK_OK(remat_tensor_create(rt, 8 * MIB, NULL, 0, &big, &big_ptr));
+  CHECK_OK(remat_tensor_get_state(rt, z, &state));
+  CHECK(state == REMAT_TENSOR_OFFLOADING || state == REMAT_TENSOR_ON_HOST);
+  CHECK_OK(remat_tensor_release(rt, big));
+  CHECK_OK(remat_tensor_free(rt, big));
+  CHECK_OK(remat_tensor_acquire(rt, z, 0, &ptr));
+  CHECK(ptr == first);
+  CHECK_OK(remat_stream_synchronize(a, 0));
+  CHECK(memcmp(ptr, want, bytes) == 0);
+  CHECK_OK(remat_tensor_release(rt, z));
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_allocator_destroy(a));
+  free(want);
+}
+
 int main(void) {
   static const test_case tests[] = {
       {"alloc_conf", test_alloc_conf},
+      {"offloaded_tensor_keeps_its_address", test_offloaded_tensor_keeps_its_address},
       {"status_names_and_version", test_status_names_and_version},
       {"null_arguments", test_null_arguments},
       {"cuda_device_or_clean_failure", test_cuda_device_or_clean_failure},

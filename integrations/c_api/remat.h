@@ -173,6 +173,9 @@ typedef struct remat_runtime_options {
   int enable_offload;        /* nonzero: tensors may be offloaded to host */
   uint64_t host_pool_bytes;  /* pinned host memory for offloads */
   uint64_t live_budget;      /* cap on resident tensor bytes; 0: none */
+  int keep_addresses;        /* nonzero: an offloaded tensor keeps its device address
+                              * (its pages go and come back under it); needs an
+                              * allocator made with "expandable_segments:True" */
 } remat_runtime_options;
 
 /* Defaults: "dtr", drop and offload enabled, 64 GiB of host pool. */

@@ -650,6 +650,7 @@ remat_status CreateRuntime(const char* fn, remat_allocator* allocator,
     ro.enable_offload = o.enable_offload != 0;
     ro.host_pool_bytes = static_cast<std::size_t>(o.host_pool_bytes);
     ro.live_budget = static_cast<std::size_t>(o.live_budget);
+    ro.keep_addresses = o.keep_addresses != 0;
     std::unique_ptr<remat::RuntimeObserver> observer;
     if (on_event != nullptr) {
       observer = std::make_unique<CallbackObserver>(on_event, user_data);

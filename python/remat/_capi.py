@@ -37,7 +37,7 @@ class AllocatorOptions(ctypes.Structure):
 class RuntimeOptions(ctypes.Structure):
     _fields_ = [("policy", ctypes.c_char_p), ("enable_drop", ctypes.c_int),
                 ("enable_offload", ctypes.c_int), ("host_pool_bytes", ctypes.c_uint64),
-                ("live_budget", ctypes.c_uint64)]
+                ("live_budget", ctypes.c_uint64), ("keep_addresses", ctypes.c_int)]
 
 
 RECOMPUTE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p,

@@ -1,11 +1,13 @@
 // libFuzzer target over the allocator's public surface: the input is a program
 // of operations (allocate, free, free on a stream, record a stream, bad frees,
-// device work, host time, empty cache, budget changes) run on a small unbacked
+// device work, host time, empty cache, budget changes; with expandable
+// segments, blocks unbacked and backed again) run on a small unbacked
 // SimDevice. Whatever the program, the allocator must never crash, must reject
 // bad pointers without changing its statistics, and must agree with a model of
 // what is live. At the end everything is freed and the cache must empty.
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <vector>
 
 #include "allocator/caching_allocator.h"
@@ -37,9 +39,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   options.budget = (std::size_t{in.Byte()} + 1) * 4 * kMiB;
   if (in.Byte() & 1) options.max_split_size = (std::size_t{in.Byte()} + 2) * kMiB;
   options.event_ring_capacity = in.Byte();
+  options.expandable_segments = (in.Byte() & 1) != 0;
   auto alloc = std::move(CachingAllocator::Create(device.get(), options)).value();
   Stream streams[3] = {kDefaultStream, *device->CreateStream(), *device->CreateStream()};
   std::vector<void*> live;
+  std::vector<void*> unbacked;  // live blocks whose pages went (Unback)
+  auto forget = [&unbacked](void* p) {
+    unbacked.erase(std::remove(unbacked.begin(), unbacked.end(), p), unbacked.end());
+  };
 
   while (!in.empty()) {
     const std::uint8_t op = in.Byte();
@@ -54,6 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (live.empty()) break;
         const std::size_t i = in.Byte() % live.size();
         Check(alloc->Free(live[i]).ok());
+        forget(live[i]);
         live[i] = live.back();
         live.pop_back();
         break;
@@ -62,6 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (live.empty()) break;
         const std::size_t i = in.Byte() % live.size();
         Check(alloc->FreeOnStream(live[i], stream).ok());
+        forget(live[i]);
         live[i] = live.back();
         live.pop_back();
         break;
@@ -84,11 +93,35 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 11: Check(alloc->EmptyCache().ok()); break;
       case 12: (void)alloc->SetBudget((std::size_t{in.Byte()} + 1) * 4 * kMiB); break;
       case 13: (void)alloc->TakeSnapshot(); break;
+      case 14: {
+        if (live.empty()) break;
+        void* p = live[in.Byte() % live.size()];
+        const bool was = std::find(unbacked.begin(), unbacked.end(), p) != unbacked.end();
+        absl::StatusOr<std::size_t> gone = alloc->Unback(p);
+        Check(gone.ok() == (options.expandable_segments && !was));
+        if (gone.ok() && *gone > 0) unbacked.push_back(p);
+        break;
+      }
+      case 15: {
+        if (unbacked.empty()) {
+          // Not unbacked: refused, whatever the mode.
+          if (!live.empty()) Check(!alloc->Reback(live[in.Byte() % live.size()]).ok());
+          break;
+        }
+        const std::size_t i = in.Byte() % unbacked.size();
+        absl::Status s = alloc->Reback(unbacked[i], stream);
+        Check(s.ok() || absl::IsResourceExhausted(s));
+        if (s.ok()) {
+          unbacked[i] = unbacked.back();
+          unbacked.pop_back();
+        }
+        break;
+      }
       default: break;
     }
     const AllocatorStats s = alloc->GetStats();
     Check(s.allocation.all().current == static_cast<std::int64_t>(live.size()));
-    Check(s.allocated_bytes.all().current <= s.reserved_bytes.all().current);
+    if (unbacked.empty()) Check(s.allocated_bytes.all().current <= s.reserved_bytes.all().current);
     Check(static_cast<std::size_t>(s.reserved_bytes.all().current) == device->ReservedBytes());
   }
   for (void* p : live) Check(alloc->Free(p).ok());
