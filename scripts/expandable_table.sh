@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Fragmentation (1 - peak active / peak reserved) of allocation logs replayed
+# with fixed segments and with expandable segments, as a Markdown table: the
+# shipped logs, and op traces (shipped and generated) written as logs by
+# scripts/op_trace_to_alloc_log.py.
+#
+#   ./scripts/expandable_table.sh [BUILD_DIR]      (default: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+remat="${1:-build}/bin/remat"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+logs=(examples/traces/*.csv)
+for t in examples/traces/*.jsonl; do
+  name=$(basename "$t" .jsonl)
+  python3 scripts/op_trace_to_alloc_log.py "$t" -o "$work/$name.csv" 2>/dev/null
+  logs+=("$work/$name.csv")
+done
+for spec in "gpt2:layers=12,seq=1024,batch=8" "resnet:depth=50,batch=64" "unet:batch=16" "vit:batch=64"; do
+  name=${spec%%:*}
+  "$remat" gen "$spec" -o "$work/$name.jsonl" >/dev/null
+  python3 scripts/op_trace_to_alloc_log.py "$work/$name.jsonl" -o "$work/gen_$name.csv" 2>/dev/null
+  logs+=("$work/gen_$name.csv")
+done
+echo "| log | peak active | fixed: reserved | fixed: fragmentation | expandable: reserved | expandable: fragmentation | replay k events/s (fixed / expandable) |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
+for log in "${logs[@]}"; do
+  fixed=$("$remat" replay "$log" --json)
+  expandable=$("$remat" replay "$log" --json --alloc-conf expandable_segments:True)
+  python3 - "$log" "$fixed" "$expandable" <<'PY'
+import json, os, sys
+name = os.path.basename(sys.argv[1])
+a, b = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+mib = lambda n: "%.0f MiB" % (n / 2**20)
+print("| %s | %s | %s | %.4f | %s | %.4f | %.0f / %.0f |" % (
+    name, mib(b["peak_active_bytes"]), mib(a["peak_reserved_bytes"]), a["fragmentation"],
+    mib(b["peak_reserved_bytes"]), b["fragmentation"],
+    a["events_per_second"] / 1e3, b["events_per_second"] / 1e3))
+PY
+done
