@@ -514,5 +514,45 @@ TEST_F(CudaDeviceTest, VirtualMemoryMapsPagesThatHoldBytes) {
   ASSERT_TRUE(device_->FreeHost(out).ok());
 }
 
+TEST_F(CudaDeviceTest, ExpandableSegmentsKeepAnUnbackedBlocksAddress) {
+  if (device_->PageSize() == 0) GTEST_SKIP() << device_->Describe() << " has no virtual memory";
+  auto made = CachingAllocator::Create(device_.get(),
+                                       {.budget = 64 * kMiB, .expandable_segments = true});
+  ASSERT_TRUE(made.ok()) << made.status();
+  CachingAllocator& alloc = **made;
+  const std::size_t page = device_->PageSize();
+  auto a = alloc.Allocate(5 * page / 4);  // the next block starts mid-page
+  auto b = alloc.Allocate(6 * page);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::size_t bytes = 6 * page;
+  void* in = PinnedPattern(bytes, 11);
+  void* out = Pinned(bytes, 0);
+  ASSERT_TRUE(in != nullptr && out != nullptr);
+  ASSERT_TRUE(device_->CopyAsync(*b, in, bytes, CopyKind::kHostToDevice, kDefaultStream).ok());
+  ASSERT_TRUE(device_->CopyAsync(out, *b, bytes, CopyKind::kDeviceToHost, kDefaultStream).ok());
+  auto gone = alloc.Unback(*b);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_GE(*gone, 4 * page);
+  ASSERT_TRUE(alloc.EmptyCache().ok());  // the pages go now, after a sync
+  EXPECT_EQ(std::memcmp(in, out, bytes), 0);
+  // Someone else may use the memory meanwhile.
+  auto c = alloc.Allocate(*gone);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(alloc.Free(*c).ok());
+  ASSERT_TRUE(alloc.Reback(*b).ok());
+  std::memset(out, 0, bytes);
+  ASSERT_TRUE(device_->CopyAsync(*b, in, bytes, CopyKind::kHostToDevice, kDefaultStream).ok());
+  ASSERT_TRUE(device_->CopyAsync(out, *b, bytes, CopyKind::kDeviceToHost, kDefaultStream).ok());
+  ASSERT_TRUE(device_->Synchronize().ok());
+  EXPECT_EQ(std::memcmp(in, out, bytes), 0);
+  ASSERT_TRUE(alloc.Free(*a).ok());
+  ASSERT_TRUE(alloc.Free(*b).ok());
+  ASSERT_TRUE(alloc.EmptyCache().ok());
+  EXPECT_EQ(alloc.GetStats().reserved_bytes.all().current, 0);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_TRUE(device_->FreeHost(in).ok());
+  ASSERT_TRUE(device_->FreeHost(out).ok());
+}
+
 }  // namespace
 }  // namespace remat
