@@ -80,7 +80,7 @@ TEST_P(RuntimePropertyTest, EveryAcquireSeesTheBytesProduced) {
     }
     ASSERT_NO_FATAL_FAILURE(CheckInvariants());
     for (TensorId id : live) {
-      ASSERT_NO_FATAL_FAILURE(Check(id));
+      ASSERT_NO_FATAL_FAILURE(Check(id, /*allow_oom=*/true));
       ASSERT_NO_FATAL_FAILURE(CheckInvariants());
     }
     evictions += runtime_->stats().drops + runtime_->stats().offloads;
@@ -93,6 +93,8 @@ TEST_P(RuntimePropertyTest, EveryAcquireSeesTheBytesProduced) {
     EXPECT_EQ(runtime_->stats().resident_bytes, 0u);
   }
   EXPECT_GT(evictions, 0u) << "the budgets never forced an eviction: the test proves nothing";
+  // Out of memory on acquire is allowed, and rare: the bytes are checked almost always.
+  EXPECT_LE(oom_checks_ * 50, checks_) << oom_checks_ << " of " << checks_ << " checks were oom";
   if (mode.keep_addresses) {
     EXPECT_GT(kept, 0u) << "no offload kept its address";
   }

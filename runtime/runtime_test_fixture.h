@@ -126,7 +126,11 @@ class RuntimeTest : public ::testing::Test {
   // checked by the caller).
   void Check(TensorId id, bool allow_oom = false) {
     auto g = runtime_->Acquire(id);
-    if (allow_oom && absl::IsResourceExhausted(g.status())) return;
+    ++checks_;
+    if (allow_oom && absl::IsResourceExhausted(g.status())) {
+      ++oom_checks_;
+      return;
+    }
     ASSERT_TRUE(g.ok()) << g.status();
     ASSERT_TRUE(device_->SynchronizeStream(kDefaultStream).ok());
     const std::vector<unsigned char>& want = expected_.at(id);
@@ -148,6 +152,8 @@ class RuntimeTest : public ::testing::Test {
   std::map<TensorId, std::vector<unsigned char>> expected_;
   std::map<TensorId, std::size_t> sizes_;
   bool check_in_closures_ = false;
+  int checks_ = 0;      // Check calls
+  int oom_checks_ = 0;  // of which ended out of memory (allowed)
 };
 
 }  // namespace remat
