@@ -1,6 +1,8 @@
 #include "allocator/alloc_conf.h"
 
+#include <algorithm>
 #include <bit>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -18,6 +20,13 @@ namespace {
 constexpr const char* kKeys[] = {"expandable_segments", "max_split_size_mb",
                                  "roundup_power2_divisions", "garbage_collection_threshold",
                                  "release_lock_on_cudamalloc"};
+
+// Keys of PYTORCH_CUDA_ALLOC_CONF that configure PyTorch's own parts, which
+// stay PyTorch's when remat is its device allocator.
+constexpr const char* kPyTorchOwn[] = {"backend", "pinned_use_cuda_host_register",
+                                       "pinned_num_register_threads",
+                                       "pinned_use_background_threads",
+                                       "pinned_reserve_segment_size_mb"};
 
 absl::Status Bad(absl::string_view key, absl::string_view value, absl::string_view want) {
   return absl::InvalidArgumentError(
@@ -57,6 +66,8 @@ absl::Status ParseDivisionList(absl::string_view key, absl::string_view text,
     std::vector<absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits(':', 1));
     int divisions = 0;
     if (kv.size() != 2) return Bad(key, text, absl::StrFormat("'%s' is not SIZE_MB:DIVISIONS", item));
+    kv[0] = absl::StripAsciiWhitespace(kv[0]);
+    kv[1] = absl::StripAsciiWhitespace(kv[1]);
     if (absl::Status s = ParseDivisions(key, kv[1], &divisions); !s.ok()) return s;
     if (kv[0] == ">") {
       if (above >= 0) return Bad(key, text, "'>' given twice");
@@ -84,7 +95,8 @@ absl::Status ParseDivisionList(absl::string_view key, absl::string_view text,
 
 }  // namespace
 
-absl::Status ApplyAllocConf(std::string_view conf_text, AllocatorOptions* options) {
+absl::Status ApplyAllocConf(std::string_view conf_text, AllocatorOptions* options,
+                            AllocConfSource source) {
   const absl::string_view conf(conf_text.data(), conf_text.size());
   AllocatorOptions o = *options;
   std::map<std::string, bool> seen;
@@ -113,6 +125,10 @@ absl::Status ApplyAllocConf(std::string_view conf_text, AllocatorOptions* option
     if (!seen.emplace(key, true).second) {
       return absl::InvalidArgumentError(
           absl::StrFormat("allocator settings: %s given twice", key));
+    }
+    if (source == AllocConfSource::kPyTorch &&
+        std::find(std::begin(kPyTorchOwn), std::end(kPyTorchOwn), key) != std::end(kPyTorchOwn)) {
+      continue;  // PyTorch's own (its host allocator, its backend): not ours to apply
     }
     if (key == "expandable_segments") {
       if (absl::Status s = ParseBool(key, value, &o.expandable_segments); !s.ok()) return s;

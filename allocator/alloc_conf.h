@@ -24,7 +24,12 @@
 
 namespace remat {
 
-absl::Status ApplyAllocConf(std::string_view conf, AllocatorOptions* options);
+// kPyTorch: the string is PYTORCH_CUDA_ALLOC_CONF, read as PyTorch's
+// allocator: the keys of PyTorch's own parts (backend, pinned_*) are left to
+// PyTorch and skipped here.
+enum class AllocConfSource { kRemat, kPyTorch };
+absl::Status ApplyAllocConf(std::string_view conf, AllocatorOptions* options,
+                            AllocConfSource source = AllocConfSource::kRemat);
 
 }  // namespace remat
 

@@ -42,6 +42,21 @@ TEST(AllocConfTest, DivisionListsSetEachInterval) {
   EXPECT_EQ(o.roundup_divisions[40], 8);
 }
 
+TEST(AllocConfTest, SpacesAndPyTorchsOwnKeys) {
+  AllocatorOptions o;
+  ASSERT_TRUE(ApplyAllocConf(" roundup_power2_divisions : [256:1, >:4] ", &o).ok());
+  EXPECT_EQ(o.roundup_divisions[30], 4);
+  // PyTorch's host-allocator keys: PyTorch's business when the string is its own...
+  const char* pytorch = "pinned_use_cuda_host_register:True,expandable_segments:True";
+  AllocatorOptions p;
+  ASSERT_TRUE(ApplyAllocConf(pytorch, &p, AllocConfSource::kPyTorch).ok());
+  EXPECT_TRUE(p.expandable_segments);
+  // ...and unknown to remat's own settings.
+  AllocatorOptions r;
+  EXPECT_FALSE(ApplyAllocConf(pytorch, &r).ok());
+  EXPECT_FALSE(r.expandable_segments);
+}
+
 TEST(AllocConfTest, BadInputIsAClearErrorAndChangesNothing) {
   const AllocatorOptions before;
   struct Case {

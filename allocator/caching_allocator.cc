@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -200,7 +201,10 @@ absl::StatusOr<void*> CachingAllocator::Allocate(std::size_t bytes, Stream strea
 
 REMAT_HOT_INLINE bool CachingAllocator::Fits(const Block* b, std::size_t size) const {
   // Oversize blocks are kept for oversize requests, and an oversize request
-  // does not take a block much larger than itself.
+  // does not take a block much larger than itself. An expandable segment's
+  // free bytes are never stranded (their pages can move), so its blocks
+  // split for anyone, as PyTorch's do.
+  if (page_size_ != 0) return true;
   if (size < options_.max_split_size) return b->size < options_.max_split_size ||
                                               options_.max_split_size == SIZE_MAX;
   return b->size < size + kLargeBuffer;
@@ -232,9 +236,9 @@ REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, FreeSet::iterator 
                                std::size_t requested, Stream stream, std::uint64_t owner) {
   const StatPool sp = StatPoolOf(PoolOf(block));
   const std::size_t remaining = block->size - size;
-  const bool worth_keeping =
-      block->segment->large ? remaining > kSmallSize : remaining >= kMinBlockSize;
-  if (worth_keeping && block->size <= options_.max_split_size) {
+  const bool fixed_large = block->segment->large && page_size_ == 0;
+  const bool worth_keeping = fixed_large ? remaining > kSmallSize : remaining >= kMinBlockSize;
+  if (worth_keeping && (page_size_ != 0 || block->size <= options_.max_split_size)) {
     // The free block stays in the set as the remainder (usually without
     // moving in it); the allocation gets a fresh Block in front of it.
     Block* taken = NewBlock();
@@ -256,6 +260,7 @@ REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, FreeSet::iterator 
   }
   block->allocated = true;
   block->shared = false;
+  block->generation = ++allocations_made_;
   block->requested = requested;
   block->stream = stream;
   block->owner = owner;
@@ -300,6 +305,15 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     ReleaseCachedSegments();
     if (Block* b = GrowPool(pool, size, stream)) return b;
 
+    if (reserving_bytes_ > 0) {
+      // Another thread is reserving a segment with the lock released
+      // (release_lock_on_device_reserve): its bytes may be what does not
+      // fit, and its segment may serve us. Let it finish, then look again.
+      mu_.Unlock();
+      std::this_thread::yield();
+      mu_.Lock();
+      continue;
+    }
     // Ask the runtime to evict, and retry while it makes progress. A request
     // larger than the whole budget cannot be helped.
     std::shared_ptr<PressureHandler> handler = pressure_handler_;
@@ -345,6 +359,7 @@ CachingAllocator::Block* CachingAllocator::ReserveSegment(Pool& pool, std::size_
     absl::StatusOr<void*> got = device_->ReserveSegment(bytes);
     mu_.Lock();
     reserving_bytes_ -= bytes;
+    ++free_epoch_;  // waiters look again
     return got;
   };
   absl::StatusOr<void*> ptr = reserve(segment_size);
@@ -417,7 +432,10 @@ CachingAllocator::Segment* CachingAllocator::NewExpandableSegment(Pool& pool, st
   // another range when it does), halved while the device has no range that
   // large.
   const std::size_t least = RoundUpTo(size, page_size_);
-  const std::size_t room = budget_ > device_capacity_ / 2 ? device_capacity_ : 2 * budget_;
+  std::size_t room = budget_ > device_capacity_ / 2 ? device_capacity_ : 2 * budget_;
+  // Small blocks seldom fill much of a device: a quarter of it leaves address
+  // space for many streams' ranges (more open when one fills).
+  if (!pool.large) room = std::min(room, std::max(device_capacity_ / 4, kSmallBuffer));
   std::size_t bytes = RoundUpTo(std::max(room, size), page_size_);
   absl::StatusOr<void*> ptr = device_->ReserveAddressRange(bytes);
   while (!ptr.ok() && bytes > least) {
@@ -604,9 +622,8 @@ absl::Status CachingAllocator::Reback(void* ptr, Stream stream) {
     return absl::OkStatus();
   }
   const std::size_t bytes = b->unbacked_hi - b->unbacked_lo;
+  const std::uint64_t generation = b->generation;
   for (int round = 0;; ++round) {
-    // `b` stays allocated while the lock is released below: only its
-    // unbacked range is ours to map.
     const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
     if (reserved + bytes <= budget_) {
       if (!MapRange(b->segment, b->unbacked_lo, b->unbacked_hi)) {
@@ -631,6 +648,18 @@ absl::Status CachingAllocator::Reback(void* ptr, Stream stream) {
     mu_.Unlock();
     const bool progress = (*handler)(request);
     mu_.Lock();
+    // Others ran meanwhile: the block may have been freed (and its Block
+    // reused), or backed again by another caller.
+    auto again = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (again == live_.end() || again->second != b || b->generation != generation) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "Reback(%p): the block was freed while room was being made", ptr));
+    }
+    if (b->unbacked_hi == 0) return absl::OkStatus();  // backed again meanwhile
+    if (!b->unbacked_done) {
+      ForgetUnbacking(b);
+      return absl::OkStatus();
+    }
     if (!progress && free_epoch_ == epoch) break;
   }
   ++stats_.num_ooms;
@@ -689,21 +718,22 @@ std::size_t CachingAllocator::UnmapFreePages() {
   // Work queued on a stream may still use a block freed (or unbacked) on it.
   if (!device_->Synchronize().ok()) return 0;
   std::size_t released = 0;
+  std::vector<Block*> retry;
   for (Block* b : unbacking_) {
     const std::size_t gone = UnmapPages(b->segment, b->unbacked_lo, b->unbacked_hi);
-    released += gone;
     if (gone == b->unbacked_hi - b->unbacked_lo) {
       b->unbacked_done = true;
-    } else {
-      // The device refused part of it: map back what went, keep the block whole.
-      if (gone > 0 && !MapRange(b->segment, b->unbacked_lo, b->unbacked_lo + gone)) {
-        REMAT_LOG(kError, "an unbacked block lost pages it cannot map again");
-      }
-      released -= gone;
-      b->unbacked_lo = b->unbacked_hi = 0;
+      released += gone;
+      continue;
     }
+    // The device refused part of it: map back what went, and try the whole
+    // range again next time (Reback meanwhile finds its pages still there).
+    if (gone > 0 && !MapRange(b->segment, b->unbacked_lo, b->unbacked_lo + gone)) {
+      REMAT_LOG(kError, "an unbacked block lost pages it cannot map again");
+    }
+    retry.push_back(b);
   }
-  unbacking_.clear();
+  unbacking_ = std::move(retry);
   if (released > 0) ++free_epoch_;
   std::vector<Block*> blocks;
   for (Pool* pool : {&small_, &large_}) {

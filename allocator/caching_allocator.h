@@ -218,6 +218,7 @@ class CachingAllocator {
     std::uintptr_t unbacked_lo = 0;
     std::uintptr_t unbacked_hi = 0;
     bool unbacked_done = false;
+    std::uint64_t generation = 0;  // which allocation holds it (Reback's check)
     std::uintptr_t partition = 0;  // free-set partition, set on entering the set
     std::uint64_t free_seq = 0;
     int pending_events = 0;
@@ -393,7 +394,8 @@ class CachingAllocator {
   const std::size_t page_size_;
   const bool round_divisions_;  // some roundup_divisions entry is above 1
   // Bytes segments being reserved without the lock will add (budget checks count them).
-  std::size_t reserving_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // expandable segments' page; 0 when not expandable
+  std::size_t reserving_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t allocations_made_ ABSL_GUARDED_BY(mu_) = 0;  // expandable segments' page; 0 when not expandable
   // The most bytes ever reserved: expandable segments pass it only after
   // unmapping the free pages they cache.
   std::size_t reserved_high_water_ ABSL_GUARDED_BY(mu_) = 0;

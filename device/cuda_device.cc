@@ -141,6 +141,13 @@ struct DriverVmm {
 
 template <typename Fn>
 bool FindDriverFn(const char* symbol, unsigned int version, Fn* fn) {
+#if CUDART_VERSION < 12050
+  // cudaGetDriverEntryPointByVersion came with CUDA 12.5: no virtual memory before.
+  (void)symbol;
+  (void)version;
+  (void)fn;
+  return false;
+#else
   void* p = nullptr;
   cudaDriverEntryPointQueryResult found{};
   if (cudaGetDriverEntryPointByVersion(symbol, &p, version, cudaEnableDefault, &found) !=
@@ -151,6 +158,7 @@ bool FindDriverFn(const char* symbol, unsigned int version, Fn* fn) {
   }
   *fn = reinterpret_cast<Fn>(p);
   return true;
+#endif
 }
 
 const DriverVmm& Vmm() {

@@ -204,10 +204,11 @@ absl::Status SimDevice::ReleaseSegment(void* ptr) {
 
 absl::StatusOr<void*> SimDevice::ReserveAddressRange(std::size_t bytes) {
   MutexLock lock(&mu_);
-  if (bytes == 0 || bytes % kPageSize != 0) {
+  if (bytes == 0 || bytes % kPageSize != 0 || bytes > kMaxCapacity * 64) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "ReserveAddressRange of %d bytes: the size must be a positive multiple of the %s page",
-        bytes, FormatBytes(kPageSize)));
+        "ReserveAddressRange of %d bytes: the size must be a positive multiple of the %s page, "
+        "at most %s",
+        bytes, FormatBytes(kPageSize), FormatBytes(kMaxCapacity * 64)));
   }
   std::uintptr_t addr = 0;
   if (options_.backed) {

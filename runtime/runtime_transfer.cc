@@ -209,8 +209,9 @@ bool Runtime::KeepAddress(Storage* s) {
 
 absl::StatusOr<void*> Runtime::BlockToRestore(Storage* s, Stream stream) {
   if (s->kept == nullptr) {
-    if (options_.keep_addresses) ++stats_.moved_restores;
-    return AllocateDevice(s->bytes, stream, s->serial);
+    absl::StatusOr<void*> ptr = AllocateDevice(s->bytes, stream, s->serial);
+    if (ptr.ok() && options_.keep_addresses) ++stats_.moved_restores;
+    return ptr;
   }
   REMAT_RETURN_IF_ERROR(MakeLiveRoom(s->bytes, stream));
   if (absl::Status st = allocator_->Reback(s->kept, stream); !st.ok()) {

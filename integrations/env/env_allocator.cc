@@ -55,10 +55,11 @@ absl::StatusOr<Config> ConfigFromEnvironment() {
   if (conf == nullptr && read_pytorch_alloc_conf.load(std::memory_order_relaxed)) {
     conf_var = "PYTORCH_CUDA_ALLOC_CONF";
     conf = GetEnv(conf_var);
+    c.alloc_conf_source = AllocConfSource::kPyTorch;
   }
   if (conf != nullptr) {
     AllocatorOptions probe;
-    if (absl::Status s = ApplyAllocConf(conf, &probe); !s.ok()) {
+    if (absl::Status s = ApplyAllocConf(conf, &probe, c.alloc_conf_source); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrFormat("%s=%s: %s", conf_var, conf, s.message()));
     }
     c.alloc_conf = conf;
@@ -139,7 +140,10 @@ absl::StatusOr<CachingAllocator*> Allocators::MakeFor(int device) {
   AllocatorOptions options;
   options.budget = config_->budget;
   if (!config_->snapshot_path.empty()) options.event_ring_capacity = 1 << 16;
-  if (absl::Status s = ApplyAllocConf(config_->alloc_conf, &options); !s.ok()) return s;
+  if (absl::Status s = ApplyAllocConf(config_->alloc_conf, &options, config_->alloc_conf_source);
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::unique_ptr<CachingAllocator>> alloc =
       CachingAllocator::Create(d.device.get(), options);
   if (!alloc.ok()) return alloc.status();

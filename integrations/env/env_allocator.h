@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "allocator/alloc_conf.h"
 #include "allocator/caching_allocator.h"
 #include "base/mutex.h"
 #include "device/device_spec.h"
@@ -54,6 +55,7 @@ struct Config {
   // REMAT_ALLOC_CONF, or PYTORCH_CUDA_ALLOC_CONF where ReadPyTorchAllocConf
   // was called and REMAT_ALLOC_CONF is unset.
   std::string alloc_conf;
+  AllocConfSource alloc_conf_source = AllocConfSource::kRemat;
 };
 
 // Reads the REMAT_* variables; a malformed one is InvalidArgument naming it.

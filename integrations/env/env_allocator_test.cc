@@ -76,16 +76,22 @@ TEST_F(EnvTest, AllocatorSettingsReachEveryDevicesAllocator) {
   setenv("REMAT_ALLOC_CONF", "expandable_segments:maybe", 1);
   EXPECT_THAT(std::string(ConfigFromEnvironment().status().message()),
               HasSubstr("REMAT_ALLOC_CONF=expandable_segments:maybe"));
-  // As PyTorch's allocator, PYTORCH_CUDA_ALLOC_CONF counts when REMAT_ALLOC_CONF is unset.
+  // As PyTorch's allocator, PYTORCH_CUDA_ALLOC_CONF counts when REMAT_ALLOC_CONF is unset; the
+  // keys of PyTorch's own parts (its host allocator) stay PyTorch's.
   unsetenv("REMAT_ALLOC_CONF");
   ReadPyTorchAllocConf();
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:sometimes", 1);
   EXPECT_THAT(std::string(ConfigFromEnvironment().status().message()),
-              HasSubstr("PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync: allocator settings: "
-                        "unknown key 'backend'"));
-  setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", 1);
+              HasSubstr("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:sometimes"));
+  setenv("PYTORCH_CUDA_ALLOC_CONF",
+         "expandable_segments:True,pinned_use_cuda_host_register:True,pinned_num_register_threads:8",
+         1);
   c = ConfigFromEnvironment();
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->alloc_conf, "expandable_segments:True");
+  Allocators from_pytorch(c);
+  absl::StatusOr<CachingAllocator*> b = from_pytorch.For(0);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE((*b)->options().expandable_segments);
 }
 
 TEST_F(EnvTest, ServesUnderTheBudgetAndReportsMemInfo) {
