@@ -1,5 +1,9 @@
 #include "allocator/alloc_conf.h"
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -133,6 +137,90 @@ TEST(AllocConfTest, GarbageCollectionReleasesTheCacheBeforeGrowing) {
     // comes; without it the allocator finds out only at the budget.
     EXPECT_EQ(a->GetStats().num_alloc_retries, gc ? 0u : 1u);
     ASSERT_TRUE(a->Free(z).ok());
+  }
+}
+
+// A simulated device whose ReserveSegment waits (up to a second) until
+// another thread has been served from the cache meanwhile (with the
+// allocator's lock held across the call it times out, as it should).
+class WaitingDevice final : public Device {
+ public:
+  explicit WaitingDevice(std::unique_ptr<SimDevice> sim) : sim_(std::move(sim)) {}
+  std::string Describe() const override { return sim_->Describe(); }
+  std::size_t Capacity() const override { return sim_->Capacity(); }
+  std::size_t FreeBytes() const override { return sim_->FreeBytes(); }
+  std::int64_t NowNs() const override { return sim_->NowNs(); }
+  absl::StatusOr<void*> ReserveSegment(std::size_t bytes) override {
+    if (wait) {
+      inside = true;
+      std::unique_lock<std::mutex> lock(mu);
+      saw_other = cv.wait_for(lock, std::chrono::seconds(1), [this] { return served; });
+    }
+    return sim_->ReserveSegment(bytes);
+  }
+  absl::Status ReleaseSegment(void* p) override { return sim_->ReleaseSegment(p); }
+  absl::StatusOr<void*> AllocateHost(std::size_t b) override { return sim_->AllocateHost(b); }
+  absl::Status FreeHost(void* p) override { return sim_->FreeHost(p); }
+  absl::StatusOr<Stream> CreateStream() override { return sim_->CreateStream(); }
+  absl::Status DestroyStream(Stream s) override { return sim_->DestroyStream(s); }
+  absl::StatusOr<Event> CreateEvent() override { return sim_->CreateEvent(); }
+  absl::Status DestroyEvent(Event e) override { return sim_->DestroyEvent(e); }
+  absl::Status RecordEvent(Event e, Stream s) override { return sim_->RecordEvent(e, s); }
+  absl::StatusOr<bool> QueryEvent(Event e) override { return sim_->QueryEvent(e); }
+  absl::Status StreamWaitEvent(Stream s, Event e) override { return sim_->StreamWaitEvent(s, e); }
+  absl::Status SynchronizeEvent(Event e) override { return sim_->SynchronizeEvent(e); }
+  absl::Status SynchronizeStream(Stream s) override { return sim_->SynchronizeStream(s); }
+  absl::Status Synchronize() override { return sim_->Synchronize(); }
+  absl::Status CopyAsync(void* d, const void* s, std::size_t b, CopyKind k, Stream st) override {
+    return sim_->CopyAsync(d, s, b, k, st);
+  }
+  absl::Status LaunchHostFunc(Stream s, absl::AnyInvocable<void() &&> fn,
+                              std::int64_t cost_ns) override {
+    return sim_->LaunchHostFunc(s, std::move(fn), cost_ns);
+  }
+  void Served() {
+    std::lock_guard<std::mutex> lock(mu);
+    served = true;
+    cv.notify_all();
+  }
+
+  std::atomic<bool> wait{false};
+  std::atomic<bool> inside{false};  // a ReserveSegment call is waiting
+  std::mutex mu;
+  std::condition_variable cv;
+  bool served = false;
+  bool saw_other = false;
+
+ private:
+  std::unique_ptr<SimDevice> sim_;
+};
+
+TEST(AllocConfTest, ReleasingTheLockServesOthersWhileTheDeviceReserves) {
+  for (bool release : {false, true}) {
+    SCOPED_TRACE(release);
+    WaitingDevice device(std::move(SimDevice::Create({.capacity = kGiB})).value());
+    AllocatorOptions o;
+    if (release) {
+      ASSERT_TRUE(ApplyAllocConf("release_lock_on_cudamalloc:True", &o).ok());
+    }
+    auto a = std::move(CachingAllocator::Create(&device, o)).value();
+    void* cached = *a->Allocate(4096);  // a small segment, then cached
+    ASSERT_TRUE(a->Free(cached).ok());
+    device.wait = true;
+    std::thread grower([&] {
+      auto big = a->Allocate(30 * kMiB);  // reserves a segment: the device waits
+      ASSERT_TRUE(big.ok());
+      ASSERT_TRUE(a->Free(*big).ok());
+    });
+    // Once the grower is inside the device call, take from the cache.
+    while (!device.inside) std::this_thread::yield();
+    auto small = a->Allocate(4096);
+    ASSERT_TRUE(small.ok());
+    device.Served();
+    grower.join();
+    // Served while the device reserved only when the lock was let go.
+    EXPECT_EQ(device.saw_other, release);
+    ASSERT_TRUE(a->Free(*small).ok());
   }
 }
 

@@ -668,47 +668,55 @@ absl::Status CachingAllocator::Reback(void* ptr, Stream stream) {
       FormatBytes(budget_), FormatBytes(static_cast<std::size_t>(stats_.reserved_bytes.all().current))));
 }
 
-void CachingAllocator::ReturnUnbacked(Block* block) {
-  const std::uintptr_t lo = block->unbacked_lo;
-  const std::uintptr_t hi = block->unbacked_hi;
-  const std::uintptr_t end = block->addr + block->size;
-  Segment* seg = block->segment;
-  block->unbacked_lo = block->unbacked_hi = 0;
-  block->unbacked_done = false;
+std::pair<CachingAllocator::Block*, CachingAllocator::Block*> CachingAllocator::CarveUnmapped(
+    Block* b, std::uintptr_t lo, std::uintptr_t hi) {
+  Segment* seg = b->segment;
+  const std::uintptr_t end = b->addr + b->size;
   auto piece = [&](std::uintptr_t addr, std::size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Block* p = NewBlock();
     p->addr = addr;
     p->size = size;
     p->segment = seg;
-    p->stream = block->stream;
-    p->free_seq = block->free_seq;
+    p->stream = b->stream;
+    p->shared = b->shared;
+    p->free_seq = b->free_seq;
     return p;
   };
   Block* head = nullptr;
   Block* tail = nullptr;
-  if (lo > block->addr) {
-    head = piece(block->addr, lo - block->addr);
-    head->prev = block->prev;
-    head->next = block;
-    if (block->prev != nullptr) {
-      block->prev->next = head;
+  if (lo > b->addr) {
+    head = piece(b->addr, lo - b->addr);
+    head->prev = b->prev;
+    head->next = b;
+    if (b->prev != nullptr) {
+      b->prev->next = head;
     } else {
       seg->first = head;
     }
-    block->prev = head;
+    b->prev = head;
   }
   if (end > hi) {
     tail = piece(hi, end - hi);
-    tail->prev = block;
-    tail->next = block->next;
-    if (block->next != nullptr) block->next->prev = tail;
-    block->next = tail;
+    tail->prev = b;
+    tail->next = b->next;
+    if (b->next != nullptr) b->next->prev = tail;
+    b->next = tail;
   }
-  block->addr = lo;
-  block->size = hi - lo;
-  block->mapped = false;
-  block->stream = seg->stream;
-  InsertUnmapped(block);
+  b->addr = lo;
+  b->size = hi - lo;
+  b->mapped = false;
+  b->shared = false;
+  b->stream = seg->stream;
+  InsertUnmapped(b);
+  return {head, tail};
+}
+
+void CachingAllocator::ReturnUnbacked(Block* block) {
+  const std::uintptr_t lo = block->unbacked_lo;
+  const std::uintptr_t hi = block->unbacked_hi;
+  block->unbacked_lo = block->unbacked_hi = 0;
+  block->unbacked_done = false;
+  auto [head, tail] = CarveUnmapped(block, lo, hi);
   if (head != nullptr) InsertCoalesced(head);
   if (tail != nullptr) InsertCoalesced(tail);
 }
@@ -752,45 +760,10 @@ std::size_t CachingAllocator::UnmapFreePages() {
     if (hi == lo) continue;
     EraseFree(b);
     // The mapped head and tail stay free blocks; the pages between go.
-    if (lo > b->addr) {
-      Block* head = NewBlock();
-      head->addr = b->addr;
-      head->size = lo - b->addr;
-      head->segment = seg;
-      head->stream = b->stream;
-      head->shared = b->shared;
-      head->free_seq = b->free_seq;
-      head->prev = b->prev;
-      head->next = b;
-      if (b->prev != nullptr) {
-        b->prev->next = head;
-      } else {
-        seg->first = head;
-      }
-      b->prev = head;
-      InsertFree(head);
-    }
-    if (end > hi) {
-      Block* tail = NewBlock();
-      tail->addr = hi;
-      tail->size = end - hi;
-      tail->segment = seg;
-      tail->stream = b->stream;
-      tail->shared = b->shared;
-      tail->free_seq = b->free_seq;
-      tail->prev = b;
-      tail->next = b->next;
-      if (b->next != nullptr) b->next->prev = tail;
-      b->next = tail;
-      InsertFree(tail);
-    }
-    b->addr = lo;
-    b->size = hi - lo;
-    b->mapped = false;
-    b->shared = false;
-    b->stream = seg->stream;
+    auto [head, tail] = CarveUnmapped(b, lo, hi);
+    if (head != nullptr) InsertFree(head);
+    if (tail != nullptr) InsertFree(tail);
     released += hi - lo;
-    InsertUnmapped(b);
   }
   return released;
 }

@@ -345,6 +345,11 @@ class CachingAllocator {
   // An inactive block whose middle pages were unbacked: splits off the
   // unmapped middle, and puts the mapped ends in the free set.
   void ReturnUnbacked(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes [lo, hi) of the inactive block `b` (whole pages, already unmapped)
+  // an unmapped block in its pool's set, and splits off the mapped bytes
+  // before and after it as inactive blocks (returned, not yet in the free set).
+  std::pair<Block*, Block*> CarveUnmapped(Block* b, std::uintptr_t lo, std::uintptr_t hi)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetUnbacking(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases every page and range of an expandable segment (destruction).
   void DestroyExpandable(Segment* seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

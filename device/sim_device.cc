@@ -340,22 +340,25 @@ absl::Status SimDevice::Map(void* ptr, PhysicalChunk chunk) {
   return absl::OkStatus();
 }
 
-absl::Status SimDevice::SetAccess(void* ptr, std::size_t bytes) {
-  MutexLock lock(&mu_);
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  // Every byte must be mapped, by mappings that start inside the range.
+bool SimDevice::IsRunOfMappingsLocked(std::uintptr_t addr, std::size_t bytes) const {
   std::uintptr_t at = addr;
   auto m = mappings_.find(addr);
   while (at < addr + bytes && m != mappings_.end() && m->first == at) {
     at += m->second.bytes;
     ++m;
   }
-  if (bytes == 0 || at != addr + bytes) {
+  return bytes != 0 && at == addr + bytes;
+}
+
+absl::Status SimDevice::SetAccess(void* ptr, std::size_t bytes) {
+  MutexLock lock(&mu_);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  if (!IsRunOfMappingsLocked(addr, bytes)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "SetAccess(%p, %d): the range is not exactly a run of mappings on %s", ptr, bytes,
         Describe()));
   }
-  for (m = mappings_.find(addr); m != mappings_.end() && m->first < addr + bytes; ++m) {
+  for (auto m = mappings_.find(addr); m != mappings_.end() && m->first < addr + bytes; ++m) {
     if (!m->second.access) mapped_bytes_ += m->second.bytes;
     m->second.access = true;
   }
@@ -368,18 +371,12 @@ absl::Status SimDevice::SetAccess(void* ptr, std::size_t bytes) {
 absl::Status SimDevice::Unmap(void* ptr, std::size_t bytes) {
   MutexLock lock(&mu_);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  std::uintptr_t at = addr;
-  auto m = mappings_.find(addr);
-  while (at < addr + bytes && m != mappings_.end() && m->first == at) {
-    at += m->second.bytes;
-    ++m;
-  }
-  if (bytes == 0 || at != addr + bytes) {
+  if (!IsRunOfMappingsLocked(addr, bytes)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Unmap(%p, %d): the range is not exactly a run of whole mappings on %s", ptr, bytes,
         Describe()));
   }
-  for (m = mappings_.find(addr); m != mappings_.end() && m->first < addr + bytes;) {
+  for (auto m = mappings_.find(addr); m != mappings_.end() && m->first < addr + bytes;) {
     if (m->second.access) mapped_bytes_ -= m->second.bytes;
     chunks_[m->second.chunk].mapped_at = 0;
     m = mappings_.erase(m);

@@ -185,6 +185,9 @@ class SimDevice final : public Device {
   absl::StatusOr<std::int64_t*> StreamTimeLocked(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckDeviceRangeLocked(const void* ptr, std::size_t bytes, const char* what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether [addr, addr + bytes) is exactly a run of whole, adjacent mappings.
+  bool IsRunOfMappingsLocked(std::uintptr_t addr, std::size_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether [addr, addr + bytes) is covered by contiguous accessible mappings.
   bool MappedWithAccessLocked(std::uintptr_t addr, std::size_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
