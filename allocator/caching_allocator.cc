@@ -191,12 +191,10 @@ absl::StatusOr<void*> CachingAllocator::Allocate(std::size_t bytes, Stream strea
   const std::size_t size = round_divisions_ ? RoundRequest(bytes) : RoundSize(bytes);
   Pool& pool = PoolFor(size);
   MutexLock lock(&mu_);
-  if (auto it = FindFreeBlock(pool, size, stream); it != pool.free.end()) {
-    return Commit(*it, it, size, bytes, stream, owner);
-  }
+  if (Block* b = FindFreeBlock(pool, size, stream)) return Commit(b, size, bytes, stream, owner);
   absl::StatusOr<Block*> slow = AllocateSlow(pool, size, bytes, stream);
   if (!slow.ok()) return slow.status();
-  return Commit(*slow, pool.free.end(), size, bytes, stream, owner);
+  return Commit(*slow, size, bytes, stream, owner);
 }
 
 REMAT_HOT_INLINE bool CachingAllocator::Fits(const Block* b, std::size_t size) const {
@@ -210,30 +208,29 @@ REMAT_HOT_INLINE bool CachingAllocator::Fits(const Block* b, std::size_t size) c
   return b->size < size + kLargeBuffer;
 }
 
-REMAT_HOT_INLINE CachingAllocator::FreeSet::iterator CachingAllocator::FindFreeBlock(Pool& pool, std::size_t size,
-                                                                    Stream stream) {
-  // The stream's own free blocks...
+REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::FindFreeBlock(Pool& pool,
+                                                                         std::size_t size,
+                                                                         Stream stream) {
+  // The stream's own free blocks (the sentinel sorts after them all, so the
+  // search always lands on a block)...
   const std::uintptr_t own = stream.handle + 1;
-  auto best = pool.free.lower_bound(FreeKey{own, size, 0});
-  if (best != pool.free.end() && !(KeyOf(*best).partition == own && Fits(*best, size))) {
-    best = pool.free.end();
-  }
+  Block* best = *pool.free.lower_bound(FreeKey{own, size, 0});
+  if (!(best->partition == own && Fits(best, size))) best = nullptr;
   // ...and blocks every stream may use; the better fit wins.
   if (pool.shared_count > 0) {
-    auto shared = pool.free.lower_bound(FreeKey{0, size, 0});
-    if (shared != pool.free.end() && (*shared)->shared && Fits(*shared, size)) {
-      const Block* candidate = *shared;
-      if (best == pool.free.end() || candidate->size < (*best)->size ||
-          (candidate->size == (*best)->size && candidate->addr < (*best)->addr)) {
-        best = shared;
-      }
+    Block* shared = *pool.free.lower_bound(FreeKey{0, size, 0});
+    if (shared->shared && Fits(shared, size) &&
+        (best == nullptr || shared->size < best->size ||
+         (shared->size == best->size && shared->addr < best->addr))) {
+      best = shared;
     }
   }
   return best;
 }
 
-REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, FreeSet::iterator where, std::size_t size,
-                               std::size_t requested, Stream stream, std::uint64_t owner) {
+REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, std::size_t size,
+                                                std::size_t requested, Stream stream,
+                                                std::uint64_t owner) {
   const StatPool sp = StatPoolOf(PoolOf(block));
   const std::size_t remaining = block->size - size;
   const bool fixed_large = block->segment->large && page_size_ == 0;
@@ -253,10 +250,10 @@ REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, FreeSet::iterator 
       block->segment->first = taken;
     }
     block->prev = taken;
-    RekeyFree(block, block->addr + size, remaining, block->stream, block->shared, where);
+    RekeyFree(block, block->addr + size, remaining, block->stream, block->shared);
     block = taken;
   } else {
-    EraseFree(block, where);
+    EraseFree(block);
   }
   block->allocated = true;
   block->shared = false;
@@ -265,7 +262,7 @@ REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, FreeSet::iterator 
   block->stream = stream;
   block->owner = owner;
   block->extra_streams.clear();
-  live_.emplace(block->addr, block);
+  live_.Insert(block->addr, block);
 
   stats_.allocation.Increase(sp, 1);
   stats_.allocated_bytes.Increase(sp, static_cast<std::int64_t>(block->size));
@@ -285,7 +282,7 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     // Blocks whose other-stream uses have completed, and blocks other streams freed.
     ProcessPendingFrees(/*wait=*/false);
     HarvestStreams(&stream, /*wait=*/false);
-    if (Block* b = FindFreeBlockPtr(pool, size, stream)) return b;
+    if (Block* b = FindFreeBlock(pool, size, stream)) return b;
     if (options_.garbage_collection_threshold > 0 &&
         static_cast<double>(stats_.reserved_bytes.all().current) >
             options_.garbage_collection_threshold * static_cast<double>(budget_)) {
@@ -301,7 +298,7 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     // coalesce and whole segments can be released.
     ProcessPendingFrees(/*wait=*/true);
     HarvestStreams(nullptr, /*wait=*/true);
-    if (Block* b = FindFreeBlockPtr(pool, size, stream)) return b;
+    if (Block* b = FindFreeBlock(pool, size, stream)) return b;
     ReleaseCachedSegments();
     if (Block* b = GrowPool(pool, size, stream)) return b;
 
@@ -486,13 +483,13 @@ CachingAllocator::Block* CachingAllocator::Expand(Pool& pool, std::size_t size, 
     ProcessPendingFrees(/*wait=*/true);
     HarvestStreams(nullptr, /*wait=*/true);
     UnmapFreePages();
-    if (Block* b = FindFreeBlockPtr(pool, size, stream)) return b;  // the harvest may have made room
+    if (Block* b = FindFreeBlock(pool, size, stream)) return b;  // the harvest may have made room
     if (!place()) return nullptr;
   }
   if (reserved() + pages * page_size_ > budget_) return nullptr;
   if (!MapPages(u, pages, stream)) return nullptr;
   reserved_high_water_ = std::max(reserved_high_water_, reserved());
-  return FindFreeBlockPtr(pool, size, stream);
+  return FindFreeBlock(pool, size, stream);
 }
 
 bool CachingAllocator::MapPages(Block* u, std::size_t pages, Stream stream) {
@@ -578,9 +575,8 @@ std::size_t CachingAllocator::UnmapPages(Segment* seg, std::uintptr_t lo, std::u
 
 absl::StatusOr<std::size_t> CachingAllocator::Unback(void* ptr) {
   MutexLock lock(&mu_);
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Unback"));
-  Block* b = it->second;
+  Block* b = live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (b == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Unback"));
   if (!b->segment->expandable) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "Unback(%p): the block is not in an expandable segment (expandable_segments:True)", ptr));
@@ -611,9 +607,8 @@ void CachingAllocator::ForgetUnbacking(Block* block) {
 
 absl::Status CachingAllocator::Reback(void* ptr, Stream stream) {
   MutexLock lock(&mu_);
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Reback"));
-  Block* b = it->second;
+  Block* b = live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (b == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Reback"));
   if (b->unbacked_hi == 0) {
     return absl::FailedPreconditionError(absl::StrFormat("Reback(%p): the block is not unbacked", ptr));
   }
@@ -650,8 +645,7 @@ absl::Status CachingAllocator::Reback(void* ptr, Stream stream) {
     mu_.Lock();
     // Others ran meanwhile: the block may have been freed (and its Block
     // reused), or backed again by another caller.
-    auto again = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-    if (again == live_.end() || again->second != b || b->generation != generation) {
+    if (live_.Find(reinterpret_cast<std::uintptr_t>(ptr)) != b || b->generation != generation) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "Reback(%p): the block was freed while room was being made", ptr));
     }
@@ -818,9 +812,9 @@ absl::Status CachingAllocator::FreeOnStream(void* ptr, Stream stream) {
 }
 
 REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stream* stream) {
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Free"));
-  Block* block = it->second;
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  Block* block = live_.Find(addr);
+  if (block == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Free"));
   std::vector<Event> events;
   // Events first: if one cannot be recorded, nothing has changed.
   for (Stream other : block->extra_streams) {
@@ -842,7 +836,7 @@ REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stre
     }
     events.push_back(*event);
   }
-  live_.erase(it);
+  live_.Erase(addr);
   const StatPool sp = StatPoolOf(PoolOf(block));
   stats_.allocation.Decrease(sp, 1);
   stats_.allocated_bytes.Decrease(sp, static_cast<std::int64_t>(block->size));
@@ -926,7 +920,7 @@ REMAT_HOT_INLINE void CachingAllocator::InsertCoalesced(Block* x) {
       }
     }
     keeper->free_seq = seq;
-    RekeyFree(keeper, addr, size, x->stream, x->shared, PoolOf(keeper).free.end());
+    RekeyFree(keeper, addr, size, x->stream, x->shared);
     DeleteBlock(x);
     if (absorbed != nullptr) DeleteBlock(absorbed);
     // A shared neighbour that turned private may now touch a private block
@@ -961,27 +955,22 @@ REMAT_HOT_INLINE void CachingAllocator::CountFree(const Block* b, int sign) {
 
 REMAT_HOT_INLINE void CachingAllocator::InsertFree(Block* b) {
   b->partition = PartitionOf(b->stream, b->shared);
-  PoolOf(b).free.insert(b);
+  b->free_pos = PoolOf(b).free.insert(b).first;
   CountFree(b, +1);
 }
 
-REMAT_HOT_INLINE void CachingAllocator::EraseFree(Block* b, FreeSet::iterator where) {
-  FreeSet& set = PoolOf(b).free;
-  if (where != set.end()) {
-    set.erase(where);  // found already: no second search
-  } else {
-    set.erase(b);
-  }
+REMAT_HOT_INLINE void CachingAllocator::EraseFree(Block* b) {
+  PoolOf(b).free.erase(b->free_pos);
   CountFree(b, -1);
 }
 
-REMAT_HOT_INLINE void CachingAllocator::RekeyFree(Block* b, std::uintptr_t addr, std::size_t size, Stream stream,
-                                 bool shared, FreeSet::iterator where) {
+REMAT_HOT_INLINE void CachingAllocator::RekeyFree(Block* b, std::uintptr_t addr, std::size_t size,
+                                                  Stream stream, bool shared) {
   // The set holds pointers and orders them through the blocks, so a block
   // whose new key still sorts between its neighbours can change in place:
   // the tree itself does not change.
   FreeSet& set = PoolOf(b).free;
-  auto it = where != set.end() ? where : set.find(b);
+  const auto it = b->free_pos;
   const FreeKey key{PartitionOf(stream, shared), size, addr};
   // A smaller key can only collide with the predecessor, a larger one with
   // the successor; a key that changes partition moves.
@@ -1003,7 +992,7 @@ REMAT_HOT_INLINE void CachingAllocator::RekeyFree(Block* b, std::uintptr_t addr,
     b->stream = stream;
     b->shared = shared;
     b->partition = key.partition;
-    set.insert(b);
+    b->free_pos = set.insert(b).first;
     CountFree(b, +1);
     return;
   }
@@ -1190,9 +1179,8 @@ absl::Status CachingAllocator::EmptyCache() {
 
 absl::Status CachingAllocator::RecordStream(void* ptr, Stream stream) {
   MutexLock lock(&mu_);
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "RecordStream"));
-  Block* b = it->second;
+  Block* b = live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (b == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "RecordStream"));
   if (stream == b->stream) return absl::OkStatus();
   if (std::find(b->extra_streams.begin(), b->extra_streams.end(), stream) == b->extra_streams.end()) {
     b->extra_streams.push_back(stream);
@@ -1231,17 +1219,17 @@ std::size_t CachingAllocator::budget() const {
 
 absl::Status CachingAllocator::SetOwner(void* ptr, std::uint64_t owner) {
   MutexLock lock(&mu_);
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "SetOwner"));
-  it->second->owner = owner;
+  Block* b = live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (b == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "SetOwner"));
+  b->owner = owner;
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::size_t> CachingAllocator::BlockSize(const void* ptr) const {
   MutexLock lock(&mu_);
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == live_.end()) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "BlockSize"));
-  return it->second->size;
+  const Block* b = live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (b == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "BlockSize"));
+  return b->size;
 }
 
 bool CachingAllocator::ContainsAddress(const void* ptr) const {
@@ -1255,11 +1243,8 @@ bool CachingAllocator::ContainsAddress(const void* ptr) const {
 
 absl::StatusOr<std::size_t> CachingAllocator::AdjacentFreeBytes(const void* ptr) const {
   MutexLock lock(&mu_);
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == live_.end()) {
-    return absl::InvalidArgumentError(DescribeBadPointer(ptr, "AdjacentFreeBytes"));
-  }
-  const Block* b = it->second;
+  const Block* b = live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (b == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "AdjacentFreeBytes"));
   std::size_t bytes = 0;
   for (const Block* n : {b->prev, b->next}) {
     if (n != nullptr && !n->allocated && !n->pending_free && n->mapped) bytes += n->size;

@@ -52,6 +52,8 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <memory_resource>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,6 +64,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
+#include "allocator/address_map.h"
 #include "allocator/allocator_stats.h"
 #include "allocator/snapshot.h"
 #include "base/mutex.h"
@@ -201,45 +204,7 @@ class CachingAllocator {
 
  private:
   struct Segment;
-  struct Block {
-    std::uintptr_t addr = 0;
-    std::size_t size = 0;
-    std::size_t requested = 0;
-    Segment* segment = nullptr;
-    Block* prev = nullptr;  // address neighbours within the segment
-    Block* next = nullptr;
-    Stream stream;          // allocation stream; when free, the stream it is private to
-    bool allocated = false;
-    bool pending_free = false;
-    bool shared = false;    // free and safe for every stream
-    bool mapped = true;     // false: unmapped pages of an expandable segment (page-aligned)
-    // Unback: the whole pages [unbacked_lo, unbacked_hi) of an allocated
-    // block are given up; unbacked_done once they are unmapped.
-    std::uintptr_t unbacked_lo = 0;
-    std::uintptr_t unbacked_hi = 0;
-    bool unbacked_done = false;
-    std::uint64_t generation = 0;  // which allocation holds it (Reback's check)
-    std::uintptr_t partition = 0;  // free-set partition, set on entering the set
-    std::uint64_t free_seq = 0;
-    int pending_events = 0;
-    std::uint64_t owner = 0;
-    absl::InlinedVector<Stream, 1> extra_streams;
-  };
-  struct Segment {
-    std::uintptr_t addr = 0;
-    std::size_t size = 0;        // the whole address range
-    // A free block this size is a whole free segment; SIZE_MAX for an
-    // expandable segment, which is never released whole.
-    std::size_t whole_size = 0;
-    bool large = false;
-    bool expandable = false;
-    Stream stream;
-    Block* first = nullptr;
-    std::vector<PhysicalChunk> pages;  // expandable: page i's chunk (handle 0: unmapped)
-  };
-  struct AddrOrder {
-    bool operator()(const Block* a, const Block* b) const { return a->addr < b->addr; }
-  };
+  struct Block;
   // Free blocks: shared ones first, then each stream's private ones; within
   // each, by (size, address) for best fit.
   struct FreeKey {
@@ -262,8 +227,53 @@ class CachingAllocator {
     bool operator()(const FreeKey& a, const Block* b) const { return a < KeyOf(b); }
     bool operator()(const Block* a, const FreeKey& b) const { return KeyOf(a) < b; }
   };
-  using FreeSet = absl::btree_set<Block*, FreeOrder>;
+  // A node-based set, so that every free block keeps its position in it
+  // (Block::free_pos) across other insertions and erasures: erasing a block,
+  // or moving its key within its neighbours, needs no search. The nodes come
+  // from a pool of their own, so an insertion costs no call to malloc.
+  using FreeSet = std::pmr::set<Block*, FreeOrder>;
+  struct Block {
+    std::uintptr_t addr = 0;
+    std::size_t size = 0;
+    std::size_t requested = 0;
+    Segment* segment = nullptr;
+    Block* prev = nullptr;  // address neighbours within the segment
+    Block* next = nullptr;
+    Stream stream;          // allocation stream; when free, the stream it is private to
+    bool allocated = false;
+    bool pending_free = false;
+    bool shared = false;    // free and safe for every stream
+    bool mapped = true;     // false: unmapped pages of an expandable segment (page-aligned)
+    // Unback: the whole pages [unbacked_lo, unbacked_hi) of an allocated
+    // block are given up; unbacked_done once they are unmapped.
+    std::uintptr_t unbacked_lo = 0;
+    std::uintptr_t unbacked_hi = 0;
+    bool unbacked_done = false;
+    std::uint64_t generation = 0;  // which allocation holds it (Reback's check)
+    std::uintptr_t partition = 0;  // free-set partition, set on entering the set
+    FreeSet::iterator free_pos{};  // where it is in its pool's free set, while there
+    std::uint64_t free_seq = 0;
+    int pending_events = 0;
+    std::uint64_t owner = 0;
+    absl::InlinedVector<Stream, 1> extra_streams;
+  };
+  struct Segment {
+    std::uintptr_t addr = 0;
+    std::size_t size = 0;        // the whole address range
+    // A free block this size is a whole free segment; SIZE_MAX for an
+    // expandable segment, which is never released whole.
+    std::size_t whole_size = 0;
+    bool large = false;
+    bool expandable = false;
+    Stream stream;
+    Block* first = nullptr;
+    std::vector<PhysicalChunk> pages;  // expandable: page i's chunk (handle 0: unmapped)
+  };
+  struct AddrOrder {
+    bool operator()(const Block* a, const Block* b) const { return a->addr < b->addr; }
+  };
   struct Pool {
+    explicit Pool(std::pmr::memory_resource* nodes) : free(nodes) {}
     FreeSet free;
     bool large = false;
     std::size_t shared_count = 0;
@@ -293,20 +303,13 @@ class CachingAllocator {
   StatPool StatPoolOf(const Pool& pool) const { return pool.large ? kLargePool : kSmallPool; }
   Pool& PoolOf(const Block* b) { return b->segment->large ? large_ : small_; }
 
-  // The best-fitting free block usable on `stream`, or pool.free.end().
-  FreeSet::iterator FindFreeBlock(Pool& pool, std::size_t size, Stream stream)
+  // The best-fitting free block usable on `stream`, or nullptr.
+  Block* FindFreeBlock(Pool& pool, std::size_t size, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Block* FindFreeBlockPtr(Pool& pool, std::size_t size, Stream stream)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = FindFreeBlock(pool, size, stream);
-    return it == pool.free.end() ? nullptr : *it;
-  }
   bool Fits(const Block* b, std::size_t size) const;
-  // Allocates from the free block `block`; `where` is its position in the
-  // free set when the caller knows it (saves a lookup), else end().
-  void* Commit(Block* block, FreeSet::iterator where, std::size_t size, std::size_t requested,
-               Stream stream, std::uint64_t owner)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Allocates from the free block `block`.
+  void* Commit(Block* block, std::size_t size, std::size_t requested, Stream stream,
+               std::uint64_t owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> AllocateSlow(Pool& pool, std::size_t size, std::size_t requested,
                                       Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Block* ReserveSegment(Pool& pool, std::size_t size, Stream stream)
@@ -361,14 +364,10 @@ class CachingAllocator {
   void InsertCoalesced(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanMerge(const Block* a, const Block* b) const;
   void InsertFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `where`: b's position in its pool's set, or the set's end() to search for it.
-  void EraseFree(Block* b, FreeSet::iterator where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EraseFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    EraseFree(b, PoolOf(b).free.end());
-  }
+  void EraseFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives a block in the free set a new key, in place when the order allows.
-  void RekeyFree(Block* b, std::uintptr_t addr, std::size_t size, Stream stream, bool shared,
-                 FreeSet::iterator where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RekeyFree(Block* b, std::uintptr_t addr, std::size_t size, Stream stream, bool shared)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds (+1) or removes (-1) a free block's share of the free-set counters.
   void CountFree(const Block* b, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes pending frees whose events are done (all of them when `wait`).
@@ -404,9 +403,11 @@ class CachingAllocator {
   // The most bytes ever reserved: expandable segments pass it only after
   // unmapping the free pages they cache.
   std::size_t reserved_high_water_ ABSL_GUARDED_BY(mu_) = 0;
-  Pool small_ ABSL_GUARDED_BY(mu_);
-  Pool large_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::uintptr_t, Block*> live_ ABSL_GUARDED_BY(mu_);
+  // The free sets' nodes (declared first: destroyed after the sets).
+  std::pmr::unsynchronized_pool_resource free_nodes_;
+  Pool small_ ABSL_GUARDED_BY(mu_){&free_nodes_};
+  Pool large_ ABSL_GUARDED_BY(mu_){&free_nodes_};
+  AddressMap<Block> live_ ABSL_GUARDED_BY(mu_);
   absl::btree_map<std::uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingFree> pending_frees_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Stream, StreamHarvest> harvest_ ABSL_GUARDED_BY(mu_);
