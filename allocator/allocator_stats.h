@@ -15,23 +15,20 @@ struct Stat {
   std::int64_t peak = 0;
   std::int64_t allocated = 0;  // total ever added
   std::int64_t freed = 0;      // total ever removed
+  // While counting, `freed` is not kept up to date (a free then costs one
+  // store less): it is allocated - (current - base), filled in by
+  // StatArray::Complete() when statistics are read. `base` is `current` as
+  // it was when the totals were last reset.
+  std::int64_t base = 0;
 
-  void Add(std::int64_t delta) {
-    if (delta > 0) {
-      Increase(delta);
-    } else {
-      Decrease(-delta);
-    }
-  }
   void Increase(std::int64_t amount) {
     current += amount;
     allocated += amount;
-    peak = current > peak ? current : peak;
+    // A branch rather than a conditional move: in a steady state the peak
+    // is not passed, and the store is skipped.
+    if (current > peak) [[unlikely]] peak = current;
   }
-  void Decrease(std::int64_t amount) {
-    current -= amount;
-    freed += amount;
-  }
+  void Decrease(std::int64_t amount) { current -= amount; }
 };
 
 enum StatPool : int { kAggregatePool = 0, kSmallPool = 1, kLargePool = 2 };
@@ -57,7 +54,7 @@ struct StatArray {
   void Increase(StatPool pool, std::int64_t amount) {
     Stat& all = pools[kAggregatePool];
     all.current += amount;
-    all.peak = all.current > all.peak ? all.current : all.peak;
+    if (all.current > all.peak) [[unlikely]] all.peak = all.current;
     pools[pool].Increase(amount);
   }
   void Decrease(StatPool pool, std::int64_t amount) {
@@ -65,6 +62,9 @@ struct StatArray {
     pools[pool].Decrease(amount);
   }
   void Complete() {
+    for (int p : {kSmallPool, kLargePool}) {
+      pools[p].freed = pools[p].allocated - (pools[p].current - pools[p].base);
+    }
     pools[kAggregatePool].allocated = pools[kSmallPool].allocated + pools[kLargePool].allocated;
     pools[kAggregatePool].freed = pools[kSmallPool].freed + pools[kLargePool].freed;
   }
@@ -72,7 +72,10 @@ struct StatArray {
     for (Stat& s : pools) s.peak = s.current;
   }
   void ResetAccumulated() {
-    for (Stat& s : pools) s.allocated = s.freed = 0;
+    for (Stat& s : pools) {
+      s.allocated = s.freed = 0;
+      s.base = s.current;
+    }
   }
 };
 

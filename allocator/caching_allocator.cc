@@ -811,12 +811,12 @@ absl::Status CachingAllocator::FreeOnStream(void* ptr, Stream stream) {
   return FreeLocked(ptr, &stream);
 }
 
-REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stream* stream) {
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  Block* block = live_.Find(addr);
-  if (block == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Free"));
-  std::vector<Event> events;
-  // Events first: if one cannot be recorded, nothing has changed.
+// Records an event on each stream other than `stream` that used the block
+// (RecordStream), into `out`; on failure puts the events it took back among
+// the spares and returns the error, having changed nothing.
+absl::Status CachingAllocator::RecordUses(Block* block, const Stream* stream,
+                                          std::vector<Event>* out) {
+  std::vector<Event>& events = *out;
   for (Stream other : block->extra_streams) {
     if (stream != nullptr && other == *stream) continue;
     absl::StatusOr<Event> event = TakeEvent();
@@ -835,6 +835,18 @@ REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stre
       continue;
     }
     events.push_back(*event);
+  }
+  return absl::OkStatus();
+}
+
+REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stream* stream) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  Block* block = live_.Find(addr);
+  if (block == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Free"));
+  std::vector<Event> events;
+  // Events first: if one cannot be recorded, nothing has changed.
+  if (!block->extra_streams.empty()) [[unlikely]] {
+    if (absl::Status s = RecordUses(block, stream, &events); !s.ok()) return s;
   }
   live_.Erase(addr);
   const StatPool sp = StatPoolOf(PoolOf(block));

@@ -357,6 +357,8 @@ class CachingAllocator {
   // Releases every page and range of an expandable segment (destruction).
   void DestroyExpandable(Segment* seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FreeLocked(void* ptr, const Stream* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RecordUses(Block* block, const Stream* stream, std::vector<Event>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns an inactive block to its pool, private to `stream`, coalesced.
   void ReturnBlock(Block* block, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts an inactive block (not in the free set) into it, merged with the
