@@ -602,8 +602,10 @@ void SimDevice::AdvanceTo(std::int64_t t) {
   }
 }
 
-std::int64_t SimDevice::EnqueueLocked(std::int64_t* stream_time, std::int64_t cost_ns) {
-  const std::int64_t start = std::max(*stream_time, host_now_ns_.load(std::memory_order_relaxed));
+std::int64_t SimDevice::EnqueueLocked(std::int64_t* stream_time, std::int64_t cost_ns,
+                                      std::int64_t not_before_ns) {
+  const std::int64_t start = std::max({*stream_time, host_now_ns_.load(std::memory_order_relaxed),
+                                       not_before_ns});
   *stream_time = start + std::max<std::int64_t>(cost_ns, 0);
   busy_until_ns_ = std::max(busy_until_ns_, *stream_time);
   return *stream_time;
@@ -654,7 +656,13 @@ absl::Status SimDevice::CopyAsync(void* dst, const void* src, std::size_t bytes,
   }
   if (kind != CopyKind::kHostToDevice) REMAT_RETURN_IF_ERROR(CheckDeviceRangeLocked(src, bytes, "copy source"));
   if (kind != CopyKind::kDeviceToHost) REMAT_RETURN_IF_ERROR(CheckDeviceRangeLocked(dst, bytes, "copy destination"));
-  const std::int64_t end = EnqueueLocked(stream_time, options_.cost.CopyNs(bytes, kind));
+  std::int64_t* engine = nullptr;
+  if (options_.cost.copy_engines && kind != CopyKind::kDeviceToDevice) {
+    engine = &engine_free_at_ns_[kind == CopyKind::kHostToDevice ? 0 : 1];
+  }
+  const std::int64_t end = EnqueueLocked(stream_time, options_.cost.CopyNs(bytes, kind),
+                                         engine != nullptr ? *engine : 0);
+  if (engine != nullptr) *engine = end;
   copied_[static_cast<int>(kind)] += bytes;
   if (options_.backed) {
     pending_.push(PendingOp{end, next_seq_++, [dst, src, bytes] { std::memmove(dst, src, bytes); }});

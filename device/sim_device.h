@@ -40,6 +40,13 @@ struct SimCostModel {
   double device_to_host_gbps = 25.0;
   double device_to_device_gbps = 1500.0;
   std::int64_t copy_latency_ns = 2000;
+  // One copy engine per direction, as on a GPU: host-to-device copies run one
+  // after another whatever stream issued them, and so do device-to-host
+  // copies, each at its direction's rate; the two directions run at the same
+  // time. (Several copies of one direction in flight share the link's
+  // bandwidth; running them in turn ends the last one at the same time.)
+  // false: every stream copies on its own, at the full rate (no contention).
+  bool copy_engines = true;
 
   std::int64_t CopyNs(std::size_t bytes, CopyKind kind) const;
 };
@@ -180,8 +187,9 @@ class SimDevice final : public Device {
   // Moves the host clock to `t` (never backwards) and runs completed work.
   void AdvanceTo(std::int64_t t) ABSL_LOCKS_EXCLUDED(mu_, exec_mu_);
   // Appends `cost_ns` of work to the stream; returns its completion time.
-  std::int64_t EnqueueLocked(std::int64_t* stream_time, std::int64_t cost_ns)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `not_before_ns`: the work cannot start earlier (a busy copy engine).
+  std::int64_t EnqueueLocked(std::int64_t* stream_time, std::int64_t cost_ns,
+                             std::int64_t not_before_ns = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::int64_t*> StreamTimeLocked(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckDeviceRangeLocked(const void* ptr, std::size_t bytes, const char* what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -213,6 +221,9 @@ class SimDevice final : public Device {
   int copies_to_fail_ ABSL_GUARDED_BY(mu_) = 0;
   int waits_to_fail_ ABSL_GUARDED_BY(mu_) = 0;
   std::int64_t busy_until_ns_ ABSL_GUARDED_BY(mu_) = 0;    // latest completion ever queued
+  // When each copy engine finishes what it was given ([0] host to device,
+  // [1] device to host); see SimCostModel::copy_engines.
+  std::int64_t engine_free_at_ns_[2] ABSL_GUARDED_BY(mu_) = {0, 0};
 
   AddressSpace device_space_ ABSL_GUARDED_BY(mu_);
   AddressSpace host_space_ ABSL_GUARDED_BY(mu_);

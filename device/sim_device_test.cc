@@ -110,6 +110,55 @@ TEST(SimDeviceTest, CopiesTakeLatencyPlusBytesOverBandwidth) {
   EXPECT_EQ(device->NowNs(), 2 * 101000);
 }
 
+// One copy engine per direction: hand-computed timelines. At 10 bytes/ns and
+// 1,000 ns latency, a 1,000,000-byte copy takes 101,000 ns.
+TEST(SimDeviceTest, CopiesOfOneDirectionTakeTurnsAndTheTwoDirectionsOverlap) {
+  SimDeviceOptions options{.capacity = kGiB};
+  options.cost.host_to_device_gbps = 10.0;
+  options.cost.device_to_host_gbps = 10.0;
+  options.cost.copy_latency_ns = 1000;
+  auto device = MakeDevice(options);
+  void* seg = *device->ReserveSegment(2 * kMiB);
+  void* host = *device->AllocateHost(kMiB);
+  const Stream a = *device->CreateStream();
+  const Stream b = *device->CreateStream();
+  const Stream c = *device->CreateStream();
+  // Out on a, in on b: separate engines, side by side.
+  ASSERT_TRUE(device->CopyAsync(host, seg, 1000000, CopyKind::kDeviceToHost, a).ok());
+  ASSERT_TRUE(device->CopyAsync(seg, host, 1000000, CopyKind::kHostToDevice, b).ok());
+  EXPECT_EQ(*device->StreamTimeNs(a), 101000);
+  EXPECT_EQ(*device->StreamTimeNs(b), 101000);
+  // Another copy in, on a third stream: it waits for the engine, not for b.
+  ASSERT_TRUE(device->CopyAsync(seg, host, 1000000, CopyKind::kHostToDevice, c).ok());
+  EXPECT_EQ(*device->StreamTimeNs(c), 202000);
+  // A copy out on c queues behind c's own work and then finds its engine free.
+  ASSERT_TRUE(device->CopyAsync(host, seg, 500000, CopyKind::kDeviceToHost, c).ok());
+  EXPECT_EQ(*device->StreamTimeNs(c), 202000 + 51000);
+  // Device-to-device copies use no copy engine of the link.
+  ASSERT_TRUE(device->CopyAsync(seg, seg, 1000, CopyKind::kDeviceToDevice, a).ok());
+  EXPECT_LT(*device->StreamTimeNs(a), 101000 + 2000);
+  // Later copies start when the host issues them if the engine is idle then.
+  ASSERT_TRUE(device->SynchronizeStream(c).ok());
+  ASSERT_TRUE(device->CopyAsync(seg, host, 1000000, CopyKind::kHostToDevice, a).ok());
+  EXPECT_EQ(*device->StreamTimeNs(a), 253000 + 101000);
+}
+
+TEST(SimDeviceTest, WithoutCopyEnginesEveryStreamCopiesAtTheFullRate) {
+  SimDeviceOptions options{.capacity = kGiB};
+  options.cost.host_to_device_gbps = 10.0;
+  options.cost.copy_latency_ns = 1000;
+  options.cost.copy_engines = false;
+  auto device = MakeDevice(options);
+  void* seg = *device->ReserveSegment(2 * kMiB);
+  void* host = *device->AllocateHost(kMiB);
+  const Stream a = *device->CreateStream();
+  const Stream b = *device->CreateStream();
+  ASSERT_TRUE(device->CopyAsync(seg, host, 1000000, CopyKind::kHostToDevice, a).ok());
+  ASSERT_TRUE(device->CopyAsync(seg, host, 1000000, CopyKind::kHostToDevice, b).ok());
+  EXPECT_EQ(*device->StreamTimeNs(a), 101000);
+  EXPECT_EQ(*device->StreamTimeNs(b), 101000);
+}
+
 TEST(SimDeviceTest, StreamsOverlapAndWaitOnEvents) {
   auto device = MakeDevice({.capacity = kGiB});
   Stream compute = *device->CreateStream();

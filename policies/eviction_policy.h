@@ -80,11 +80,14 @@ struct PressureContext {
   std::size_t bytes_needed = 0;  // what the pending request lacks
   Stream stream;                 // the stream of the pending request
   std::int64_t now_ns = 0;       // device clock
-  // How long the host link stays busy with the copies already queued (the
-  // runtime's estimate): what an offload now waits for before it starts.
+  // The link has one copy engine each way, side by side (the runtime's
+  // estimates, from its HostLink):
+  // how long the device-to-host direction stays busy with the copies out
+  // already queued: what an offload now waits for before it starts;
   std::int64_t link_backlog_ns = 0;
-  // How long the link needs to bring back everything now offloaded (on host
-  // or on its way there): copies that an offload's own restore competes with.
+  // how long the host-to-device direction needs for the copies in already
+  // queued and to bring back everything now offloaded (on host or on its way
+  // there): what an offload's own restore competes with.
   std::int64_t restore_backlog_ns = 0;
   absl::Span<const Candidate> candidates;
   const MemoryMap* memory_map = nullptr;  // for allocator-aware policies; may be null

@@ -77,9 +77,11 @@ class Hybrid final : public EvictionPolicy {
   }
   bool RestoreHidden(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) const {
     const std::int64_t next = NextUse(c, ctx);
-    return next >= 0 &&
-           static_cast<double>(backlog + ctx.restore_backlog_ns + c.transfer_ns) * slack_ <=
-               static_cast<double>(next);
+    // The copy in starts once the copy out is done and the copies in ahead
+    // of it are carried (the two directions run side by side).
+    const std::int64_t one_way = c.transfer_ns / 2;
+    const std::int64_t back_at = std::max(backlog + one_way, ctx.restore_backlog_ns) + one_way;
+    return next >= 0 && static_cast<double>(back_at) * slack_ <= static_cast<double>(next);
   }
   double OffloadCost(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) const {
     const double out = static_cast<double>(backlog + c.transfer_ns / 2);

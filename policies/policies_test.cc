@@ -324,6 +324,15 @@ TEST(PolicyTest, HybridOffloadsWhenWaitingForTheCopyCostsLessThanRecomputing) {
   EXPECT_THAT(HybridPlan({a}, 100, 0, 500'000), ElementsAre(PlanStep{1, EvictAction::kDrop}));
   // ...or the link is busy: 15 us of backlog + 20 out > 30.
   EXPECT_THAT(HybridPlan({a}, 100, 15'000), ElementsAre(PlanStep{1, EvictAction::kDrop}));
+  // The two directions run side by side: 400 us of copies out queued and 400
+  // us of copies in owed still bring it back by max(400 + 20, 400) + 20 = 440
+  // us (x2 slack = 880 < 1000: hidden), so the offload costs only its wait
+  // and copy out, 420 us, under a 450 us recompute. (On one shared queue it
+  // would be 400 + 400 + 40: not hidden, 460 us: a drop.)
+  Candidate far = a;
+  far.compute_ns = 450'000;
+  EXPECT_THAT(HybridPlan({far}, 100, 400'000, 400'000),
+              ElementsAre(PlanStep{1, EvictAction::kOffload}));
   // Online: the access history predicts the next use.
   Candidate c = Make(3, 100, 900'000, 50'000, 40'000);
   c.first_access_ns = 100'000;

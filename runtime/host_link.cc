@@ -11,8 +11,8 @@ absl::Status HostLink::CheckInvariants() const {
   if (latency_ns_ < 0) {
     return absl::InternalError(absl::StrFormat("host link: latency %d ns", latency_ns_));
   }
-  if (free_at_ns_ < 0) {
-    return absl::InternalError(absl::StrFormat("host link: frees up at %d ns", free_at_ns_));
+  for (std::int64_t free_at : free_at_ns_) {
+    if (free_at < 0) return absl::InternalError(absl::StrFormat("host link: frees up at %d ns", free_at));
   }
   return absl::OkStatus();
 }

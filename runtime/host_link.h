@@ -1,6 +1,8 @@
 // HostLink: the runtime's model of the link between device and host memory,
-// which offloads, restores and prefetches cross: a bandwidth, a latency per
-// copy, and the backlog of copies queued on it.
+// which offloads, restores and prefetches cross: a bandwidth and a latency
+// per copy, the same each way, and for each direction the backlog of copies
+// queued on it. The two directions are independent, as a GPU's copy engines
+// are: copies out queue behind copies out, copies in behind copies in.
 //
 // The model only estimates (for the policy's transfer costs and backlogs);
 // the copies themselves run on the device's streams.
@@ -20,6 +22,8 @@ namespace remat::runtime_internal {
 
 class HostLink {
  public:
+  enum Direction { kOut = 0, kIn = 1 };  // device to host, host to device
+
   // `gbps`: bytes per nanosecond; `latency_ns`: what each copy adds.
   HostLink(double gbps, std::int64_t latency_ns) : gbps_(gbps), latency_ns_(latency_ns) {}
 
@@ -31,14 +35,16 @@ class HostLink {
   std::int64_t RoundTripNs(std::size_t bytes) const {
     return 2 * (latency_ns_ + CarryNs(bytes));
   }
-  // A copy of `bytes` joins the queue at `now_ns` (the device's clock).
-  void Queue(std::size_t bytes, std::int64_t now_ns) {
-    const std::int64_t start = std::max(free_at_ns_, now_ns);
-    free_at_ns_ = start + latency_ns_ + CarryNs(bytes);
+  // A copy of `bytes` joins its direction's queue at `now_ns` (the device's clock).
+  void Queue(Direction dir, std::size_t bytes, std::int64_t now_ns) {
+    std::int64_t& free_at = free_at_ns_[dir];
+    const std::int64_t start = std::max(free_at, now_ns);
+    free_at = start + latency_ns_ + CarryNs(bytes);
   }
-  // How long a copy queued at `now_ns` waits behind those queued before it.
-  std::int64_t BacklogNs(std::int64_t now_ns) const {
-    return std::max<std::int64_t>(free_at_ns_ - now_ns, 0);
+  // How long a copy queued at `now_ns` waits behind those of its direction
+  // queued before it.
+  std::int64_t BacklogNs(Direction dir, std::int64_t now_ns) const {
+    return std::max<std::int64_t>(free_at_ns_[dir] - now_ns, 0);
   }
 
   absl::Status CheckInvariants() const;
@@ -46,8 +52,8 @@ class HostLink {
  private:
   const double gbps_;
   const std::int64_t latency_ns_;
-  // When the link will have carried every copy queued so far.
-  std::int64_t free_at_ns_ = 0;
+  // When each direction will have carried every copy queued on it so far.
+  std::int64_t free_at_ns_[2] = {0, 0};
 };
 
 }  // namespace remat::runtime_internal

@@ -130,7 +130,7 @@ TEST_F(ObserverTest, AnOffloadedTensorIsToldWhereEachCopyWent) {
   const TensorId c = Make1({}, false, true);  // offloads a
   ASSERT_EQ(*runtime_->State(a), TensorState::kOffloading);
   ASSERT_TRUE(runtime_->Acquire(a).ok());   // copied back on the default stream (offloads b)
-  ASSERT_TRUE(runtime_->Prefetch(b).ok());  // offloads c, copies b back on the copy stream
+  ASSERT_TRUE(runtime_->Prefetch(b).ok());  // offloads c, copies b back on the prefetch stream
   ASSERT_TRUE(runtime_->Free(c).ok());      // on the host: its host bytes go
 
   const std::vector<TensorEvent> ea = recorder_.Of(a);
@@ -142,7 +142,8 @@ TEST_F(ObserverTest, AnOffloadedTensorIsToldWhereEachCopyWent) {
   const std::vector<TensorEvent> eb = recorder_.Of(b);
   ASSERT_THAT(recorder_.KindsOf(b), ElementsAre(Kind::kCreated, Kind::kOffloaded, Kind::kRestored));
   EXPECT_TRUE(eb[2].prefetch);
-  EXPECT_EQ(eb[2].stream, runtime_->copy_stream());
+  EXPECT_EQ(eb[2].stream, runtime_->prefetch_stream());
+  EXPECT_NE(runtime_->prefetch_stream(), runtime_->copy_stream());
   const std::vector<TensorEvent> ec = recorder_.Of(c);
   ASSERT_THAT(recorder_.KindsOf(c),
               ElementsAre(Kind::kCreated, Kind::kOffloaded, Kind::kCollected));

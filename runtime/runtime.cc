@@ -127,21 +127,30 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(CachingAllocator* alloc
   if (policy == nullptr) {
     REMAT_ASSIGN_OR_RETURN(policy, policies::Create(options.policy));
   }
+  // Copies out and copies in go on streams of their own, as a GPU's two copy
+  // engines run them: a prefetch does not queue behind the offloads.
   REMAT_ASSIGN_OR_RETURN(const Stream copy_stream, allocator->device()->CreateStream());
-  std::unique_ptr<Runtime> runtime(
-      new Runtime(allocator, std::move(options), std::move(policy), copy_stream));
+  absl::StatusOr<Stream> prefetch_stream = allocator->device()->CreateStream();
+  if (!prefetch_stream.ok()) {
+    LogIfError(allocator->device()->DestroyStream(copy_stream), "destroying the copy stream");
+    return prefetch_stream.status();
+  }
+  std::unique_ptr<Runtime> runtime(new Runtime(allocator, std::move(options), std::move(policy),
+                                               copy_stream, *prefetch_stream));
   allocator->SetPressureHandler(
       [r = runtime.get()](const PressureRequest& request) { return r->OnPressure(request); });
   return runtime;
 }
 
 Runtime::Runtime(CachingAllocator* allocator, RuntimeOptions options,
-                 std::shared_ptr<policies::EvictionPolicy> policy, Stream copy_stream)
+                 std::shared_ptr<policies::EvictionPolicy> policy, Stream copy_stream,
+                 Stream prefetch_stream)
     : allocator_(allocator),
       device_(allocator->device()),
       options_(std::move(options)),
       policy_(std::move(policy)),
       copy_stream_(copy_stream),
+      prefetch_stream_(prefetch_stream),
       track_classes_(policy_->needs().classes),
       prefetch_window_ns_(std::max<std::int64_t>(policy_->prefetch_window_ns(), 0)),
       link_(options_.link_gbps, options_.link_latency_ns),
@@ -163,6 +172,7 @@ Runtime::~Runtime() {
   }
   events_.DestroyAll();
   LogIfError(device_->DestroyStream(copy_stream_), "destroying the copy stream");
+  LogIfError(device_->DestroyStream(prefetch_stream_), "destroying the prefetch stream");
 }
 
 // --- Tensors ---------------------------------------------------------------------

@@ -298,7 +298,10 @@ class Runtime {
   // may run between calls or inside a recompute closure, not from a policy.
   absl::Status CheckInvariants() const;
   const policies::EvictionPolicy& policy() const { return *policy_; }
+  // Offloads run on copy_stream(), prefetches on prefetch_stream(); a restore
+  // on access runs on the stream that needs the tensor.
   Stream copy_stream() const { return copy_stream_; }
+  Stream prefetch_stream() const { return prefetch_stream_; }
 
  private:
   // The records and the parts, with their invariants: runtime_internal.h
@@ -308,7 +311,8 @@ class Runtime {
   using Tensor = runtime_internal::TensorTable::Entry;
 
   Runtime(CachingAllocator* allocator, RuntimeOptions options,
-          std::shared_ptr<policies::EvictionPolicy> policy, Stream copy_stream);
+          std::shared_ptr<policies::EvictionPolicy> policy, Stream copy_stream,
+          Stream prefetch_stream);
 
   friend class Guard;
   class Lock;      // the runtime's lock (runtime.cc)
@@ -441,6 +445,7 @@ class Runtime {
   const RuntimeOptions options_;
   const std::shared_ptr<policies::EvictionPolicy> policy_;
   const Stream copy_stream_;
+  const Stream prefetch_stream_;
   const bool track_classes_;  // the policy reads Candidate::classes_ns
   const std::int64_t prefetch_window_ns_;  // the policy's; 0: no prefetch planning
 

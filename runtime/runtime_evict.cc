@@ -108,8 +108,9 @@ bool Runtime::Evict(const PressureRequest& request) {
   ctx.bytes_needed = request.bytes;
   ctx.stream = request.stream;
   ctx.now_ns = Clock();
-  ctx.link_backlog_ns = link_.BacklogNs(device_->NowNs());
-  ctx.restore_backlog_ns = link_.CarryNs(host_pool_.in_use_bytes());
+  ctx.link_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kOut, device_->NowNs());
+  ctx.restore_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kIn, device_->NowNs()) +
+                           link_.CarryNs(host_pool_.in_use_bytes());
   ctx.candidates = scratch_;
   if (!policy_->needs().neighbourhood) {
     ctx.complete_fn = &Runtime::CompleteCandidate;

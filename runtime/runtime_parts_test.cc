@@ -128,13 +128,18 @@ TEST(DropClassesTest, JoinedClassesSumTheirCostsAndMembersTakeTheirsOut) {
   EXPECT_TRUE(classes.CheckInvariants().ok()) << classes.CheckInvariants();
 }
 
-TEST(HostLinkTest, CopiesQueueBehindEachOther) {
+TEST(HostLinkTest, CopiesQueueBehindThoseOfTheirDirection) {
   HostLink link(/*gbps=*/2.0, /*latency_ns=*/100);
   EXPECT_EQ(link.RoundTripNs(1000), 2 * (100 + 500));
-  link.Queue(1000, /*now_ns=*/0);
-  link.Queue(1000, /*now_ns=*/0);
-  EXPECT_EQ(link.BacklogNs(0), 1200);
-  EXPECT_EQ(link.BacklogNs(5000), 0);
+  link.Queue(HostLink::kOut, 1000, /*now_ns=*/0);
+  link.Queue(HostLink::kOut, 1000, /*now_ns=*/0);
+  EXPECT_EQ(link.BacklogNs(HostLink::kOut, 0), 1200);
+  EXPECT_EQ(link.BacklogNs(HostLink::kOut, 5000), 0);
+  // Copies in run beside the copies out.
+  EXPECT_EQ(link.BacklogNs(HostLink::kIn, 0), 0);
+  link.Queue(HostLink::kIn, 1000, /*now_ns=*/300);
+  EXPECT_EQ(link.BacklogNs(HostLink::kIn, 300), 600);
+  EXPECT_EQ(link.BacklogNs(HostLink::kOut, 300), 900);
   EXPECT_TRUE(link.CheckInvariants().ok());
   EXPECT_THAT(HostLink(0.0, 0).CheckInvariants(), IsBroken("bandwidth"));
   EXPECT_THAT(HostLink(1.0, -1).CheckInvariants(), IsBroken("latency"));

@@ -66,26 +66,28 @@ absl::Status Runtime::PrefetchStorage(Storage* s, Stream stream) {
   }
   const bool kept = s->kept != nullptr;
   REMAT_ASSIGN_OR_RETURN(void* const ptr, BlockToRestore(s, stream));
-  // The copy stream writes the block only after `stream`'s earlier work on it,
-  // and (same stream) after the offload's copy out; the host buffer goes back
-  // to the pool behind the copy in. On any failure the block goes back, and
-  // the tensor stays on the host.
+  // The prefetch stream writes the block only after `stream`'s earlier work
+  // on it, and after the offload's copy out if that is still running (it
+  // runs on the other engine's stream); the host buffer goes back to the pool
+  // behind the copy in. On any failure the block goes back, and the tensor
+  // stays on the host.
   absl::StatusOr<Event> done = events_.Take();
-  absl::Status st = done.ok() ? events_.WaitOn(copy_stream_, stream) : done.status();
+  absl::Status st = done.ok() ? events_.WaitOn(prefetch_stream_, stream) : done.status();
+  if (st.ok() && s->copy_in_flight) st = device_->StreamWaitEvent(prefetch_stream_, s->copy_event);
   bool copying = false;
   if (st.ok()) {
-    st = device_->CopyAsync(ptr, s->host, s->bytes, CopyKind::kHostToDevice, copy_stream_);
+    st = device_->CopyAsync(ptr, s->host, s->bytes, CopyKind::kHostToDevice, prefetch_stream_);
     copying = st.ok();
   }
-  if (st.ok()) st = device_->RecordEvent(*done, copy_stream_);
-  if (st.ok()) st = host_pool_.FreeAfter(s->host, copy_stream_);
+  if (st.ok()) st = device_->RecordEvent(*done, prefetch_stream_);
+  if (st.ok()) st = host_pool_.FreeAfter(s->host, prefetch_stream_);
   if (!st.ok()) {
     if (done.ok()) events_.Give(*done);
     if (copying) {
       // The copy in may still write the block, and `stream` is not ordered
       // after it: the host waits for it. If it cannot, the block is kept
       // from the allocator (a leak on a failing device, never a race).
-      if (absl::Status synced = device_->SynchronizeStream(copy_stream_); !synced.ok()) {
+      if (absl::Status synced = device_->SynchronizeStream(prefetch_stream_); !synced.ok()) {
         REMAT_LOG(kError, "runtime: a failed prefetch's block is kept: %s", synced.ToString());
         return st;
       }
@@ -99,12 +101,12 @@ absl::Status Runtime::PrefetchStorage(Storage* s, Stream stream) {
   s->host = nullptr;
   SetResident(s, ptr);
   SetState(s, TensorState::kPrefetching);
-  s->used_streams.assign({stream, copy_stream_});
+  s->used_streams.assign({stream, prefetch_stream_});
   stats_.restored_bytes += s->bytes;
-  link_.Queue(s->bytes, device_->NowNs());
+  link_.Queue(runtime_internal::HostLink::kIn, s->bytes, device_->NowNs());
   ++stats_.prefetches;
   if (options_.observer != nullptr) {
-    Tell(s, {.kind = TensorEvent::Kind::kRestored, .stream = copy_stream_, .prefetch = true});
+    Tell(s, {.kind = TensorEvent::Kind::kRestored, .stream = prefetch_stream_, .prefetch = true});
   }
   return absl::OkStatus();
 }
@@ -140,7 +142,7 @@ absl::Status Runtime::Restore(Storage* s, Stream stream) {
   SetResident(s, ptr);
   s->used_streams.push_back(stream);
   stats_.restored_bytes += s->bytes;
-  link_.Queue(s->bytes, device_->NowNs());
+  link_.Queue(runtime_internal::HostLink::kIn, s->bytes, device_->NowNs());
   if (options_.observer != nullptr) {
     Tell(s, {.kind = TensorEvent::Kind::kRestored, .stream = stream});
   }
@@ -286,7 +288,7 @@ bool Runtime::OffloadStorage(Storage* s, Stream to) {
   s->copy_in_flight = true;
   SetState(s, TensorState::kOffloading);
   stats_.offloaded_bytes += s->bytes;
-  link_.Queue(s->bytes, device_->NowNs());
+  link_.Queue(runtime_internal::HostLink::kOut, s->bytes, device_->NowNs());
   ++stats_.offloads;
   PlanPrefetch(s);
   if (options_.observer != nullptr) {
