@@ -1420,12 +1420,23 @@ std::string CachingAllocator::OomMessage(std::size_t requested, std::size_t size
                                          Stream stream) const {
   std::size_t largest_free = 0;
   std::size_t free_bytes = 0;
+  std::string pools;
   for (const Pool* pool : {&small_, &large_}) {
+    std::size_t pool_free = 0;
+    std::size_t pool_largest = 0;
     for (const Block* b : pool->free) {
       if (b == &pool->sentinel) continue;
-      largest_free = std::max(largest_free, b->size);
-      free_bytes += b->size;
+      pool_largest = std::max(pool_largest, b->size);
+      pool_free += b->size;
     }
+    largest_free = std::max(largest_free, pool_largest);
+    free_bytes += pool_free;
+    const StatPool sp = StatPoolOf(*pool);
+    absl::StrAppendFormat(&pools, "; %s pool: reserved %s, allocated %s, cached free %s (largest %s)",
+                          pool->large ? "large" : "small",
+                          FormatBytes(static_cast<std::uint64_t>(stats_.reserved_bytes.pools[sp].current)),
+                          FormatBytes(static_cast<std::uint64_t>(stats_.allocated_bytes.pools[sp].current)),
+                          FormatBytes(pool_free), FormatBytes(pool_largest));
   }
   const double fragmentation =
       free_bytes == 0 ? 0.0 : 1.0 - static_cast<double>(largest_free) / static_cast<double>(free_bytes);
@@ -1434,10 +1445,10 @@ std::string CachingAllocator::OomMessage(std::size_t requested, std::size_t size
   return absl::StrFormat(
       "out of memory: cannot allocate %s (%d bytes, %s rounded) on stream %d; budget %s, "
       "reserved %s, allocated %s, cached free %s, largest free block %s, fragmentation %.1f%% "
-      "(1 - largest free / cached free); device %s",
+      "(1 - largest free / cached free)%s; device %s",
       FormatBytes(requested), requested, FormatBytes(size), stream.handle, FormatBytes(budget_),
       FormatBytes(reserved), FormatBytes(allocated), FormatBytes(free_bytes),
-      FormatBytes(largest_free), 100.0 * fragmentation, device_->Describe());
+      FormatBytes(largest_free), 100.0 * fragmentation, pools, device_->Describe());
 }
 
 }  // namespace remat

@@ -347,7 +347,10 @@ TEST_F(AllocatorTest, FailsWithADiagnosisWhenTheHandlerCannotHelp) {
   EXPECT_THAT(std::string(p.status().message()),
               AllOf(HasSubstr("10.00 MiB"), HasSubstr("budget 64.00 MiB"),
                     HasSubstr("reserved 60.00 MiB"), HasSubstr("allocated 60.00 MiB"),
-                    HasSubstr("largest free block"), HasSubstr("fragmentation")));
+                    HasSubstr("largest free block"), HasSubstr("fragmentation"),
+                    // Each pool's share, which says where the memory is stuck.
+                    HasSubstr("small pool: reserved 0 B, allocated 0 B, cached free 0 B"),
+                    HasSubstr("large pool: reserved 60.00 MiB, allocated 60.00 MiB")));
   AllocatorStats s = Stats();
   EXPECT_EQ(s.num_ooms, 1);
   EXPECT_EQ(s.allocation.all().current, 2);
