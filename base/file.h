@@ -1,5 +1,5 @@
-// Whole files read into memory (traces and logs are parsed from text), and
-// outputs (snapshots, timelines) written in one go.
+// Whole files read into memory (small inputs; traces and logs are streamed by
+// LineReader instead), and outputs (snapshots, timelines) written in one go.
 #ifndef REMAT_BASE_FILE_H_
 #define REMAT_BASE_FILE_H_
 

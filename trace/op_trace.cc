@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "base/file.h"
+#include "base/line_reader.h"
 #include "base/text.h"
 #include "simdjson.h"
 
@@ -512,28 +513,29 @@ bool IsBlank(const char* data, std::size_t size) {
   return true;
 }
 
-// `text` is followed by at least SIMDJSON_PADDING readable bytes, so each line
-// is parsed in place: the rest of the text pads it.
-absl::StatusOr<OpTrace> ParsePadded(std::string_view text, std::string_view name) {
+// Parses the lines `next` hands out (each followed by at least
+// SIMDJSON_PADDING readable bytes, so it is parsed in place); `size_hint`:
+// the text's bytes, for reserving.
+template <class NextLine>
+absl::StatusOr<OpTrace> ParseLines(NextLine next, std::string_view name, std::uint64_t size_hint) {
   constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";
-  std::size_t pos = text.substr(0, kUtf8Bom.size()) == kUtf8Bom ? kUtf8Bom.size() : 0;
   // Records run 40-250 bytes, 80 on average in the shipped traces.
-  TraceBuilder builder(name, text.size() / 64);
+  TraceBuilder builder(name, static_cast<std::size_t>(size_hint / 64));
   simdjson::dom::parser parser;
   std::uint64_t line = 0;
-  while (pos < text.size()) {
-    const char* start = text.data() + pos;
-    const void* newline = std::memchr(start, '\n', text.size() - pos);
-    std::size_t size =
-        newline == nullptr ? text.size() - pos : static_cast<const char*>(newline) - start;
-    pos += size + 1;
+  std::string_view text;
+  for (;;) {
+    absl::StatusOr<bool> more = next(&text);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
     if (++line > UINT32_MAX) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%s: more than %d lines", name, std::uint64_t{UINT32_MAX}));
     }
-    if (size > 0 && start[size - 1] == '\r') --size;
-    if (IsBlank(start, size)) continue;
-    absl::Status s = ParseLine(parser, start, size, static_cast<std::uint32_t>(line), builder);
+    if (line == 1 && text.substr(0, kUtf8Bom.size()) == kUtf8Bom) text.remove_prefix(kUtf8Bom.size());
+    if (IsBlank(text.data(), text.size())) continue;
+    absl::Status s =
+        ParseLine(parser, text.data(), text.size(), static_cast<std::uint32_t>(line), builder);
     if (!s.ok()) return s;
   }
   return std::move(builder).Finish();
@@ -559,13 +561,28 @@ std::string_view OpKindName(OpKind kind) {
 
 absl::StatusOr<OpTrace> ParseOpTrace(std::string_view text, std::string_view name) {
   const simdjson::padded_string padded(text.data(), text.size());
-  return ParsePadded(std::string_view(padded.data(), padded.size()), name);
+  std::string_view rest(padded.data(), padded.size());
+  // Lines split at '\n' (a trailing '\r' dropped); the rest of the padded
+  // text pads each one.
+  auto next = [&rest](std::string_view* line) -> absl::StatusOr<bool> {
+    if (rest.empty()) return false;
+    const std::size_t newline = rest.find('\n');
+    *line = rest.substr(0, newline);
+    rest.remove_prefix(newline == std::string_view::npos ? rest.size() : newline + 1);
+    if (!line->empty() && line->back() == '\r') line->remove_suffix(1);
+    return true;
+  };
+  return ParseLines(next, name, text.size());
 }
 
 absl::StatusOr<OpTrace> ReadOpTrace(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path);
-  if (!text.ok()) return text.status();
-  return ParseOpTrace(*text, path);
+  // Streamed: a bad line 1 is reported before the rest is read, and a large
+  // trace costs its records, not a copy of its text.
+  absl::StatusOr<std::unique_ptr<LineReader>> reader =
+      LineReader::Open(path, simdjson::SIMDJSON_PADDING);
+  if (!reader.ok()) return reader.status();
+  LineReader* r = reader->get();
+  return ParseLines([r](std::string_view* line) { return r->Next(line); }, path, r->file_size());
 }
 
 std::optional<std::uint32_t> FindOpTensor(const OpTrace& trace, std::string_view id) {

@@ -1,6 +1,13 @@
 #include "trace/op_trace.h"
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
 #include <fstream>
+#include <thread>
 #include <sstream>
 #include <string>
 
@@ -429,6 +436,71 @@ TEST(OpTraceTest, ShippedTransformerParses) {
   EXPECT_EQ(trace->peak_live_bytes, 374882304u);
   // Parameters and the causal mask; the batches and gradients are released.
   EXPECT_EQ(trace->live_bytes_at_end, 34396160u);
+}
+
+}  // namespace
+}  // namespace remat
+
+namespace remat {
+namespace {
+
+// Reading a file streams it; parsing text in memory must give the same trace.
+TEST(OpTraceTest, ReadingAFileMatchesParsingItsText) {
+  for (const char* name : {"chain_100.jsonl", "transformer_small.jsonl", "densenet121_b8.jsonl",
+                           "lstm_l2_h512_s128_b32_v256.jsonl"}) {
+    const std::string path = std::string(REMAT_EXAMPLE_TRACES_DIR) + "/" + name;
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<OpTrace> read = ReadOpTrace(path);
+    absl::StatusOr<OpTrace> parsed = ParseOpTrace(text.str(), path);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    ASSERT_EQ(read->records.size(), parsed->records.size()) << name;
+    for (std::size_t i = 0; i < read->records.size(); ++i) {
+      const OpRecord& a = read->records[i];
+      const OpRecord& b = parsed->records[i];
+      ASSERT_TRUE(a.kind == b.kind && a.line == b.line && a.name == b.name &&
+                  a.cost_ns == b.cost_ns && a.inputs == b.inputs && a.outputs == b.outputs)
+          << name << " record " << i;
+    }
+    ASSERT_EQ(read->tensors.size(), parsed->tensors.size());
+    EXPECT_EQ(read->names, parsed->names);
+    EXPECT_EQ(read->peak_live_bytes, parsed->peak_live_bytes);
+    EXPECT_EQ(read->least_budget_bytes, parsed->least_budget_bytes);
+  }
+}
+
+// A bad first line is reported without reading the rest of the file: fed
+// through a pipe whose writer offers 8 MiB after it, the reader goes away
+// after line 1 and the writer's next write fails (reading the whole file
+// first would take all 8 MiB).
+TEST(OpTraceTest, ABadFirstLineIsReportedBeforeTheRestIsRead) {
+  const std::string fifo = ::testing::TempDir() + "/bad_first_line.fifo";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ::signal(SIGPIPE, SIG_IGN);
+  bool writer_was_cut_off = false;
+  std::thread writer([&] {
+    FILE* f = std::fopen(fifo.c_str(), "wb");
+    if (f == nullptr) return;
+    std::setvbuf(f, nullptr, _IONBF, 0);
+    std::fputs("not json\n", f);
+    const std::string block(64 * 1024, '\n');
+    for (int i = 0; i < 128; ++i) {
+      if (std::fwrite(block.data(), 1, block.size(), f) != block.size()) {
+        writer_was_cut_off = errno == EPIPE;
+        break;
+      }
+    }
+    std::fclose(f);
+  });
+  absl::StatusOr<OpTrace> trace = ReadOpTrace(fifo);
+  writer.join();
+  ASSERT_FALSE(trace.ok());
+  EXPECT_THAT(std::string(trace.status().message()), ::testing::HasSubstr(fifo + ":1:"));
+  EXPECT_TRUE(writer_was_cut_off);
+  ::unlink(fifo.c_str());
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/file.h"
+#include "base/line_reader.h"
 #include "base/text.h"
 
 namespace remat {
@@ -300,24 +301,32 @@ std::string_view NextLine(std::string_view text, std::size_t* pos) {
 
 }  // namespace
 
-absl::StatusOr<AllocLog> ParseRmmLog(std::string_view text, std::string_view name) {
+namespace {
+
+// Parses the lines `next` hands out; `size_hint`: the text's bytes, for reserving.
+template <class Next>
+absl::StatusOr<AllocLog> ParseLines(Next next, std::string_view name, std::uint64_t size_hint) {
   constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";
-  if (text.substr(0, kUtf8Bom.size()) == kUtf8Bom) text.remove_prefix(kUtf8Bom.size());
-  std::size_t pos = 0;
-  if (text.empty()) {
+  std::string_view header;
+  absl::StatusOr<bool> more = next(&header);
+  if (!more.ok()) return more.status();
+  if (header.substr(0, kUtf8Bom.size()) == kUtf8Bom) header.remove_prefix(kUtf8Bom.size());
+  if (!*more) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: empty log (expected the header '%s')", name, kHeader));
   }
-  const std::string_view header = NextLine(text, &pos);
   if (header != kHeader) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s:1: expected the header '%s', found %s", name, kHeader, Quote(header)));
   }
   // RMM lines are 50-70 bytes; reserving for 40 avoids regrowth on most logs.
-  LogBuilder builder(name, text.size() / 40);
+  LogBuilder builder(name, static_cast<std::size_t>(size_hint / 40));
   std::uint64_t line = 1;
-  while (pos < text.size()) {
-    const std::string_view fields = NextLine(text, &pos);
+  std::string_view fields;
+  for (;;) {
+    more = next(&fields);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
     if (++line > UINT32_MAX) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%s: more than %d lines", name, std::uint64_t{UINT32_MAX}));
@@ -329,10 +338,25 @@ absl::StatusOr<AllocLog> ParseRmmLog(std::string_view text, std::string_view nam
   return std::move(builder).Finish();
 }
 
+}  // namespace
+
+absl::StatusOr<AllocLog> ParseRmmLog(std::string_view text, std::string_view name) {
+  std::size_t pos = 0;
+  auto next = [text, &pos](std::string_view* line) -> absl::StatusOr<bool> {
+    if (pos >= text.size()) return false;
+    *line = NextLine(text, &pos);
+    return true;
+  };
+  return ParseLines(next, name, text.size());
+}
+
 absl::StatusOr<AllocLog> ReadRmmLog(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path);
-  if (!text.ok()) return text.status();
-  return ParseRmmLog(*text, path);
+  // Streamed: a bad header is reported before the rest is read, and a large
+  // log costs its events, not a copy of its text.
+  absl::StatusOr<std::unique_ptr<LineReader>> reader = LineReader::Open(path);
+  if (!reader.ok()) return reader.status();
+  LineReader* r = reader->get();
+  return ParseLines([r](std::string_view* line) { return r->Next(line); }, path, r->file_size());
 }
 
 }  // namespace remat

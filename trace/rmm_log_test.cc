@@ -1,5 +1,7 @@
 #include "trace/rmm_log.h"
 
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -206,6 +208,37 @@ TEST(RmmLogTest, ReadRmmLogReportsMissingFiles) {
   absl::StatusOr<AllocLog> log = ReadRmmLog("/nonexistent/trace.csv");
   EXPECT_TRUE(absl::IsNotFound(log.status())) << log.status();
   EXPECT_THAT(std::string(log.status().message()), HasSubstr("/nonexistent/trace.csv"));
+}
+
+}  // namespace
+}  // namespace remat
+
+namespace remat {
+namespace {
+
+// Reading a file streams it; parsing text in memory must give the same log.
+TEST(RmmLogTest, ReadingAFileMatchesParsingItsText) {
+  for (const char* name : {"training_step.csv", "multistream.csv", "tiny.csv"}) {
+    const std::string path = std::string(REMAT_EXAMPLE_TRACES_DIR) + "/" + name;
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<AllocLog> read = ReadRmmLog(path);
+    absl::StatusOr<AllocLog> parsed = ParseRmmLog(text.str(), path);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    ASSERT_EQ(read->records.size(), parsed->records.size()) << name;
+    for (std::size_t i = 0; i < read->records.size(); ++i) {
+      const AllocRecord& a = read->records[i];
+      const AllocRecord& b = parsed->records[i];
+      ASSERT_TRUE(a.size == b.size && a.time_ns == b.time_ns && a.slot == b.slot &&
+                  a.line == b.line && a.stream == b.stream && a.thread == b.thread &&
+                  a.action == b.action)
+          << name << " record " << i;
+    }
+    EXPECT_EQ(read->streams, parsed->streams);
+    EXPECT_EQ(read->peak_requested_bytes, parsed->peak_requested_bytes);
+  }
 }
 
 }  // namespace

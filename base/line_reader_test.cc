@@ -1,0 +1,118 @@
+#include "base/line_reader.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace remat {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::path(::testing::TempDir()) / name).string();
+}
+
+void Write(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+std::vector<std::string> AllLines(const std::string& path, std::size_t chunk,
+                                  std::size_t padding = 0) {
+  auto reader = LineReader::Open(path, padding, chunk);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  std::vector<std::string> lines;
+  std::string_view line;
+  for (;;) {
+    absl::StatusOr<bool> more = (*reader)->Next(&line);
+    EXPECT_TRUE(more.ok()) << more.status();
+    if (!more.ok() || !*more) break;
+    // The padding after the line is readable (ASan would say otherwise).
+    for (std::size_t i = 0; i < padding; ++i) (void)*(volatile const char*)(line.data() + line.size() + i);
+    lines.emplace_back(line);
+  }
+  return lines;
+}
+
+TEST(LineReaderTest, SplitsLinesAcrossChunkBoundariesAndGrowsForLongLines) {
+  const std::string path = TempPath("lines.txt");
+  std::string text;
+  std::vector<std::string> expected;
+  for (int i = 0; i < 500; ++i) {
+    std::string line(static_cast<std::size_t>(i % 97), static_cast<char>('a' + i % 26));
+    if (i % 50 == 7) line = std::string(1000, 'z');  // longer than the chunk
+    expected.push_back(line);
+    text += line + (i % 3 == 0 ? "\r\n" : "\n");
+  }
+  text += "last line without a newline";
+  expected.emplace_back("last line without a newline");
+  Write(path, text);
+  for (std::size_t chunk : {16, 17, 64, 1000, 1 << 20}) {
+    EXPECT_EQ(AllLines(path, chunk, /*padding=*/64), expected) << "chunk " << chunk;
+  }
+}
+
+TEST(LineReaderTest, EmptyFilesBlankLinesAndBadPaths) {
+  const std::string empty = TempPath("empty.txt");
+  Write(empty, "");
+  EXPECT_TRUE(AllLines(empty, 16).empty());
+  const std::string blanks = TempPath("blanks.txt");
+  Write(blanks, "\n\r\n\n");
+  EXPECT_EQ(AllLines(blanks, 16), (std::vector<std::string>{"", "", ""}));
+  auto missing = LineReader::Open(TempPath("no-such-file"));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  auto dir = LineReader::Open(::testing::TempDir());
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kInvalidArgument);
+  auto reader = LineReader::Open(blanks);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->file_size(), 4u);
+}
+
+// The first line comes back before the file is read to its end: a pipe whose
+// writer offers 8 MiB sees the reader go away after the first line (its write
+// fails with EPIPE) instead of the reader waiting for all of it.
+TEST(LineReaderTest, TheFirstLineComesBeforeTheRestOfTheFile) {
+  const std::string fifo = TempPath("lines.fifo");
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  ::signal(SIGPIPE, SIG_IGN);
+  bool writer_was_cut_off = false;
+  std::thread writer([&] {
+    FILE* f = std::fopen(fifo.c_str(), "wb");
+    if (f == nullptr) return;
+    std::setvbuf(f, nullptr, _IONBF, 0);
+    const std::string first = "the first line\n";
+    std::fwrite(first.data(), 1, first.size(), f);
+    const std::string block(64 * 1024, 'x');
+    for (int i = 0; i < 128; ++i) {
+      if (std::fwrite(block.data(), 1, block.size(), f) != block.size()) {
+        writer_was_cut_off = errno == EPIPE;
+        break;
+      }
+    }
+    std::fclose(f);
+  });
+  {
+    auto reader = LineReader::Open(fifo);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    std::string_view line;
+    absl::StatusOr<bool> more = (*reader)->Next(&line);
+    ASSERT_TRUE(more.ok() && *more);
+    EXPECT_EQ(line, "the first line");
+    EXPECT_LT((*reader)->bytes_read(), 2u * LineReader::kDefaultChunk);
+  }  // closed: the writer's next write fails
+  writer.join();
+  EXPECT_TRUE(writer_was_cut_off);
+  ::unlink(fifo.c_str());
+}
+
+}  // namespace
+}  // namespace remat
