@@ -5,7 +5,8 @@
 //   - the runtime API (cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync,
 //     cudaMemGetInfo) and the driver API (cuMemAlloc_v2, cuMemFree_v2,
 //     cuMemGetInfo_v2, cuMemAllocAsync, cuMemFreeAsync) by name, for programs
-//     linked with the dynamic libcudart or libcuda;
+//     linked with the dynamic libcudart or libcuda, and the async calls'
+//     per-thread default stream variants (the _ptsz names);
 //   - cuGetProcAddress(_v2), through which cudart (since CUDA 11.3, static or
 //     dynamic) finds the driver's entry points: asked for one of ours, it
 //     hands out ours;
@@ -56,6 +57,11 @@ constexpr cudaError kCudaErrorInvalidValue = 1;
 constexpr cudaError kCudaErrorMemoryAllocation = 2;
 constexpr cudaError kCudaErrorNoDevice = 100;
 constexpr cudaError kCudaErrorUnknown = 999;
+// The per-thread default stream's handle (cudaStreamPerThread and
+// CU_STREAM_PER_THREAD): what a null stream means to the _ptsz entry points,
+// which programs built with the per-thread default stream call.
+constexpr std::uintptr_t kPerThreadStream = 0x2;
+constexpr cuuint64 kProcAddressPerThreadStream = 1 << 1;  // CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
 constexpr CUresult kCuSuccess = 0;
 constexpr CUresult kCuErrorInvalidValue = 1;
 constexpr CUresult kCuErrorOutOfMemory = 2;
@@ -256,6 +262,31 @@ REMAT_EXPORT cudaError cudaFreeAsync(void* ptr, void* stream) {
   return real != nullptr ? real(ptr, stream) : kCudaErrorInvalidValue;
 }
 
+// The per-thread default stream's variants (nvcc --default-stream per-thread,
+// or CUDA_API_PER_THREAD_DEFAULT_STREAM): a null stream is this thread's
+// default stream, not the legacy one.
+REMAT_EXPORT cudaError cudaMallocAsync_ptsz(void** ptr, std::size_t bytes, void* stream) {
+  using Fn = cudaError (*)(void**, std::size_t, void*);
+  if (tls_depth > 0) return REMAT_REAL(Fn, cudaMallocAsync_ptsz)(ptr, bytes, stream);
+  if (ptr == nullptr) return kCudaErrorInvalidValue;
+  const std::uintptr_t s = stream != nullptr ? reinterpret_cast<std::uintptr_t>(stream) : kPerThreadStream;
+  return ToCuda(Allocate(ptr, bytes, s));
+}
+
+REMAT_EXPORT cudaError cudaFreeAsync_ptsz(void* ptr, void* stream) {
+  using Fn = cudaError (*)(void*, void*);
+  if (tls_depth == 0) {
+    const std::uint64_t s =
+        stream != nullptr ? reinterpret_cast<std::uintptr_t>(stream) : kPerThreadStream;
+    absl::Status st = Free(ptr, &s);
+    if (!absl::IsNotFound(st)) return ToCuda(st);
+    if (Sim()) return kCudaErrorInvalidValue;
+  }
+  Fn real = REMAT_REAL(Fn, cudaFreeAsync_ptsz);
+  Inside inside;
+  return real != nullptr ? real(ptr, stream) : kCudaErrorInvalidValue;
+}
+
 REMAT_EXPORT cudaError cudaMemGetInfo(std::size_t* free, std::size_t* total) {
   using Fn = cudaError (*)(std::size_t*, std::size_t*);
   if (tls_depth > 0) return REMAT_REAL(Fn, cudaMemGetInfo)(free, total);
@@ -310,6 +341,31 @@ REMAT_EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, void* stream) {
   return real != nullptr ? real(ptr, stream) : kCuErrorInvalidValue;
 }
 
+REMAT_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* ptr, std::size_t bytes, void* stream) {
+  using Fn = CUresult (*)(CUdeviceptr*, std::size_t, void*);
+  if (tls_depth > 0) return REMAT_REAL(Fn, cuMemAllocAsync_ptsz)(ptr, bytes, stream);
+  if (ptr == nullptr || bytes == 0) return kCuErrorInvalidValue;
+  void* p = nullptr;
+  const std::uintptr_t s = stream != nullptr ? reinterpret_cast<std::uintptr_t>(stream) : kPerThreadStream;
+  const CUresult r = ToCu(Allocate(&p, bytes, s));
+  if (r == kCuSuccess) *ptr = reinterpret_cast<std::uintptr_t>(p);
+  return r;
+}
+
+REMAT_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, void* stream) {
+  using Fn = CUresult (*)(CUdeviceptr, void*);
+  if (tls_depth == 0) {
+    const std::uint64_t s =
+        stream != nullptr ? reinterpret_cast<std::uintptr_t>(stream) : kPerThreadStream;
+    absl::Status st = Free(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)), &s);
+    if (!absl::IsNotFound(st)) return ToCu(st);
+    if (Sim()) return kCuErrorInvalidValue;
+  }
+  Fn real = REMAT_REAL(Fn, cuMemFreeAsync_ptsz);
+  Inside inside;
+  return real != nullptr ? real(ptr, stream) : kCuErrorInvalidValue;
+}
+
 REMAT_EXPORT CUresult cuMemGetInfo_v2(std::size_t* free, std::size_t* total) {
   using Fn = CUresult (*)(std::size_t*, std::size_t*);
   if (tls_depth > 0) return REMAT_REAL(Fn, cuMemGetInfo_v2)(free, total);
@@ -326,8 +382,17 @@ REMAT_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int versi
 namespace {
 
 // Ours, for a driver entry-point name as cuGetProcAddress is asked for it
-// (without the _v2 suffix), or null.
-void* OursForProcName(const char* symbol) {
+// (without the _v2 suffix), or null. `flags` may ask for the per-thread
+// default stream's variant.
+void* OursForProcName(const char* symbol, cuuint64 flags) {
+  if ((flags & kProcAddressPerThreadStream) != 0) {
+    if (std::strcmp(symbol, "cuMemAllocAsync") == 0) {
+      return reinterpret_cast<void*>(&cuMemAllocAsync_ptsz);
+    }
+    if (std::strcmp(symbol, "cuMemFreeAsync") == 0) {
+      return reinterpret_cast<void*>(&cuMemFreeAsync_ptsz);
+    }
+  }
   struct Entry {
     const char* name;
     void* fn;
@@ -357,12 +422,16 @@ void* OursForSymbol(const char* name) {
       {"cudaFree", reinterpret_cast<void*>(&cudaFree)},
       {"cudaMallocAsync", reinterpret_cast<void*>(&cudaMallocAsync)},
       {"cudaFreeAsync", reinterpret_cast<void*>(&cudaFreeAsync)},
+      {"cudaMallocAsync_ptsz", reinterpret_cast<void*>(&cudaMallocAsync_ptsz)},
+      {"cudaFreeAsync_ptsz", reinterpret_cast<void*>(&cudaFreeAsync_ptsz)},
       {"cudaMemGetInfo", reinterpret_cast<void*>(&cudaMemGetInfo)},
       {"cuMemAlloc_v2", reinterpret_cast<void*>(&cuMemAlloc_v2)},
       {"cuMemFree_v2", reinterpret_cast<void*>(&cuMemFree_v2)},
       {"cuMemGetInfo_v2", reinterpret_cast<void*>(&cuMemGetInfo_v2)},
       {"cuMemAllocAsync", reinterpret_cast<void*>(&cuMemAllocAsync)},
       {"cuMemFreeAsync", reinterpret_cast<void*>(&cuMemFreeAsync)},
+      {"cuMemAllocAsync_ptsz", reinterpret_cast<void*>(&cuMemAllocAsync_ptsz)},
+      {"cuMemFreeAsync_ptsz", reinterpret_cast<void*>(&cuMemFreeAsync_ptsz)},
       {"cuGetProcAddress", reinterpret_cast<void*>(&cuGetProcAddress)},
       {"cuGetProcAddress_v2", reinterpret_cast<void*>(&cuGetProcAddress_v2)},
   };
@@ -381,7 +450,7 @@ REMAT_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int ve
   using Fn = CUresult (*)(const char*, void**, int, cuuint64, int*);
   if (symbol == nullptr || pfn == nullptr) return kCuErrorInvalidValue;
   if (tls_depth == 0) {
-    if (void* ours = OursForProcName(symbol)) {
+    if (void* ours = OursForProcName(symbol, flags)) {
       *pfn = ours;
       if (status != nullptr) *status = 0;  // CU_GET_PROC_ADDRESS_SUCCESS
       return kCuSuccess;
@@ -405,7 +474,7 @@ REMAT_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int versi
       *pfn = reinterpret_cast<void*>(&cuGetProcAddress);
       return kCuSuccess;
     }
-    if (void* ours = OursForProcName(symbol)) {
+    if (void* ours = OursForProcName(symbol, flags)) {
       *pfn = ours;
       return kCuSuccess;
     }

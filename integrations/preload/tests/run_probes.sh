@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Runs the probes under `remat run --device sim`, then replays the trace the
-# runtime probe left. Usage: run_probes.sh REMAT RUNTIME_PROBE DRIVER_PROBE WORKDIR
+# runtime probe left. Usage:
+#   run_probes.sh REMAT RUNTIME_PROBE DRIVER_PROBE WORKDIR PTSZ_PROBE
+# (PTSZ_PROBE: the runtime probe built with the per-thread default stream.)
 set -euo pipefail
-remat=$1 runtime_probe=$2 driver_probe=$3 work=$4
+remat=$1 runtime_probe=$2 driver_probe=$3 work=$4 ptsz_probe=$5
 mkdir -p "$work"
 budget=$((64 * 1024 * 1024))
 
 "$remat" run --device sim --budget "$budget" --trace "$work/probe.csv" --stats -- \
   "$runtime_probe" "$budget"
 "$remat" run --device sim --budget "$budget" -- "$driver_probe" "$budget"
+"$remat" run --device sim --budget "$budget" -- "$ptsz_probe" "$budget"
 
 # The trace replays through the allocator; its allocation failures are in it.
 "$remat" replay "$work/probe.csv" --budget "$budget" --json > "$work/replay.json"

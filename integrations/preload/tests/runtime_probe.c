@@ -73,6 +73,11 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&big, budget + 1) == cudaErrorMemoryAllocation);
   CHECK(cudaMallocAsync(&big, budget * 2, 0) == cudaErrorMemoryAllocation);
 
+#ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
+  /* Built with the per-thread default stream: the async calls above and below
+   * are cudaMallocAsync_ptsz and cudaFreeAsync_ptsz. */
+  CHECK(dlsym(RTLD_DEFAULT, "cudaMallocAsync_ptsz") != NULL);
+#endif
   void* b = NULL;
   CHECK(cudaMallocAsync(&b, 1000, 0) == cudaSuccess && b != NULL);
   CHECK(cudaFreeAsync(b, 0) == cudaSuccess);
