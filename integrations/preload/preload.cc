@@ -35,7 +35,6 @@
 #include <cstring>
 
 #include "absl/status/status.h"
-#include "base/mutex.h"
 #include "integrations/env/env_allocator.h"
 
 // The interposed functions leave the library; everything else is hidden.
@@ -69,7 +68,23 @@ constexpr CUresult kCuErrorNoDevice = 100;
 constexpr CUresult kCuErrorNotFound = 500;
 constexpr CUresult kCuErrorUnknown = 999;
 
-thread_local int tls_depth = 0;
+// Initial-exec: reached at a fixed offset from the thread pointer, never
+// through __tls_get_addr. A sanitizer preloaded before us (ASan, TSan)
+// intercepts __tls_get_addr and calls dlsym (ours) while it sets its
+// interceptors up, before its own __tls_get_addr can forward anywhere: a
+// general-dynamic access from the dlsym hook then jumps to address 0. (A
+// preloaded library's TLS is in the static block, so initial-exec is sound.)
+__attribute__((tls_model("initial-exec"))) thread_local int tls_depth = 0;
+
+// strcmp without libc: the dlsym hook runs while a sanitizer's interceptors,
+// strcmp among them, are still being set up.
+bool SameName(const char* a, const char* b) {
+  while (*a != '\0' && *a == *b) {
+    ++a;
+    ++b;
+  }
+  return *a == *b;
+}
 
 // Marks the thread as inside remat for a scope.
 class Inside {
@@ -80,10 +95,19 @@ class Inside {
   Inside& operator=(const Inside&) = delete;
 };
 
-remat::Mutex& Gate() {
-  static remat::Mutex* const gate = new remat::Mutex;  // never destroyed
-  return *gate;
-}
+// The gate is a pthread mutex, not remat::Mutex: a program built with TSan
+// sees through its interceptors that one allocator call happens before the
+// next, and so does not report the allocator's own (uninstrumented) memory
+// as racing. Statically initialized: nothing runs before it is usable.
+pthread_mutex_t gate_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+class GateLock {
+ public:
+  GateLock() { pthread_mutex_lock(&gate_mutex); }
+  ~GateLock() { pthread_mutex_unlock(&gate_mutex); }
+  GateLock(const GateLock&) = delete;
+  GateLock& operator=(const GateLock&) = delete;
+};
 
 bool Sim() {
   const auto& config = Allocators::Process().config();
@@ -121,13 +145,16 @@ namespace {
 using DlsymFn = void* (*)(void*, const char*);
 
 DlsymFn RealDlsym() {
-  static const DlsymFn real = [] {
-    void* f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+  // No function-local static: its guard (__cxa_guard_acquire) is intercepted
+  // by TSan, which calls this hook before its interceptors work. Threads that
+  // race here find the same function and store the same pointer.
+  void* f = __atomic_load_n(&remat_preload_real_dlsym, __ATOMIC_ACQUIRE);
+  if (f == nullptr) {
+    f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
     if (f == nullptr) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    remat_preload_real_dlsym = f;
-    return reinterpret_cast<DlsymFn>(f);
-  }();
-  return real;
+    __atomic_store_n(&remat_preload_real_dlsym, f, __ATOMIC_RELEASE);
+  }
+  return reinterpret_cast<DlsymFn>(f);
 }
 
 // A CUDA function past us: the next definition in the global scope, or, for
@@ -173,8 +200,8 @@ int CurrentDevice() {
   return device;
 }
 
-void AtForkPrepare() ABSL_NO_THREAD_SAFETY_ANALYSIS { Gate().Lock(); }
-void AtForkRelease() ABSL_NO_THREAD_SAFETY_ANALYSIS { Gate().Unlock(); }
+void AtForkPrepare() { pthread_mutex_lock(&gate_mutex); }
+void AtForkRelease() { pthread_mutex_unlock(&gate_mutex); }
 
 __attribute__((constructor)) void InstallForkHandlers() {
   RealDlsym();
@@ -186,7 +213,7 @@ __attribute__((constructor)) void InstallForkHandlers() {
 absl::Status Allocate(void** out, std::size_t bytes, std::uint64_t stream) {
   const int device = CurrentDevice();
   Inside inside;
-  remat::MutexLock gate(&Gate());
+  GateLock gate;
   absl::StatusOr<void*> p = Allocators::Process().Allocate(device, bytes, stream);
   // A request larger than the whole device is out of memory to CUDA too
   // (programs probe by halving a size until it fits).
@@ -199,14 +226,14 @@ absl::Status Allocate(void** out, std::size_t bytes, std::uint64_t stream) {
 // NotFound when the pointer is not ours.
 absl::Status Free(const void* ptr, const std::uint64_t* stream) {
   Inside inside;
-  remat::MutexLock gate(&Gate());
+  GateLock gate;
   return Allocators::Process().Free(ptr, stream);
 }
 
 absl::Status MemInfo(std::size_t* free, std::size_t* total) {
   const int device = CurrentDevice();
   Inside inside;
-  remat::MutexLock gate(&Gate());
+  GateLock gate;
   absl::StatusOr<Allocators::MemInfo> info = Allocators::Process().GetMemInfo(device);
   if (!info.ok()) return info.status();
   *free = info->free;
@@ -436,7 +463,7 @@ void* OursForSymbol(const char* name) {
       {"cuGetProcAddress_v2", reinterpret_cast<void*>(&cuGetProcAddress_v2)},
   };
   for (const Entry& e : kEntries) {
-    if (std::strcmp(name, e.name) == 0) return e.fn;
+    if (SameName(name, e.name)) return e.fn;
   }
   return nullptr;
 }

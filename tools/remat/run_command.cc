@@ -1,6 +1,7 @@
 // remat run: runs a program with its CUDA allocations served by remat's
 // caching allocator, through libremat_preload.so (LD_PRELOAD), and exits with
 // the program's exit status.
+#include <elf.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,13 +10,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <system_error>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "allocator/caching_allocator.h"
 #include "base/file.h"
 #include "base/units.h"
@@ -49,6 +53,105 @@ std::string FindPreloadLibrary() {
   return std::filesystem::exists(lib, ec) ? lib.string() : "";
 }
 
+// The path execvp would run for `program` (searched in PATH when it has no
+// slash), or "" when there is none.
+std::string ResolveProgram(const std::string& program) {
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
+    const std::string candidate = std::string(dir.empty() ? "." : dir) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// The shared libraries a 64-bit ELF executable names as needed (DT_NEEDED),
+// in order; empty for anything else (a script, a 32-bit or broken file).
+std::vector<std::string> NeededLibraries(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<std::uint64_t>(in.tellg());
+  in.seekg(0);
+  Elf64_Ehdr eh{};
+  if (size < sizeof(eh) || !in.read(reinterpret_cast<char*>(&eh), sizeof(eh)) ||
+      std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum > 4096) {
+    return {};
+  }
+  std::vector<Elf64_Phdr> ph(eh.e_phnum);
+  in.seekg(static_cast<std::streamoff>(eh.e_phoff));
+  if (!in.read(reinterpret_cast<char*>(ph.data()),
+               static_cast<std::streamsize>(ph.size() * sizeof(Elf64_Phdr)))) {
+    return {};
+  }
+  // A virtual address in the file, through the loadable segment holding it.
+  auto offset_of = [&](std::uint64_t vaddr) -> std::uint64_t {
+    for (const Elf64_Phdr& p : ph) {
+      if (p.p_type == PT_LOAD && vaddr >= p.p_vaddr && vaddr - p.p_vaddr < p.p_filesz) {
+        return p.p_offset + (vaddr - p.p_vaddr);
+      }
+    }
+    return UINT64_MAX;
+  };
+  std::vector<Elf64_Dyn> dyn;
+  for (const Elf64_Phdr& p : ph) {
+    if (p.p_type != PT_DYNAMIC || p.p_offset > size || p.p_filesz > size - p.p_offset) continue;
+    dyn.resize(p.p_filesz / sizeof(Elf64_Dyn));
+    in.seekg(static_cast<std::streamoff>(p.p_offset));
+    if (!in.read(reinterpret_cast<char*>(dyn.data()),
+                 static_cast<std::streamsize>(dyn.size() * sizeof(Elf64_Dyn)))) {
+      return {};
+    }
+  }
+  std::uint64_t strtab = UINT64_MAX;
+  for (const Elf64_Dyn& d : dyn) {
+    if (d.d_tag == DT_STRTAB) strtab = offset_of(d.d_un.d_ptr);
+  }
+  if (strtab >= size) return {};
+  std::vector<std::string> needed;
+  for (const Elf64_Dyn& d : dyn) {
+    if (d.d_tag == DT_NULL) break;
+    if (d.d_tag != DT_NEEDED || d.d_un.d_val >= size - strtab) continue;
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(strtab + d.d_un.d_val));
+    std::string name;
+    if (std::getline(in, name, '\0')) needed.push_back(name);
+  }
+  return needed;
+}
+
+// A sanitizer's runtime library, which must come first among the libraries
+// a process loads (ASan refuses to start otherwise).
+bool IsSanitizerRuntime(absl::string_view library) {
+  const absl::string_view base = library.substr(library.rfind('/') + 1);
+  for (absl::string_view prefix : {"libasan.so", "libtsan.so", "libhwasan.so", "liblsan.so",
+                                   "libclang_rt.asan", "libclang_rt.tsan", "libclang_rt.hwasan"}) {
+    if (absl::StartsWith(base, prefix)) return true;
+  }
+  return false;
+}
+
+// LD_PRELOAD for the program: a sanitizer runtime the program needs (or the
+// caller preloads) first, then the shim, then the rest of the caller's list.
+std::string PreloadList(const std::string& shim, const std::string& program,
+                        const char* callers) {
+  std::vector<std::string> first;
+  std::vector<std::string> rest;
+  for (absl::string_view item : absl::StrSplit(callers != nullptr ? callers : "", absl::ByAnyChar(": "),
+                                               absl::SkipEmpty())) {
+    (IsSanitizerRuntime(item) ? first : rest).emplace_back(item);
+  }
+  for (const std::string& lib : NeededLibraries(ResolveProgram(program))) {
+    if (IsSanitizerRuntime(lib) && first.empty()) first.push_back(lib);  // found by the loader's search
+  }
+  std::string list;
+  for (const std::string& lib : first) list += lib + ":";
+  list += shim;
+  for (const std::string& lib : rest) list += ":" + lib;
+  return list;
+}
+
 int RunProgram(const RunFlags& f) {
   // Refused before the program starts: a long job must not learn at its end
   // that its trace could not be written, or run with every allocation failing.
@@ -69,10 +172,7 @@ int RunProgram(const RunFlags& f) {
                  "set REMAT_PRELOAD_LIB to its path\n";
     return kExitFailure;
   }
-  std::string preload = library;
-  if (const char* old = std::getenv("LD_PRELOAD"); old != nullptr && *old != '\0') {
-    preload += std::string(":") + old;
-  }
+  const std::string preload = PreloadList(library, f.command.front(), std::getenv("LD_PRELOAD"));
   setenv("LD_PRELOAD", preload.c_str(), 1);
   setenv("REMAT_DEVICE", f.device.c_str(), 1);
   if (f.budget != 0) setenv("REMAT_BUDGET", std::to_string(f.budget).c_str(), 1);
