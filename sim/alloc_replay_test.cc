@@ -85,6 +85,37 @@ TEST(AllocReplayTest, BudgetCountsOomsAndReplayContinues) {
   EXPECT_EQ(r.budget, 30 * kMiB);
 }
 
+// A run refused an allocation; the refusal gave the cached segment back, so
+// the next allocation reserved a new one. Replayed under the same budget,
+// the failure is tried again and the replay does the same (skipping it, the
+// next allocation would reuse the cached segment: a different run).
+TEST(AllocReplayTest, RecordedFailuresAreTriedAgainSoTheReplayFollowsTheRun) {
+  const AllocLog log = MustParse(
+      "1,10:00:00.000001,allocate,0x1000000,6291456,0x0\n"
+      "1,10:00:00.000002,free,0x1000000,6291456,0x0\n"
+      "1,10:00:00.000003,allocate failure,0x0,9437184,0x0\n"
+      "1,10:00:00.000004,allocate,0x2000000,5242880,0x0\n"
+      "1,10:00:00.000005,free,0x2000000,5242880,0x0\n");
+  ReplayOptions options;
+  options.budget = 8 * kMiB;
+  const ReplayReport r = MustReplay(log, options);
+  EXPECT_EQ(r.failures_reproduced, 1u);
+  EXPECT_EQ(r.failures_that_fit, 0u);
+  EXPECT_EQ(r.ooms, 0u);  // the log's own allocations all fit, as they did
+  EXPECT_EQ(r.device_allocs, 2u);
+  EXPECT_EQ(r.device_frees, 1u);
+  // A budget it fits under: tried, freed at once, and counted.
+  options.budget = 64 * kMiB;
+  const ReplayReport roomy = MustReplay(log, options);
+  EXPECT_EQ(roomy.failures_reproduced, 0u);
+  EXPECT_EQ(roomy.failures_that_fit, 1u);
+  EXPECT_EQ(roomy.ooms, 0u);
+  // No budget: the program never held it, and it is left out.
+  const ReplayReport unlimited = MustReplay(log);
+  EXPECT_EQ(unlimited.failures_reproduced + unlimited.failures_that_fit, 0u);
+  EXPECT_EQ(unlimited.device_allocs, 1u);
+}
+
 TEST(AllocReplayTest, OomSlotIsReusedCleanly) {
   // The failed 0x2000 is freed (skipped), then the address comes back and must
   // replay as a fresh allocation.
