@@ -239,6 +239,46 @@ std::string SweepTable(const SweepResult& result) {
   return out;
 }
 
+std::string SweepConclusion(const SweepResult& result) {
+  // The best finished run at each ratio, smallest ratio first.
+  std::vector<const SweepRow*> best;
+  for (const SweepRow& row : result.rows) {
+    if (row.report.status != "ok") continue;
+    auto same = std::find_if(best.begin(), best.end(),
+                             [&](const SweepRow* b) { return b->ratio == row.ratio; });
+    if (same == best.end()) {
+      best.push_back(&row);
+    } else if (result.Overhead(row) < result.Overhead(**same)) {
+      *same = &row;
+    }
+  }
+  if (best.empty()) {
+    return "conclusion: no policy finished at any of these budgets; try larger ratios (the "
+           "least budget above is a floor)\n";
+  }
+  std::sort(best.begin(), best.end(),
+            [](const SweepRow* a, const SweepRow* b) { return a->ratio < b->ratio; });
+  auto describe = [&](const SweepRow& row) {
+    return absl::StrFormat("%s with %s, %+.1f%% time (overhead %.3f)", FormatBytes(row.budget),
+                           row.policy, 100.0 * (result.Overhead(row) - 1.0), result.Overhead(row));
+  };
+  const SweepRow& least = *best.front();
+  std::string out = absl::StrFormat(
+      "conclusion: the step ran in %.0f%% of its memory (%s budget of %s)", 100.0 * least.ratio,
+      result.live ? "live" : "reserved", describe(least));
+  const SweepRow* half = nullptr;
+  for (const SweepRow* row : best) {
+    if (row != &least && (half == nullptr || std::abs(row->ratio - 0.5) < std::abs(half->ratio - 0.5))) {
+      half = row;
+    }
+  }
+  if (half != nullptr) {
+    absl::StrAppendFormat(&out, "; at %.0f%%: %s", 100.0 * half->ratio, describe(*half));
+  }
+  out += ".\n";
+  return out;
+}
+
 std::string SweepPlotScript(const std::string& csv_path, const std::string& png_path,
                             const std::string& script_path) {
   // Paths as Python string literals.

@@ -60,6 +60,10 @@ std::string SweepCsv(const SweepResult& result);
 // Overhead by ratio (rows) and policy (columns); the best of each row marked
 // with *; failed runs show their status.
 std::string SweepTable(const SweepResult& result);
+// What the sweep shows, in a sentence or two: the smallest budget some policy
+// ran in, with the best policy there and its cost in time, and the best at
+// about half the memory; or that nothing ran.
+std::string SweepConclusion(const SweepResult& result);
 // A matplotlib script drawing overhead against budget ratio, one line per
 // policy, failures marked, from the CSV; `script_path` is where it will live.
 std::string SweepPlotScript(const std::string& csv_path, const std::string& png_path,

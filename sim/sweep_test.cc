@@ -97,3 +97,34 @@ TEST(SweepTest, FailuresAreResultsAndBadPoliciesAreErrors) {
 
 }  // namespace
 }  // namespace remat
+
+namespace remat {
+namespace {
+
+SweepRow Row(const std::string& policy, double ratio, std::int64_t time_ns, const char* status) {
+  SweepRow row;
+  row.policy = policy;
+  row.ratio = ratio;
+  row.budget = static_cast<std::uint64_t>(ratio * 1000) * kMiB;
+  row.report.status = status;
+  row.report.time_ns = time_ns;
+  return row;
+}
+
+TEST(SweepTest, TheConclusionNamesTheSmallestBudgetThatRanAndTheBestAtHalf) {
+  SweepResult result;
+  result.baseline.time_ns = 1000;
+  result.rows = {Row("lru", 0.3, 0, "oom"),      Row("dtr", 0.3, 0, "thrash"),
+                 Row("lru", 0.4, 1500, "ok"),    Row("dtr", 0.4, 1300, "ok"),
+                 Row("lru", 0.5, 1100, "ok"),    Row("dtr", 0.5, 1150, "ok"),
+                 Row("lru", 0.9, 1000, "ok"),    Row("dtr", 0.9, 1000, "ok")};
+  EXPECT_EQ(SweepConclusion(result),
+            "conclusion: the step ran in 40% of its memory (reserved budget of 400.00 MiB with "
+            "dtr, +30.0% time (overhead 1.300)); at 50%: 500.00 MiB with lru, +10.0% time "
+            "(overhead 1.100).\n");
+  for (SweepRow& row : result.rows) row.report.status = "oom";
+  EXPECT_THAT(SweepConclusion(result), HasSubstr("no policy finished"));
+}
+
+}  // namespace
+}  // namespace remat

@@ -160,6 +160,7 @@ int RunSweepCommand(const SweepFlags& f) {
                                     : static_cast<double>(trace->least_budget_bytes) /
                                           static_cast<double>(trace->peak_live_bytes));
   }
+  std::cout << SweepConclusion(*result);
   std::cout << "wrote " << f.out_dir << "/results.csv\n";
   if (!f.no_plot) {
     if (Plot(f.out_dir)) {
