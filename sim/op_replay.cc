@@ -60,6 +60,8 @@ class Replayer final : public RuntimeObserver {
     dev.capacity = SimDevice::kMaxCapacity;
     dev.backed = options_.verify;
     dev.cost.host_to_device_gbps = dev.cost.device_to_host_gbps = options_.link_gbps;
+    dev.cost.copy_latency_ns = options_.link_latency_ns;
+    dev.host_capacity = std::max<std::size_t>(dev.host_capacity, options_.host_memory);
     absl::StatusOr<std::unique_ptr<SimDevice>> device = SimDevice::Create(dev);
     if (!device.ok()) return device.status();
     device_ = device->get();
@@ -68,6 +70,8 @@ class Replayer final : public RuntimeObserver {
     rt.enable_drop = options_.enable_drop;
     rt.enable_offload = options_.enable_offload;
     rt.link_gbps = options_.link_gbps;
+    rt.link_latency_ns = options_.link_latency_ns;
+    rt.host_pool_bytes = options_.host_memory;
     rt.live_budget = options_.live_budget;
     rt.max_steps = MaxSteps(trace_.records.size(), options_.thrash_limit);
     // The policy is made here, so that whether it wants next-use hints is
@@ -605,6 +609,10 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
   }
   if (!(options.link_gbps > 0))
     return absl::InvalidArgumentError("link bandwidth must be positive");
+  if (options.link_latency_ns < 0) {
+    return absl::InvalidArgumentError("link latency cannot be negative");
+  }
+  if (options.host_memory == 0) return absl::InvalidArgumentError("host memory must be positive");
   if (!(options.thrash_limit > 0))
     return absl::InvalidArgumentError("thrash limit must be positive");
   Replayer replayer(trace, options);

@@ -58,7 +58,12 @@ struct OpReplayOptions {
   // after max_split_size (its max_split_size_mb wins).
   std::string alloc_conf;
   std::string policy = "dtr";
+  // The host link: one copy engine each way, each at link_gbps, with
+  // link_latency_ns per copy (SimCostModel); host_memory is the pinned host
+  // memory offloads may hold, a budget of its own.
   double link_gbps = 25.0;
+  std::int64_t link_latency_ns = 2000;
+  std::uint64_t host_memory = 64 * kGiB;
   bool enable_drop = true;
   bool enable_offload = true;
   double thrash_limit = 1.0;  // stop when recompute exceeds this x the trace's compute

@@ -140,6 +140,32 @@ TEST(OpReplayTest, DroppingCostsRecomputeAndOffloadingCostsCopies) {
   EXPECT_GT(o.restored_bytes, 0u);
 }
 
+// The host link's latency is paid per copy, and pinned host memory is a
+// budget of its own: offloads stop where it is full.
+TEST(OpReplayTest, TheLinksLatencyAndTheHostMemoryBudgetCount) {
+  const OpTrace trace = Load("chain_100.jsonl");
+  OpReplayOptions o;
+  o.policy = "dtr";
+  o.live_budget = trace.peak_live_bytes / 2;
+  o.enable_drop = false;
+  o.thrash_limit = 100;
+  o.link_latency_ns = 0;
+  const OpReplayReport fast = Replay(trace, o);
+  ASSERT_EQ(fast.status, "ok") << fast.message;
+  o.link_latency_ns = 500'000;  // half a millisecond per copy
+  const OpReplayReport slow = Replay(trace, o);
+  ASSERT_EQ(slow.status, "ok") << slow.message;
+  EXPECT_EQ(slow.offloaded_bytes, fast.offloaded_bytes);
+  EXPECT_GT(slow.time_ns, fast.time_ns);
+  // Room on the host for a quarter of what was offloaded: offload-only runs
+  // out of host memory (nothing else may be evicted), and says so.
+  o.link_latency_ns = 2000;
+  o.host_memory = fast.offloaded_bytes / 4;
+  const OpReplayReport small_host = Replay(trace, o);
+  EXPECT_NE(small_host.status, "ok");
+  EXPECT_LE(small_host.offloaded_bytes - small_host.restored_bytes, o.host_memory);
+}
+
 TEST(OpReplayTest, ReportsOomAndThrash) {
   const OpTrace trace = Load("chain_100.jsonl");
   OpReplayOptions nothing_evictable;
@@ -295,6 +321,8 @@ TEST(OpReplayTest, BadOptionsAreErrors) {
   EXPECT_FALSE(ReplayOpTrace(trace, {.scale = 0}).ok());
   EXPECT_FALSE(ReplayOpTrace(trace, {.policy = "nope"}).ok());
   EXPECT_FALSE(ReplayOpTrace(trace, {.link_gbps = 0}).ok());
+  EXPECT_FALSE(ReplayOpTrace(trace, {.link_latency_ns = -1}).ok());
+  EXPECT_FALSE(ReplayOpTrace(trace, {.host_memory = 0}).ok());
   // The allocator refuses a split limit that small requests would reach.
   EXPECT_FALSE(ReplayOpTrace(trace, {.max_split_size = kMiB}).ok());
 }

@@ -95,6 +95,8 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   }
   OpReplayOptions base;
   base.link_gbps = options.link_gbps;
+  base.link_latency_ns = options.link_latency_ns;
+  base.host_memory = options.host_memory;
   base.enable_drop = options.enable_drop;
   base.enable_offload = options.enable_offload;
   base.thrash_limit = options.thrash_limit;

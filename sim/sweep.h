@@ -26,6 +26,8 @@ struct SweepOptions {
   bool enable_drop = true;
   bool enable_offload = true;
   double link_gbps = 25.0;
+  std::int64_t link_latency_ns = 2000;       // as OpReplayOptions
+  std::uint64_t host_memory = 64ull << 30;   // as OpReplayOptions
   double thrash_limit = 1.0;
   std::size_t max_split_size = 0;  // as OpReplayOptions::max_split_size
   std::string alloc_conf;          // as OpReplayOptions::alloc_conf (budgeted runs only)

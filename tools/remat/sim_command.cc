@@ -26,6 +26,8 @@ struct SimFlags {
   std::uint64_t budget = 0;
   std::string policy = "dtr";
   double link_gbps = 25.0;
+  double link_latency_us = 2.0;
+  std::uint64_t host_memory = 64ull << 30;
   bool no_swap = false;
   bool no_recompute = false;
   std::string accounting = "reserved";
@@ -113,6 +115,12 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
                                f.no_swap ? ", no swap" : "", f.no_recompute ? ", no recompute" : "");
   std::cout << absl::StrFormat("  budget           %s (%s accounting)\n",
                                FormatBytes(r.budget_bytes), f.accounting);
+  if (!f.no_swap) {
+    std::cout << absl::StrFormat(
+        "  host link        %g GB/s each way (one copy engine per direction), %g us per copy; "
+        "host memory %s\n",
+        f.link_gbps, f.link_latency_us, FormatBytes(f.host_memory));
+  }
   std::cout << absl::StrFormat("  least budget     %s\n", DescribeLeast(least));
   std::cout << absl::StrFormat("  split limit      %s\n", r.max_split_bytes == 0
                                                               ? std::string("none")
@@ -171,6 +179,9 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("alloc_conf").String(r.alloc_conf);
   if (f.budget_ratio > 0) w.Key("budget_ratio").Double(f.budget_ratio);
   w.Key("swap").Bool(!f.no_swap);
+  w.Key("link_gbps").Double(f.link_gbps);
+  w.Key("link_latency_ns").Int(static_cast<std::int64_t>(f.link_latency_us * 1000));
+  w.Key("host_memory_bytes").Uint(f.host_memory);
   w.Key("recompute").Bool(!f.no_recompute);
   w.Key("peak_reserved_bytes").Uint(r.peak_reserved_bytes);
   w.Key("peak_live_bytes").Uint(r.peak_live_bytes);
@@ -237,6 +248,8 @@ int RunSim(const SimFlags& f) {
   OpReplayOptions options;
   options.policy = f.policy;
   options.link_gbps = f.link_gbps;
+  options.link_latency_ns = static_cast<std::int64_t>(f.link_latency_us * 1000);
+  options.host_memory = f.host_memory;
   options.enable_offload = !f.no_swap;
   options.enable_drop = !f.no_recompute;
   options.thrash_limit = f.thrash_limit;
@@ -302,6 +315,12 @@ Subcommand AddSimCommand(CLI::App& remat) {
   cmd->add_option("--link-gbps", flags->link_gbps, "Host link bandwidth, GB/s")
       ->capture_default_str()
       ->check(CLI::Range(1e-3, 1e6));
+  cmd->add_option("--link-latency-us", flags->link_latency_us,
+                  "Latency of each copy on the host link, microseconds")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  AddByteSizeOption(*cmd, "--host-memory", &flags->host_memory,
+                    "Pinned host memory offloads may hold (default 64GiB)");
   cmd->add_flag("--no-swap", flags->no_swap, "Never offload to host memory");
   cmd->add_flag("--no-recompute", flags->no_recompute, "Never drop for recompute");
   cmd->add_option("--accounting", flags->accounting, "What the budget counts")

@@ -34,6 +34,8 @@ struct SweepFlags {
   bool no_swap = false;
   bool no_recompute = false;
   double link_gbps = 25.0;
+  double link_latency_us = 2.0;
+  std::uint64_t host_memory = 64ull << 30;
   double thrash_limit = 1.0;
   std::size_t max_split = 0;  // OpReplayOptions::max_split_size
   std::string alloc_conf;
@@ -126,6 +128,8 @@ int RunSweepCommand(const SweepFlags& f) {
   o.enable_offload = !f.no_swap;
   o.enable_drop = !f.no_recompute;
   o.link_gbps = f.link_gbps;
+  o.link_latency_ns = static_cast<std::int64_t>(f.link_latency_us * 1000);
+  o.host_memory = f.host_memory;
   o.thrash_limit = f.thrash_limit;
   o.max_split_size = f.max_split;
   o.alloc_conf = f.alloc_conf;
@@ -195,6 +199,12 @@ Subcommand AddSweepCommand(CLI::App& remat) {
   cmd->add_option("--link-gbps", flags->link_gbps, "Host link bandwidth, GB/s")
       ->capture_default_str()
       ->check(CLI::Range(1e-3, 1e6));
+  cmd->add_option("--link-latency-us", flags->link_latency_us,
+                  "Latency of each copy on the host link, microseconds")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  AddByteSizeOption(*cmd, "--host-memory", &flags->host_memory,
+                    "Pinned host memory offloads may hold (default 64GiB)");
   AddMaxSplitOption(*cmd, &flags->max_split);
   AddAllocConfOption(*cmd, &flags->alloc_conf);
   cmd->add_option("--thrash-limit", flags->thrash_limit,
