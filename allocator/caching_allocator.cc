@@ -1156,7 +1156,10 @@ std::size_t CachingAllocator::ReleaseCachedSegments() {
   for (auto it = segments_.begin(); whole_free_segments_ > 0 && it != segments_.end();) {
     Segment* seg = it->second;
     Block* b = seg->first;
-    if (b->allocated || b->pending_free || b->size != seg->size) {
+    // An expandable segment gives its pages back by unmapping (above) and
+    // keeps its range; its first block may be an unmapped one, outside the
+    // free set.
+    if (seg->expandable || b->allocated || b->pending_free || b->size != seg->size) {
       ++it;
       continue;
     }

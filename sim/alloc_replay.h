@@ -87,11 +87,11 @@ struct ReplayReport {
   // From the replay.
   std::uint64_t ooms = 0;           // allocations that did not fit
   std::uint64_t skipped_frees = 0;  // frees of those allocations
-  // Under a budget, the log's `allocate failure` lines, each tried again:
-  // refused again (the replay follows the recorded run), or fitting this time
-  // (freed at once). Without a budget they are left out (both stay 0).
-  std::uint64_t failures_reproduced = 0;
-  std::uint64_t failures_that_fit = 0;
+  // Under a budget, the log's `allocate failure` lines, each replayed as the
+  // refusal it was: the allocator waits for what is in flight and gives its
+  // cached segments back, as it did then. Without a budget they are left
+  // out (0).
+  std::uint64_t refusals_replayed = 0;
   double replay_seconds = 0;        // the replay loop alone (recording history included)
   double events_per_second = 0;
 

@@ -254,6 +254,7 @@ std::string SweepConclusion(const SweepResult& result) {
       *same = &row;
     }
   }
+  if (result.baseline.time_ns <= 0) return "";  // no overhead to speak of
   if (best.empty()) {
     return "conclusion: no policy finished at any of these budgets; try larger ratios (the "
            "least budget above is a floor)\n";

@@ -230,6 +230,30 @@ absl::Status Free(const void* ptr, const std::uint64_t* stream) {
   return Allocators::Process().Free(ptr, stream);
 }
 
+// The per-thread default stream (a null stream in the _ptsz entry points, or
+// cudaStreamPerThread / CU_STREAM_PER_THREAD given explicitly) is a
+// different stream in every thread under one handle, so the allocator must
+// not treat it as one stream: a block one thread freed could go to another
+// thread while the first thread's kernels still use it. Its blocks live on
+// the legacy default stream (0), and each free records an event on the
+// freeing thread's own per-thread stream (RecordStream, then the free: the
+// allocator records it in this thread), so the block is reused only after
+// the work queued before the free is done, whichever thread asks next.
+absl::Status AllocatePerThread(void** out, std::size_t bytes) { return Allocate(out, bytes, 0); }
+
+absl::Status FreePerThread(const void* ptr) {
+  Inside inside;
+  GateLock gate;
+  absl::Status used = Allocators::Process().RecordStream(ptr, kPerThreadStream);
+  if (!used.ok()) return used;  // not ours (NotFound: the real free tries), or a double free
+  const std::uint64_t legacy = 0;
+  return Allocators::Process().Free(ptr, &legacy);
+}
+
+bool IsPerThread(const void* stream) {
+  return reinterpret_cast<std::uintptr_t>(stream) == kPerThreadStream;
+}
+
 absl::Status MemInfo(std::size_t* free, std::size_t* total) {
   const int device = CurrentDevice();
   Inside inside;
@@ -258,6 +282,7 @@ REMAT_EXPORT cudaError cudaMallocAsync(void** ptr, std::size_t bytes, void* stre
   using Fn = cudaError (*)(void**, std::size_t, void*);
   if (tls_depth > 0) return REMAT_REAL(Fn, cudaMallocAsync)(ptr, bytes, stream);
   if (ptr == nullptr) return kCudaErrorInvalidValue;
+  if (IsPerThread(stream)) return ToCuda(AllocatePerThread(ptr, bytes));
   return ToCuda(Allocate(ptr, bytes, reinterpret_cast<std::uintptr_t>(stream)));
 }
 
@@ -280,7 +305,7 @@ REMAT_EXPORT cudaError cudaFreeAsync(void* ptr, void* stream) {
   using Fn = cudaError (*)(void*, void*);
   if (tls_depth == 0) {
     const auto s = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(stream));
-    absl::Status st = Free(ptr, &s);
+    absl::Status st = IsPerThread(stream) ? FreePerThread(ptr) : Free(ptr, &s);
     if (!absl::IsNotFound(st)) return ToCuda(st);
     if (Sim()) return kCudaErrorInvalidValue;
   }
@@ -296,16 +321,16 @@ REMAT_EXPORT cudaError cudaMallocAsync_ptsz(void** ptr, std::size_t bytes, void*
   using Fn = cudaError (*)(void**, std::size_t, void*);
   if (tls_depth > 0) return REMAT_REAL(Fn, cudaMallocAsync_ptsz)(ptr, bytes, stream);
   if (ptr == nullptr) return kCudaErrorInvalidValue;
-  const std::uintptr_t s = stream != nullptr ? reinterpret_cast<std::uintptr_t>(stream) : kPerThreadStream;
-  return ToCuda(Allocate(ptr, bytes, s));
+  if (stream == nullptr || IsPerThread(stream)) return ToCuda(AllocatePerThread(ptr, bytes));
+  return ToCuda(Allocate(ptr, bytes, reinterpret_cast<std::uintptr_t>(stream)));
 }
 
 REMAT_EXPORT cudaError cudaFreeAsync_ptsz(void* ptr, void* stream) {
   using Fn = cudaError (*)(void*, void*);
   if (tls_depth == 0) {
-    const std::uint64_t s =
-        stream != nullptr ? reinterpret_cast<std::uintptr_t>(stream) : kPerThreadStream;
-    absl::Status st = Free(ptr, &s);
+    const std::uint64_t s = reinterpret_cast<std::uintptr_t>(stream);
+    absl::Status st =
+        stream == nullptr || IsPerThread(stream) ? FreePerThread(ptr) : Free(ptr, &s);
     if (!absl::IsNotFound(st)) return ToCuda(st);
     if (Sim()) return kCudaErrorInvalidValue;
   }
@@ -338,7 +363,8 @@ REMAT_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* ptr, std::size_t bytes, void*
   if (tls_depth > 0) return REMAT_REAL(Fn, cuMemAllocAsync)(ptr, bytes, stream);
   if (ptr == nullptr || bytes == 0) return kCuErrorInvalidValue;
   void* p = nullptr;
-  const CUresult r = ToCu(Allocate(&p, bytes, reinterpret_cast<std::uintptr_t>(stream)));
+  const CUresult r = ToCu(IsPerThread(stream) ? AllocatePerThread(&p, bytes)
+                                              : Allocate(&p, bytes, reinterpret_cast<std::uintptr_t>(stream)));
   if (r == kCuSuccess) *ptr = reinterpret_cast<std::uintptr_t>(p);
   return r;
 }
@@ -359,7 +385,8 @@ REMAT_EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, void* stream) {
   using Fn = CUresult (*)(CUdeviceptr, void*);
   if (tls_depth == 0) {
     const auto s = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(stream));
-    absl::Status st = Free(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)), &s);
+    void* const p = reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr));
+    absl::Status st = IsPerThread(stream) ? FreePerThread(p) : Free(p, &s);
     if (!absl::IsNotFound(st)) return ToCu(st);
     if (Sim()) return kCuErrorInvalidValue;
   }
@@ -373,8 +400,9 @@ REMAT_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* ptr, std::size_t bytes, 
   if (tls_depth > 0) return REMAT_REAL(Fn, cuMemAllocAsync_ptsz)(ptr, bytes, stream);
   if (ptr == nullptr || bytes == 0) return kCuErrorInvalidValue;
   void* p = nullptr;
-  const std::uintptr_t s = stream != nullptr ? reinterpret_cast<std::uintptr_t>(stream) : kPerThreadStream;
-  const CUresult r = ToCu(Allocate(&p, bytes, s));
+  const CUresult r = ToCu(stream == nullptr || IsPerThread(stream)
+                              ? AllocatePerThread(&p, bytes)
+                              : Allocate(&p, bytes, reinterpret_cast<std::uintptr_t>(stream)));
   if (r == kCuSuccess) *ptr = reinterpret_cast<std::uintptr_t>(p);
   return r;
 }
@@ -382,9 +410,9 @@ REMAT_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* ptr, std::size_t bytes, 
 REMAT_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, void* stream) {
   using Fn = CUresult (*)(CUdeviceptr, void*);
   if (tls_depth == 0) {
-    const std::uint64_t s =
-        stream != nullptr ? reinterpret_cast<std::uintptr_t>(stream) : kPerThreadStream;
-    absl::Status st = Free(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)), &s);
+    const std::uint64_t s = reinterpret_cast<std::uintptr_t>(stream);
+    void* const p = reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr));
+    absl::Status st = stream == nullptr || IsPerThread(stream) ? FreePerThread(p) : Free(p, &s);
     if (!absl::IsNotFound(st)) return ToCu(st);
     if (Sim()) return kCuErrorInvalidValue;
   }

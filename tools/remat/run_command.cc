@@ -60,7 +60,10 @@ std::string ResolveProgram(const std::string& program) {
   const char* path = std::getenv("PATH");
   for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
     const std::string candidate = std::string(dir.empty() ? "." : dir) + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
   }
   return "";
 }
@@ -96,7 +99,11 @@ std::vector<std::string> NeededLibraries(const std::string& path) {
   };
   std::vector<Elf64_Dyn> dyn;
   for (const Elf64_Phdr& p : ph) {
-    if (p.p_type != PT_DYNAMIC || p.p_offset > size || p.p_filesz > size - p.p_offset) continue;
+    // (A dynamic section holds a few dozen entries; a larger one is not a real executable's.)
+    if (p.p_type != PT_DYNAMIC || p.p_offset > size || p.p_filesz > size - p.p_offset ||
+        p.p_filesz > 64 * 1024) {
+      continue;
+    }
     dyn.resize(p.p_filesz / sizeof(Elf64_Dyn));
     in.seekg(static_cast<std::streamoff>(p.p_offset));
     if (!in.read(reinterpret_cast<char*>(dyn.data()),
