@@ -80,6 +80,7 @@ static void test_status_names_and_version(void) {
   CHECK(strcmp(remat_status_name(REMAT_OUT_OF_MEMORY), "REMAT_OUT_OF_MEMORY") == 0);
   CHECK(strcmp(remat_status_name((remat_status)99), "REMAT_UNKNOWN") == 0);
   CHECK(strlen(remat_version()) >= 5);
+  CHECK(remat_abi_version() == REMAT_ABI_VERSION);
   remat_string_free(NULL);
 }
 

@@ -60,6 +60,13 @@ REMAT_API const char* remat_last_error(void);
 REMAT_API const char* remat_status_name(remat_status status);
 /* The library's version, "MAJOR.MINOR.PATCH". */
 REMAT_API const char* remat_version(void);
+/* The layout of this header's structs. It goes up whenever one of them
+ * changes (a field added, say), and the library's file name changes with it
+ * (libremat.so.MAJOR.MINOR), so a program built against another header does
+ * not load the new library by accident. A program that loads the library by
+ * path should check remat_abi_version() == REMAT_ABI_VERSION first. */
+#define REMAT_ABI_VERSION 2
+REMAT_API int remat_abi_version(void);
 /* Frees a string this library returned (remat_snapshot_json). NULL is fine. */
 REMAT_API void remat_string_free(char* str);
 

@@ -371,6 +371,7 @@ const char* remat_status_name(remat_status status) {
 }
 
 const char* remat_version(void) { return REMAT_VERSION_STRING; }
+int remat_abi_version(void) { return REMAT_ABI_VERSION; }
 
 void remat_string_free(char* str) { std::free(str); }
 

@@ -10,6 +10,10 @@ import ctypes
 import os
 import pathlib
 
+# The struct layouts below mirror remat.h at this REMAT_ABI_VERSION; lib()
+# refuses a library with another one rather than misread its structs.
+ABI_VERSION = 2
+
 OK = 0
 INVALID_ARGUMENT = 1
 OUT_OF_MEMORY = 2
@@ -111,7 +115,13 @@ def lib():
     global _lib
     if _lib is not None:
         return _lib
-    so = ctypes.CDLL(find_library())
+    path = find_library()
+    so = ctypes.CDLL(path)
+    abi = getattr(so, "remat_abi_version", None)
+    found = abi() if abi is not None else 1
+    if found != ABI_VERSION:
+        raise ImportError(f"{path} has C ABI version {found}, this package needs {ABI_VERSION}: "
+                          "install the package and its library together (`pip install .`)")
     vp, u64, sz = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t
     sigs = {
         "remat_last_error": (ctypes.c_char_p, []),

@@ -41,6 +41,22 @@ class PackageTest(unittest.TestCase):
             else:
                 os.environ["REMAT_LIBRARY"] = old
 
+    def test_a_library_of_another_abi_is_refused(self):
+        self.assertEqual(_capi.lib().remat_abi_version(), _capi.ABI_VERSION)
+
+        class OldLibrary:
+            def remat_abi_version(self):
+                return _capi.ABI_VERSION - 1
+
+        saved_lib, saved_cdll = _capi._lib, _capi.ctypes.CDLL
+        _capi._lib = None
+        _capi.ctypes.CDLL = lambda path: OldLibrary()
+        try:
+            with self.assertRaisesRegex(ImportError, "C ABI version"):
+                _capi.lib()
+        finally:
+            _capi._lib, _capi.ctypes.CDLL = saved_lib, saved_cdll
+
     @unittest.skipIf(importlib.util.find_spec("torch") is not None, "torch is installed here")
     def test_remat_torch_without_torch_says_what_to_install(self):
         with self.assertRaisesRegex(ImportError, "pip install"):
