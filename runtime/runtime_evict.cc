@@ -166,7 +166,9 @@ bool Runtime::Evict(const PressureRequest& request) {
     if (s->state == TensorState::kDropped) ++stats_.drops;
     progress = true;
     ++evicted;
-    freed += s->bytes;
+    // A tensor whose address is kept gives up only the whole pages inside
+    // its block; anything else, its whole block.
+    freed += s->kept != nullptr ? s->kept_bytes : s->bytes;
     if (freed >= request.bytes) break;
   }
   if (options_.observer != nullptr) {

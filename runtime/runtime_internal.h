@@ -59,6 +59,7 @@ struct StorageFields {
   std::uint64_t accesses = 0;
   void* host = nullptr;    // offloading, on_host
   void* kept = nullptr;    // offloading, on_host with keep_addresses: the block, unbacked
+  std::size_t kept_bytes = 0;  // with `kept`: the bytes of the pages given up (whole pages only)
   Event copy_event;        // the offload's or the prefetch's copy, while copy_in_flight
   mutable std::uint64_t walk_mark = 0;   // the last DroppedChainCost walk that saw it
   // DroppedChainCost of this storage, valid during pressure event chain_epoch

@@ -173,6 +173,28 @@ TEST_F(RuntimeTest, KeptAddressesSurviveOffloadAndRestore) {
   EXPECT_EQ(alloc_->GetStats().allocated_bytes.all().current, 0);
 }
 
+// An offload that keeps the address gives up only the whole pages inside the
+// block (2 MiB each), and the pressure event counts just those: counting the
+// whole block would end the event before the memory asked for is there.
+TEST_F(RuntimeTest, AKeptAddressCountsOnlyThePagesItGaveUp) {
+  struct Freed : RuntimeObserver {
+    void OnTensor(const TensorEvent&) override {}
+    void OnPressure(const PressureEvent& e) override { bytes += e.freed_bytes; }
+    std::size_t bytes = 0;
+  } freed;
+  Make(16 * kMiB, {.policy = "lru", .observer = &freed, .keep_addresses = true},
+       /*backed=*/true, /*expandable=*/true);
+  TensorId a = Produce(6 * kMiB + 4096, {}, false, true);  // offload only; whole pages inside
+  TensorId b = Produce(12 * kMiB, {}, false, false);      // a goes to the host
+  ASSERT_NE(StateOf(a), TensorState::kResident);
+  EXPECT_EQ(runtime_->stats().kept_addresses, 1u);
+  EXPECT_GT(freed.bytes, 0u);
+  EXPECT_EQ(freed.bytes % (2 * kMiB), 0u) << freed.bytes;  // pages, not 6 MiB + 4 KiB
+  ASSERT_TRUE(runtime_->Free(b).ok());
+  Check(a);
+  ASSERT_TRUE(runtime_->Free(a).ok());
+}
+
 TEST_F(RuntimeTest, KeepingAddressesNeedsExpandableSegments) {
   device_ = std::move(SimDevice::Create({.capacity = kGiB})).value();
   alloc_ = std::move(CachingAllocator::Create(device_.get(), {.budget = 64 * kMiB})).value();

@@ -205,6 +205,7 @@ bool Runtime::KeepAddress(Storage* s) {
   ++handbacks_;
   ++stats_.kept_addresses;
   s->kept = s->device;
+  s->kept_bytes = *gone;
   LeaveDevice(s);
   return true;
 }
