@@ -330,6 +330,14 @@ absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
       return st;
     }
   }
+  if (s->runtime_wrote && s->written_on != stream) {
+    // Regenerated or copied in on another stream (for another acquire, say):
+    // this stream's use comes after that write.
+    if (absl::Status st = events_.WaitOn(stream, s->written_on); !st.ok()) {
+      UnpinStorage(s);
+      return st;
+    }
+  }
   s->last_access_ns = Clock();
   ++s->accesses;
   if (std::find(s->used_streams.begin(), s->used_streams.end(), stream) == s->used_streams.end()) {

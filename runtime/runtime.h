@@ -344,7 +344,7 @@ class Runtime {
   // Every state change goes through here: it keeps the candidate index, the
   // dropped-neighbour counts and the drop classes in step.
   void SetState(Storage* s, TensorState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetResident(Storage* s, void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetResident(Storage* s, void* ptr, const Stream* written_on = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LeaveDevice(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A dropped output of a call comes back alone (collected): a dropped
   // sibling takes over its share of the call's cost.

@@ -60,6 +60,11 @@ struct StorageFields {
   void* host = nullptr;    // offloading, on_host
   void* kept = nullptr;    // offloading, on_host with keep_addresses: the block, unbacked
   std::size_t kept_bytes = 0;  // with `kept`: the bytes of the pages given up (whole pages only)
+  // Resident bytes the runtime itself wrote (a recompute, a restore, a
+  // prefetch) on `written_on`: an acquire on another stream waits for that
+  // stream first (the program ordered nothing after the runtime's write).
+  bool runtime_wrote = false;
+  Stream written_on;
   Event copy_event;        // the offload's or the prefetch's copy, while copy_in_flight
   mutable std::uint64_t walk_mark = 0;   // the last DroppedChainCost walk that saw it
   // DroppedChainCost of this storage, valid during pressure event chain_epoch

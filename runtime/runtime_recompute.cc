@@ -181,7 +181,7 @@ absl::Status Runtime::RunCall(Storage* s, Stream stream) ABSL_NO_THREAD_SAFETY_A
   for (std::size_t i = 0; i < n; ++i) {
     if (!regenerate[i]) continue;
     Storage* m = members[i];
-    SetResident(m, out_ptrs[i]);
+    SetResident(m, out_ptrs[i], &stream);
     m->used_streams.push_back(stream);
     ++m->recomputes;
     if (options_.observer != nullptr) {

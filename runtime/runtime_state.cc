@@ -88,9 +88,11 @@ std::int64_t Runtime::AdjacentClassesCost(const Storage* s) {
   return cost;
 }
 
-void Runtime::SetResident(Storage* s, void* ptr) {
+void Runtime::SetResident(Storage* s, void* ptr, const Stream* written_on) {
   SetState(s, TensorState::kResident);
   s->device = ptr;
+  s->runtime_wrote = written_on != nullptr;
+  if (written_on != nullptr) s->written_on = *written_on;
   stats_.resident_bytes += s->bytes;
   stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, stats_.resident_bytes);
 }

@@ -99,7 +99,7 @@ absl::Status Runtime::PrefetchStorage(Storage* s, Stream stream) {
   s->copy_event = *done;
   s->copy_in_flight = true;
   s->host = nullptr;
-  SetResident(s, ptr);
+  SetResident(s, ptr, &prefetch_stream_);
   SetState(s, TensorState::kPrefetching);
   s->used_streams.assign({stream, prefetch_stream_});
   stats_.restored_bytes += s->bytes;
@@ -139,7 +139,7 @@ absl::Status Runtime::Restore(Storage* s, Stream stream) {
     s->copy_in_flight = false;
   }
   s->host = nullptr;
-  SetResident(s, ptr);
+  SetResident(s, ptr, &stream);
   s->used_streams.push_back(stream);
   stats_.restored_bytes += s->bytes;
   link_.Queue(runtime_internal::HostLink::kIn, s->bytes, device_->NowNs());
