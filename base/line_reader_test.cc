@@ -1,5 +1,7 @@
 #include "base/line_reader.h"
 
+#include "base/fifo_feeder_for_tests.h"
+
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -80,28 +82,10 @@ TEST(LineReaderTest, EmptyFilesBlankLinesAndBadPaths) {
 // writer offers 8 MiB sees the reader go away after the first line (its write
 // fails with EPIPE) instead of the reader waiting for all of it.
 TEST(LineReaderTest, TheFirstLineComesBeforeTheRestOfTheFile) {
-  const std::string fifo = TempPath("lines.fifo");
-  ::unlink(fifo.c_str());
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
-  ::signal(SIGPIPE, SIG_IGN);
-  bool writer_was_cut_off = false;
-  std::thread writer([&] {
-    FILE* f = std::fopen(fifo.c_str(), "wb");
-    if (f == nullptr) return;
-    std::setvbuf(f, nullptr, _IONBF, 0);
-    const std::string first = "the first line\n";
-    std::fwrite(first.data(), 1, first.size(), f);
-    const std::string block(64 * 1024, 'x');
-    for (int i = 0; i < 128; ++i) {
-      if (std::fwrite(block.data(), 1, block.size(), f) != block.size()) {
-        writer_was_cut_off = errno == EPIPE;
-        break;
-      }
-    }
-    std::fclose(f);
-  });
+  FifoFeeder feeder(TempPath("lines.fifo"), "the first line\n", 'x');
+  ASSERT_TRUE(feeder.ok()) << std::strerror(errno);
   {
-    auto reader = LineReader::Open(fifo);
+    auto reader = LineReader::Open(feeder.path());
     ASSERT_TRUE(reader.ok()) << reader.status();
     std::string_view line;
     absl::StatusOr<bool> more = (*reader)->Next(&line);
@@ -109,9 +93,7 @@ TEST(LineReaderTest, TheFirstLineComesBeforeTheRestOfTheFile) {
     EXPECT_EQ(line, "the first line");
     EXPECT_LT((*reader)->bytes_read(), 2u * LineReader::kDefaultChunk);
   }  // closed: the writer's next write fails
-  writer.join();
-  EXPECT_TRUE(writer_was_cut_off);
-  ::unlink(fifo.c_str());
+  EXPECT_TRUE(feeder.WriterWasCutOff());
 }
 
 }  // namespace

@@ -1,18 +1,13 @@
 #include "trace/op_trace.h"
 
-#include <signal.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
 #include <fstream>
-#include <thread>
 #include <sstream>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
+#include "base/fifo_feeder_for_tests.h"
 
 namespace remat {
 namespace {
@@ -476,31 +471,12 @@ TEST(OpTraceTest, ReadingAFileMatchesParsingItsText) {
 // after line 1 and the writer's next write fails (reading the whole file
 // first would take all 8 MiB).
 TEST(OpTraceTest, ABadFirstLineIsReportedBeforeTheRestIsRead) {
-  const std::string fifo = ::testing::TempDir() + "/bad_first_line.fifo";
-  ::unlink(fifo.c_str());
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  ::signal(SIGPIPE, SIG_IGN);
-  bool writer_was_cut_off = false;
-  std::thread writer([&] {
-    FILE* f = std::fopen(fifo.c_str(), "wb");
-    if (f == nullptr) return;
-    std::setvbuf(f, nullptr, _IONBF, 0);
-    std::fputs("not json\n", f);
-    const std::string block(64 * 1024, '\n');
-    for (int i = 0; i < 128; ++i) {
-      if (std::fwrite(block.data(), 1, block.size(), f) != block.size()) {
-        writer_was_cut_off = errno == EPIPE;
-        break;
-      }
-    }
-    std::fclose(f);
-  });
-  absl::StatusOr<OpTrace> trace = ReadOpTrace(fifo);
-  writer.join();
+  FifoFeeder feeder(::testing::TempDir() + "/bad_first_line.fifo", "not json\n", '\n');
+  ASSERT_TRUE(feeder.ok());
+  absl::StatusOr<OpTrace> trace = ReadOpTrace(feeder.path());
   ASSERT_FALSE(trace.ok());
-  EXPECT_THAT(std::string(trace.status().message()), ::testing::HasSubstr(fifo + ":1:"));
-  EXPECT_TRUE(writer_was_cut_off);
-  ::unlink(fifo.c_str());
+  EXPECT_THAT(std::string(trace.status().message()), ::testing::HasSubstr(feeder.path() + ":1:"));
+  EXPECT_TRUE(feeder.WriterWasCutOff());
 }
 
 }  // namespace

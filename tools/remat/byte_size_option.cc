@@ -76,4 +76,16 @@ CLI::Option* AddAllocConfOption(CLI::App& app, std::string* conf) {
           "", "alloc-conf"));
 }
 
+void AddLinkOptions(CLI::App& app, LinkFlags* link) {
+  app.add_option("--link-gbps", link->gbps, "Host link bandwidth, GB/s")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-3, 1e6));
+  app.add_option("--link-latency-us", link->latency_us,
+                 "Latency of each copy on the host link, microseconds")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  AddByteSizeOption(app, "--host-memory", &link->host_memory,
+                    "Pinned host memory offloads may hold (default 64GiB)");
+}
+
 }  // namespace remat::tools

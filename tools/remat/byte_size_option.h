@@ -27,6 +27,17 @@ CLI::Option* AddMaxSplitOption(CLI::App& app, std::size_t* bytes);
 // (allocator/alloc_conf.h), checked when parsed: a bad string is a usage error.
 CLI::Option* AddAllocConfOption(CLI::App& app, std::string* conf);
 
+// The host link as `remat sim` and `remat sweep` model it: --link-gbps (each
+// way), --link-latency-us (per copy) and --host-memory (pinned host memory,
+// a budget of its own).
+struct LinkFlags {
+  double gbps = 25.0;
+  double latency_us = 2.0;
+  std::uint64_t host_memory = 64ull << 30;
+  std::int64_t latency_ns() const { return static_cast<std::int64_t>(latency_us * 1000); }
+};
+void AddLinkOptions(CLI::App& app, LinkFlags* link);
+
 }  // namespace remat::tools
 
 #endif  // REMAT_TOOLS_REMAT_BYTE_SIZE_OPTION_H_

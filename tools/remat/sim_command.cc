@@ -25,9 +25,7 @@ struct SimFlags {
   double budget_ratio = 0;
   std::uint64_t budget = 0;
   std::string policy = "dtr";
-  double link_gbps = 25.0;
-  double link_latency_us = 2.0;
-  std::uint64_t host_memory = 64ull << 30;
+  LinkFlags link;
   bool no_swap = false;
   bool no_recompute = false;
   std::string accounting = "reserved";
@@ -119,7 +117,7 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
     std::cout << absl::StrFormat(
         "  host link        %g GB/s each way (one copy engine per direction), %g us per copy; "
         "host memory %s\n",
-        f.link_gbps, f.link_latency_us, FormatBytes(f.host_memory));
+        f.link.gbps, f.link.latency_us, FormatBytes(f.link.host_memory));
   }
   std::cout << absl::StrFormat("  least budget     %s\n", DescribeLeast(least));
   std::cout << absl::StrFormat("  split limit      %s\n", r.max_split_bytes == 0
@@ -179,9 +177,9 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("alloc_conf").String(r.alloc_conf);
   if (f.budget_ratio > 0) w.Key("budget_ratio").Double(f.budget_ratio);
   w.Key("swap").Bool(!f.no_swap);
-  w.Key("link_gbps").Double(f.link_gbps);
-  w.Key("link_latency_ns").Int(static_cast<std::int64_t>(f.link_latency_us * 1000));
-  w.Key("host_memory_bytes").Uint(f.host_memory);
+  w.Key("link_gbps").Double(f.link.gbps);
+  w.Key("link_latency_ns").Int(f.link.latency_ns());
+  w.Key("host_memory_bytes").Uint(f.link.host_memory);
   w.Key("recompute").Bool(!f.no_recompute);
   w.Key("peak_reserved_bytes").Uint(r.peak_reserved_bytes);
   w.Key("peak_live_bytes").Uint(r.peak_live_bytes);
@@ -247,9 +245,9 @@ int RunSim(const SimFlags& f) {
   if (!trace.ok()) return ReportError("sim", trace.status());
   OpReplayOptions options;
   options.policy = f.policy;
-  options.link_gbps = f.link_gbps;
-  options.link_latency_ns = static_cast<std::int64_t>(f.link_latency_us * 1000);
-  options.host_memory = f.host_memory;
+  options.link_gbps = f.link.gbps;
+  options.link_latency_ns = f.link.latency_ns();
+  options.host_memory = f.link.host_memory;
   options.enable_offload = !f.no_swap;
   options.enable_drop = !f.no_recompute;
   options.thrash_limit = f.thrash_limit;
@@ -312,15 +310,7 @@ Subcommand AddSimCommand(CLI::App& remat) {
   AddByteSizeOption(*cmd, "--budget", &flags->budget, "Budget in bytes (e.g. 2GiB)");
   cmd->add_option("--policy", flags->policy, "Eviction policy spec (lru, largest, dtr:...)")
       ->capture_default_str();
-  cmd->add_option("--link-gbps", flags->link_gbps, "Host link bandwidth, GB/s")
-      ->capture_default_str()
-      ->check(CLI::Range(1e-3, 1e6));
-  cmd->add_option("--link-latency-us", flags->link_latency_us,
-                  "Latency of each copy on the host link, microseconds")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1e6));
-  AddByteSizeOption(*cmd, "--host-memory", &flags->host_memory,
-                    "Pinned host memory offloads may hold (default 64GiB)");
+  AddLinkOptions(*cmd, &flags->link);
   cmd->add_flag("--no-swap", flags->no_swap, "Never offload to host memory");
   cmd->add_flag("--no-recompute", flags->no_recompute, "Never drop for recompute");
   cmd->add_option("--accounting", flags->accounting, "What the budget counts")

@@ -33,9 +33,7 @@ struct SweepFlags {
   std::string accounting = "reserved";
   bool no_swap = false;
   bool no_recompute = false;
-  double link_gbps = 25.0;
-  double link_latency_us = 2.0;
-  std::uint64_t host_memory = 64ull << 30;
+  LinkFlags link;
   double thrash_limit = 1.0;
   std::size_t max_split = 0;  // OpReplayOptions::max_split_size
   std::string alloc_conf;
@@ -127,9 +125,9 @@ int RunSweepCommand(const SweepFlags& f) {
   o.live = f.accounting == "live";
   o.enable_offload = !f.no_swap;
   o.enable_drop = !f.no_recompute;
-  o.link_gbps = f.link_gbps;
-  o.link_latency_ns = static_cast<std::int64_t>(f.link_latency_us * 1000);
-  o.host_memory = f.host_memory;
+  o.link_gbps = f.link.gbps;
+  o.link_latency_ns = f.link.latency_ns();
+  o.host_memory = f.link.host_memory;
   o.thrash_limit = f.thrash_limit;
   o.max_split_size = f.max_split;
   o.alloc_conf = f.alloc_conf;
@@ -196,15 +194,7 @@ Subcommand AddSweepCommand(CLI::App& remat) {
       ->check(CLI::IsMember({"reserved", "live"}));
   cmd->add_flag("--no-swap", flags->no_swap, "Never offload to host memory");
   cmd->add_flag("--no-recompute", flags->no_recompute, "Never drop for recompute");
-  cmd->add_option("--link-gbps", flags->link_gbps, "Host link bandwidth, GB/s")
-      ->capture_default_str()
-      ->check(CLI::Range(1e-3, 1e6));
-  cmd->add_option("--link-latency-us", flags->link_latency_us,
-                  "Latency of each copy on the host link, microseconds")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1e6));
-  AddByteSizeOption(*cmd, "--host-memory", &flags->host_memory,
-                    "Pinned host memory offloads may hold (default 64GiB)");
+  AddLinkOptions(*cmd, &flags->link);
   AddMaxSplitOption(*cmd, &flags->max_split);
   AddAllocConfOption(*cmd, &flags->alloc_conf);
   cmd->add_option("--thrash-limit", flags->thrash_limit,
