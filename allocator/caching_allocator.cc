@@ -144,19 +144,13 @@ CachingAllocator::~CachingAllocator() {
       absl::Status s = device_->ReleaseSegment(reinterpret_cast<void*>(addr));
       if (!s.ok()) REMAT_LOG(kError, "releasing segment: %s", s.ToString());
     }
-    for (Block* b = seg->first; b != nullptr;) {
-      Block* next = b->next;
-      delete b;
-      b = next;
-    }
-    delete seg;
+    delete seg;  // (its blocks belong to block_chunks_)
   }
-  for (Block* b : spare_blocks_) delete b;
   for (Event e : spare_events_) (void)device_->DestroyEvent(e);
 }
 
 REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::NewBlock() {
-  if (spare_blocks_.empty()) return new Block;
+  if (spare_blocks_.empty()) return NewBlockChunk();
   Block* b = spare_blocks_.back();
   spare_blocks_.pop_back();
   b->addr = 0;
@@ -176,6 +170,20 @@ REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::NewBlock() {
 }
 
 REMAT_HOT_INLINE void CachingAllocator::DeleteBlock(Block* b) { spare_blocks_.push_back(b); }
+
+// Blocks are made in chunks (doubling, up to 1024 at a time) and live as
+// long as the allocator: one heap allocation per chunk, not per split.
+CachingAllocator::Block* CachingAllocator::NewBlockChunk() {
+  const std::size_t n = block_chunks_.empty()
+                            ? 16
+                            : std::min<std::size_t>(2 * block_chunk_size_, 1024);
+  block_chunks_.push_back(std::make_unique<Block[]>(n));
+  block_chunk_size_ = n;
+  Block* chunk = block_chunks_.back().get();
+  spare_blocks_.reserve(spare_blocks_.size() + n - 1);
+  for (std::size_t i = n - 1; i > 0; --i) spare_blocks_.push_back(&chunk[i]);
+  return &chunk[0];
+}
 
 // ---------------------------------------------------------------------------
 // Allocation

@@ -66,6 +66,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/address_map.h"
 #include "allocator/allocator_stats.h"
+#include "allocator/node_resource.h"
 #include "allocator/snapshot.h"
 #include "base/mutex.h"
 #include "base/units.h"
@@ -230,7 +231,8 @@ class CachingAllocator {
   // A node-based set, so that every free block keeps its position in it
   // (Block::free_pos) across other insertions and erasures: erasing a block,
   // or moving its key within its neighbours, needs no search. The nodes come
-  // from a pool of their own, so an insertion costs no call to malloc.
+  // from a free list of their own (NodeResource), so an insertion costs no
+  // call to malloc.
   using FreeSet = std::pmr::set<Block*, FreeOrder>;
   struct Block {
     std::uintptr_t addr = 0;
@@ -390,6 +392,7 @@ class CachingAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeleteBlock(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Block* NewBlockChunk() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Device* const device_;
   const std::size_t device_capacity_;
@@ -406,7 +409,7 @@ class CachingAllocator {
   // unmapping the free pages they cache.
   std::size_t reserved_high_water_ ABSL_GUARDED_BY(mu_) = 0;
   // The free sets' nodes (declared first: destroyed after the sets).
-  std::pmr::unsynchronized_pool_resource free_nodes_;
+  NodeResource free_nodes_;
   Pool small_ ABSL_GUARDED_BY(mu_){&free_nodes_};
   Pool large_ ABSL_GUARDED_BY(mu_){&free_nodes_};
   AddressMap<Block> live_ ABSL_GUARDED_BY(mu_);
@@ -415,6 +418,9 @@ class CachingAllocator {
   absl::flat_hash_map<Stream, StreamHarvest> harvest_ ABSL_GUARDED_BY(mu_);
   std::vector<Event> spare_events_ ABSL_GUARDED_BY(mu_);
   std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
+  // Every Block's storage (NewBlockChunk); freed with the allocator.
+  std::vector<std::unique_ptr<Block[]>> block_chunks_ ABSL_GUARDED_BY(mu_);
+  std::size_t block_chunk_size_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t next_free_seq_ ABSL_GUARDED_BY(mu_) = 1;
   // Bumped whenever memory becomes free, so a slow path that released the
   // lock knows whether someone else freed memory meanwhile.

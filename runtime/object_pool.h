@@ -1,6 +1,9 @@
 // ObjectPool: objects the runtime makes many of and reuses (storages, call
 // groups). An object stays put for the pool's life, so a pointer to it stays
 // valid; one given back is handed out again before a new one is made.
+// Objects are made in chunks that double in size (up to kMaxChunk), so a
+// runtime that makes thousands of storages pays one heap allocation per
+// chunk, not one per storage.
 // Header-only (a template); the objects' own state is the caller's.
 //
 // Invariants (CheckInvariants): every object given back is one of the
@@ -27,14 +30,23 @@ class ObjectPool {
   ObjectPool(const ObjectPool&) = delete;
   ObjectPool& operator=(const ObjectPool&) = delete;
 
+  static constexpr std::size_t kFirstChunk = 16;
+  static constexpr std::size_t kMaxChunk = 1024;
+
   // One given back earlier (the last), or a new one.
   T* Take() {
-    if (free_.empty()) {
-      all_.push_back(std::make_unique<T>());
-      return all_.back().get();
+    if (!free_.empty()) {
+      T* t = free_.back();
+      free_.pop_back();
+      return t;
     }
-    T* t = free_.back();
-    free_.pop_back();
+    if (chunk_used_ == chunk_size_) {
+      chunk_size_ = chunks_.empty() ? kFirstChunk : std::min(2 * chunk_size_, kMaxChunk);
+      chunks_.push_back(std::make_unique<T[]>(chunk_size_));
+      chunk_used_ = 0;
+    }
+    T* t = &chunks_.back()[chunk_used_++];
+    all_.push_back(t);
     return t;
   }
   // `t` (reset by the caller) may be handed out again.
@@ -42,14 +54,14 @@ class ObjectPool {
 
   // Objects made, in use or given back.
   std::size_t made() const { return all_.size(); }
-  absl::Span<const std::unique_ptr<T>> all() const { return all_; }
+  absl::Span<T* const> all() const { return all_; }
   absl::Span<T* const> given_back() const { return free_; }
 
   // `what` names the objects in the error.
   absl::Status CheckInvariants(std::string_view what) const {
     std::vector<const T*> made;
     made.reserve(all_.size());
-    for (const auto& t : all_) made.push_back(t.get());
+    for (const T* t : all_) made.push_back(t);
     std::sort(made.begin(), made.end());
     std::vector<const T*> back(free_.begin(), free_.end());
     std::sort(back.begin(), back.end());
@@ -66,7 +78,10 @@ class ObjectPool {
   }
 
  private:
-  std::vector<std::unique_ptr<T>> all_;
+  std::vector<std::unique_ptr<T[]>> chunks_;
+  std::size_t chunk_size_ = 0;  // of the last chunk
+  std::size_t chunk_used_ = 0;  // objects handed out of the last chunk
+  std::vector<T*> all_;         // every object made, in the order made
   std::vector<T*> free_;
 };
 

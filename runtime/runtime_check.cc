@@ -92,8 +92,7 @@ absl::Status Runtime::CheckStorages() const {
   std::size_t indexed = 0, collected = 0;
   std::vector<std::uintptr_t> copy_events;
   const bool between_regenerations = deferring_depth_ == 0;
-  for (const auto& owned : storages_.all()) {
-    const Storage* s = owned.get();
+  for (const Storage* s : storages_.all()) {
     if (s->state == TensorState::kFreed) {
       if (!IsReset(*s)) return BrokenAt(s, "collected but not reset");
       ++collected;
@@ -181,8 +180,7 @@ absl::Status Runtime::CheckStorages() const {
     }
   }
   // The neighbours' side of each edge.
-  for (const auto& owned : storages_.all()) {
-    const Storage* s = owned.get();
+  for (const Storage* s : storages_.all()) {
     if (s->state == TensorState::kFreed) continue;
     auto it = tally.find(s);
     Tally t = it != tally.end() ? std::move(it->second) : Tally{};
@@ -238,8 +236,7 @@ absl::Status Runtime::CheckStorages() const {
 absl::Status Runtime::CheckGroups() const {
   absl::flat_hash_set<const CallGroup*> spare(groups_.given_back().begin(),
                                               groups_.given_back().end());
-  for (const auto& owned : groups_.all()) {
-    const CallGroup* g = owned.get();
+  for (const CallGroup* g : groups_.all()) {
     if (spare.contains(g)) {
       if (!g->outputs.empty() || g->uncollected != 0 || g->dropped != 0 || g->recompute) {
         return Broken("a call group in the pool is not reset");
@@ -283,8 +280,7 @@ absl::Status Runtime::CheckClasses() const {
   }
   std::uint64_t dropped = 0;
   absl::flat_hash_map<std::uint32_t, std::int64_t> class_cost;  // root -> summed charges
-  for (const auto& owned : storages_.all()) {
-    const Storage* s = owned.get();
+  for (const Storage* s : storages_.all()) {
     const bool has_node = s->class_node != Storage::kNoClass;
     if ((s->state == TensorState::kDropped) != has_node) {
       return BrokenAt(s, "%s a drop class", has_node ? "holds" : "lacks");
@@ -325,8 +321,7 @@ absl::Status Runtime::CheckTableAndStats() const {
   });
   if (!status.ok()) return status;
   std::uint64_t ids = 0, handles = 0;
-  for (const auto& owned : storages_.all()) {
-    const Storage* s = owned.get();
+  for (const Storage* s : storages_.all()) {
     if (s->state == TensorState::kFreed) continue;
     int not_freed_here = 0;
     for (TensorId id : s->tensor_ids) {

@@ -94,11 +94,11 @@ struct StorageFields {
 struct Storage : StorageFields {
   static_assert(std::is_trivially_copyable_v<StorageFields>);  // Reset assigns it whole
   RecomputeFn recompute;  // one-output calls (a group's outputs use the group's)
-  // (Inline: most ops read two or three tensors, and are read by a few.)
-  absl::InlinedVector<Storage*, 3> inputs;     // what the closure reads
-  absl::InlinedVector<Storage*, 2> consumers;  // droppable storages whose closures read this one
+  // (Inline: most ops read up to four tensors, and are read by a few.)
+  absl::InlinedVector<Storage*, 4> inputs;     // what the closure reads
+  absl::InlinedVector<Storage*, 4> consumers;  // droppable storages whose closures read this one
   absl::InlinedVector<Stream, 2> used_streams;  // streams that used the device block
-  absl::InlinedVector<TensorId, 1> tensor_ids;
+  absl::InlinedVector<TensorId, 2> tensor_ids;  // (a storage and a view of it, inline)
 
   // Back to a fresh object, for reuse once collected. The lists keep the heap
   // space they grew (a reused object is likely to need it again): erase, as

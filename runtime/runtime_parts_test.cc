@@ -182,5 +182,23 @@ TEST(ObjectPoolTest, ObjectsGivenBackAreReusedLastFirst) {
   EXPECT_THAT(other.CheckInvariants("call group"), IsBroken("not the pool's"));
 }
 
+TEST(ObjectPoolTest, ObjectsMadeInChunksStayPutAndAreEachHandedOutOnce) {
+  // Past several chunks: every object distinct, written fields kept while
+  // later chunks are made, each one listed once.
+  ObjectPool<CallGroup> pool;
+  constexpr std::size_t kCount = 3 * ObjectPool<CallGroup>::kMaxChunk + 7;
+  std::vector<CallGroup*> taken;
+  for (std::size_t i = 0; i < kCount; ++i) {
+    taken.push_back(pool.Take());
+    taken.back()->uncollected = i;
+  }
+  EXPECT_EQ(pool.made(), kCount);
+  std::set<CallGroup*> distinct(taken.begin(), taken.end());
+  EXPECT_EQ(distinct.size(), kCount);
+  for (std::size_t i = 0; i < kCount; ++i) EXPECT_EQ(taken[i]->uncollected, i);
+  EXPECT_TRUE(std::equal(taken.begin(), taken.end(), pool.all().begin(), pool.all().end()));
+  EXPECT_TRUE(pool.CheckInvariants("call group").ok());
+}
+
 }  // namespace
 }  // namespace remat::runtime_internal
