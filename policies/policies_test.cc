@@ -79,6 +79,43 @@ TEST(RegistryTest, CreatesEveryKnownPolicy) {
             "dtr:neighbourhood=false,staleness_exp=2");
 }
 
+TEST(PolicySpecTest, ASpecIsCheckedOnceAndMakesItsPolicyAgainAndAgain) {
+  const PolicySpec spec("dtr: staleness_exp=2, neighbourhood=false");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec.name(), "dtr");
+  EXPECT_EQ(spec.text(), "dtr:neighbourhood=false,staleness_exp=2");  // canonical
+  EXPECT_EQ(spec.given(), "dtr: staleness_exp=2, neighbourhood=false");
+  for (int i = 0; i < 2; ++i) {
+    auto policy = spec.Make();
+    ASSERT_TRUE(policy.ok()) << policy.status();
+    EXPECT_EQ((*policy)->Spec(), spec.text());
+  }
+  // The same policy however it is written; the default is dtr with its defaults.
+  EXPECT_EQ(spec, PolicySpec("dtr:neighbourhood=false,staleness_exp=2"));
+  EXPECT_FALSE(spec == PolicySpec("dtr"));
+  EXPECT_EQ(PolicySpec(), PolicySpec("dtr"));
+  EXPECT_EQ(PolicySpec().text(), (*Create("dtr"))->Spec());
+  // From text, wherever a spec is expected.
+  std::vector<PolicySpec> specs = {"lru", std::string("hybrid")};
+  EXPECT_EQ(specs[0].name(), "lru");
+  EXPECT_EQ(specs[1].name(), "hybrid");
+}
+
+TEST(PolicySpecTest, ABadSpecKeepsItsErrorAndMakesNothing) {
+  for (const char* bad : {"", "nope", "dtr:staleness=2", "dtr:staleness_exp=-1", "lru:sample=x"}) {
+    const PolicySpec spec(bad);
+    EXPECT_FALSE(spec.ok()) << bad;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(spec.text(), bad);
+    EXPECT_TRUE(spec.name().empty()) << bad;
+    EXPECT_EQ(spec.Make().status(), spec.status()) << bad;
+    EXPECT_EQ(PolicySpec::Parse(bad).status(), spec.status()) << bad;
+    EXPECT_EQ(Create(bad).status(), spec.status()) << bad;
+  }
+  EXPECT_FALSE(PolicySpec(static_cast<const char*>(nullptr)).ok());
+  EXPECT_TRUE(PolicySpec::Parse("lru").ok());
+}
+
 TEST(RegistryTest, UnknownNamesAndKeysListWhatIsKnown) {
   auto unknown = Create("belady2");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);

@@ -1,5 +1,7 @@
 #include "policies/registry.h"
 
+#include <utility>
+
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "policies/factories.h"
@@ -28,6 +30,30 @@ constexpr Entry kPolicies[] = {
     {"belady", &MakeBelady},
 };
 
+// The policy named, with `params` (consumed); every key must be known.
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeFrom(const std::string& name,
+                                                         std::map<std::string, std::string> params) {
+  for (const Entry& e : kPolicies) {
+    if (name != e.name) continue;
+    PolicyParams p(name, std::move(params));
+    absl::StatusOr<std::unique_ptr<EvictionPolicy>> policy = e.make(p);
+    if (!policy.ok()) return policy.status();
+    // Parameters every policy has.
+    std::string sample = "all";
+    if (absl::Status st = p.Text("sample", &sample); !st.ok()) return st;
+    absl::StatusOr<Sampling> sampling = Sampling::Parse(sample);
+    if (!sampling.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("policy %s: %s", name, sampling.status().message()));
+    }
+    (*policy)->set_sampling(*sampling);
+    if (absl::Status leftover = p.Finish(); !leftover.ok()) return leftover;
+    return policy;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "unknown policy '%s' (known: %s)", name, absl::StrJoin(KnownPolicies(), ", ")));
+}
+
 }  // namespace
 
 std::vector<std::string> KnownPolicies() {
@@ -36,29 +62,40 @@ std::vector<std::string> KnownPolicies() {
   return names;
 }
 
-absl::StatusOr<std::unique_ptr<EvictionPolicy>> Create(std::string_view spec) {
-  absl::StatusOr<ParsedSpec> parsed = ParseSpec(spec);
-  if (!parsed.ok()) return parsed.status();
-  for (const Entry& e : kPolicies) {
-    if (parsed->name != e.name) continue;
-    PolicyParams params(parsed->name, std::move(parsed->params));
-    absl::StatusOr<std::unique_ptr<EvictionPolicy>> policy = e.make(params);
-    if (!policy.ok()) return policy.status();
-    // Parameters every policy has.
-    std::string sample = "all";
-    if (absl::Status st = params.Text("sample", &sample); !st.ok()) return st;
-    absl::StatusOr<Sampling> sampling = Sampling::Parse(sample);
-    if (!sampling.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("policy %s: %s", parsed->name, sampling.status().message()));
-    }
-    (*policy)->set_sampling(*sampling);
-    if (absl::Status leftover = params.Finish(); !leftover.ok()) return leftover;
-    return policy;
+PolicySpec::PolicySpec() {
+  static const PolicySpec* const kDefault = new PolicySpec("dtr");
+  *this = *kDefault;
+}
+
+PolicySpec::PolicySpec(std::string_view text) : text_(text), given_(text) {
+  absl::StatusOr<ParsedSpec> parsed = ParseSpec(text);
+  if (!parsed.ok()) {
+    status_ = parsed.status();
+    return;
   }
-  return absl::InvalidArgumentError(absl::StrFormat("unknown policy '%s' (known: %s)",
-                                                    parsed->name,
-                                                    absl::StrJoin(KnownPolicies(), ", ")));
+  absl::StatusOr<std::unique_ptr<EvictionPolicy>> policy = MakeFrom(parsed->name, parsed->params);
+  if (!policy.ok()) {
+    status_ = policy.status();
+    return;
+  }
+  name_ = std::move(parsed->name);
+  params_ = std::move(parsed->params);
+  text_ = (*policy)->Spec();
+}
+
+absl::StatusOr<PolicySpec> PolicySpec::Parse(std::string_view text) {
+  PolicySpec spec(text);
+  if (!spec.ok()) return spec.status();
+  return spec;
+}
+
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> PolicySpec::Make() const {
+  if (!ok()) return status_;
+  return MakeFrom(name_, params_);
+}
+
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> Create(std::string_view spec) {
+  return PolicySpec(spec).Make();
 }
 
 }  // namespace remat::policies

@@ -125,7 +125,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(CachingAllocator* alloc
   }
   std::shared_ptr<policies::EvictionPolicy> policy = options.custom_policy;
   if (policy == nullptr) {
-    REMAT_ASSIGN_OR_RETURN(policy, policies::Create(options.policy));
+    REMAT_ASSIGN_OR_RETURN(policy, options.policy.Make());
   }
   // Copies out and copies in go on streams of their own, as a GPU's two copy
   // engines run them: a prefetch does not queue behind the offloads.

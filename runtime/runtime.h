@@ -51,6 +51,7 @@
 #include "base/mutex.h"
 #include "device/device.h"
 #include "policies/eviction_policy.h"
+#include "policies/registry.h"
 #include "runtime/candidate_index.h"
 #include "runtime/drop_classes.h"
 #include "runtime/event_pool.h"
@@ -121,7 +122,7 @@ struct OutputSpec {
 };
 
 struct RuntimeOptions {
-  std::string policy = "dtr";      // a policies::Create spec
+  policies::PolicySpec policy;  // "dtr" unless set (from text: "lru", "dtr:sample=sqrt")
   // A policy object of your own, used instead of `policy` when set (the
   // runtime calls it under its lock; it must not call back into the runtime).
   std::shared_ptr<policies::EvictionPolicy> custom_policy;

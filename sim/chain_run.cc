@@ -23,7 +23,7 @@ constexpr char kRevolve[] = "revolve";
 constexpr std::size_t kMaxStateBytes = kGiB;
 
 // The device, the allocator and the runtime of one run.
-absl::StatusOr<Stack> MakeEnv(const std::string& policy, bool enable_drop,
+absl::StatusOr<Stack> MakeEnv(const policies::PolicySpec& policy, bool enable_drop,
                               std::size_t live_budget) {
   DeviceSpec device;
   device.kind = DeviceSpec::Kind::kSim;
@@ -215,12 +215,11 @@ absl::StatusOr<ChainRunReport> RunChain(const ChainRunOptions& o) {
     return absl::InvalidArgumentError("step costs cannot be negative");
   }
   const bool offline = o.policy == kRevolve;
-  if (!offline) {
-    absl::StatusOr<std::unique_ptr<policies::EvictionPolicy>> p = policies::Create(o.policy);
-    if (!p.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(p.status().message(), "; or 'revolve', the offline binomial schedule"));
-    }
+  // Parsed and checked once, here; the runtime makes its policy from it.
+  const policies::PolicySpec spec(offline ? std::string_view("lru") : std::string_view(o.policy));
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.status().message(), "; or 'revolve', the offline binomial schedule"));
   }
   absl::StatusOr<std::uint64_t> optimal = revolve::OptimalAdvances(o.steps, o.slots);
   if (!optimal.ok()) return optimal.status();
@@ -251,7 +250,7 @@ absl::StatusOr<ChainRunReport> RunChain(const ChainRunOptions& o) {
   }
 
   absl::StatusOr<Stack> env =
-      MakeEnv(offline ? "lru" : o.policy, /*enable_drop=*/!offline, report.budget_bytes);
+      MakeEnv(spec, /*enable_drop=*/!offline, report.budget_bytes);
   if (!env.ok()) return env.status();
   report.policy = offline ? kRevolve : env->runtime->policy().Spec();
   ChainRunner runner(o, *env);

@@ -76,8 +76,7 @@ class Replayer final : public RuntimeObserver {
     rt.max_steps = MaxSteps(trace_.records.size(), options_.thrash_limit);
     // The policy is made here, so that whether it wants next-use hints is
     // known before the runtime is.
-    absl::StatusOr<std::unique_ptr<policies::EvictionPolicy>> policy =
-        policies::Create(options_.policy);
+    absl::StatusOr<std::unique_ptr<policies::EvictionPolicy>> policy = options_.policy.Make();
     if (!policy.ok()) return policy.status();
     rt.custom_policy = std::move(*policy);
     hints_ = rt.custom_policy->needs().next_use || rt.custom_policy->prefetch_window_ns() > 0;

@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/units.h"
+#include "policies/registry.h"
 #include "trace/op_trace.h"
 
 namespace remat {
@@ -57,7 +58,7 @@ struct OpReplayOptions {
   // Allocator settings with PyTorch's keys (allocator/alloc_conf.h), applied
   // after max_split_size (its max_split_size_mb wins).
   std::string alloc_conf;
-  std::string policy = "dtr";
+  policies::PolicySpec policy;  // "dtr" unless set; a bad spec is the replay's error
   // The host link: one copy engine each way, each at link_gbps, with
   // link_latency_ns per copy (SimCostModel); host_memory is the pinned host
   // memory offloads may hold, a budget of its own.

@@ -89,9 +89,8 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   if (options.ratios.empty() || options.policies.empty()) {
     return absl::InvalidArgumentError("a sweep needs at least one ratio and one policy");
   }
-  for (const std::string& spec : options.policies) {
-    absl::StatusOr<std::unique_ptr<policies::EvictionPolicy>> p = policies::Create(spec);
-    if (!p.ok()) return p.status();
+  for (const policies::PolicySpec& spec : options.policies) {
+    if (!spec.ok()) return spec.status();
   }
   OpReplayOptions base;
   base.link_gbps = options.link_gbps;
@@ -114,10 +113,12 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   if (!unlimited.ok()) return unlimited.status();
   result.baseline = *unlimited;
   const Accounting accounting = options.live ? Accounting::kLive : Accounting::kReserved;
-  for (const std::string& policy : options.policies) {
+  std::vector<std::size_t> spec_of_row;  // its index in options.policies
+  for (std::size_t p = 0; p < options.policies.size(); ++p) {
     for (double ratio : options.ratios) {
       SweepRow row;
-      row.policy = policy;
+      row.policy = options.policies[p].given();
+      spec_of_row.push_back(p);
       row.ratio = ratio;
       const MemoryBudget budget = MemoryBudget::FromRatio(ratio, *unlimited, accounting);
       if (absl::Status honoured = budget.Check(); !honoured.ok()) {
@@ -137,7 +138,7 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
     for (std::size_t i = next++; i < result.rows.size(); i = next++) {
       SweepRow& row = result.rows[i];
       OpReplayOptions o = base;
-      o.policy = row.policy;
+      o.policy = options.policies[spec_of_row[i]];
       MemoryBudget{row.budget, accounting}.ApplyTo(o);
       absl::StatusOr<OpReplayReport> r = ReplayOpTrace(trace, o);
       std::lock_guard<std::mutex> lock(mu);

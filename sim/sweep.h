@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "policies/registry.h"
 #include "sim/op_replay.h"
 #include "trace/op_trace.h"
 
@@ -21,7 +22,7 @@ namespace remat {
 
 struct SweepOptions {
   std::vector<double> ratios;
-  std::vector<std::string> policies;
+  std::vector<policies::PolicySpec> policies;  // each must be ok
   bool live = false;  // budget on live tensor bytes (else the allocator's reserved bytes)
   bool enable_drop = true;
   bool enable_offload = true;
@@ -37,7 +38,7 @@ struct SweepOptions {
 };
 
 struct SweepRow {
-  std::string policy;
+  std::string policy;  // the spec as given (a column of the table)
   double ratio = 0;
   std::uint64_t budget = 0;
   OpReplayReport report;
@@ -54,7 +55,7 @@ struct SweepResult {
 // "0.2:0.9:0.1" (from:to:step, both ends included) or "0.3,0.5,0.7".
 absl::StatusOr<std::vector<double>> ParseRatios(std::string_view text);
 
-// Every policy spec must be known (policies::Create) before anything runs.
+// Every policy spec must be ok (a bad one is its error, before anything runs).
 absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& options);
 
 // One row per run: trace, policy, accounting, ratio, then `remat sim --json`'s fields.

@@ -121,7 +121,8 @@ int RunSweepCommand(const SweepFlags& f) {
 
   SweepOptions o;
   o.ratios = *ratios;
-  o.policies = SplitPolicies(f.policies);
+  // Each parsed and checked once, here (RunSweep refuses a bad one before running).
+  for (const std::string& text : SplitPolicies(f.policies)) o.policies.emplace_back(text);
   o.live = f.accounting == "live";
   o.enable_offload = !f.no_swap;
   o.enable_drop = !f.no_recompute;
