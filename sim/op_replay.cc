@@ -614,8 +614,33 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
   if (options.host_memory == 0) return absl::InvalidArgumentError("host memory must be positive");
   if (!(options.thrash_limit > 0))
     return absl::InvalidArgumentError("thrash limit must be positive");
-  Replayer replayer(trace, options);
-  return replayer.Run();
+  const bool budgeted = options.budget != 0 || options.live_budget != 0;
+  if (!(options.offload_guard && options.enable_offload && options.enable_drop && budgeted)) {
+    Replayer replayer(trace, options);
+    return replayer.Run();
+  }
+  // The offload guard: the policy's mixed plan, and the same policy with
+  // drops only; the cheaper is the answer.
+  absl::StatusOr<OpReplayReport> mixed = Replayer(trace, options).Run();
+  if (!mixed.ok()) return mixed.status();
+  OpReplayOptions drops = options;
+  drops.enable_offload = false;
+  SimTimeline drop_timeline;
+  if (options.timeline != nullptr) drops.timeline = &drop_timeline;
+  absl::StatusOr<OpReplayReport> drop_only = Replayer(trace, drops).Run();
+  if (!drop_only.ok()) return drop_only.status();
+  const bool mixed_ok = mixed->status == "ok";
+  const bool drop_ok = drop_only->status == "ok";
+  const bool keep_drops =
+      drop_ok && (!mixed_ok || drop_only->time_ns < mixed->time_ns);
+  OpReplayReport& kept = keep_drops ? *drop_only : *mixed;
+  const OpReplayReport& other = keep_drops ? *mixed : *drop_only;
+  kept.plan = keep_drops ? "drop-only" : "mixed";
+  kept.other_plan_status = other.status;
+  kept.other_plan_time_ns = other.time_ns;
+  kept.wall_seconds = mixed->wall_seconds + drop_only->wall_seconds;
+  if (keep_drops && options.timeline != nullptr) *options.timeline = std::move(drop_timeline);
+  return std::move(kept);
 }
 
 }  // namespace remat

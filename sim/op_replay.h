@@ -67,6 +67,13 @@ struct OpReplayOptions {
   std::uint64_t host_memory = 64 * kGiB;
   bool enable_drop = true;
   bool enable_offload = true;
+  // With drops and offloads both allowed under a budget: the step is also
+  // replayed with drops only, and the report is the cheaper of the two runs
+  // (a finished run before one that did not, then the shorter time), so that
+  // allowing offload never makes a run worse than the same policy without
+  // it. OpReplayReport::plan says which was kept. A framework gets the same
+  // by running one training iteration each way (the steps repeat).
+  bool offload_guard = true;
   double thrash_limit = 1.0;  // stop when recompute exceeds this x the trace's compute
   bool verify = false;
   // In verify mode the checks are host work queued on the simulated streams,
@@ -134,6 +141,12 @@ struct OpReplayReport {
   std::uint64_t verified_accesses = 0;
   std::uint64_t verify_waits = 0;  // times the host waited to run queued checks
   std::uint64_t mismatches = 0;
+  // With the offload guard: "mixed" (drops and offloads, as the policy chose)
+  // or "drop-only", the run kept; and the other run's status and time.
+  // Empty without the guard.
+  std::string plan;
+  std::string other_plan_status;
+  std::int64_t other_plan_time_ns = 0;
   double wall_seconds = 0;    // the whole run, set-up included
   double replay_seconds = 0;  // the record loop alone (what records per second divides by)
 };

@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "policies/registry.h"
 #include "gen/model_gen.h"
+#include "sim/sim_timeline.h"
 
 namespace remat {
 namespace {
@@ -138,6 +139,71 @@ TEST(OpReplayTest, DroppingCostsRecomputeAndOffloadingCostsCopies) {
   EXPECT_EQ(o.recomputed_ops, 0u);
   EXPECT_GT(o.offloaded_bytes, 0u);
   EXPECT_GT(o.restored_bytes, 0u);
+}
+
+// Allowing offload never makes a run worse than the same policy with drops
+// only: the guard replays both and keeps the cheaper, and says which.
+TEST(OpReplayTest, TheOffloadGuardKeepsTheCheaperOfTheMixedAndTheDropOnlyPlan) {
+  int kept_drops = 0, kept_mixed = 0;
+  for (const char* name : {"chain_100.jsonl", "transformer_small.jsonl"}) {
+    const OpTrace trace = Load(name);
+    const OpReplayReport unlimited = Replay(trace, {});
+    for (const char* policy : {"lru", "dtr", "dtr-eq", "hybrid"}) {
+      for (double ratio : {0.5, 0.7}) {
+        for (Accounting accounting : {Accounting::kLive, Accounting::kReserved}) {
+          OpReplayOptions o;
+          o.policy = policy;
+          MemoryBudget::FromRatio(ratio, unlimited, accounting).ApplyTo(o);
+          SCOPED_TRACE(testing::Message() << name << " " << policy << " " << ratio << " "
+                                          << AccountingName(accounting));
+          o.offload_guard = false;
+          const OpReplayReport mixed = Replay(trace, o);
+          EXPECT_TRUE(mixed.plan.empty());
+          o.enable_offload = false;
+          const OpReplayReport drops = Replay(trace, o);
+          o.enable_offload = true;
+          o.offload_guard = true;
+          const OpReplayReport guarded = Replay(trace, o);
+          const bool take_drops = drops.status == "ok" &&
+                                  (mixed.status != "ok" || drops.time_ns < mixed.time_ns);
+          EXPECT_EQ(guarded.plan, take_drops ? "drop-only" : "mixed");
+          const OpReplayReport& kept = take_drops ? drops : mixed;
+          const OpReplayReport& other = take_drops ? mixed : drops;
+          EXPECT_EQ(guarded.status, kept.status);
+          EXPECT_EQ(guarded.time_ns, kept.time_ns);
+          EXPECT_EQ(guarded.offloaded_bytes, kept.offloaded_bytes);
+          EXPECT_EQ(guarded.recomputed_ops, kept.recomputed_ops);
+          EXPECT_EQ(guarded.other_plan_status, other.status);
+          EXPECT_EQ(guarded.other_plan_time_ns, other.time_ns);
+          if (drops.status == "ok") {
+            EXPECT_EQ(guarded.status, "ok");
+            EXPECT_LE(guarded.time_ns, drops.time_ns);
+          }
+          (take_drops ? kept_drops : kept_mixed) += 1;
+        }
+      }
+    }
+  }
+  // Both outcomes occur on these steps (so the comparison above is not idle).
+  EXPECT_GT(kept_drops, 0);
+  EXPECT_GT(kept_mixed, 0);
+}
+
+TEST(OpReplayTest, TheOffloadGuardKeepsTheTimelineOfTheRunItKept) {
+  const OpTrace trace = Load("chain_100.jsonl");
+  const OpReplayReport unlimited = Replay(trace, {});
+  OpReplayOptions o;
+  o.policy = "lru";
+  MemoryBudget::FromRatio(0.7, unlimited, Accounting::kLive).ApplyTo(o);
+  SimTimeline guarded_timeline, drops_timeline;
+  o.timeline = &guarded_timeline;
+  const OpReplayReport guarded = Replay(trace, o);
+  ASSERT_EQ(guarded.plan, "drop-only");  // (lru's offloads cost more here: see above)
+  o.enable_offload = false;
+  o.timeline = &drops_timeline;
+  Replay(trace, o);
+  EXPECT_GT(guarded_timeline.num_entries(), 0u);
+  EXPECT_EQ(guarded_timeline.ToJson(trace), drops_timeline.ToJson(trace));
 }
 
 // The host link's latency is paid per copy, and pinned host memory is a

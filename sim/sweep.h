@@ -26,6 +26,7 @@ struct SweepOptions {
   bool live = false;  // budget on live tensor bytes (else the allocator's reserved bytes)
   bool enable_drop = true;
   bool enable_offload = true;
+  bool offload_guard = true;  // as OpReplayOptions::offload_guard
   double link_gbps = 25.0;
   std::int64_t link_latency_ns = 2000;       // as OpReplayOptions
   std::uint64_t host_memory = 64ull << 30;   // as OpReplayOptions

@@ -27,6 +27,7 @@ struct SimFlags {
   std::string policy = "dtr";
   LinkFlags link;
   bool no_swap = false;
+  bool no_offload_guard = false;
   bool no_recompute = false;
   std::string accounting = "reserved";
   double thrash_limit = 1.0;
@@ -137,6 +138,16 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
   std::cout << absl::StrFormat("  offloaded        %s, restored %s, stall %.3f ms\n",
                                FormatBytes(r.offloaded_bytes), FormatBytes(r.restored_bytes),
                                static_cast<double>(r.stall_ns) / 1e6);
+  if (!r.plan.empty()) {
+    const std::string other = r.plan == "mixed" ? "drop-only" : "mixed";
+    std::cout << absl::StrFormat(
+        "  offload guard    kept the %s plan; the %s plan: %s\n", r.plan, other,
+        r.other_plan_status != "ok"
+            ? r.other_plan_status
+            : base.time_ns > 0 ? absl::StrFormat("%.3f", static_cast<double>(r.other_plan_time_ns) /
+                                                             static_cast<double>(base.time_ns))
+                               : std::string("ok"));
+  }
   std::cout << absl::StrFormat("  evictions        %d\n", r.evictions);
   if (r.pressure_events > 0) {
     std::cout << absl::StrFormat(
@@ -192,6 +203,16 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
     w.Key("overhead").Double(static_cast<double>(r.time_ns) / static_cast<double>(base.time_ns));
   } else {
     w.Key("overhead").Null();
+  }
+  if (!r.plan.empty()) {
+    w.Key("plan").String(r.plan);
+    w.Key("other_plan_status").String(r.other_plan_status);
+    if (r.other_plan_status == "ok" && base.time_ns > 0) {
+      w.Key("other_plan_overhead")
+          .Double(static_cast<double>(r.other_plan_time_ns) / static_cast<double>(base.time_ns));
+    } else {
+      w.Key("other_plan_overhead").Null();
+    }
   }
   w.Key("recomputed_ops").Uint(r.recomputed_ops);
   w.Key("recompute_ns").Int(r.recompute_ns);
@@ -250,6 +271,7 @@ int RunSim(const SimFlags& f) {
   options.host_memory = f.link.host_memory;
   options.enable_offload = !f.no_swap;
   options.enable_drop = !f.no_recompute;
+  options.offload_guard = !f.no_offload_guard;
   options.thrash_limit = f.thrash_limit;
   options.max_split_size = f.max_split;
   options.alloc_conf = f.alloc_conf;
@@ -313,6 +335,9 @@ Subcommand AddSimCommand(CLI::App& remat) {
   AddLinkOptions(*cmd, &flags->link);
   cmd->add_flag("--no-swap", flags->no_swap, "Never offload to host memory");
   cmd->add_flag("--no-recompute", flags->no_recompute, "Never drop for recompute");
+  cmd->add_flag("--no-offload-guard", flags->no_offload_guard,
+                "With drops and offloads allowed, report the policy's mixed plan as it is "
+                "(by default the step is also run with drops only and the cheaper is kept)");
   cmd->add_option("--accounting", flags->accounting, "What the budget counts")
       ->capture_default_str()
       ->check(CLI::IsMember({"reserved", "live"}));

@@ -32,6 +32,7 @@ struct SweepFlags {
   std::string policies = "lru,dtr,dtr-eq,msps,window,hybrid";
   std::string accounting = "reserved";
   bool no_swap = false;
+  bool no_offload_guard = false;
   bool no_recompute = false;
   LinkFlags link;
   double thrash_limit = 1.0;
@@ -125,6 +126,7 @@ int RunSweepCommand(const SweepFlags& f) {
   for (const std::string& text : SplitPolicies(f.policies)) o.policies.emplace_back(text);
   o.live = f.accounting == "live";
   o.enable_offload = !f.no_swap;
+  o.offload_guard = !f.no_offload_guard;
   o.enable_drop = !f.no_recompute;
   o.link_gbps = f.link.gbps;
   o.link_latency_ns = f.link.latency_ns();
@@ -194,6 +196,9 @@ Subcommand AddSweepCommand(CLI::App& remat) {
       ->capture_default_str()
       ->check(CLI::IsMember({"reserved", "live"}));
   cmd->add_flag("--no-swap", flags->no_swap, "Never offload to host memory");
+  cmd->add_flag("--no-offload-guard", flags->no_offload_guard,
+                "Keep each policy's mixed plan as it is (by default each run is also made "
+                "with drops only and the cheaper is kept)");
   cmd->add_flag("--no-recompute", flags->no_recompute, "Never drop for recompute");
   AddLinkOptions(*cmd, &flags->link);
   AddMaxSplitOption(*cmd, &flags->max_split);
