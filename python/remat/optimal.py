@@ -1,0 +1,319 @@
+"""A lower bound on what any drop-and-recompute run of an op trace must pay
+under a live memory budget, from an integer program (solved with HiGHS
+through scipy).
+
+    python -m remat.optimal TRACE --budget-ratio 0.5 [--time-limit 60] [--json]
+
+No policy, online or offline, that only drops and recomputes (`remat sim
+--no-swap --accounting live`) can finish the step in less simulated time than
+the bound: it is the optimum of a relaxation of the problem the simulator
+solves. The program is the one Checkmate writes for rematerialization, in
+stages: stage t runs the trace's t-th call (or use) and may first recompute
+any earlier call.
+
+- R[t, k] = 1: call k is recomputed in stage t (all its outputs, its cost once).
+- S[t, s] = 1: storage s is resident when stage t starts.
+- A call (run or recomputed) needs each input resident at the start of its
+  stage or recomputed earlier in it; a storage resident at the end of a stage
+  was resident at its start or made in it.
+- Memory: when stage t's call runs, its inputs and outputs, the constants live
+  then and every storage resident through the whole stage (at its start and
+  at its end, and not recomputed in it) fit in the budget.
+
+Every run of the simulator maps onto a feasible point of this program (a
+recompute done twice in a stage counts once; memory is counted at fewer
+moments and for fewer storages than the simulator counts), so its optimum is a
+lower bound on every run's recompute time. When the solver stops at its time
+limit, the bound is its proven dual bound, still a lower bound; `exact` says
+whether the optimum of the program was reached. The bound is not a plan: the
+program drops memory the simulator would count (temporaries inside a stage),
+so no run may reach it. Offloads are outside the program: the bound is for
+runs that only drop.
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+
+
+class Trace:
+    """An op trace reduced to what the bound needs: storages and stages."""
+
+    def __init__(self):
+        self.storage_bytes = []   # by storage
+        self.producer = []        # the stage of the call that makes it; -1 for a constant
+        self.constant = []        # a constant: always there until released
+        self.stages = []          # (record kind, cost_ns, input storages, output storages)
+        self.constant_live = []   # constant bytes live at each stage
+        self.peak_live_bytes = 0
+        self.compute_ns = 0
+
+
+def read_trace(path):
+    """Parses the op trace at `path` (trace/op_trace.h's format). Raises
+    ValueError naming the line for what the bound cannot read."""
+    trace = Trace()
+    root = {}          # tensor id -> storage index
+    handles = {}       # storage -> tensors over it not yet released
+    released = set()   # tensor ids
+    live = 0
+    constants_live = 0
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                op = rec["op"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{line_no}: not an op record ({e})") from None
+
+            def storage_of(tid):
+                if tid in released:
+                    raise ValueError(f"{path}:{line_no}: '{tid}' was released")
+                if tid not in root:
+                    raise ValueError(f"{path}:{line_no}: unknown tensor '{tid}'")
+                return root[tid]
+
+            def define(tid, nbytes, producer, constant):
+                s = len(trace.storage_bytes)
+                root[tid] = s
+                handles[s] = 1
+                trace.storage_bytes.append(int(nbytes))
+                trace.producer.append(producer)
+                trace.constant.append(constant)
+                return s
+
+            if op == "constant":
+                s = define(rec["id"], rec["bytes"], -1, True)
+                live += trace.storage_bytes[s]
+                constants_live += trace.storage_bytes[s]
+                trace.peak_live_bytes = max(trace.peak_live_bytes, live)
+            elif op == "call":
+                stage = len(trace.stages)
+                inputs = sorted({storage_of(t) for t in rec["inputs"]})
+                outputs = []
+                for out in rec["outputs"]:
+                    if "alias_of" in out:
+                        base = storage_of(out["alias_of"])
+                        root[out["id"]] = base
+                        handles[base] += 1
+                    else:
+                        s = define(out["id"], out["bytes"], stage, False)
+                        outputs.append(s)
+                        live += trace.storage_bytes[s]
+                trace.peak_live_bytes = max(trace.peak_live_bytes, live)
+                cost = int(rec["cost_ns"])
+                trace.compute_ns += cost
+                trace.stages.append(("call", cost, inputs, outputs))
+                trace.constant_live.append(constants_live)
+            elif op == "use":
+                inputs = sorted({storage_of(t) for t in rec["ids"]})
+                trace.stages.append(("use", 0, inputs, []))
+                trace.constant_live.append(constants_live)
+            elif op == "release":
+                s = storage_of(rec["id"])
+                released.add(rec["id"])
+                handles[s] -= 1
+                if handles[s] == 0:
+                    live -= trace.storage_bytes[s]
+                    if trace.constant[s]:
+                        constants_live -= trace.storage_bytes[s]
+            elif op != "phase":
+                raise ValueError(f"{path}:{line_no}: unknown op '{op}'")
+    if not trace.stages:
+        raise ValueError(f"{path}: the trace has no calls")
+    return trace
+
+
+def recompute_bound(trace, budget_bytes, time_limit=60.0):
+    """The least recompute time (ns) any drop-only run under a live budget of
+    `budget_bytes` must add to the trace's compute; a dict with the figures."""
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    started = time.monotonic()
+    n_stages = len(trace.stages)
+    n_storages = len(trace.storage_bytes)
+    sizes = trace.storage_bytes
+
+    # The last stage at which each storage can be needed: read then, or read
+    # by a call whose outputs are needed later (and so may be recomputed).
+    last_need = [-1] * n_storages
+    for t, (_, _, inputs, _) in enumerate(trace.stages):
+        for s in inputs:
+            last_need[s] = max(last_need[s], t)
+    for t in range(n_stages - 1, -1, -1):
+        _, _, inputs, outputs = trace.stages[t]
+        need = max((last_need[o] for o in outputs), default=-1)
+        for s in inputs:
+            last_need[s] = max(last_need[s], need)
+
+    # Where the budget cannot hold a stage's own call, nothing fits.
+    for t, (_, _, inputs, outputs) in enumerate(trace.stages):
+        own = sum(sizes[s] for s in set(inputs) | set(outputs) if not trace.constant[s])
+        floor = own + trace.constant_live[t]
+        if floor > budget_bytes:
+            return {"status": "infeasible", "exact": True, "recompute_ns": None,
+                    "message": f"no drop-only run fits: stage {t} (a {trace.stages[t][0]}) "
+                               f"needs {floor} bytes with the constants live then",
+                    "variables": 0, "constraints": 0, "seconds": time.monotonic() - started}
+
+    columns = []  # (kind, t, index)
+    cost = []
+    col_s, col_r, col_k = {}, {}, {}
+
+    def add(kind, key, c):
+        columns.append(kind)
+        cost.append(c)
+        return len(columns) - 1
+
+    droppable = [s for s in range(n_storages) if not trace.constant[s] and sizes[s] > 0]
+    for s in droppable:
+        for t in range(trace.producer[s] + 1, last_need[s] + 1):
+            col_s[(t, s)] = add("S", (t, s), 0.0)
+    for t in range(n_stages):
+        for k in range(t):
+            kind, kcost, _, outputs = trace.stages[k]
+            if kind != "call" or not outputs:
+                continue
+            if max(last_need[o] for o in outputs) >= t:
+                col_r[(t, k)] = add("R", (t, k), float(kcost))
+    for (t, s) in list(col_s):
+        if (t + 1, s) in col_s:
+            col_k[(t, s)] = add("K", (t, s), 0.0)
+
+    rows, cols, vals, lo, hi = [], [], [], [], []
+
+    def constraint(terms, lower, upper):
+        r = len(lo)
+        for c, v in terms:
+            rows.append(r)
+            cols.append(c)
+            vals.append(v)
+        lo.append(lower)
+        hi.append(upper)
+
+    def available(t, s):
+        """Terms that are >= 1 when storage s is there for stage t's calls."""
+        terms = []
+        if (t, s) in col_s:
+            terms.append((col_s[(t, s)], 1.0))
+        if (t, trace.producer[s]) in col_r:
+            terms.append((col_r[(t, trace.producer[s])], 1.0))
+        return terms
+
+    for t, (_, _, inputs, outputs) in enumerate(trace.stages):
+        for s in inputs:
+            if trace.constant[s] or sizes[s] == 0:
+                continue
+            terms = available(t, s)
+            constraint(terms, 1.0, math.inf)  # (no terms: the trace reads a freed storage)
+        kept = []
+        for s in droppable:
+            c = col_k.get((t, s))
+            if c is not None and s not in inputs and s not in outputs:
+                kept.append((c, float(sizes[s])))
+        own = sum(sizes[s] for s in set(inputs) | set(outputs) if not trace.constant[s])
+        constraint(kept, -math.inf, float(budget_bytes - own - trace.constant_live[t]))
+    for (t, k), c in col_r.items():
+        for s in trace.stages[k][2]:
+            if trace.constant[s] or sizes[s] == 0:
+                continue
+            constraint([(c, 1.0)] + [(x, -1.0) for x, _ in available(t, s)], -math.inf, 0.0)
+    for (t, s), c in col_s.items():
+        if t - 1 == trace.producer[s]:
+            continue  # made in the stage before: free to keep
+        prev = [(x, -1.0) for x, _ in available(t - 1, s)]
+        constraint([(c, 1.0)] + prev, -math.inf, 0.0)
+    for (t, s), c in col_k.items():
+        terms = [(c, 1.0), (col_s[(t, s)], -1.0), (col_s[(t + 1, s)], -1.0)]
+        if (t, trace.producer[s]) in col_r:
+            terms.append((col_r[(t, trace.producer[s])], 1.0))
+        constraint(terms, -1.0, math.inf)
+
+    n = len(columns)
+    a = coo_matrix((vals, (rows, cols)), shape=(len(lo), n)).tocsr()
+    integrality = np.array([0 if kind == "K" else 1 for kind in columns])
+    result = milp(c=np.array(cost), integrality=integrality, bounds=Bounds(0, 1),
+                  constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
+                  options={"time_limit": float(time_limit), "disp": False})
+    seconds = time.monotonic() - started
+    figures = {"variables": n, "constraints": len(lo), "seconds": seconds}
+    if result.status == 2:
+        return dict(figures, status="infeasible", exact=True, recompute_ns=None,
+                    message="no drop-only plan fits the budget")
+    if result.status == 0:
+        return dict(figures, status="ok", exact=True, recompute_ns=float(result.fun))
+    bound = getattr(result, "mip_dual_bound", None)
+    if bound is None or not math.isfinite(bound):
+        bound = 0.0
+    return dict(figures, status="ok", exact=False, recompute_ns=max(0.0, float(bound)),
+                message=f"solver stopped: {result.message}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m remat.optimal",
+        description="A lower bound on the time of any drop-only run of an op trace under a "
+                    "live budget (remat sim --no-swap --accounting live).")
+    parser.add_argument("trace")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--budget-ratio", type=float,
+                       help="the budget as a fraction of the trace's peak live bytes")
+    group.add_argument("--budget", type=str, help="the budget in bytes (or 2GiB, ...)")
+    parser.add_argument("--time-limit", type=float, default=60.0,
+                        help="seconds for the solver (then its proven bound is reported)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        trace = read_trace(args.trace)
+    except (OSError, ValueError) as e:
+        print(f"remat.optimal: {e}", file=sys.stderr)
+        return 2
+    if args.budget_ratio is not None:
+        if not 0 < args.budget_ratio <= 100:
+            print("remat.optimal: --budget-ratio must be in (0, 100]", file=sys.stderr)
+            return 2
+        budget = int(args.budget_ratio * trace.peak_live_bytes)
+    else:
+        from remat import parse_size
+        try:
+            budget = parse_size(args.budget)
+        except ValueError as e:
+            print(f"remat.optimal: {e}", file=sys.stderr)
+            return 2
+    try:
+        figures = recompute_bound(trace, budget, args.time_limit)
+    except ImportError:
+        print("remat.optimal: needs scipy (pip install scipy)", file=sys.stderr)
+        return 2
+    out = {"trace": args.trace, "budget_bytes": budget,
+           "peak_live_bytes": trace.peak_live_bytes, "compute_ns": trace.compute_ns}
+    out.update(figures)
+    if figures["recompute_ns"] is not None and trace.compute_ns > 0:
+        out["overhead_bound"] = (trace.compute_ns + figures["recompute_ns"]) / trace.compute_ns
+    else:
+        out["overhead_bound"] = None
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"bound of {args.trace} under {budget} bytes live ({out['status']})")
+        if out["overhead_bound"] is not None:
+            kind = "the program's optimum" if out["exact"] else "the solver's proven bound"
+            print(f"  overhead >= {out['overhead_bound']:.4f} ({kind}; "
+                  f"recompute >= {out['recompute_ns'] / 1e6:.3f} ms of "
+                  f"{trace.compute_ns / 1e6:.3f} ms compute)")
+        if out.get("message"):
+            print(f"  {out['message']}")
+        if out["variables"]:
+            print(f"  {out['variables']} variables, {out['constraints']} constraints, "
+                  f"{out['seconds']:.1f} s")
+    return 0 if out["status"] == "ok" else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""remat.optimal: the drop-only lower bound. Needs scipy (skipped without);
+the comparison with the simulator needs the remat tool (REMAT_BINARY, or
+build/bin/remat)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+pytest.importorskip("scipy", reason="remat.optimal needs scipy (pip install scipy)")
+
+from remat import optimal  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def remat_binary():
+    path = os.environ.get("REMAT_BINARY", os.path.join(ROOT, "build", "bin", "remat"))
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"no remat tool at {path} (set REMAT_BINARY)")
+    return path
+
+
+def write(tmp_path, lines):
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    return str(path)
+
+
+def call(name, inputs, out, nbytes, cost):
+    return {"op": "call", "name": name, "inputs": inputs,
+            "outputs": [{"id": out, "bytes": nbytes}], "cost_ns": cost}
+
+
+def test_the_bound_is_the_cheapest_recompute_on_a_hand_made_step(tmp_path):
+    # a (cost 10) and b (cost 50) are both read at the end; c needs room for
+    # itself while only one of them can stay: dropping a is the cheaper.
+    path = write(tmp_path, [
+        {"op": "constant", "id": "x", "bytes": 1},
+        call("f", ["x"], "a", 100, 10),
+        call("g", ["x"], "b", 100, 50),
+        call("h", ["x"], "c", 100, 30),
+        {"op": "release", "id": "c"},
+        {"op": "use", "ids": ["a"]},
+        {"op": "use", "ids": ["b"]},
+    ])
+    trace = optimal.read_trace(path)
+    assert trace.peak_live_bytes == 301
+    assert trace.compute_ns == 90
+    fits = optimal.recompute_bound(trace, 301)
+    assert fits["status"] == "ok" and fits["exact"] and fits["recompute_ns"] == 0
+    one = optimal.recompute_bound(trace, 201)
+    assert one["status"] == "ok" and one["exact"]
+    assert one["recompute_ns"] == pytest.approx(10)
+    # Below what call h needs with the constant: no run fits.
+    none = optimal.recompute_bound(trace, 100)
+    assert none["status"] == "infeasible" and none["recompute_ns"] is None
+
+
+def test_a_recompute_needs_its_inputs_back_first(tmp_path):
+    # b is read again by k at the end, but while c and e are read together
+    # there is no room for it: it goes, and coming back needs a, released
+    # long ago, which must come back first: 20 + 10. The simulator's
+    # policies pay at least that.
+    path = write(tmp_path, [
+        {"op": "constant", "id": "x", "bytes": 1},
+        call("f", ["x"], "a", 100, 10),
+        call("g", ["a"], "b", 100, 20),
+        call("h", ["b"], "c", 100, 40),
+        {"op": "release", "id": "a"},
+        call("e", ["x"], "e", 100, 1),
+        {"op": "use", "ids": ["c", "e"]},
+        {"op": "release", "id": "c"},
+        {"op": "release", "id": "e"},
+        call("k", ["b"], "d", 100, 5),
+    ])
+    trace = optimal.read_trace(path)
+    bound = optimal.recompute_bound(trace, 201)
+    assert bound["status"] == "ok" and bound["exact"]
+    assert bound["recompute_ns"] == pytest.approx(30)
+    # With room for b as well, nothing comes back.
+    assert optimal.recompute_bound(trace, 301)["recompute_ns"] == pytest.approx(0)
+    binary = remat_binary()
+    for policy in ("lru", "dtr", "belady"):
+        out = subprocess.run([binary, "sim", path, "--policy", policy, "--budget", "201",
+                              "--accounting", "live", "--no-swap", "--json"],
+                             capture_output=True, text=True)
+        sim = json.loads(out.stdout)
+        assert sim["status"] == "ok", (policy, sim.get("message"))
+        assert sim["recompute_ns"] >= 30, policy
+
+
+def run_sim(binary, path, policy, ratio):
+    out = subprocess.run([binary, "sim", path, "--policy", policy, "--budget-ratio", str(ratio),
+                          "--accounting", "live", "--no-swap", "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode in (0, 3), out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("model", ["chain:n=12",
+                                   "gpt2:layers=1,hidden=64,heads=2,seq=64,batch=2,vocab=100"])
+def test_no_policy_beats_the_bound(tmp_path, model):
+    binary = remat_binary()
+    path = str(tmp_path / "m.jsonl")
+    subprocess.run([binary, "gen", model, "-o", path], check=True, capture_output=True)
+    trace = optimal.read_trace(path)
+    ran = 0
+    for ratio in (0.5, 0.7, 0.9):
+        sims = {p: run_sim(binary, path, p, ratio)
+                for p in ("lru", "largest", "dtr", "dtr-eq", "msps", "window", "belady")}
+        any_sim = next(iter(sims.values()))
+        # The same budget and the same baseline as the simulator's.
+        assert any_sim["baseline_peak_live_bytes"] == trace.peak_live_bytes
+        assert any_sim["baseline_ns"] == trace.compute_ns
+        bound = optimal.recompute_bound(trace, any_sim["budget_bytes"], time_limit=20)
+        for policy, sim in sims.items():
+            if sim["status"] != "ok":
+                continue
+            ran += 1
+            assert bound["status"] == "ok", (policy, ratio)
+            assert sim["time_ns"] >= trace.compute_ns + bound["recompute_ns"] - 1e-6, \
+                (policy, ratio, sim["time_ns"], bound)
+    assert ran > 0
+
+
+def test_a_read_of_a_released_tensor_is_refused(tmp_path):
+    path = write(tmp_path, [
+        {"op": "constant", "id": "x", "bytes": 1},
+        call("f", ["x"], "a", 100, 10),
+        {"op": "release", "id": "a"},
+        {"op": "use", "ids": ["a"]},
+    ])
+    with pytest.raises(ValueError, match=r"t.jsonl:4: 'a' was released"):
+        optimal.read_trace(path)
+
+
+def test_the_command_line(tmp_path, capsys):
+    path = write(tmp_path, [
+        {"op": "constant", "id": "x", "bytes": 1},
+        call("f", ["x"], "a", 100, 10),
+        call("g", ["x"], "b", 100, 50),
+        call("h", ["x"], "c", 100, 30),
+        {"op": "use", "ids": ["a", "b"]},
+    ])
+    assert optimal.main([path, "--budget", "401", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["overhead_bound"] == pytest.approx(1.0)
+    assert optimal.main([path, "--budget", "50"]) == 3
+    assert "no drop-only run fits" in capsys.readouterr().out
+    assert optimal.main([path, "--budget-ratio", "0"]) == 2
+    assert optimal.main([str(tmp_path / "missing.jsonl"), "--budget-ratio", "0.5"]) == 2
