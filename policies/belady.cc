@@ -1,6 +1,8 @@
-// belady: the offline reference. Evicts the tensor whose next use is farthest
-// in the future (never used again: first), which is optimal for a cache of
-// equal-cost pages and a strong reference for tensors. It needs the future:
+// belady: Belady's rule. Evicts the tensor whose next use is farthest in the
+// future (never used again: first), which is optimal for a cache of pages of
+// one size and one cost. Tensors differ in both, so here it is a heuristic
+// that knows the future, not a bound (remat.optimal gives a lower bound for
+// drop-only runs). It needs the future:
 // a trace replay tells the runtime each tensor's next use (Runtime::HintNextUse);
 // a tensor without a hint counts as never used again.
 #include <limits>
