@@ -128,9 +128,14 @@ def read_trace(path):
     return trace
 
 
-def recompute_bound(trace, budget_bytes, time_limit=60.0):
+MAX_VARIABLES = 400_000
+
+
+def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARIABLES):
     """The least recompute time (ns) any drop-only run under a live budget of
-    `budget_bytes` must add to the trace's compute; a dict with the figures."""
+    `budget_bytes` must add to the trace's compute; a dict with the figures.
+    A program of more than `max_variables` is not built: status "too_large",
+    with the trivial bound (nothing recomputed)."""
     import numpy as np
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
@@ -161,6 +166,26 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0):
                     "message": f"no drop-only run fits: stage {t} (a {trace.stages[t][0]}) "
                                f"needs {floor} bytes with the constants live then",
                     "variables": 0, "constraints": 0, "seconds": time.monotonic() - started}
+
+    # Its size, before building it: one S and (nearly) one K per storage and
+    # stage it may be needed in, one R per stage and earlier call.
+    estimate = 2 * sum(max(0, last_need[s] - trace.producer[s])
+                       for s in range(n_storages) if not trace.constant[s])
+    for t in range(n_stages):
+        for k in range(t):
+            kind, _, _, outputs = trace.stages[k]
+            if kind == "call" and outputs and max(last_need[o] for o in outputs) >= t:
+                estimate += 1
+                if estimate > max_variables:
+                    break
+        if estimate > max_variables:
+            break
+    if estimate > max_variables:
+        return {"status": "too_large", "exact": False, "recompute_ns": 0.0,
+                "message": f"the program would have over {max_variables} variables "
+                           f"({n_stages} stages, {n_storages} storages): not built; the bound "
+                           "given is the trivial one (nothing recomputed)",
+                "variables": 0, "constraints": 0, "seconds": time.monotonic() - started}
 
     columns = []  # (kind, t, index)
     cost = []
@@ -294,7 +319,7 @@ def main(argv=None):
     out = {"trace": args.trace, "budget_bytes": budget,
            "peak_live_bytes": trace.peak_live_bytes, "compute_ns": trace.compute_ns}
     out.update(figures)
-    if figures["recompute_ns"] is not None and trace.compute_ns > 0:
+    if figures["recompute_ns"] is not None and trace.compute_ns > 0:  # (too_large: 1.0)
         out["overhead_bound"] = (trace.compute_ns + figures["recompute_ns"]) / trace.compute_ns
     else:
         out["overhead_bound"] = None
@@ -303,7 +328,9 @@ def main(argv=None):
     else:
         print(f"bound of {args.trace} under {budget} bytes live ({out['status']})")
         if out["overhead_bound"] is not None:
-            kind = "the program's optimum" if out["exact"] else "the solver's proven bound"
+            kind = ("the program's optimum" if out["exact"]
+                    else "the trivial bound" if out["status"] == "too_large"
+                    else "the solver's proven bound")
             print(f"  overhead >= {out['overhead_bound']:.4f} ({kind}; "
                   f"recompute >= {out['recompute_ns'] / 1e6:.3f} ms of "
                   f"{trace.compute_ns / 1e6:.3f} ms compute)")
@@ -312,7 +339,7 @@ def main(argv=None):
         if out["variables"]:
             print(f"  {out['variables']} variables, {out['constraints']} constraints, "
                   f"{out['seconds']:.1f} s")
-    return 0 if out["status"] == "ok" else 3
+    return 0 if out["status"] in ("ok", "too_large") else 3
 
 
 if __name__ == "__main__":

@@ -126,6 +126,17 @@ def test_no_policy_beats_the_bound(tmp_path, model):
     assert ran > 0
 
 
+def test_a_program_too_large_is_not_built_and_says_so(tmp_path):
+    path = write(tmp_path, [{"op": "constant", "id": "x", "bytes": 1}] +
+                 [call(f"f{i}", ["x"] if i == 0 else [f"a{i - 1}"], f"a{i}", 100, 10)
+                  for i in range(30)] + [{"op": "use", "ids": [f"a{i}" for i in range(30)]}])
+    trace = optimal.read_trace(path)
+    big = optimal.recompute_bound(trace, 3001, max_variables=100)
+    assert big["status"] == "too_large" and not big["exact"]
+    assert big["recompute_ns"] == 0.0
+    assert "over 100 variables" in big["message"]
+
+
 def test_a_read_of_a_released_tensor_is_refused(tmp_path):
     path = write(tmp_path, [
         {"op": "constant", "id": "x", "bytes": 1},
