@@ -639,6 +639,10 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
   kept.other_plan_status = other.status;
   kept.other_plan_time_ns = other.time_ns;
   kept.wall_seconds = mixed->wall_seconds + drop_only->wall_seconds;
+  // In verify mode both runs' bytes were checked: a mismatch in either counts.
+  kept.verified_accesses = mixed->verified_accesses + drop_only->verified_accesses;
+  kept.verify_waits = mixed->verify_waits + drop_only->verify_waits;
+  kept.mismatches = mixed->mismatches + drop_only->mismatches;
   if (keep_drops && options.timeline != nullptr) *options.timeline = std::move(drop_timeline);
   return std::move(kept);
 }

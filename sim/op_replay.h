@@ -143,7 +143,9 @@ struct OpReplayReport {
   std::uint64_t mismatches = 0;
   // With the offload guard: "mixed" (drops and offloads, as the policy chose)
   // or "drop-only", the run kept; and the other run's status and time.
-  // Empty without the guard.
+  // Empty without the guard. Every other field is the kept run's, except
+  // wall_seconds (both runs) and, in verify mode, the verified accesses, the
+  // verify waits and the mismatches (both runs: a mismatch in either counts).
   std::string plan;
   std::string other_plan_status;
   std::int64_t other_plan_time_ns = 0;

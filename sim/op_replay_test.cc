@@ -189,6 +189,24 @@ TEST(OpReplayTest, TheOffloadGuardKeepsTheCheaperOfTheMixedAndTheDropOnlyPlan) {
   EXPECT_GT(kept_mixed, 0);
 }
 
+TEST(OpReplayTest, UnderTheOffloadGuardVerifyModeChecksTheBytesOfBothRuns) {
+  const OpTrace trace = Load("chain_100.jsonl");
+  const OpReplayReport unlimited = Replay(trace, {.scale = 1024});
+  OpReplayOptions o;
+  o.policy = "lru";
+  o.verify = true;
+  o.scale = 1024;  // real bytes, checked: kept small
+  MemoryBudget::FromRatio(0.7, unlimited, Accounting::kLive).ApplyTo(o);
+  const OpReplayReport guarded = Replay(trace, o);
+  o.offload_guard = false;
+  const OpReplayReport mixed = Replay(trace, o);
+  o.enable_offload = false;
+  const OpReplayReport drops = Replay(trace, o);
+  ASSERT_GT(mixed.verified_accesses, 0u);
+  EXPECT_EQ(guarded.verified_accesses, mixed.verified_accesses + drops.verified_accesses);
+  EXPECT_EQ(guarded.mismatches, 0u);
+}
+
 TEST(OpReplayTest, TheOffloadGuardKeepsTheTimelineOfTheRunItKept) {
   const OpTrace trace = Load("chain_100.jsonl");
   const OpReplayReport unlimited = Replay(trace, {});
@@ -261,6 +279,7 @@ TEST(OpReplayTest, TransformerStepVerifiesUnderPressure) {
     options.scale = 256;
     options.live_budget = trace.peak_live_bytes / 256 * 6 / 10;
     options.thrash_limit = 100;
+    options.offload_guard = false;  // the mixed plan's bytes (the guard's own test checks both)
     const OpReplayReport r = Replay(trace, options);
     SCOPED_TRACE(policy);
     EXPECT_EQ(r.status, "ok") << r.message;
@@ -281,6 +300,7 @@ TEST(OpReplayTest, VerifyModeBoundsItsQueueOfChecks) {
   options.scale = 256;
   options.live_budget = trace.peak_live_bytes / 256 * 6 / 10;
   options.thrash_limit = 100;
+  options.offload_guard = false;  // one run: the queue's bound is what is checked
   options.verify_queue_limit = 16;
   const OpReplayReport bounded = Replay(trace, options);
   EXPECT_EQ(bounded.status, "ok") << bounded.message;

@@ -18,7 +18,9 @@ any earlier call.
   was resident at its start or made in it.
 - Memory: when stage t's call runs, its inputs and outputs, the constants live
   then and every storage resident through the whole stage (at its start and
-  at its end, and not recomputed in it) fit in the budget.
+  at its end, and not recomputed in it) fit in the budget. A `use` reads its
+  tensors one at a time (the simulator lets each go before the next): each
+  of them, with the constants and what is resident through the stage.
 
 Every run of the simulator maps onto a feasible point of this program (a
 recompute done twice in a stage counts once; memory is counted at fewer
@@ -157,14 +159,22 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
         for s in inputs:
             last_need[s] = max(last_need[s], need)
 
+    def at_once(t):
+        """The storage sets stage t holds at once: a call's inputs and
+        outputs together, a use's inputs one at a time."""
+        kind, _, inputs, outputs = trace.stages[t]
+        if kind == "use":
+            return [{s} for s in inputs if not trace.constant[s]] or [set()]
+        return [{s for s in set(inputs) | set(outputs) if not trace.constant[s]}]
+
     # Where the budget cannot hold a stage's own call, nothing fits.
-    for t, (_, _, inputs, outputs) in enumerate(trace.stages):
-        own = sum(sizes[s] for s in set(inputs) | set(outputs) if not trace.constant[s])
+    for t in range(n_stages):
+        own = max(sum(sizes[s] for s in group) for group in at_once(t))
         floor = own + trace.constant_live[t]
         if floor > budget_bytes:
             return {"status": "infeasible", "exact": True, "recompute_ns": None,
                     "message": f"no drop-only run fits: stage {t} (a {trace.stages[t][0]}) "
-                               f"needs {floor} bytes with the constants live then",
+                               f"needs {floor} bytes at once with the constants live then",
                     "variables": 0, "constraints": 0, "seconds": time.monotonic() - started}
 
     # Its size, before building it: one S and (nearly) one K per storage and
@@ -237,13 +247,14 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
                 continue
             terms = available(t, s)
             constraint(terms, 1.0, math.inf)  # (no terms: the trace reads a freed storage)
-        kept = []
-        for s in droppable:
-            c = col_k.get((t, s))
-            if c is not None and s not in inputs and s not in outputs:
-                kept.append((c, float(sizes[s])))
-        own = sum(sizes[s] for s in set(inputs) | set(outputs) if not trace.constant[s])
-        constraint(kept, -math.inf, float(budget_bytes - own - trace.constant_live[t]))
+        for group in at_once(t):
+            kept = []
+            for s in droppable:
+                c = col_k.get((t, s))
+                if c is not None and s not in group:
+                    kept.append((c, float(sizes[s])))
+            own = sum(sizes[s] for s in group)
+            constraint(kept, -math.inf, float(budget_bytes - own - trace.constant_live[t]))
     for (t, k), c in col_r.items():
         for s in trace.stages[k][2]:
             if trace.constant[s] or sizes[s] == 0:
@@ -265,15 +276,20 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
     integrality = np.array([0 if kind == "K" else 1 for kind in columns])
     result = milp(c=np.array(cost), integrality=integrality, bounds=Bounds(0, 1),
                   constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
-                  options={"time_limit": float(time_limit), "disp": False})
+                  options={"time_limit": float(time_limit), "disp": False, "mip_rel_gap": 0.0})
     seconds = time.monotonic() - started
     figures = {"variables": n, "constraints": len(lo), "seconds": seconds}
     if result.status == 2:
         return dict(figures, status="infeasible", exact=True, recompute_ns=None,
                     message="no drop-only plan fits the budget")
-    if result.status == 0:
-        return dict(figures, status="ok", exact=True, recompute_ns=float(result.fun))
     bound = getattr(result, "mip_dual_bound", None)
+    if result.status == 0:
+        # Optimal within the solver's tolerances: the proven (dual) bound is
+        # the figure that cannot be above the true optimum.
+        proven = float(result.fun)
+        if bound is not None and math.isfinite(bound):
+            proven = min(proven, float(bound))
+        return dict(figures, status="ok", exact=True, recompute_ns=max(0.0, proven))
     if bound is None or not math.isfinite(bound):
         bound = 0.0
     return dict(figures, status="ok", exact=False, recompute_ns=max(0.0, float(bound)),
@@ -288,7 +304,10 @@ def main(argv=None):
     parser.add_argument("trace")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--budget-ratio", type=float,
-                       help="the budget as a fraction of the trace's peak live bytes")
+                       help="the budget as a fraction of the trace's peak live bytes (remat sim's "
+                            "ratio is of its unlimited run's peak, which can be higher where a "
+                            "released constant is still read by a recompute: for the same budget, "
+                            "give --budget the budget_bytes remat sim --json prints)")
     group.add_argument("--budget", type=str, help="the budget in bytes (or 2GiB, ...)")
     parser.add_argument("--time-limit", type=float, default=60.0,
                         help="seconds for the solver (then its proven bound is reported)")
