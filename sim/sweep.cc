@@ -202,7 +202,7 @@ std::string SweepCsv(const SweepResult& result) {
   return csv;
 }
 
-std::string SweepTable(const SweepResult& result) {
+std::string SweepTable(const SweepResult& result, const std::map<double, std::string>* bounds) {
   std::vector<std::string> policies;
   std::vector<double> ratios;
   for (const SweepRow& row : result.rows) {
@@ -220,6 +220,7 @@ std::string SweepTable(const SweepResult& result) {
                                     result.live ? "live" : "reserved");
   absl::StrAppendFormat(&out, "%-7s", "ratio");
   for (const std::string& p : policies) absl::StrAppendFormat(&out, "%*s", width, p);
+  if (bounds != nullptr) absl::StrAppendFormat(&out, "%*s", width, "bound");
   out += "\n";
   for (double ratio : ratios) {
     const SweepRow* best = nullptr;
@@ -237,6 +238,10 @@ std::string SweepTable(const SweepResult& result) {
                 : row.report.status + " ";
         absl::StrAppendFormat(&out, "%*s", width, cell);
       }
+    }
+    if (bounds != nullptr) {
+      auto it = bounds->find(ratio);
+      absl::StrAppendFormat(&out, "%*s", width, it == bounds->end() ? "-" : it->second + " ");
     }
     out += "\n";
   }

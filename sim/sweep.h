@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,8 +63,10 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
 // One row per run: trace, policy, accounting, ratio, then `remat sim --json`'s fields.
 std::string SweepCsv(const SweepResult& result);
 // Overhead by ratio (rows) and policy (columns); the best of each row marked
-// with *; failed runs show their status.
-std::string SweepTable(const SweepResult& result);
+// with *; failed runs show their status. With `bounds` (a cell per ratio),
+// a last column "bound" shows them (remat.optimal's drop-only lower bound).
+std::string SweepTable(const SweepResult& result,
+                       const std::map<double, std::string>* bounds = nullptr);
 // What the sweep shows, in a sentence or two: the smallest budget some policy
 // ran in, with the best policy there and its cost in time, and the best at
 // about half the memory; or that nothing ran.

@@ -1,6 +1,7 @@
 #include "sim/sweep.h"
 
 #include <atomic>
+#include <map>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -11,6 +12,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 OpTrace Chain() {
   absl::StatusOr<OpTrace> t = ReadOpTrace(std::string(REMAT_EXAMPLE_TRACES_DIR) + "/chain_100.jsonl");
@@ -60,6 +62,13 @@ TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
   const std::string table = SweepTable(*r);
   EXPECT_THAT(table, HasSubstr("lru"));
   EXPECT_THAT(table, HasSubstr("*"));
+  EXPECT_THAT(table, Not(HasSubstr("bound")));
+  // With bounds: a last column, a cell per ratio, "-" where there is none.
+  const std::map<double, std::string> bounds = {{0.4, "~1.234"}};
+  const std::string with = SweepTable(*r, &bounds);
+  EXPECT_THAT(with, HasSubstr("window    bound\n"));
+  EXPECT_THAT(with, HasSubstr("~1.234 \n"));
+  EXPECT_THAT(with, HasSubstr("-\n"));
   const std::string csv = SweepCsv(*r);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7);
   EXPECT_THAT(csv, HasSubstr("\"window\",reserved,0.4,"));

@@ -159,6 +159,29 @@ def test_a_program_too_large_is_not_built_and_says_so(tmp_path):
     assert "over 100 variables" in big["message"]
 
 
+def test_the_sweep_shows_the_bound_beside_the_policies(tmp_path):
+    binary = remat_binary()
+    env = dict(os.environ, REMAT_PYTHON=sys.executable)
+    out = subprocess.run([binary, "sweep", "--model", "chain:n=12", "--ratios", "0.7,0.9",
+                          "--policies", "lru,dtr", "--accounting", "live", "--no-swap",
+                          "--bound", "--no-plot", "--out", str(tmp_path / "s")],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1].split() == ["ratio", "lru", "dtr", "bound"]
+    for line in lines[2:4]:
+        cells = line.split()
+        bound = float(cells[3].lstrip("~"))
+        for cell in cells[1:3]:
+            assert float(cell.rstrip("*")) >= bound - 5e-4, line
+    # Not a bound on runs that offload, nor under a reserved budget: refused.
+    refused = subprocess.run([binary, "sweep", "--model", "chain:n=12", "--ratios", "0.7",
+                              "--bound", "--out", str(tmp_path / "r")],
+                             capture_output=True, text=True, env=env)
+    assert refused.returncode == 2
+    assert "--accounting live --no-swap" in refused.stderr
+
+
 def test_a_read_of_a_released_tensor_is_refused(tmp_path):
     path = write(tmp_path, [
         {"op": "constant", "id": "x", "bytes": 1},

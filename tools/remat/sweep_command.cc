@@ -6,12 +6,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "base/file.h"
 #include "base/units.h"
@@ -41,6 +43,8 @@ struct SweepFlags {
   int jobs = 0;
   std::string out_dir;
   bool no_plot = false;
+  bool bound = false;
+  double bound_time_limit = 60;
 };
 
 std::vector<std::string> SplitPolicies(const std::string& text) {
@@ -69,6 +73,79 @@ std::vector<std::string> SplitPolicies(const std::string& text) {
 // Draws DIR/overhead.png with the script it leaves beside it; false if no
 // plotting library is there (the CSV and the table are the results).
 // (Paths come from the command line; single quotes in them break the command.)
+std::string ShellQuoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// The value after "key": in one flat JSON object (remat.optimal's output).
+std::string JsonField(const std::string& json, const std::string& key) {
+  const std::string tag = "\"" + key + "\": ";
+  const std::size_t at = json.find(tag);
+  if (at == std::string::npos) return "";
+  std::size_t begin = at + tag.size();
+  if (begin < json.size() && json[begin] == '"') {
+    const std::size_t end = json.find('"', begin + 1);
+    return end == std::string::npos ? "" : json.substr(begin + 1, end - begin - 1);
+  }
+  const std::size_t end = json.find_first_of(",}", begin);
+  return json.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+// remat.optimal's drop-only lower bound at each ratio's budget, as table
+// cells: "1.133" (the program's optimum), "~1.221" (the solver's proven bound
+// at its time limit), "infeasible" (no drop-only run fits), "too large" (the
+// program is not built) or "error" (why: --out's bound_errors.txt).
+std::map<double, std::string> Bounds(const std::string& trace_path, const SweepResult& result,
+                                     double time_limit, const std::string& out_dir) {
+  // REMAT_PYTHON, else the source tree's .venv (where the README installs
+  // scipy), else python3.
+  std::string python = std::getenv("REMAT_PYTHON") != nullptr ? std::getenv("REMAT_PYTHON") : "";
+  if (python.empty()) {
+    const std::string venv = std::string(REMAT_PYTHON_DIR) + "/../.venv/bin/python";
+    std::error_code exists_ec;
+    python = std::filesystem::exists(venv, exists_ec) ? venv : "python3";
+  }
+  const char* path = std::getenv("PYTHONPATH");
+  // The package in this source tree first, then whatever the user has.
+  const std::string python_path =
+      std::string(REMAT_PYTHON_DIR) + (path != nullptr && *path ? std::string(":") + path : "");
+  const std::string errors = out_dir + "/bound_errors.txt";
+  std::map<double, std::string> cells;
+  for (const SweepRow& row : result.rows) {
+    if (cells.contains(row.ratio)) continue;
+    const std::string command = absl::StrFormat(
+        "PYTHONPATH=%s %s -m remat.optimal %s --budget %d --time-limit %g --json 2>>%s",
+        ShellQuoted(python_path), ShellQuoted(python),
+        ShellQuoted(trace_path), row.budget, time_limit, ShellQuoted(errors));
+    std::string text;
+    if (FILE* pipe = popen(command.c_str(), "r"); pipe != nullptr) {
+      char buf[4096];
+      for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) text.append(buf, n);
+      pclose(pipe);
+    }
+    const std::string status = JsonField(text, "status");
+    const std::string overhead = JsonField(text, "overhead_bound");
+    double value = 0;
+    if (status == "ok" && absl::SimpleAtod(overhead, &value)) {
+      cells[row.ratio] =
+          absl::StrFormat("%s%.3f", JsonField(text, "exact") == "true" ? "" : "~", value);
+    } else if (status == "infeasible") {
+      cells[row.ratio] = "infeasible";
+    } else if (status == "too_large") {
+      cells[row.ratio] = "too large";
+    } else {
+      cells[row.ratio] = "error";
+    }
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(errors, ec) && std::filesystem::file_size(errors, ec) == 0) {
+    std::filesystem::remove(errors, ec);
+  }
+  return cells;
+}
+
 bool Plot(const std::string& dir) {
   const std::string script = dir + "/plot_overhead.py";
   if (!WriteFile(script, SweepPlotScript(dir + "/results.csv", dir + "/overhead.png", script))
@@ -95,11 +172,20 @@ int RunSweepCommand(const SweepFlags& f) {
   }
   absl::StatusOr<std::vector<double>> ratios = ParseRatios(f.ratios);
   if (!ratios.ok()) return ReportError("sweep", ratios.status());
+  if (f.bound && (f.accounting != "live" || !f.no_swap)) {
+    // A bound on drop-only runs under a live budget: a run that offloads,
+    // or one the allocator's segments constrain, is not bounded by it.
+    std::cerr << "remat sweep: --bound is a lower bound for drop-only runs under a live budget: "
+                 "use it with --accounting live --no-swap\n";
+    return kExitUsage;
+  }
   absl::StatusOr<OpTrace> trace;
+  std::string generated_text;
   if (!f.model.empty()) {
     absl::StatusOr<GeneratedTrace> generated = GenerateModelTrace(f.model);
     if (!generated.ok()) return ReportError("sweep", generated.status());
     trace = ParseOpTrace(generated->text, generated->spec);
+    generated_text = std::move(generated->text);
   } else {
     trace = ReadOpTrace(f.trace_path);
   }
@@ -153,7 +239,26 @@ int RunSweepCommand(const SweepFlags& f) {
   if (absl::Status s = WriteFile(f.out_dir + "/results.csv", SweepCsv(*result)); !s.ok()) {
     return ReportError("sweep", s);
   }
-  std::cout << SweepTable(*result);
+  std::map<double, std::string> bounds;
+  if (f.bound) {
+    std::string bound_trace = f.trace_path;
+    if (!f.model.empty()) {  // remat.optimal reads a file: the generated trace goes in --out
+      bound_trace = f.out_dir + "/model.jsonl";
+      if (absl::Status s = WriteFile(bound_trace, generated_text); !s.ok()) {
+        return ReportError("sweep", s);
+      }
+    }
+    bounds = Bounds(bound_trace, *result, f.bound_time_limit, f.out_dir);
+  }
+  std::cout << SweepTable(*result, f.bound ? &bounds : nullptr);
+  if (f.bound) {
+    std::cout << "bound: no drop-only run can take less (python -m remat.optimal; ~: the "
+                 "solver's proven bound at its time limit)";
+    if (std::filesystem::exists(f.out_dir + "/bound_errors.txt", ec)) {
+      std::cout << "; errors in " << f.out_dir << "/bound_errors.txt";
+    }
+    std::cout << "\n";
+  }
   if (trace->least_budget_record != kNoOpIndex) {
     const OpRecord& r = trace->records[trace->least_budget_record];
     std::cout << absl::StrFormat(
@@ -213,6 +318,13 @@ Subcommand AddSweepCommand(CLI::App& remat) {
       ->required()
       ->type_name("DIR");
   cmd->add_flag("--no-plot", flags->no_plot, "Skip the plot");
+  cmd->add_flag("--bound", flags->bound,
+                "Add a column: the least time any drop-only run could take at each budget "
+                "(python -m remat.optimal, needs scipy; with --accounting live --no-swap)");
+  cmd->add_option("--bound-time-limit", flags->bound_time_limit,
+                  "Seconds the solver may take per ratio (then its proven bound is shown)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 86400.0));
   cmd->footer(
       "Example: remat sweep --model gpt2:layers=4,seq=512 --ratios 0.3:0.9:0.1 --out sweep/\n"
       "Budgets are ratios of an unlimited replay's peak, as in `remat sim`.");
