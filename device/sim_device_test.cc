@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -91,6 +92,15 @@ TEST(SimDeviceTest, BackedCopiesMoveRealBytes) {
   EXPECT_EQ(std::memcmp(host_in, host_out, kMiB), 0);
   EXPECT_EQ(device->copied_bytes(CopyKind::kHostToDevice), kMiB);
   EXPECT_EQ(device->copied_bytes(CopyKind::kDeviceToHost), kMiB);
+}
+
+TEST(SimDeviceTest, AStreamsClockStopsAtTheLargestTimeInsteadOfWrapping) {
+  auto device = MakeDevice({.capacity = kGiB});
+  Stream s = *device->CreateStream();
+  const std::int64_t huge = std::numeric_limits<std::int64_t>::max() / 2 + 1;
+  ASSERT_TRUE(device->LaunchHostFunc(s, [] {}, huge).ok());
+  ASSERT_TRUE(device->LaunchHostFunc(s, [] {}, huge).ok());  // past 2^63: stops there
+  EXPECT_EQ(*device->StreamTimeNs(s), std::numeric_limits<std::int64_t>::max());
 }
 
 TEST(SimDeviceTest, CopiesTakeLatencyPlusBytesOverBandwidth) {

@@ -251,7 +251,7 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions&& options
   const std::uint64_t serial = next_serial_;
   REMAT_ASSIGN_OR_RETURN(void* const ptr, AllocateDevice(bytes, stream, serial));
   ++next_serial_;
-  work_ns_ += options.compute_ns;  // its outputs are made once the call has run
+  work_ns_ = AddTimes(work_ns_, options.compute_ns);  // its outputs are made once the call has run
   const bool may_drop =
       options_.enable_drop && options.allow_drop && static_cast<bool>(options.recompute);
   Storage* s = AddStorage(bytes, ptr, serial, may_drop,
@@ -283,7 +283,7 @@ absl::StatusOr<absl::InlinedVector<Guard, 4>> Runtime::CreateCall(
     pending_live_bytes_ += outputs[i].bytes;
   }
   pending_live_bytes_ -= pending;
-  work_ns_ += options.compute_ns;
+  work_ns_ = AddTimes(work_ns_, options.compute_ns);
   CallGroup* group = outputs.size() > 1 ? groups_.Take() : nullptr;
   absl::InlinedVector<Guard, 4> guards;
   Storage* first = nullptr;

@@ -176,7 +176,7 @@ absl::Status Runtime::RunCall(Storage* s, Stream stream) ABSL_NO_THREAD_SAFETY_A
   pending_live_bytes_ -= pending;
   ++stats_.recomputes;
   stats_.recompute_ns += s->compute_ns;
-  work_ns_ += s->compute_ns;
+  work_ns_ = AddTimes(work_ns_, s->compute_ns);
   std::int64_t cost = s->compute_ns;  // told once, on the first output regenerated
   for (std::size_t i = 0; i < n; ++i) {
     if (!regenerate[i]) continue;

@@ -614,6 +614,14 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
   if (options.host_memory == 0) return absl::InvalidArgumentError("host memory must be positive");
   if (!(options.thrash_limit > 0))
     return absl::InvalidArgumentError("thrash limit must be positive");
+  // Recompute may reach thrash_limit x the compute before the run stops: the
+  // simulated clock (signed 64-bit ns) must hold that with room for copies.
+  if (options.thrash_limit * static_cast<double>(trace.total_cost_ns) > 0x1p62) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: thrash limit %g x the trace's compute (%d ns) passes 2^62 ns, more than the "
+        "simulated clock holds: lower the thrash limit or the costs",
+        trace.name, options.thrash_limit, trace.total_cost_ns));
+  }
   const bool budgeted = options.budget != 0 || options.live_budget != 0;
   if (!(options.offload_guard && options.enable_offload && options.enable_drop && budgeted)) {
     Replayer replayer(trace, options);

@@ -224,6 +224,19 @@ TEST(OpReplayTest, TheOffloadGuardKeepsTheTimelineOfTheRunItKept) {
   EXPECT_EQ(guarded_timeline.ToJson(trace), drops_timeline.ToJson(trace));
 }
 
+TEST(OpReplayTest, AThrashBudgetPastTheSimulatedClockIsRefused) {
+  constexpr std::string_view kTrace = R"(
+{"op":"call","name":"f","inputs":[],"outputs":[{"id":"a","bytes":1048576}],"cost_ns":1000000000000000000}
+{"op":"use","ids":["a"]}
+)";
+  absl::StatusOr<OpTrace> trace = ParseOpTrace(kTrace, "big.jsonl");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_TRUE(ReplayOpTrace(*trace, {}).ok());  // 1e18 ns, recompute up to 1x: fits
+  absl::StatusOr<OpReplayReport> r = ReplayOpTrace(*trace, {.thrash_limit = 10});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("passes 2^62 ns"));
+}
+
 // The host link's latency is paid per copy, and pinned host memory is a
 // budget of its own: offloads stop where it is full.
 TEST(OpReplayTest, TheLinksLatencyAndTheHostMemoryBudgetCount) {

@@ -313,9 +313,12 @@ class TraceBuilder {
     }
   }
 
-  // False when adding `cost_ns` would carry the total past 2^64.
+  // False when adding `cost_ns` would carry the total past 2^62 ns (146
+  // years): a replay adds recomputes and copies to it on a signed 64-bit
+  // clock, which must not wrap.
+  static constexpr std::uint64_t kMaxTotalCostNs = std::uint64_t{1} << 62;
   bool CostFits(std::uint64_t cost_ns) const {
-    return cost_ns <= UINT64_MAX - trace_.total_cost_ns;
+    return cost_ns <= kMaxTotalCostNs - trace_.total_cost_ns;
   }
 
   OpTrace Finish() && {
@@ -377,7 +380,7 @@ absl::Status ParseCall(const Fields& obj, std::uint32_t line, TraceBuilder& b) {
   if (outputs.begin() == outputs.end()) {
     return b.Error(line, "%s has no outputs (a call defines at least one tensor)", who());
   }
-  if (!b.CostFits(cost_ns)) return b.Error(line, "%s: the total cost passes 2^64 ns", who());
+  if (!b.CostFits(cost_ns)) return b.Error(line, "%s: the total cost passes 2^62 ns", who());
 
   OpRecord& record = b.Begin(OpKind::kCall, line);
   record.name = b.Intern(name);

@@ -396,6 +396,14 @@ TEST(OpTraceTest, LivenessOverflowIsAnError) {
               StartsWith("t.jsonl:2: constant defines 'b': the live bytes pass 2^64"));
 }
 
+TEST(OpTraceTest, ATotalCostPast2To62IsAnError) {
+  // A replay adds recomputes to it on a signed 64-bit clock (a fuzzer's
+  // trace of two calls of 5.4e18 ns each overflowed it).
+  EXPECT_THAT(ErrorOf(R"({"op":"call","name":"f","inputs":[],"outputs":[{"id":"a","bytes":1}],"cost_ns":3000000000000000000}
+{"op":"call","name":"g","inputs":[],"outputs":[{"id":"b","bytes":1}],"cost_ns":3000000000000000000})"),
+              StartsWith("t.jsonl:2: call 'g': the total cost passes 2^62 ns"));
+}
+
 TEST(OpTraceTest, ReadMissingFileIsNotFound) {
   absl::StatusOr<OpTrace> trace = ReadOpTrace("/nonexistent/trace.jsonl");
   EXPECT_TRUE(absl::IsNotFound(trace.status())) << trace.status();
