@@ -34,6 +34,16 @@ def call(name, inputs, out, nbytes, cost):
             "outputs": [{"id": out, "bytes": nbytes}], "cost_ns": cost}
 
 
+def run_sim(binary, path, policy, budget):
+    """remat sim's JSON, drop-only under a live budget: ("--budget", "201")
+    or ("--budget-ratio", "0.5")."""
+    out = subprocess.run([binary, "sim", path, "--policy", policy, *budget,
+                          "--accounting", "live", "--no-swap", "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode in (0, 3), out.stderr
+    return json.loads(out.stdout)
+
+
 def test_the_bound_is_the_cheapest_recompute_on_a_hand_made_step(tmp_path):
     # a (cost 10) and b (cost 50) are both read at the end; c needs room for
     # itself while only one of them can stay: dropping a is the cheaper.
@@ -84,20 +94,9 @@ def test_a_recompute_needs_its_inputs_back_first(tmp_path):
     assert optimal.recompute_bound(trace, 301)["recompute_ns"] == pytest.approx(0)
     binary = remat_binary()
     for policy in ("lru", "dtr", "belady"):
-        out = subprocess.run([binary, "sim", path, "--policy", policy, "--budget", "201",
-                              "--accounting", "live", "--no-swap", "--json"],
-                             capture_output=True, text=True)
-        sim = json.loads(out.stdout)
+        sim = run_sim(binary, path, policy, ("--budget", "201"))
         assert sim["status"] == "ok", (policy, sim.get("message"))
         assert sim["recompute_ns"] >= 30, policy
-
-
-def run_sim(binary, path, policy, ratio):
-    out = subprocess.run([binary, "sim", path, "--policy", policy, "--budget-ratio", str(ratio),
-                          "--accounting", "live", "--no-swap", "--json"],
-                         capture_output=True, text=True)
-    assert out.returncode in (0, 3), out.stderr
-    return json.loads(out.stdout)
 
 
 @pytest.mark.parametrize("model", ["chain:n=12",
@@ -109,7 +108,7 @@ def test_no_policy_beats_the_bound(tmp_path, model):
     trace = optimal.read_trace(path)
     ran = 0
     for ratio in (0.5, 0.7, 0.9):
-        sims = {p: run_sim(binary, path, p, ratio)
+        sims = {p: run_sim(binary, path, p, ("--budget-ratio", str(ratio)))
                 for p in ("lru", "largest", "dtr", "dtr-eq", "msps", "window", "belady")}
         any_sim = next(iter(sims.values()))
         # The same budget and the same baseline as the simulator's.
@@ -140,10 +139,7 @@ def test_a_use_reads_its_tensors_one_at_a_time(tmp_path):
     assert bound["status"] == "ok" and bound["exact"]
     assert bound["recompute_ns"] == pytest.approx(10)  # a goes while b is made
     binary = remat_binary()
-    out = subprocess.run([binary, "sim", path, "--policy", "lru", "--budget", "150",
-                          "--accounting", "live", "--no-swap", "--json"],
-                         capture_output=True, text=True)
-    sim = json.loads(out.stdout)
+    sim = run_sim(binary, path, "lru", ("--budget", "150"))
     assert sim["status"] == "ok", sim.get("message")
     assert sim["recompute_ns"] >= bound["recompute_ns"]
 
