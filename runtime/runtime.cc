@@ -300,12 +300,69 @@ absl::StatusOr<absl::InlinedVector<Guard, 4>> Runtime::CreateCall(
       group->outputs.push_back(s);
       ++group->uncollected;
     }
+    s->call_closure = true;
     if (first == nullptr) first = s;
     guards.push_back(Guard(this, s->tensor_ids.front(), ptrs[i], s));
   }
   (group != nullptr ? group->recompute : first->recompute) = std::move(options.recompute);
   MaybePrefetchDue(stream);
   return guards;
+}
+
+absl::StatusOr<Guard> Runtime::AddCallOutput(TensorId sibling, const OutputSpec& spec,
+                                             Stream stream) {
+  Lock lock(this);
+  Storage* sib = LiveOrNull(sibling);
+  if (sib == nullptr) return NotLive(sibling);
+  if (!sib->call_closure) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "tensor %d was made alone (Create, remat_tensor_create), with a closure that writes one "
+        "output: make its call with CreateCall (remat_call_create) to add outputs to it",
+        sibling));
+  }
+  CallGroup* group = sib->group;
+  if (group == nullptr ? sib->regen_owner != nullptr
+                       : std::any_of(group->outputs.begin(), group->outputs.end(),
+                                     [](const Storage* m) {
+                                       return m != nullptr && m->regen_owner != nullptr;
+                                     })) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the call of tensor %d is being regenerated: add its outputs before or after", sibling));
+  }
+  if (group != nullptr && group->outputs.size() >= UINT32_MAX) {
+    return absl::InvalidArgumentError("too many outputs");
+  }
+  const std::uint64_t serial = next_serial_;
+  // Pressure may evict the sibling here, never collect it (the owner holds
+  // it), nor its inputs (it keeps them while it may be dropped).
+  REMAT_ASSIGN_OR_RETURN(void* const ptr, AllocateDevice(spec.bytes, stream, serial));
+  ++next_serial_;
+  if (group == nullptr) {
+    // The call had one output: it becomes a group, closure and all.
+    group = groups_.Take();
+    group->recompute = std::move(sib->recompute);
+    sib->recompute = nullptr;
+    group->outputs.push_back(sib);
+    group->uncollected = 1;
+    group->dropped = sib->state == TensorState::kDropped ? 1 : 0;
+    sib->group = group;
+    sib->output_index = 0;
+  }
+  // The call's inputs: the sibling's (kept only while it may be dropped,
+  // which is what a drop of the new output needs).
+  checked_inputs_.assign(sib->inputs.begin(), sib->inputs.end());
+  TensorOptions options;
+  options.compute_ns = sib->compute_ns;
+  const bool may_drop = sib->may_drop && spec.allow_drop;
+  const bool may_offload = options_.enable_offload && spec.allow_offload;
+  Storage* s = AddStorage(spec.bytes, ptr, serial, may_drop, may_offload, options, stream);
+  s->call_closure = true;
+  s->group = group;
+  s->output_index = static_cast<std::uint32_t>(group->outputs.size());
+  group->outputs.push_back(s);
+  ++group->uncollected;
+  MaybePrefetchDue(stream);
+  return Guard(this, s->tensor_ids.front(), ptr, s);
 }
 
 absl::StatusOr<TensorId> Runtime::CreateView(TensorId base) {

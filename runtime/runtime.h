@@ -235,6 +235,17 @@ class Runtime {
   absl::StatusOr<absl::InlinedVector<Guard, 4>> CreateCall(absl::Span<const OutputSpec> outputs,
                                                            TensorOptions&& options,
                                                            Stream stream = kDefaultStream);
+  // One more output of the call that made `sibling` (with CreateCall), made
+  // after it: a framework learns of a call's outputs one by one (autograd
+  // saves layer norm's mean and rstd when the call returns, its output when
+  // the next op runs). The new output is the call's last; it shares the
+  // call's closure, inputs and cost, so one run regenerates it with the
+  // others, charged once. It may be dropped only where the sibling may and
+  // `spec` allows. Returned pinned, as from Create. Refused for a tensor made
+  // by Create (its closure writes one output) and while the call is being
+  // regenerated.
+  absl::StatusOr<Guard> AddCallOutput(TensorId sibling, const OutputSpec& spec,
+                                      Stream stream = kDefaultStream);
   // A second tensor over `base`'s storage.
   absl::StatusOr<TensorId> CreateView(TensorId base);
   // Brings the tensor back if evicted and pins it for `stream`.

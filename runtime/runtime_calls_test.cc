@@ -120,6 +120,161 @@ TEST_F(RuntimeTest, ACallNeedsAnOutputAndAFailedOneLeavesNothingBehind) {
   EXPECT_EQ(runtime_->stats().tensors_created, 0u);
 }
 
+// A call made with one output, given a second later (as a framework learns
+// of a call's outputs one by one).
+ThreeOutputs MakeCallAndAddAnOutput(Runtime& runtime, SimDevice* device, TensorId input) {
+  ThreeOutputs call;
+  TensorOptions options;
+  options.inputs = {input};
+  options.compute_ns = 5000;
+  options.allow_drop = true;
+  auto runs = call.runs;
+  options.recompute = [device, runs](const RecomputeArgs& args) {
+    ++*runs;
+    for (std::size_t i = 0; i < args.outputs.size(); ++i) {
+      if (!args.regenerate[i]) continue;
+      void* out = args.outputs[i];
+      const std::size_t bytes = args.output_bytes[i];
+      absl::Status s = device->LaunchHostFunc(args.stream, [out, bytes, i] {
+        std::memset(out, static_cast<int>(0x40 + i), bytes);
+      });
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
+  const std::vector<OutputSpec> one = {OutputSpec{4 * kMiB}};
+  auto made = runtime.CreateCall(one, std::move(options));
+  EXPECT_TRUE(made.ok()) << made.status();
+  if (!made.ok()) return call;
+  std::memset((*made)[0].ptr(), 0x40, 4 * kMiB);
+  call.guards = std::move(*made);
+  auto added = runtime.AddCallOutput(call.guards[0].id(), OutputSpec{2 * kMiB});
+  EXPECT_TRUE(added.ok()) << added.status();
+  if (!added.ok()) return call;
+  std::memset(added->ptr(), 0x41, 2 * kMiB);
+  call.guards.push_back(std::move(*added));
+  return call;
+}
+
+TEST_F(RuntimeTest, AnOutputAddedLaterComesBackInTheCallsOneRun) {
+  Make(0, {.policy = "lru", .enable_offload = false, .live_budget = 32 * kMiB});
+  TensorId x = Produce(1 * kMiB, {}, false, false);
+  ThreeOutputs call = MakeCallAndAddAnOutput(*runtime_, device_.get(), x);
+  ASSERT_EQ(call.guards.size(), 2u);
+  const TensorId first = call.guards[0].id(), added = call.guards[1].id();
+  call.guards.clear();
+  auto big = runtime_->Create(30 * kMiB, TensorOptions{});
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(StateOf(first), TensorState::kDropped);
+  EXPECT_EQ(StateOf(added), TensorState::kDropped);
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+  big->Release();
+  ASSERT_TRUE(runtime_->Free(big->id()).ok());
+  auto g = runtime_->Acquire(added);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(StateOf(first), TensorState::kResident);  // the same run
+  auto g0 = runtime_->Acquire(first);
+  ASSERT_TRUE(g0.ok()) << g0.status();
+  ASSERT_TRUE(device_->SynchronizeStream(kDefaultStream).ok());
+  EXPECT_EQ(static_cast<const unsigned char*>(g0->ptr())[4 * kMiB - 1], 0x40);
+  EXPECT_EQ(static_cast<const unsigned char*>(g->ptr())[2 * kMiB - 1], 0x41);
+  EXPECT_EQ(call.runs->load(), 1);
+  EXPECT_EQ(runtime_->stats().recomputes, 1u);
+  EXPECT_EQ(runtime_->stats().recompute_ns, 5000);
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+}
+
+TEST_F(RuntimeTest, AnOutputAddedToADroppedCallLeavesItsChargeWithTheCall) {
+  Make(0, {.policy = "lru", .enable_offload = false, .live_budget = 32 * kMiB});
+  TensorId x = Produce(1 * kMiB, {}, false, false);
+  TensorOptions options;
+  options.inputs = {x};
+  options.compute_ns = 7000;
+  options.allow_drop = true;
+  auto runs = std::make_shared<int>(0);
+  std::vector<std::vector<bool>> asked;
+  options.recompute = [runs, &asked](const RecomputeArgs& args) {
+    ++*runs;
+    asked.emplace_back(args.regenerate.begin(), args.regenerate.end());
+    return absl::OkStatus();
+  };
+  const std::vector<OutputSpec> one = {OutputSpec{8 * kMiB}};
+  auto made = runtime_->CreateCall(one, std::move(options));
+  ASSERT_TRUE(made.ok()) << made.status();
+  const TensorId first = (*made)[0].id();
+  made->clear();
+  auto big = runtime_->Create(24 * kMiB, TensorOptions{});
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_EQ(StateOf(first), TensorState::kDropped);
+  // Added while the call's first output is dropped: it is resident, and the
+  // dropped one still carries the call's cost.
+  auto added = runtime_->AddCallOutput(first, OutputSpec{2 * kMiB});
+  ASSERT_TRUE(added.ok()) << added.status();
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+  big->Release();
+  ASSERT_TRUE(runtime_->Free(big->id()).ok());
+  auto g = runtime_->Acquire(first);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_EQ(*runs, 1);
+  EXPECT_EQ(asked[0], (std::vector<bool>{true, false}));  // the resident one is left alone
+  EXPECT_EQ(runtime_->stats().recompute_ns, 7000);
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+}
+
+TEST_F(RuntimeTest, AddingAnOutputNeedsALiveCallMadeByCreateCall) {
+  Make(0, {.policy = "lru", .live_budget = 32 * kMiB});
+  TensorId x = Produce(1 * kMiB, {}, false, false);
+  const std::uint64_t made = runtime_->stats().tensors_created;
+  auto by_create = runtime_->AddCallOutput(x, OutputSpec{1 * kMiB});
+  EXPECT_EQ(by_create.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(by_create.status().message(), HasSubstr("CreateCall"));
+  EXPECT_EQ(runtime_->AddCallOutput(999999, OutputSpec{1 * kMiB}).status().code(),
+            absl::StatusCode::kNotFound);
+  ThreeOutputs call = MakeCallAndAddAnOutput(*runtime_, device_.get(), x);
+  const TensorId first = call.guards[0].id();
+  call.guards.clear();
+  ASSERT_TRUE(runtime_->Free(first).ok());
+  EXPECT_EQ(runtime_->AddCallOutput(first, OutputSpec{1 * kMiB}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Over the budget: refused, and nothing made.
+  const std::uint64_t before = runtime_->stats().tensors_created;
+  EXPECT_EQ(before, made + 2);
+  ThreeOutputs again = MakeCallAndAddAnOutput(*runtime_, device_.get(), x);
+  auto huge = runtime_->AddCallOutput(again.guards[0].id(), OutputSpec{64 * kMiB});
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(runtime_->stats().tensors_created, before + 2);
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+}
+
+TEST_F(RuntimeTest, AClosureCannotAddAnOutputToTheCallItIsRegenerating) {
+  Make(0, {.policy = "lru", .enable_offload = false, .live_budget = 16 * kMiB});
+  TensorId x = Produce(1 * kMiB, {}, false, false);
+  Runtime* rt = runtime_.get();
+  TensorId self = 0;
+  absl::Status inside;
+  TensorOptions options;
+  options.inputs = {x};
+  options.allow_drop = true;
+  options.recompute = [rt, &self, &inside](const RecomputeArgs&) {
+    inside = rt->AddCallOutput(self, OutputSpec{1 * kMiB}).status();
+    return absl::OkStatus();
+  };
+  const std::vector<OutputSpec> one = {OutputSpec{4 * kMiB}};
+  auto made = runtime_->CreateCall(one, std::move(options));
+  ASSERT_TRUE(made.ok()) << made.status();
+  self = (*made)[0].id();
+  made->clear();
+  auto big = runtime_->Create(12 * kMiB, TensorOptions{});
+  ASSERT_TRUE(big.ok()) << big.status();
+  big->Release();
+  ASSERT_TRUE(runtime_->Free(big->id()).ok());
+  ASSERT_EQ(StateOf(self), TensorState::kDropped);
+  ASSERT_TRUE(runtime_->Acquire(self).ok());
+  EXPECT_EQ(inside.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(inside.message(), HasSubstr("being regenerated"));
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+}
+
 TEST_F(RuntimeTest, AClosureMayAllocateAcquireAndCausePressure) {
   Make(0, {.policy = "lru", .enable_offload = false, .live_budget = 16 * kMiB});
   TensorId a = Produce(2 * kMiB, {}, true, false);

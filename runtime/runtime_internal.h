@@ -84,6 +84,9 @@ struct StorageFields {
   // A call's outputs: the group (nullptr for a one-output call), and its place in it.
   CallGroup* group = nullptr;
   std::uint32_t output_index = 0;
+  // Made by CreateCall: its closure regenerates by `outputs` and
+  // `regenerate`, so AddCallOutput may give its call more outputs.
+  bool call_closure = false;
   // While dropped, what regenerating it adds to a neighbourhood: the call's
   // cost on one dropped output of a call, 0 on its dropped siblings (one run
   // regenerates them all, charged once).

@@ -215,10 +215,16 @@ TEST_P(RuntimeCallsPropertyTest, RandomCallsKeepEveryInvariant) {
         const std::size_t i = rng() % live.size();
         ASSERT_TRUE(rt->Free(live[i]).ok());
         live.erase(live.begin() + static_cast<long>(i));
-      } else if (op < 9) {
+      } else if (op < 9 && rng() % 2 == 0) {
         auto view = rt->CreateView(live[rng() % live.size()]);
         ASSERT_TRUE(view.ok()) << view.status();
         live.push_back(*view);
+      } else if (op < 9) {
+        // A call learns of one more output (whatever state it is in).
+        OutputSpec spec{.bytes = 256 * (1 + rng() % 2048), .allow_drop = rng() % 5 != 0};
+        auto added = rt->AddCallOutput(live[rng() % live.size()], spec, stream);
+        ASSERT_TRUE(acceptable(added.status())) << added.status();
+        if (added.ok()) live.push_back(added->id());
       } else if (op < 10) {
         const absl::Status st = rt->Prefetch(live[rng() % live.size()], stream);
         ASSERT_TRUE(acceptable(st)) << st;

@@ -830,6 +830,60 @@ static void test_a_call_is_recomputed_once(void) {
   CHECK_OK(remat_allocator_destroy(a));
 }
 
+/* A call that learns of its second output after it was made: both come back
+ * in one run of its callback. */
+static void test_an_output_added_later_comes_back_in_the_same_run(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 1);
+  remat_runtime* rt = NULL;
+  remat_runtime_options ro;
+  remat_call_options copts;
+  call_state st = {0};
+  size_t one = 2 * MIB;
+  uint64_t ids[2] = {0}, big = 0, none = 0;
+  void* ptrs[2] = {0};
+  void* p = NULL;
+  CHECK(a != NULL);
+  CHECK_OK(remat_runtime_options_init(&ro));
+  ro.policy = "lru";
+  ro.live_budget = 8 * MIB;
+  ro.enable_offload = 0;
+  CHECK_OK(remat_runtime_create_with_options(a, &ro, &rt));
+  st.rt = rt;
+  CHECK_OK(remat_tensor_create(rt, 1 * MIB, NULL, 0, &st.side, NULL));
+  CHECK_OK(remat_tensor_release(rt, st.side));
+  memset(&copts, 0, sizeof(copts));
+  copts.compute_ns = 4000;
+  copts.allow_drop = 1;
+  copts.recompute = three_outputs;
+  copts.user_data = &st;
+  CHECK_OK(remat_call_create(rt, 1, &one, &copts, 0, &ids[0], &ptrs[0]));
+  memset(ptrs[0], 0x50, 2 * MIB);
+  CHECK_OK(remat_call_add_output(rt, ids[0], 2 * MIB, 1, 0, 0, &ids[1], &ptrs[1]));
+  memset(ptrs[1], 0x51, 2 * MIB);
+  CHECK_OK(remat_tensor_release(rt, ids[0]));
+  CHECK_OK(remat_tensor_release(rt, ids[1]));
+  /* Refused: a tensor made by remat_tensor_create, no id_out, no such id. */
+  CHECK_STATUS(remat_call_add_output(rt, st.side, MIB, 1, 0, 0, &none, NULL),
+               REMAT_FAILED_PRECONDITION);
+  CHECK_ERROR_HAS("remat_call_create");
+  CHECK_STATUS(remat_call_add_output(rt, ids[0], MIB, 1, 0, 0, NULL, NULL),
+               REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_call_add_output(rt, 12345, MIB, 1, 0, 0, &none, NULL), REMAT_NOT_FOUND);
+  CHECK(none == 0);
+  CHECK_OK(remat_tensor_create(rt, 6 * MIB, NULL, 0, &big, NULL)); /* both go */
+  CHECK_OK(remat_tensor_release(rt, big));
+  CHECK_OK(remat_tensor_free(rt, big));
+  CHECK_OK(remat_tensor_acquire(rt, ids[1], 0, &p));
+  CHECK(((unsigned char*)p)[2 * MIB - 1] == 0x51);
+  CHECK_OK(remat_tensor_release(rt, ids[1]));
+  CHECK_OK(remat_tensor_acquire(rt, ids[0], 0, &p));
+  CHECK(((unsigned char*)p)[0] == 0x50);
+  CHECK_OK(remat_tensor_release(rt, ids[0]));
+  CHECK(st.runs == 1);
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
 typedef struct event_log {
   int kinds[64];
   uint64_t tensors[64];
@@ -1053,6 +1107,8 @@ static void test_offloaded_tensor_keeps_its_address(void) {
 int main(void) {
   static const test_case tests[] = {
       {"alloc_conf", test_alloc_conf},
+      {"an_output_added_later_comes_back_in_the_same_run",
+       test_an_output_added_later_comes_back_in_the_same_run},
       {"offloaded_tensor_keeps_its_address", test_offloaded_tensor_keeps_its_address},
       {"status_names_and_version", test_status_names_and_version},
       {"null_arguments", test_null_arguments},

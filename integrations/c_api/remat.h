@@ -316,6 +316,18 @@ REMAT_API remat_status remat_call_create(remat_runtime* runtime, size_t num_outp
                                          const size_t* output_bytes,
                                          const remat_call_options* options, uint64_t stream,
                                          uint64_t* ids_out, void** ptrs_out);
+/* One more output of the call that made `sibling` (with remat_call_create),
+ * made after it: a framework may learn of a call's outputs one by one. It
+ * becomes the call's last output (the callback's outputs[num_outputs - 1]
+ * from then on), shares the call's callback, inputs and cost, and comes back
+ * in the same run as the others. It may be dropped only where allow_drop is
+ * set and the sibling may be; offloaded where allow_offload is set. Returned
+ * pinned, as by remat_tensor_create. REMAT_FAILED_PRECONDITION for a tensor
+ * made by remat_tensor_create (its callback writes one output) and while the
+ * call is being regenerated. */
+REMAT_API remat_status remat_call_add_output(remat_runtime* runtime, uint64_t sibling,
+                                             size_t bytes, int allow_drop, int allow_offload,
+                                             uint64_t stream, uint64_t* id_out, void** ptr_out);
 /* A second tensor over `base`'s storage: evicted and restored with it. */
 REMAT_API remat_status remat_tensor_create_view(remat_runtime* runtime, uint64_t base,
                                                 uint64_t* id_out);

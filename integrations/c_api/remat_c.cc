@@ -798,6 +798,28 @@ remat_status remat_call_create(remat_runtime* runtime, size_t num_outputs,
   });
 }
 
+remat_status remat_call_add_output(remat_runtime* runtime, uint64_t sibling, size_t bytes,
+                                   int allow_drop, int allow_offload, uint64_t stream,
+                                   uint64_t* id_out, void** ptr_out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    if (id_out == nullptr) return NullArgument(fn, "id_out");
+    if (remat_status st = CheckStream(runtime->owner, fn, stream); st != REMAT_OK) return st;
+    const remat::OutputSpec spec{
+        .bytes = bytes, .allow_drop = allow_drop != 0, .allow_offload = allow_offload != 0};
+    absl::StatusOr<remat::Guard> guard =
+        runtime->runtime->AddCallOutput(sibling, spec, ToStream(stream));
+    if (!guard.ok()) return FromStatus(fn, guard.status());
+    *id_out = guard->id();
+    if (ptr_out != nullptr) *ptr_out = guard->ptr();
+    remat::MutexLock lock(&runtime->mu);
+    runtime->pins[guard->id()].push_back(std::move(*guard));
+    ++runtime->pin_count;
+    return REMAT_OK;
+  });
+}
+
 remat_status remat_tensor_create_view(remat_runtime* runtime, uint64_t base, uint64_t* id_out) {
   const char* const fn = __func__;
   return Call(fn, [&] {

@@ -57,6 +57,22 @@ class TensorOptions(ctypes.Structure):
                 ("user_data", ctypes.c_void_p), ("destroy", DESTROY_FN)]
 
 
+# One run regenerates every output of a call it lost (remat_call_recompute_fn).
+CALL_RECOMPUTE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                                     ctypes.POINTER(ctypes.c_void_p),
+                                     ctypes.POINTER(ctypes.c_size_t),
+                                     ctypes.POINTER(ctypes.c_int), ctypes.c_size_t,
+                                     ctypes.c_uint64)
+
+
+class CallOptions(ctypes.Structure):
+    _fields_ = [("inputs", ctypes.POINTER(ctypes.c_uint64)), ("num_inputs", ctypes.c_size_t),
+                ("compute_ns", ctypes.c_int64), ("allow_drop", ctypes.c_int),
+                ("allow_offload", ctypes.c_int), ("recompute", CALL_RECOMPUTE_FN),
+                ("user_data", ctypes.c_void_p), ("destroy", DESTROY_FN)]
+
+
 class Event(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("tensor", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
                 ("pressure", ctypes.c_int), ("prefetch", ctypes.c_int),
@@ -137,6 +153,11 @@ def lib():
         "remat_recompute_set_error": (ctypes.c_int, [ctypes.c_char_p]),
         "remat_tensor_create": (ctypes.c_int, [vp, sz, ctypes.POINTER(TensorOptions), u64,
                                                ctypes.POINTER(u64), ctypes.POINTER(vp)]),
+        "remat_call_create": (ctypes.c_int, [vp, sz, ctypes.POINTER(sz),
+                                             ctypes.POINTER(CallOptions), u64,
+                                             ctypes.POINTER(u64), ctypes.POINTER(vp)]),
+        "remat_call_add_output": (ctypes.c_int, [vp, u64, sz, ctypes.c_int, ctypes.c_int, u64,
+                                                 ctypes.POINTER(u64), ctypes.POINTER(vp)]),
         "remat_tensor_acquire": (ctypes.c_int, [vp, u64, u64, ctypes.POINTER(vp)]),
         "remat_tensor_release": (ctypes.c_int, [vp, u64]),
         "remat_tensor_free": (ctypes.c_int, [vp, u64]),

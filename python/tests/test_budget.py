@@ -316,3 +316,52 @@ def test_record_on_meta_tensors_needs_no_memory(tmp_path):
         if rec["op"] == "call":
             made += sum(o.get("bytes", 0) for o in rec["outputs"])
     assert made > 100 << 30  # over 100 GiB made over the step, none of it allocated
+
+
+class _CountCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ATen calls run, by name (remat's replays included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_calls_saved_outputs_come_back_in_one_run():
+    # Layer norm's mean and rstd are saved as it returns, its output later
+    # (by the sin after it). A chain on another input then pushes all three
+    # out (lru: they are the oldest). The backward needs them again: one
+    # replay of layer norm must bring all three back.
+    def make(seed):
+        torch.manual_seed(seed)
+        x = torch.randn(64, 256)
+        w = torch.randn(256, requires_grad=True)
+        b = torch.randn(256, requires_grad=True)
+        u = torch.randn(64, 256, requires_grad=True)
+        model = torch.nn.Module()
+        model.w, model.b, model.u = (torch.nn.Parameter(t.detach()) for t in (w, b, u))
+
+        def step():
+            y = torch.nn.functional.layer_norm(x, (256,), model.w, model.b)
+            z = y.sin()
+            h = model.u
+            for _ in range(8):
+                h = h.sin()
+            return z.sum() + h.sum()
+        return model, step
+
+    plain, plain_loss, _, _ = run_step(make)
+    chain_tensor = 64 * 256 * 4
+    counter = _CountCalls()
+    with counter:
+        grads, loss, stats, _ = run_step(make, 3 * chain_tensor + 4096, policy="lru")
+    assert torch.equal(loss, plain_loss)
+    assert_same_grads(plain, grads)
+    assert stats["drops"] >= 3
+    # Once in the forward and once for the three outputs (one run per output
+    # would make four).
+    assert counter.counts["native_layer_norm"] == 2, counter.counts

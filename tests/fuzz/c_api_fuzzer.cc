@@ -295,6 +295,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 12: {  // a view: evicted and restored with its base, the same bytes
         if (tensors.empty()) break;
         const Tensor base = tensors[in.Byte() % tensors.size()];
+        if (op & 0x80) {
+          // Or one more output of base's call, made now: its callback fills
+          // every output with the call's byte (refused for a lone tensor).
+          const std::size_t bytes = (std::size_t{in.Byte()} + 1) * kKiB;
+          std::uint64_t id = 0;
+          void* p = nullptr;
+          const remat_status s =
+              remat_call_add_output(rt, base.id, bytes, in.Byte() & 1, in.Byte() & 1, 0, &id, &p);
+          TRACE("add output to %llu -> %d id %llu\n", static_cast<unsigned long long>(base.id),
+                s, static_cast<unsigned long long>(id));
+          if (s != REMAT_OK) {
+            CheckFailed(s);
+            break;
+          }
+          Check(Fill(p, bytes, base.fill, 0) == REMAT_OK);
+          Check(remat_tensor_release(rt, id) == REMAT_OK);
+          tensors.push_back({id, bytes, base.fill});
+          break;
+        }
         std::uint64_t view = 0;
         const remat_status s = remat_tensor_create_view(rt, base.id, &view);
         TRACE("view of %llu -> %d id %llu\n", static_cast<unsigned long long>(base.id), s,

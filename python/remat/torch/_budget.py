@@ -149,7 +149,8 @@ class _Ref:
 
 
 class _Call:
-    __slots__ = ("func", "spec", "leaves", "rng", "cost_ns", "why_not", "written", "outputs")
+    __slots__ = ("func", "spec", "leaves", "rng", "cost_ns", "why_not", "written", "outputs",
+                 "group")
 
     def __init__(self, func, spec, leaves, rng, cost_ns, why_not, written):
         self.func = func
@@ -160,6 +161,7 @@ class _Call:
         self.why_not = why_not    # why it cannot be replayed exactly ("" if it can)
         self.written = written    # indices into leaves of the arguments it writes
         self.outputs = None       # output index -> _Storage it made
+        self.group = None         # its runtime call: an index into Engine.groups
 
 
 class _Handle:
@@ -258,7 +260,13 @@ class Engine:
         self.allocator = None
         self.runtime = None
         self._event_fn = _capi.EVENT_FN(self._on_event)
-        self._recompute_fn = _capi.RECOMPUTE_FN(self._on_recompute)
+        self._recompute_fn = _capi.CALL_RECOMPUTE_FN(self._on_recompute)
+        # A runtime call per recorded call whose outputs are saved: its saved
+        # storages, in the runtime's output order (autograd saves a call's
+        # outputs one by one: layer norm's mean and rstd as it returns, its
+        # output when the next op runs; each joins the call's runtime call, so
+        # one run brings back all it lost).
+        self.groups = []
         self.side_stream = None
         self.closed = False
         self.restores = 0
@@ -588,21 +596,33 @@ class Engine:
         s.why_kept = why_not
         if why_not:
             self.counts["kept_not_replayable"] += 1
-        opts = _capi.TensorOptions()
-        ids = (ctypes.c_uint64 * max(1, len(inputs)))(*[i.id for i in inputs])
-        opts.inputs = ids
-        opts.num_inputs = len(inputs)
-        opts.compute_ns = max(1, cost)
-        opts.allow_drop = 1 if (self.recompute and s.droppable) else 0
-        opts.allow_offload = 1 if self.offload else 0
-        opts.recompute = self._recompute_fn if opts.allow_drop else _capi.RECOMPUTE_FN()
-        opts.user_data = s.index
+        allow_drop = 1 if (self.recompute and s.droppable) else 0
+        allow_offload = 1 if self.offload else 0
         tid = ctypes.c_uint64()
         s.tensor = t
         s.device = t.device
         s.reg_version = s.version
-        status = self.lib.remat_tensor_create(self.runtime, s.nbytes, ctypes.byref(opts), 0,
-                                              ctypes.byref(tid), None)
+        call = s.producer[0]
+        sibling = self._sibling(s)
+        if sibling is not None:
+            # One more output of a call the runtime knows: its content is the
+            # call's alone (no write since), so the call's run regenerates it.
+            status = self.lib.remat_call_add_output(self.runtime, sibling.id, s.nbytes,
+                                                    allow_drop, allow_offload, 0,
+                                                    ctypes.byref(tid), None)
+        else:
+            opts = _capi.CallOptions()
+            ids = (ctypes.c_uint64 * max(1, len(inputs)))(*[i.id for i in inputs])
+            opts.inputs = ids
+            opts.num_inputs = len(inputs)
+            opts.compute_ns = max(1, cost)
+            opts.allow_drop = allow_drop
+            opts.allow_offload = allow_offload
+            opts.recompute = self._recompute_fn if allow_drop else _capi.CALL_RECOMPUTE_FN()
+            opts.user_data = len(self.groups)
+            size = ctypes.c_size_t(s.nbytes)
+            status = self.lib.remat_call_create(self.runtime, 1, ctypes.byref(size),
+                                                ctypes.byref(opts), 0, ctypes.byref(tid), None)
         if status != _capi.OK:
             s.tensor = None
             message = self.lib.remat_last_error().decode("utf-8", "replace")
@@ -610,15 +630,33 @@ class Engine:
                 raise BudgetTooSmall(
                     f"remat.torch.budget({self.budget_bytes} bytes) cannot hold a saved tensor "
                     f"of {s.nbytes} bytes ({tuple(t.shape)} {t.dtype}, made by "
-                    f"{s.producer[0].func}) with what is pinned now "
+                    f"{call.func}) with what is pinned now "
                     f"({len(self.pins)} tensors being read by the backward): {message}")
             raise _capi.RematError(status, message)
+        if sibling is not None:
+            self.groups[call.group].append(s)
+        else:
+            self.groups.append([s])
+            if s.reg_version == 0:
+                call.group = len(self.groups) - 1  # later outputs may join it
         s.id = tid.value
         self.by_id[s.id] = s
         s.order = len(self.registered)
         self.registered.append(s)
         self.lib.remat_tensor_release(self.runtime, s.id)
         self._drain()
+
+    def _sibling(self, s):
+        """A live saved output of s's call that s may join in the runtime
+        (same content version 0, same droppability), or None."""
+        call = s.producer[0]
+        if s.reg_version != 0 or call.group is None:
+            return None
+        for m in self.groups[call.group]:
+            if m.id is not None and not m.freed and m.reg_version == 0 and \
+                    m.droppable == s.droppable:
+                return m
+        return None
 
     def _frontier(self, s, version):
         """The saved storages a recompute of (s, version) reads (the runtime
@@ -730,14 +768,19 @@ class Engine:
                 raise BudgetTooSmall(f"remat.torch.budget({self.budget_bytes} bytes): {message}")
             raise _capi.RematError(status, message)
 
-    def _on_recompute(self, user_data, _inputs, _n, _out, _bytes, _stream):
-        s = self.by_index[user_data or 0]
+    def _on_recompute(self, user_data, _inputs, _n, _outs, _bytes, regenerate, num_outputs,
+                      _stream):
+        group = self.groups[user_data or 0]
         was = self.internal
         self.internal = True
         try:
             self._drain()
+            memo = {}  # one run of the call serves every output it regenerates
             with torch.no_grad():
-                s.tensor = self._materialize(s, s.reg_version, {}, top=True)
+                for i in range(num_outputs):
+                    if regenerate[i]:
+                        s = group[i]
+                        s.tensor = self._materialize(s, s.reg_version, memo, top=True)
             self._drain()
             return 0
         except BaseException as e:  # noqa: BLE001: carried to the caller
@@ -770,8 +813,17 @@ class Engine:
         if t0 is not None and s.version == version:
             return t0  # still alive (the user holds it): nothing to run
         call, j = s.producer
-        out = self._run(call, memo, rebuild=None)
-        base = _flatten_result(out)[j]
+        if version == 0:
+            # Its call's content: one run serves all its outputs (a call's
+            # outputs regenerated together, or read by one replay).
+            out = memo.get(call)
+            if out is None:
+                out = memo[call] = _flatten_result(self._run(call, memo, rebuild=None))
+        else:
+            # Written over below: a run of its own, so that no one else
+            # sees the writes.
+            out = _flatten_result(self._run(call, memo, rebuild=None))
+        base = out[j]
         for w in s.writers[:version]:
             self._run(w, memo, rebuild=(s, base))
         memo[k] = base
