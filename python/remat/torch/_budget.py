@@ -183,6 +183,36 @@ class _Handle:
             engine.dead_handles.append(self.storage)
 
 
+class _OpInfo:
+    """What recording needs of an operator, read once from its schema and tags
+    (reading them on every call was a fifth of the recording's time)."""
+    __slots__ = ("random", "why_not", "nondeterministic", "is_view", "writes", "writes_unread")
+
+    def __init__(self, func):
+        tags = getattr(func, "tags", ())
+        self.random = _tag("nondeterministic_seeded") in tags
+        self.why_not = ""
+        if func.namespace in _COLLECTIVES:
+            self.why_not = f"{func} is a collective (a replay on one rank alone would hang)"
+        elif any(_tag(n) in tags for n in _NOT_REPLAYABLE_TAGS if _tag(n) is not None):
+            self.why_not = f"{func} has a data-dependent output"
+        self.nondeterministic = _tag("nondeterministic_bitwise") in tags
+        self.is_view = bool(getattr(func, "is_view", False))
+        self.writes_unread = func._schema.name.split("::")[-1] in _WRITES_UNREAD
+        self.writes = self.writes_unread or any(
+            a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+
+
+_op_infos = {}
+
+
+def _op_info(func):
+    info = _op_infos.get(func)
+    if info is None:
+        info = _op_infos[func] = _OpInfo(func)
+    return info
+
+
 def _written_indices(func, args, kwargs, flat_len):
     """Positions, in the flattened (args, kwargs), of tensors the call writes."""
     schema = func._schema
@@ -434,10 +464,9 @@ class Engine:
 
     def record(self, func, args, kwargs):
         flat, spec = _flatten_call(args, kwargs)
-        tags = getattr(func, "tags", ())
-        random = _tag("nondeterministic_seeded") in tags
+        info = _op_info(func)
         rng = None
-        if random:
+        if info.random:
             cuda_devices = {t.device for t in flat if isinstance(t, torch.Tensor)
                             and t.device.type == "cuda"}
             dev = kwargs.get("device")
@@ -447,7 +476,7 @@ class Engine:
             rng = (torch.get_rng_state(),
                    {d: torch.cuda.get_rng_state(d) for d in cuda_devices},
                    [(g, g.get_state()) for g in gens])
-        written = _written_indices(func, args, kwargs, len(flat))
+        written = _written_indices(func, args, kwargs, len(flat)) if info.writes else []
         refs = []
         for i, a in enumerate(flat):
             refs.append(_Ref(self._storage_of(a), a) if _has_storage(a) else a)
@@ -471,21 +500,18 @@ class Engine:
             if isinstance(r, _Ref) and (r.conj_or_neg or (not r.storage.leaf and
                                                           r.dtype != r.storage.dtype)):
                 why_not = f"{func} reads a view a replay would not rebuild (conj, neg or dtype)"
-        if func.namespace in _COLLECTIVES:
-            why_not = f"{func} is a collective (a replay on one rank alone would hang)"
-        elif any(_tag(n) in tags for n in _NOT_REPLAYABLE_TAGS if _tag(n) is not None):
-            why_not = f"{func} has a data-dependent output"
-        elif (not self.allow_nondeterministic and _tag("nondeterministic_bitwise") in tags and
+        if info.why_not:
+            why_not = info.why_not
+        elif (not self.allow_nondeterministic and info.nondeterministic and
               any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in flat)):
             why_not = f"{func} is not bitwise deterministic on CUDA"
         for i in written:
             r = refs[i]
-            if isinstance(r, _Ref) and r.storage.leaf and \
-                    func._schema.name.split("::")[-1] not in _WRITES_UNREAD:
+            if isinstance(r, _Ref) and r.storage.leaf and not info.writes_unread:
                 why_not = why_not or f"{func} writes into a tensor made before the context"
         cost = 0
         flat_out = _flatten_result(result)
-        if not getattr(func, "is_view", False):
+        if not info.is_view:
             cost = self.cost_model.call_ns(func, args, kwargs, result, flat, flat_out)
         call = _Call(func, spec, refs, rng, cost, why_not, written)
         call.outputs = {}
