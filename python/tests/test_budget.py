@@ -365,3 +365,30 @@ def test_a_calls_saved_outputs_come_back_in_one_run():
     # Once in the forward and once for the three outputs (one run per output
     # would make four).
     assert counter.counts["native_layer_norm"] == 2, counter.counts
+
+
+
+def _small_net(compiled):
+    def make(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.GELU(),
+                                    torch.nn.Linear(256, 256), torch.nn.GELU(),
+                                    torch.nn.Linear(256, 1))
+        x = torch.randn(64, 128)
+        run = torch.compile(model) if compiled else model
+        return model, lambda: run(x).square().mean()
+    return make
+
+
+def test_a_compiled_module_runs_as_eager_inside_the_budget():
+    # PyTorch does not compile under an active Python dispatch mode (the
+    # recorder is one): a compiled module called inside the context runs
+    # eagerly, remat manages its activations as an eager model's, and its
+    # gradients are the eager model's, bit for bit.
+    eager, eager_loss, _, _ = run_step(_small_net(False))
+    budget = int(saved_bytes_of(_small_net(False)) * 0.5)
+    grads, loss, stats, _ = run_step(_small_net(True), budget, policy="dtr")
+    assert torch.equal(loss, eager_loss)
+    assert_same_grads(eager, grads)
+    assert stats["saved_tensors"] > 0 and stats["drops"] > 0
+    assert stats["peak_saved_bytes"] <= budget
