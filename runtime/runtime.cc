@@ -236,6 +236,7 @@ Runtime::Storage* Runtime::AddStorage(std::size_t bytes, void* ptr, std::uint64_
   s->used_streams.push_back(stream);
   s->last_access_ns = s->first_access_ns = Clock();
   s->accesses = 1;
+  if (options_.learn_next_use) LearnUse(s, /*created=*/true);
   SetResident(s, ptr);
   ++stats_.tensors_created;
   ++stats_.live_tensors;
@@ -397,6 +398,7 @@ absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
   }
   s->last_access_ns = Clock();
   ++s->accesses;
+  if (options_.learn_next_use) LearnUse(s, /*created=*/false);
   if (std::find(s->used_streams.begin(), s->used_streams.end(), stream) == s->used_streams.end()) {
     s->used_streams.push_back(stream);
   }
@@ -436,6 +438,39 @@ absl::Status Runtime::HintNextUse(TensorId id, std::int64_t at_ns) {
   s->next_use_at = at_ns;
   PlanPrefetch(s);
   MaybePrefetchDue(kDefaultStream);
+  return absl::OkStatus();
+}
+
+void Runtime::LearnUse(Storage* s, bool created) {
+  if (created) {
+    if (step_uses_.size() >= UINT32_MAX) return;  // a step this long learns no more
+    s->step_index = static_cast<std::uint32_t>(step_uses_.size());
+    s->step_epoch = step_epoch_;
+    step_uses_.emplace_back();
+  } else if (s->step_epoch != step_epoch_) {
+    return;  // made in an earlier step
+  }
+  std::vector<std::int64_t>& uses = step_uses_[s->step_index];
+  const std::int64_t now = Clock();
+  uses.push_back(now);
+  if (s->step_index >= last_step_uses_.size()) return;  // the step before made fewer
+  // The j-th use now is the j-th then: the next comes as long after it.
+  const std::vector<std::int64_t>& then = last_step_uses_[s->step_index];
+  const std::size_t j = uses.size() - 1;
+  s->next_use_at = j + 1 < then.size() ? AddTimes(now, then[j + 1] - then[j]) : kNeverUsedAgain;
+  ++stats_.learned_next_uses;
+}
+
+absl::Status Runtime::EndStep() {
+  Lock lock(this);
+  if (!options_.learn_next_use) {
+    return absl::FailedPreconditionError(
+        "EndStep needs RuntimeOptions::learn_next_use (remat_runtime_options.learn_next_use)");
+  }
+  last_step_uses_.swap(step_uses_);
+  step_uses_.clear();
+  ++step_epoch_;
+  ++stats_.steps_ended;
   return absl::OkStatus();
 }
 

@@ -153,6 +153,15 @@ struct RuntimeOptions {
   // way: it is handed back as without the option and comes back elsewhere
   // (RuntimeStats::moved_restores counts those).
   bool keep_addresses = false;
+  // Next uses learned online, for a program whose steps repeat (a training
+  // loop) and that calls EndStep() after each. From the second step on, the
+  // k-th tensor made in a step is expected to be used as the k-th of the step
+  // before was: after its j-th use, its next comes the same time later as
+  // the (j+1)-th did then (NowNs's clock), or never when that one had no
+  // more. Policies that read next uses (belady, hybrid) and the prefetch
+  // planner act on these as on HintNextUse's, which overrides one until the
+  // tensor's next access.
+  bool learn_next_use = false;
 };
 
 struct RuntimeStats {
@@ -178,6 +187,8 @@ struct RuntimeStats {
   // Kept as they change, so stats() stays a copy.
   std::uint64_t tensor_pages = 0;
   std::uint64_t storage_objects = 0;
+  std::uint64_t learned_next_uses = 0;  // next uses estimated from the step before (learn_next_use)
+  std::uint64_t steps_ended = 0;        // EndStep calls
 };
 
 class Runtime;
@@ -265,6 +276,12 @@ class Runtime {
   // prefetch that finds no room waits for the next look.
   static constexpr std::int64_t kNeverUsedAgain = policies::kNeverUsedAgain;
   absl::Status HintNextUse(TensorId id, std::int64_t at_ns);
+  // Ends a step of a repeating program (RuntimeOptions::learn_next_use, else
+  // FailedPrecondition): the uses seen in it are what the next step's
+  // tensors are expected to do. Tensors made before it get no estimates
+  // from then on (a parameter outlives steps; the order it was made in says
+  // nothing about the next step).
+  absl::Status EndStep();
 
   // The tensor's state: kFreed once its owner freed it (as every other call
   // on the id then says), even while a view or a closure keeps its storage.
@@ -425,6 +442,9 @@ class Runtime {
   // The prefetch planner (HintNextUse). Plans `s` if it is on the host with
   // a next use; starts the planned prefetches now within the window.
   void PlanPrefetch(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // learn_next_use: counts a use of `s` (its creation when `created`) and
+  // estimates its next from the step before.
+  void LearnUse(Storage* s, bool created) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PrefetchDue(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybePrefetchDue(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!planned_.empty()) PrefetchDue(stream);
@@ -510,6 +530,12 @@ class Runtime {
     }
   };
   std::vector<PlannedPrefetch> planned_ ABSL_GUARDED_BY(mu_);
+  // learn_next_use: the times (NowNs's clock) of the uses of each tensor made
+  // in the step now running, by the order they were made in, and the same of
+  // the step before. A storage made in this step carries step_epoch_.
+  std::vector<std::vector<std::int64_t>> step_uses_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<std::int64_t>> last_step_uses_ ABSL_GUARDED_BY(mu_);
+  std::uint32_t step_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   // The storages of the inputs CheckInputs last found (reused: no allocation).
   std::vector<Storage*> checked_inputs_ ABSL_GUARDED_BY(mu_);
   // While a planned prefetch makes room: its next use. Pressure then evicts

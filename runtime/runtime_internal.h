@@ -75,6 +75,10 @@ struct StorageFields {
   // Kept by SetState, so building a candidate reads no neighbour that cannot matter.
   std::int64_t first_access_ns = 0;
   std::int64_t next_use_at = -1;          // HintNextUse's device time; -1 unknown
+  // learn_next_use: its place among the tensors made in its step, and that
+  // step (0: none, or a step that has ended).
+  std::uint32_t step_index = 0;
+  std::uint32_t step_epoch = 0;
   std::int64_t planned_prefetch_at = -1;  // its entry in Runtime::planned_ (-1: none)
   std::uint64_t recomputes = 0;
   static constexpr std::uint32_t kNoClass = DropClasses::kNone;

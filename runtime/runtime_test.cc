@@ -286,6 +286,80 @@ TEST_F(RuntimeTest, WithAPrefetchWindowTheRuntimePrefetchesWhatItsHintsSayComesS
   ASSERT_TRUE(runtime_->CheckInvariants().ok()) << runtime_->CheckInvariants();
 }
 
+// A step that repeats, as a training loop's do: six 4 MiB tensors made, then
+// each used once in the order they were made, with work between the uses.
+// Returns the recomputes (or, offloading, the restores that found nothing
+// prefetched) the step took.
+struct StepFigures {
+  std::uint64_t recomputes = 0;
+  std::uint64_t prefetches = 0;
+};
+
+class LearnedStepTest : public RuntimeTest {
+ protected:
+  StepFigures Step(bool drop) {
+    const RuntimeStats before = runtime_->stats();
+    std::vector<TensorId> ids;
+    for (int i = 0; i < 6; ++i) ids.push_back(Produce(4 * kMiB, {}, drop, !drop));
+    for (TensorId id : ids) {
+      Check(id);
+      TensorId work = Produce(64 * kKiB, {}, false, false, /*cost_ns=*/200'000);
+      EXPECT_TRUE(runtime_->Free(work).ok());
+    }
+    for (TensorId id : ids) EXPECT_TRUE(runtime_->Free(id).ok());
+    EXPECT_TRUE(runtime_->EndStep().ok());
+    const RuntimeStats after = runtime_->stats();
+    return {after.recomputes - before.recomputes, after.prefetches - before.prefetches};
+  }
+};
+
+TEST_F(LearnedStepTest, BeladyGoesByTheStepBeforeOnceOneHasEnded) {
+  Make(0, {.policy = "belady",
+           .enable_offload = false,
+           .live_budget = 13 * kMiB,
+           .learn_next_use = true});
+  const StepFigures first = Step(/*drop=*/true);
+  EXPECT_EQ(runtime_->stats().learned_next_uses, 0u);  // nothing to go by yet
+  const StepFigures second = Step(/*drop=*/true);
+  const StepFigures third = Step(/*drop=*/true);
+  EXPECT_GT(runtime_->stats().learned_next_uses, 0u);
+  EXPECT_EQ(runtime_->stats().steps_ended, 3u);
+  // Without a future every tensor looks never used again; with the step
+  // before's, belady keeps what comes next.
+  EXPECT_GT(first.recomputes, 0u);
+  EXPECT_LT(second.recomputes, first.recomputes);
+  EXPECT_EQ(third.recomputes, second.recomputes);
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+}
+
+TEST_F(LearnedStepTest, HybridPrefetchesWhatTheStepBeforeSaysComesNext) {
+  Make(0, {.policy = "hybrid:prefetch_us=300",
+           .enable_drop = false,
+           .live_budget = 13 * kMiB,
+           .learn_next_use = true});
+  const StepFigures first = Step(/*drop=*/false);
+  const StepFigures second = Step(/*drop=*/false);
+  EXPECT_EQ(first.prefetches, 0u);  // no hint, no plan
+  EXPECT_GT(second.prefetches, 0u);
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+}
+
+TEST_F(LearnedStepTest, EndStepNeedsTheOptionAndOldTensorsAreNotEstimated) {
+  Make(0, {.policy = "belady", .live_budget = 64 * kMiB});
+  EXPECT_EQ(runtime_->EndStep().code(), absl::StatusCode::kFailedPrecondition);
+  Make(0, {.policy = "belady", .live_budget = 64 * kMiB, .learn_next_use = true});
+  TensorId kept = Produce(kMiB, {}, true, false);  // made in step 1, outlives it
+  Check(kept);
+  ASSERT_TRUE(runtime_->EndStep().ok());
+  const std::uint64_t learned = runtime_->stats().learned_next_uses;
+  Check(kept);  // index 0 of a step that has ended: no estimate
+  EXPECT_EQ(runtime_->stats().learned_next_uses, learned);
+  TensorId fresh = Produce(kMiB, {}, true, false);  // index 0 of step 2: estimated
+  EXPECT_EQ(runtime_->stats().learned_next_uses, learned + 1);
+  Check(fresh);
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+}
+
 TEST_F(RuntimeTest, ChooseCheaperWayOutWhenBothAreAllowed) {
   Make(8 * kMiB, {.policy = "lru"});
   // Recompute of 10 ns beats a 4 MiB round trip over 25 GB/s.

@@ -913,6 +913,71 @@ static int fill_byte(void* user_data, void* const* inputs, size_t num_inputs, vo
   return 0;
 }
 
+/* A step that repeats: from the second on, belady goes by the one before. */
+static void belady_step(remat_runtime* rt, int* failed, uint64_t* recomputes) {
+  uint64_t ids[6], work = 0;
+  remat_tensor_options topts;
+  remat_runtime_stats before, after;
+  void* p = NULL;
+  int i;
+  CHECK_OK(remat_runtime_get_stats(rt, &before));
+  CHECK_OK(remat_tensor_options_init(&topts));
+  topts.allow_drop = 1;
+  topts.recompute = fill_byte;
+  topts.compute_ns = 1000;
+  for (i = 0; i < 6; ++i) {
+    CHECK_OK(remat_tensor_create(rt, 4 * MIB, &topts, 0, &ids[i], &p));
+    memset(p, 0x33, 4 * MIB);
+    CHECK_OK(remat_tensor_release(rt, ids[i]));
+  }
+  for (i = 0; i < 6; ++i) {
+    remat_tensor_options wopts;
+    CHECK_OK(remat_tensor_acquire(rt, ids[i], 0, &p));
+    *failed |= ((unsigned char*)p)[4 * MIB - 1] != 0x33;
+    CHECK_OK(remat_tensor_release(rt, ids[i]));
+    CHECK_OK(remat_tensor_options_init(&wopts));
+    wopts.compute_ns = 200000; /* the work between two uses */
+    CHECK_OK(remat_tensor_create(rt, 64 * 1024, &wopts, 0, &work, NULL));
+    CHECK_OK(remat_tensor_release(rt, work));
+    CHECK_OK(remat_tensor_free(rt, work));
+  }
+  for (i = 0; i < 6; ++i) CHECK_OK(remat_tensor_free(rt, ids[i]));
+  CHECK_OK(remat_runtime_end_step(rt));
+  CHECK_OK(remat_runtime_get_stats(rt, &after));
+  *recomputes = after.recomputes - before.recomputes;
+}
+
+static void test_learned_next_uses(void) {
+  remat_allocator* a = make_allocator(GIB, 0, 1);
+  remat_runtime* rt = NULL;
+  remat_runtime_options ro;
+  remat_runtime_stats st;
+  uint64_t first = 0, second = 0;
+  int failed = 0;
+  CHECK(a != NULL);
+  CHECK_OK(remat_runtime_options_init(&ro));
+  CHECK(ro.learn_next_use == 0);
+  ro.policy = "belady";
+  ro.enable_offload = 0;
+  ro.live_budget = 13 * MIB;
+  CHECK_OK(remat_runtime_create_with_options(a, &ro, &rt));
+  CHECK_STATUS(remat_runtime_end_step(rt), REMAT_FAILED_PRECONDITION);
+  CHECK_ERROR_HAS("learn_next_use");
+  CHECK_OK(remat_runtime_destroy(rt));
+  ro.learn_next_use = 1;
+  CHECK_OK(remat_runtime_create_with_options(a, &ro, &rt));
+  belady_step(rt, &failed, &first);
+  belady_step(rt, &failed, &second);
+  CHECK(failed == 0);
+  CHECK(second < first);
+  CHECK_OK(remat_runtime_get_stats(rt, &st));
+  CHECK(st.steps_ended == 2);
+  CHECK(st.learned_next_uses > 0);
+  CHECK_STATUS(remat_runtime_end_step(NULL), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
 /* A framework that keeps tensors itself follows the runtime through events:
  * each drop, offload, restore and recompute is told, in order, with its id. */
 static void test_events_tell_each_transition(void) {
@@ -1107,6 +1172,7 @@ static void test_offloaded_tensor_keeps_its_address(void) {
 int main(void) {
   static const test_case tests[] = {
       {"alloc_conf", test_alloc_conf},
+      {"learned_next_uses", test_learned_next_uses},
       {"an_output_added_later_comes_back_in_the_same_run",
        test_an_output_added_later_comes_back_in_the_same_run},
       {"offloaded_tensor_keeps_its_address", test_offloaded_tensor_keeps_its_address},

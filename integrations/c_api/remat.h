@@ -65,7 +65,7 @@ REMAT_API const char* remat_version(void);
  * (libremat.so.MAJOR.MINOR), so a program built against another header does
  * not load the new library by accident. A program that loads the library by
  * path should check remat_abi_version() == REMAT_ABI_VERSION first. */
-#define REMAT_ABI_VERSION 2
+#define REMAT_ABI_VERSION 3
 REMAT_API int remat_abi_version(void);
 /* Frees a string this library returned (remat_snapshot_json). NULL is fine. */
 REMAT_API void remat_string_free(char* str);
@@ -183,6 +183,13 @@ typedef struct remat_runtime_options {
   int keep_addresses;        /* nonzero: an offloaded tensor keeps its device address
                               * (its pages go and come back under it); needs an
                               * allocator made with "expandable_segments:True" */
+  int learn_next_use;        /* nonzero: a program whose steps repeat calls
+                              * remat_runtime_end_step after each, and from the
+                              * second step on each tensor's next use is
+                              * estimated from the step before (the k-th tensor
+                              * made in a step uses as the k-th did), for the
+                              * policies that read next uses (belady, hybrid)
+                              * and hybrid's prefetches */
 } remat_runtime_options;
 
 /* Defaults: "dtr", drop and offload enabled, 64 GiB of host pool. */
@@ -195,6 +202,10 @@ REMAT_API remat_status remat_runtime_create(remat_allocator* allocator, const ch
 REMAT_API remat_status remat_runtime_create_with_options(remat_allocator* allocator,
                                                          const remat_runtime_options* options,
                                                          remat_runtime** out);
+/* Ends a step of a repeating program (a training step) made with
+ * learn_next_use: what its tensors did is what the next step's are expected
+ * to do. REMAT_FAILED_PRECONDITION without learn_next_use. */
+REMAT_API remat_status remat_runtime_end_step(remat_runtime* runtime);
 /* What happened to a tensor, as remat_runtime_create_observed tells it.
  * `tensor` names the storage by the id it was created with (views of it are
  * not named). A storage's events follow its states: CREATED, then
@@ -364,6 +375,8 @@ typedef struct remat_runtime_stats {
   uint64_t resident_bytes;   /* tensor storage on the device now */
   uint64_t peak_resident_bytes;
   uint64_t pinned_by_api;    /* pins held through this API now */
+  uint64_t learned_next_uses; /* next uses estimated from the step before */
+  uint64_t steps_ended;       /* remat_runtime_end_step calls */
 } remat_runtime_stats;
 
 REMAT_API remat_status remat_runtime_get_stats(remat_runtime* runtime, remat_runtime_stats* out);

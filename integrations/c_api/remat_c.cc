@@ -652,6 +652,7 @@ remat_status CreateRuntime(const char* fn, remat_allocator* allocator,
     ro.host_pool_bytes = static_cast<std::size_t>(o.host_pool_bytes);
     ro.live_budget = static_cast<std::size_t>(o.live_budget);
     ro.keep_addresses = o.keep_addresses != 0;
+    ro.learn_next_use = o.learn_next_use != 0;
     std::unique_ptr<remat::RuntimeObserver> observer;
     if (on_event != nullptr) {
       observer = std::make_unique<CallbackObserver>(on_event, user_data);
@@ -690,6 +691,15 @@ remat_status remat_runtime_create(remat_allocator* allocator, const char* policy
   remat_runtime_options_init(&o);
   o.policy = policy_spec;
   return CreateRuntime(__func__, allocator, &o, nullptr, nullptr, out);
+}
+
+remat_status remat_runtime_end_step(remat_runtime* runtime) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    if (absl::Status st = runtime->runtime->EndStep(); !st.ok()) return FromStatus(fn, st);
+    return REMAT_OK;
+  });
 }
 
 remat_status remat_runtime_destroy(remat_runtime* runtime) {
@@ -932,6 +942,8 @@ remat_status remat_runtime_get_stats(remat_runtime* runtime, remat_runtime_stats
     {
       remat::MutexLock lock(&runtime->mu);
       r.pinned_by_api = runtime->pin_count;
+      r.learned_next_uses = s.learned_next_uses;
+      r.steps_ended = s.steps_ended;
     }
     *out = r;
     return REMAT_OK;

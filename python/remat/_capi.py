@@ -12,7 +12,7 @@ import pathlib
 
 # The struct layouts below mirror remat.h at this REMAT_ABI_VERSION; lib()
 # refuses a library with another one rather than misread its structs.
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 OK = 0
 INVALID_ARGUMENT = 1
@@ -41,7 +41,8 @@ class AllocatorOptions(ctypes.Structure):
 class RuntimeOptions(ctypes.Structure):
     _fields_ = [("policy", ctypes.c_char_p), ("enable_drop", ctypes.c_int),
                 ("enable_offload", ctypes.c_int), ("host_pool_bytes", ctypes.c_uint64),
-                ("live_budget", ctypes.c_uint64), ("keep_addresses", ctypes.c_int)]
+                ("live_budget", ctypes.c_uint64), ("keep_addresses", ctypes.c_int),
+                ("learn_next_use", ctypes.c_int)]
 
 
 RECOMPUTE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p,
@@ -88,7 +89,7 @@ class RuntimeStats(ctypes.Structure):
         "offloads", "recomputes")] + [("recompute_ns", ctypes.c_int64)] + [
         (name, ctypes.c_uint64) for name in (
             "offloaded_bytes", "restored_bytes", "prefetches", "resident_bytes",
-            "peak_resident_bytes", "pinned_by_api")]
+            "peak_resident_bytes", "pinned_by_api", "learned_next_uses", "steps_ended")]
 
 
 class RematError(RuntimeError):
@@ -150,6 +151,7 @@ def lib():
         "remat_runtime_create_observed": (ctypes.c_int, [vp, ctypes.POINTER(RuntimeOptions),
                                                          EVENT_FN, vp, ctypes.POINTER(vp)]),
         "remat_runtime_destroy": (ctypes.c_int, [vp]),
+        "remat_runtime_end_step": (ctypes.c_int, [vp]),
         "remat_recompute_set_error": (ctypes.c_int, [ctypes.c_char_p]),
         "remat_tensor_create": (ctypes.c_int, [vp, sz, ctypes.POINTER(TensorOptions), u64,
                                                ctypes.POINTER(u64), ctypes.POINTER(vp)]),
