@@ -236,7 +236,9 @@ Runtime::Storage* Runtime::AddStorage(std::size_t bytes, void* ptr, std::uint64_
   s->used_streams.push_back(stream);
   s->last_access_ns = s->first_access_ns = Clock();
   s->accesses = 1;
-  if (options_.learn_next_use) LearnUse(s, /*created=*/true);
+  if (options_.learn_next_use && runtime_internal::closures_running == 0) {
+    LearnUse(s, /*created=*/true);
+  }
   SetResident(s, ptr);
   ++stats_.tensors_created;
   ++stats_.live_tensors;
@@ -398,7 +400,9 @@ absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
   }
   s->last_access_ns = Clock();
   ++s->accesses;
-  if (options_.learn_next_use) LearnUse(s, /*created=*/false);
+  if (options_.learn_next_use && runtime_internal::closures_running == 0) {
+    LearnUse(s, /*created=*/false);
+  }
   if (std::find(s->used_streams.begin(), s->used_streams.end(), stream) == s->used_streams.end()) {
     s->used_streams.push_back(stream);
   }
@@ -450,14 +454,22 @@ void Runtime::LearnUse(Storage* s, bool created) {
   } else if (s->step_epoch != step_epoch_) {
     return;  // made in an earlier step
   }
+  // Uses are placed by their order in the step (the clock may not move
+  // between two: a framework's backward creates nothing), and a gap of uses
+  // is read as time at the step before's pace.
   std::vector<std::int64_t>& uses = step_uses_[s->step_index];
-  const std::int64_t now = Clock();
-  uses.push_back(now);
+  uses.push_back(step_use_count_++);
   if (s->step_index >= last_step_uses_.size()) return;  // the step before made fewer
-  // The j-th use now is the j-th then: the next comes as long after it.
+  // The j-th use now is the j-th then: the next comes as many uses after it.
   const std::vector<std::int64_t>& then = last_step_uses_[s->step_index];
   const std::size_t j = uses.size() - 1;
-  s->next_use_at = j + 1 < then.size() ? AddTimes(now, then[j + 1] - then[j]) : kNeverUsedAgain;
+  if (j + 1 < then.size()) {
+    const std::int64_t gap = then[j + 1] - then[j];
+    const std::int64_t ahead_ns = gap > INT64_MAX / ns_per_use_ ? INT64_MAX : gap * ns_per_use_;
+    s->next_use_at = AddTimes(Clock(), ahead_ns);
+  } else {
+    s->next_use_at = kNeverUsedAgain;
+  }
   ++stats_.learned_next_uses;
 }
 
@@ -469,6 +481,11 @@ absl::Status Runtime::EndStep() {
   }
   last_step_uses_.swap(step_uses_);
   step_uses_.clear();
+  const std::int64_t now = Clock();
+  ns_per_use_ = std::max<std::int64_t>(
+      1, (now - step_start_ns_) / std::max<std::int64_t>(1, step_use_count_));
+  step_start_ns_ = now;
+  step_use_count_ = 0;
   ++step_epoch_;
   ++stats_.steps_ended;
   return absl::OkStatus();

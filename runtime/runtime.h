@@ -156,9 +156,10 @@ struct RuntimeOptions {
   // Next uses learned online, for a program whose steps repeat (a training
   // loop) and that calls EndStep() after each. From the second step on, the
   // k-th tensor made in a step is expected to be used as the k-th of the step
-  // before was: after its j-th use, its next comes the same time later as
-  // the (j+1)-th did then (NowNs's clock), or never when that one had no
-  // more. Policies that read next uses (belady, hybrid) and the prefetch
+  // before was: after its j-th use, its next comes as many uses (of any
+  // tensor) later as the (j+1)-th did then, read as time at the step before's
+  // pace (its NowNs time over its uses), or never when that one had no more.
+  // Policies that read next uses (belady, hybrid) and the prefetch
   // planner act on these as on HintNextUse's, which overrides one until the
   // tensor's next access.
   bool learn_next_use = false;
@@ -530,11 +531,16 @@ class Runtime {
     }
   };
   std::vector<PlannedPrefetch> planned_ ABSL_GUARDED_BY(mu_);
-  // learn_next_use: the times (NowNs's clock) of the uses of each tensor made
-  // in the step now running, by the order they were made in, and the same of
-  // the step before. A storage made in this step carries step_epoch_.
+  // learn_next_use: where among the step's uses (0, 1, ...) each tensor made
+  // in the step now running was used, by the order they were made in, and the
+  // same of the step before; the uses counted in this step; the step before's
+  // pace (its time on NowNs's clock over its uses). A storage made in this
+  // step carries step_epoch_.
   std::vector<std::vector<std::int64_t>> step_uses_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<std::int64_t>> last_step_uses_ ABSL_GUARDED_BY(mu_);
+  std::int64_t step_use_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::int64_t step_start_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  std::int64_t ns_per_use_ ABSL_GUARDED_BY(mu_) = 1;
   std::uint32_t step_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   // The storages of the inputs CheckInputs last found (reused: no allocation).
   std::vector<Storage*> checked_inputs_ ABSL_GUARDED_BY(mu_);

@@ -123,6 +123,11 @@ struct Storage : StorageFields {
   TensorId FirstId() const { return tensor_ids.empty() ? 0 : tensor_ids.front(); }
 };
 
+// Recompute closures this thread is running (RunCall): what they create and
+// acquire is the runtime's own work, not the program's, and teaches
+// learn_next_use nothing.
+inline thread_local int closures_running = 0;
+
 // What a policy may evict now: on the device, unpinned, evictable. A
 // prefetched tensor (its copy in may still run) can go again: its block is
 // handed back behind the copy, like any other use.

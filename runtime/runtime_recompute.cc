@@ -5,6 +5,7 @@
 #include <atomic>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 #include "runtime/runtime.h"
@@ -165,6 +166,8 @@ absl::Status Runtime::RunCall(Storage* s, Stream stream) ABSL_NO_THREAD_SAFETY_A
     // The closure may allocate, acquire and evict: everything it reads or
     // writes is pinned (the inputs by the frame, the outputs by the claim).
     Unlocked unlocked(this);
+    ++runtime_internal::closures_running;
+    absl::Cleanup out = [] { --runtime_internal::closures_running; };
     ran = closure(args);
   }
   if (!ran.ok()) {

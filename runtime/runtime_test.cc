@@ -360,6 +360,46 @@ TEST_F(LearnedStepTest, EndStepNeedsTheOptionAndOldTensorsAreNotEstimated) {
   ASSERT_NO_FATAL_FAILURE(CheckInvariants());
 }
 
+TEST_F(LearnedStepTest, WhatAClosureDoesIsNotTheProgramsUse) {
+  // A closure's acquires depend on what the policy dropped: counted as uses,
+  // they would shift every later tensor's place from step to step.
+  Make(0, {.policy = "lru",
+           .enable_offload = false,
+           .live_budget = 12 * kMiB,
+           .learn_next_use = true});
+  Runtime* rt = runtime_.get();
+  std::uint64_t learned_by_acquire = 0;
+  for (int step = 0; step < 2; ++step) {
+    TensorId side = Produce(kMiB, {}, false, false);
+    TensorOptions options;
+    options.allow_drop = true;
+    options.recompute = [rt, side](const RecomputeArgs&) -> absl::Status {
+      absl::StatusOr<Guard> g = rt->Acquire(side);  // back into the runtime
+      if (!g.ok()) return g.status();
+      absl::StatusOr<Guard> tmp = rt->Create(64 * kKiB, TensorOptions{});
+      if (!tmp.ok()) return tmp.status();
+      const TensorId id = tmp->id();
+      tmp->Release();
+      return rt->Free(id);
+    };
+    auto a = runtime_->Create(4 * kMiB, std::move(options));
+    ASSERT_TRUE(a.ok()) << a.status();
+    const TensorId a_id = a->id();
+    a->Release();
+    TensorId big = Produce(8 * kMiB, {}, false, false);  // a goes
+    ASSERT_EQ(StateOf(a_id), TensorState::kDropped);
+    ASSERT_TRUE(runtime_->Free(big).ok());
+    const std::uint64_t before = runtime_->stats().learned_next_uses;
+    ASSERT_TRUE(runtime_->Acquire(a_id).ok());  // recomputed: the closure acquires `side`
+    learned_by_acquire = runtime_->stats().learned_next_uses - before;
+    ASSERT_TRUE(runtime_->Free(a_id).ok());
+    ASSERT_TRUE(runtime_->Free(side).ok());
+    ASSERT_TRUE(runtime_->EndStep().ok());
+  }
+  EXPECT_EQ(learned_by_acquire, 1u);  // the program's acquire, not the closure's
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+}
+
 TEST_F(RuntimeTest, ChooseCheaperWayOutWhenBothAreAllowed) {
   Make(8 * kMiB, {.policy = "lru"});
   // Recompute of 10 ns beats a 4 MiB round trip over 25 GB/s.

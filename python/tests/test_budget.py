@@ -392,3 +392,43 @@ def test_a_compiled_module_runs_as_eager_inside_the_budget():
     assert_same_grads(eager, grads)
     assert stats["saved_tensors"] > 0 and stats["drops"] > 0
     assert stats["peak_saved_bytes"] <= budget
+
+
+def test_a_budget_entered_each_step_learns_from_the_step_before():
+    # One budget object, entered once per step: its runtime stays, and from
+    # the second step on each saved tensor's next use is estimated from the
+    # step before, which belady (the policy that goes by next uses) needs.
+    plain, plain_loss, _, _ = run_step(models.resnet)
+    b = remat.torch.budget(int(saved_bytes_of(models.resnet) * 0.5), policy="belady")
+    figures = []
+    for _ in range(3):
+        model, step = models.resnet(0)
+        torch.manual_seed(1)
+        with b:
+            loss = step()
+            loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        assert torch.equal(loss.detach(), plain_loss)
+        assert_same_grads(plain, grads)
+        assert b.stats["peak_saved_bytes"] <= b.stats["budget_bytes"]
+        figures.append(b.stats)
+    assert [f["step"] for f in figures] == [1, 2, 3]
+    assert figures[0]["learned_next_uses"] == 0
+    assert figures[1]["learned_next_uses"] > 0
+    assert figures[1]["recomputed_calls"] < figures[0]["recomputed_calls"]
+    assert figures[2]["recomputed_calls"] == figures[1]["recomputed_calls"]
+    b.close()
+
+
+def test_a_budget_is_entered_by_one_step_at_a_time():
+    b = remat.torch.budget("1GiB")
+    with b:
+        with pytest.raises(RuntimeError, match="already open|do not nest"):
+            with b:
+                pass
+        with pytest.raises(RuntimeError, match="after leaving"):
+            b.close()
+    b.close()
+    with b:  # after close, a fresh runtime
+        pass
+    assert b.stats["step"] == 1

@@ -262,8 +262,80 @@ class _Mode(TorchDispatchMode):
         return engine.record(func, args, kwargs)
 
 
+class _Session:
+    """The runtime a budget keeps across its steps (each `with`): it learns
+    from each step what the next will do. Its callbacks go to the step now
+    running."""
+
+    def __init__(self, budget_bytes, policy, offload, recompute):
+        self.lib = _capi.lib()
+        self.engine = None
+        self.allocator = None
+        self.runtime = None
+        self._event_fn = _capi.EVENT_FN(self._on_event)
+        self.recompute_fn = _capi.CALL_RECOMPUTE_FN(self._on_recompute)
+        lib = self.lib
+        ao = _capi.AllocatorOptions()
+        _capi.check(lib.remat_allocator_options_init(ctypes.byref(ao)), "allocator options")
+        ao.device = _capi.DEVICE_SIM
+        ao.sim_backed = 0
+        # Addresses only: the runtime's bookkeeping of the saved bytes. The
+        # budget that matters is the live budget below.
+        ao.sim_capacity_bytes = 16 << 40  # the most SimDevice models
+        allocator = ctypes.c_void_p()
+        _capi.check(lib.remat_allocator_create(ctypes.byref(ao), ctypes.byref(allocator)),
+                    "remat_allocator_create")
+        self.allocator = allocator
+        ro = _capi.RuntimeOptions()
+        _capi.check(lib.remat_runtime_options_init(ctypes.byref(ro)), "runtime options")
+        ro.policy = policy.encode()
+        ro.enable_drop = 1 if recompute else 0
+        ro.enable_offload = 1 if offload else 0
+        ro.live_budget = budget_bytes
+        ro.host_pool_bytes = 16 << 40
+        ro.learn_next_use = 1
+        runtime = ctypes.c_void_p()
+        status = lib.remat_runtime_create_observed(allocator, ctypes.byref(ro), self._event_fn,
+                                                   None, ctypes.byref(runtime))
+        if status != _capi.OK:
+            message = lib.remat_last_error().decode()
+            lib.remat_allocator_destroy(allocator)
+            self.allocator = None
+            raise ValueError(message)
+        self.runtime = runtime
+
+    def _on_event(self, user, event_p):
+        if self.engine is not None:
+            self.engine._on_event(user, event_p)
+
+    def _on_recompute(self, *args):
+        if self.engine is None:  # cannot happen: a step frees all it made
+            self.lib.remat_recompute_set_error(b"remat: a recompute outside a step")
+            return 1
+        return self.engine._on_recompute(*args)
+
+    def raw_stats(self):
+        st = _capi.RuntimeStats()
+        _capi.check(self.lib.remat_runtime_get_stats(self.runtime, ctypes.byref(st)), "stats")
+        return st
+
+    def close(self):
+        lib = self.lib
+        if self.runtime is not None:
+            lib.remat_runtime_destroy(self.runtime)
+            self.runtime = None
+        if self.allocator is not None:
+            lib.remat_allocator_destroy(self.allocator)
+            self.allocator = None
+
+
+# Runtime counters reported per step (the difference over the step).
+_STEP_COUNTERS = ("drops", "recomputes", "offloads", "prefetches", "offloaded_bytes",
+                  "restored_bytes", "recompute_ns", "pressure_events", "learned_next_uses")
+
+
 class Engine:
-    """The state of one budget context."""
+    """The state of one step under a budget (one `with`)."""
 
     def __init__(self, budget_bytes, policy, offload, recompute, allow_nondeterministic,
                  cost_model):
@@ -287,10 +359,9 @@ class Engine:
         self.counts = {"saved_tensors": 0, "saved_unmanaged": 0, "kept_not_replayable": 0,
                        "recomputed_calls": 0}
         self.lib = _capi.lib()
-        self.allocator = None
+        self.session = None
         self.runtime = None
-        self._event_fn = _capi.EVENT_FN(self._on_event)
-        self._recompute_fn = _capi.CALL_RECOMPUTE_FN(self._on_recompute)
+        self.start = None             # the runtime's counters when the step began
         # A runtime call per recorded call whose outputs are saved: its saved
         # storages, in the runtime's output order (autograd saves a call's
         # outputs one by one: layer norm's mean and rstd as it returns, its
@@ -303,71 +374,59 @@ class Engine:
 
     # --- the runtime ------------------------------------------------------------------
 
-    def open(self):
-        lib = self.lib
-        ao = _capi.AllocatorOptions()
-        _capi.check(lib.remat_allocator_options_init(ctypes.byref(ao)), "allocator options")
-        ao.device = _capi.DEVICE_SIM
-        ao.sim_backed = 0
-        # Addresses only: the runtime's bookkeeping of the saved bytes. The
-        # budget that matters is the live budget below.
-        ao.sim_capacity_bytes = 16 << 40  # the most SimDevice models
-        allocator = ctypes.c_void_p()
-        _capi.check(lib.remat_allocator_create(ctypes.byref(ao), ctypes.byref(allocator)),
-                    "remat_allocator_create")
-        self.allocator = allocator
-        ro = _capi.RuntimeOptions()
-        _capi.check(lib.remat_runtime_options_init(ctypes.byref(ro)), "runtime options")
-        ro.policy = self.policy.encode()
-        ro.enable_drop = 1 if self.recompute else 0
-        ro.enable_offload = 1 if self.offload else 0
-        ro.live_budget = self.budget_bytes
-        ro.host_pool_bytes = 16 << 40
-        runtime = ctypes.c_void_p()
-        status = lib.remat_runtime_create_observed(allocator, ctypes.byref(ro), self._event_fn,
-                                                   None, ctypes.byref(runtime))
-        if status != _capi.OK:
-            message = lib.remat_last_error().decode()
-            lib.remat_allocator_destroy(allocator)
-            self.allocator = None
-            raise ValueError(message)
-        self.runtime = runtime
+    def open(self, session):
+        self.session = session
+        self.runtime = session.runtime
+        self.start = session.raw_stats()
+        session.engine = self
 
     def close(self):
+        """Ends the step: everything it holds goes, and the runtime learns
+        from it what the next step will do."""
         if self.closed:
             return
         self.closed = True
-        self._release_pins()
-        self.stats = self.read_stats()
-        for s in self.by_index:
-            s.tensor = None
-            s.host = None
         lib = self.lib
-        if self.runtime is not None:
-            lib.remat_runtime_destroy(self.runtime)
+        try:
+            self._release_pins()
+            self._free_dead()
+            for s in self.registered:
+                if s.pinned_forever and not s.freed:
+                    s.pinned_forever = False
+                    lib.remat_tensor_release(self.runtime, s.id)
+                self._free(s)
+            self._drain()
+            _capi.check(lib.remat_runtime_end_step(self.runtime), "remat_runtime_end_step")
+            self.stats = self.read_stats()
+        finally:
+            self.session.engine = None
+            for s in self.by_index:
+                s.tensor = None
+                s.host = None
+            self.storages.clear()
+            self.by_id.clear()
             self.runtime = None
-        if self.allocator is not None:
-            lib.remat_allocator_destroy(self.allocator)
-            self.allocator = None
-        self.storages.clear()
-        self.by_id.clear()
 
     def read_stats(self):
-        st = _capi.RuntimeStats()
-        _capi.check(self.lib.remat_runtime_get_stats(self.runtime, ctypes.byref(st)), "stats")
+        st = self.session.raw_stats()
+        step = {name: getattr(st, name) - getattr(self.start, name) for name in _STEP_COUNTERS}
         return {
             "budget_bytes": self.budget_bytes,
+            # The runtime's peak over the budget's steps so far.
             "peak_saved_bytes": st.peak_resident_bytes,
             "saved_bytes": st.resident_bytes,
-            "drops": st.drops,
-            "recomputes": st.recomputes,
-            "offloads": st.offloads,
+            "drops": step["drops"],
+            "recomputes": step["recomputes"],
+            "offloads": step["offloads"],
             "restores": self.restores,
-            "prefetches": st.prefetches,
-            "offloaded_bytes": st.offloaded_bytes,
-            "restored_bytes": st.restored_bytes,
-            "recompute_ns_estimate": st.recompute_ns,
-            "pressure_events": st.pressure_events,
+            "prefetches": step["prefetches"],
+            "offloaded_bytes": step["offloaded_bytes"],
+            "restored_bytes": step["restored_bytes"],
+            "recompute_ns_estimate": step["recompute_ns"],
+            "pressure_events": step["pressure_events"],
+            # Next uses estimated from the step before (the second step on).
+            "learned_next_uses": step["learned_next_uses"],
+            "step": st.steps_ended + (0 if self.closed else 1),
             **self.counts,
         }
 
@@ -644,7 +703,8 @@ class Engine:
             opts.compute_ns = max(1, cost)
             opts.allow_drop = allow_drop
             opts.allow_offload = allow_offload
-            opts.recompute = self._recompute_fn if allow_drop else _capi.CALL_RECOMPUTE_FN()
+            opts.recompute = self.session.recompute_fn if allow_drop else \
+                _capi.CALL_RECOMPUTE_FN()
             opts.user_data = len(self.groups)
             size = ctypes.c_size_t(s.nbytes)
             status = self.lib.remat_call_create(self.runtime, 1, ctypes.byref(size),
@@ -907,7 +967,9 @@ class Engine:
 
 class budget:
     """Runs what is inside the `with` under a budget of resident saved
-    activations. See the package's README for the whole story.
+    activations. See the package's README for the whole story. Enter it
+    once per step: it keeps its runtime between steps, which learns each
+    step's next uses for the next; close() (or the object's end) lets it go.
 
         with remat.torch.budget("2GiB", policy="dtr-eq") as run:
             loss = model(batch).sum()
@@ -939,20 +1001,26 @@ class budget:
             kw["tflops"] = tflops
         if hbm_gbps is not None:
             kw["hbm_gbps"] = hbm_gbps
-        self._engine = Engine(self.budget_bytes, policy, bool(offload), bool(recompute),
-                              bool(allow_nondeterministic), CostModel(**kw))
+        self._args = (self.budget_bytes, policy, bool(offload), bool(recompute),
+                      bool(allow_nondeterministic), CostModel(**kw))
+        self._session = None
+        self._engine = None
         self._mode = None
         self._hooks = None
         self.stats = None
 
     def __enter__(self):
-        engine = self._engine
-        if engine.runtime is not None or engine.closed:
-            raise RuntimeError("a remat.torch.budget context can be entered once")
+        if self._engine is not None and not self._engine.closed:
+            raise RuntimeError("this remat.torch.budget is already open: leave it before "
+                               "entering it for the next step")
         if _active.get(threading.get_ident()) is not None:
             raise RuntimeError("remat.torch.budget contexts do not nest: one budget covers "
                                "the whole step")
-        engine.open()
+        if self._session is None:
+            self._session = _Session(*self._args[:4])
+        engine = Engine(*self._args)
+        engine.open(self._session)
+        self._engine = engine
         _active[threading.get_ident()] = self
         self._mode = _Mode(engine)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(engine.pack, engine.unpack)
@@ -975,3 +1043,18 @@ class budget:
     def live_stats(self):
         """The runtime's figures now, inside the context."""
         return self._engine.read_stats()
+
+    def close(self):
+        """Lets the runtime go (it is kept between steps to learn from them;
+        the object's end lets it go too)."""
+        if self._engine is not None and not self._engine.closed:
+            raise RuntimeError("close the budget after leaving its `with`")
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def __del__(self):
+        session = getattr(self, "_session", None)
+        engine = getattr(self, "_engine", None)
+        if session is not None and (engine is None or engine.closed):
+            session.close()
