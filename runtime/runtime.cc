@@ -473,6 +473,11 @@ void Runtime::LearnUse(Storage* s, bool created) {
   ++stats_.learned_next_uses;
 }
 
+void Runtime::ResetPeakStats() {
+  Lock lock(this);
+  stats_.peak_resident_bytes = stats_.resident_bytes;
+}
+
 absl::Status Runtime::EndStep() {
   Lock lock(this);
   if (!options_.learn_next_use) {

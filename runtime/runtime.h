@@ -283,6 +283,8 @@ class Runtime {
   // from then on (a parameter outlives steps; the order it was made in says
   // nothing about the next step).
   absl::Status EndStep();
+  // The peak of resident bytes starts again from what is resident now.
+  void ResetPeakStats();
 
   // The tensor's state: kFreed once its owner freed it (as every other call
   // on the id then says), even while a view or a closure keeps its storage.

@@ -73,13 +73,25 @@ class Replayer final : public RuntimeObserver {
     rt.link_latency_ns = options_.link_latency_ns;
     rt.host_pool_bytes = options_.host_memory;
     rt.live_budget = options_.live_budget;
-    rt.max_steps = MaxSteps(trace_.records.size(), options_.thrash_limit);
+    const bool learned = options_.future == Future::kLearned;
+    if (learned && options_.timeline != nullptr) {
+      return absl::InvalidArgumentError(
+          "a timeline is drawn of one step: not with the future learned (two steps)");
+    }
+    rt.learn_next_use = learned;
+    // A learning step runs blind (a policy that goes by next uses may thrash
+    // then, as a training loop's first step would) and only has to end: its
+    // thrash limit is kLearningThrashFactor x the reported step's.
+    thrash_limit_ = options_.thrash_limit * (learned ? kLearningThrashFactor : 1);
+    rt.max_steps = MaxSteps(trace_.records.size(), thrash_limit_) +
+                   (learned ? MaxSteps(trace_.records.size(), options_.thrash_limit) : 0);
     // The policy is made here, so that whether it wants next-use hints is
     // known before the runtime is.
     absl::StatusOr<std::unique_ptr<policies::EvictionPolicy>> policy = options_.policy.Make();
     if (!policy.ok()) return policy.status();
     rt.custom_policy = std::move(*policy);
-    hints_ = rt.custom_policy->needs().next_use || rt.custom_policy->prefetch_window_ns() > 0;
+    hints_ = options_.future == Future::kKnown &&
+             (rt.custom_policy->needs().next_use || rt.custom_policy->prefetch_window_ns() > 0);
     timeline_ = options_.timeline;
     if (timeline_ != nullptr) {
       rt.observer = this;
@@ -107,8 +119,59 @@ class Replayer final : public RuntimeObserver {
     const std::size_t max_split = alloc_->options().max_split_size;
     report_.max_split_bytes = max_split == std::numeric_limits<std::size_t>::max() ? 0 : max_split;
     report_.status = "ok";
+    report_.future = FutureName(options_.future);
     if (timeline_ != nullptr) StartTimeline();
-    const auto loop_start = std::chrono::steady_clock::now();
+    auto loop_start = std::chrono::steady_clock::now();
+    RuntimeStats before{};     // the runtime's counters as the reported step began
+    std::int64_t start_ns = 0;  // and the simulated time
+    for (int step = learned ? 0 : 1; step < 2 && report_.status == "ok"; ++step) {
+      if (step == 1 && learned) {
+        // The first step taught the runtime; the second is the one reported.
+        if (absl::Status s = NextStep(); !s.ok()) return s;
+        before = runtime_->stats();
+        start_ns = device_->NowNs();
+        loop_start = std::chrono::steady_clock::now();
+      }
+      if (absl::Status s = ReplayRecords(); !s.ok()) return s;
+      if (report_.status != "ok" && step == 0) {
+        report_.message = "the first step, which the runtime learns from: " + report_.message;
+      }
+    }
+    (void)device_->Synchronize();  // the simulated work still queued is part of the replay
+    report_.replay_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
+    const RuntimeStats rs = runtime_->stats();
+    const AllocatorStats as = alloc_->GetStats();
+    report_.time_ns = device_->NowNs() - start_ns;
+    if (timeline_ != nullptr) {
+      timeline_->AddSample(
+          {report_.time_ns, device_->ReservedBytes(), rs.resident_bytes, host_bytes_});
+    }
+    report_.peak_reserved_bytes = static_cast<std::uint64_t>(as.reserved_bytes.all().peak);
+    report_.peak_live_bytes = rs.peak_resident_bytes;
+    report_.recomputed_ops = rs.recomputes - before.recomputes;
+    report_.recompute_ns = rs.recompute_ns - before.recompute_ns;
+    report_.offloaded_bytes = rs.offloaded_bytes - before.offloaded_bytes;
+    report_.restored_bytes = rs.restored_bytes - before.restored_bytes;
+    report_.evictions = rs.drops + rs.offloads - before.drops - before.offloads;
+    report_.pressure_events = rs.pressure_events - before.pressure_events;
+    report_.candidates_shown = rs.candidates_shown - before.candidates_shown;
+    report_.choose_wall_ns = rs.choose_wall_ns - before.choose_wall_ns;
+    report_.stall_ns =
+        std::max<std::int64_t>(0, report_.time_ns - report_.compute_ns - report_.recompute_ns);
+    report_.verified_accesses = counters_->verified;
+    report_.mismatches = counters_->mismatches;
+    report_.wall_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+    stack_.runtime.reset();
+    runtime_ = nullptr;
+    return report_;
+  }
+
+ private:
+  // Replays the trace's records once: a hard error is returned; an oom or a
+  // thrash ends the loop with report_.status saying which.
+  ABSL_ATTRIBUTE_NOINLINE absl::Status ReplayRecords() {
     for (const OpRecord& r : trace_.records) {
       absl::Status s = Step(r);
       if (s.ok() && hints_) s = LookAhead(r);
@@ -138,38 +201,29 @@ class Replayer final : public RuntimeObserver {
         ++report_.verify_waits;
       }
     }
-    (void)device_->Synchronize();  // the simulated work still queued is part of the replay
-    report_.replay_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
-    const RuntimeStats rs = runtime_->stats();
-    const AllocatorStats as = alloc_->GetStats();
-    report_.time_ns = device_->NowNs();
-    if (timeline_ != nullptr) {
-      timeline_->AddSample(
-          {report_.time_ns, device_->ReservedBytes(), rs.resident_bytes, host_bytes_});
-    }
-    report_.peak_reserved_bytes = static_cast<std::uint64_t>(as.reserved_bytes.all().peak);
-    report_.peak_live_bytes = rs.peak_resident_bytes;
-    report_.recomputed_ops = rs.recomputes;
-    report_.recompute_ns = rs.recompute_ns;
-    report_.offloaded_bytes = rs.offloaded_bytes;
-    report_.restored_bytes = rs.restored_bytes;
-    report_.evictions = rs.drops + rs.offloads;
-    report_.pressure_events = rs.pressure_events;
-    report_.candidates_shown = rs.candidates_shown;
-    report_.choose_wall_ns = rs.choose_wall_ns;
-    report_.stall_ns =
-        std::max<std::int64_t>(0, report_.time_ns - report_.compute_ns - report_.recompute_ns);
-    report_.verified_accesses = counters_->verified;
-    report_.mismatches = counters_->mismatches;
-    report_.wall_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
-    stack_.runtime.reset();
-    runtime_ = nullptr;
-    return report_;
+    return absl::OkStatus();
   }
 
- private:
+  // Between the learning step and the reported one (Future::kLearned): what
+  // the trace left alive goes, the runtime ends its step, and the figures
+  // start again (peaks included).
+  absl::Status NextStep() {
+    for (std::size_t t = 0; t < trace_.tensors.size(); ++t) {
+      if (ids_[t] == 0 || trace_.tensors[t].released_by != kNoOpIndex) continue;
+      if (absl::Status s = runtime_->Free(ids_[t]); !s.ok()) return s;
+    }
+    if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
+    if (absl::Status s = runtime_->EndStep(); !s.ok()) return s;
+    ids_.assign(trace_.tensors.size(), 0);
+    thrash_limit_ = options_.thrash_limit;
+    alloc_->ResetPeakStats();
+    runtime_->ResetPeakStats();
+    report_.compute_ns = 0;
+    report_.records = 0;
+    recompute_ns_ = 0;
+    return absl::OkStatus();
+  }
+
   struct Counters {
     std::uint64_t verified = 0;
     std::uint64_t mismatches = 0;
@@ -427,13 +481,12 @@ class Replayer final : public RuntimeObserver {
   // record ends): past the thrash limit, the closure fails and the run stops.
   absl::Status CheckThrash() const {
     if (static_cast<double>(recompute_ns_) <=
-        options_.thrash_limit *
-            static_cast<double>(std::max<std::int64_t>(report_.compute_ns, 1))) {
+        thrash_limit_ * static_cast<double>(std::max<std::int64_t>(report_.compute_ns, 1))) {
       return absl::OkStatus();
     }
     return absl::AbortedError(
         absl::StrFormat("thrash: recompute (%d ns) exceeded %g x the compute so far (%d ns)",
-                        recompute_ns_, options_.thrash_limit, report_.compute_ns));
+                        recompute_ns_, thrash_limit_, report_.compute_ns));
   }
 
   // --- Listening to the runtime ------------------------------------------------------
@@ -544,6 +597,7 @@ class Replayer final : public RuntimeObserver {
   std::shared_ptr<Counters> counters_;
   OpReplayReport report_;
   std::int64_t recompute_ns_ = 0;  // summed cost of the recomputes run so far
+  double thrash_limit_ = 1;        // options_.thrash_limit, or a learning step's
   TensorOptions create_options_;   // Call's, refilled for every tensor it makes
 
   // Kept only where the replay listens to the runtime (a timeline).
@@ -560,6 +614,26 @@ absl::StatusOr<Accounting> ParseAccounting(std::string_view text) {
   if (text == "live") return Accounting::kLive;
   return absl::InvalidArgumentError(
       absl::StrFormat("unknown accounting '%s': expected reserved or live", text));
+}
+
+absl::StatusOr<Future> ParseFuture(std::string_view text) {
+  if (text == "known") return Future::kKnown;
+  if (text == "learned") return Future::kLearned;
+  if (text == "none") return Future::kNone;
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown future '%s': expected known, learned or none", text));
+}
+
+const char* FutureName(Future future) {
+  switch (future) {
+    case Future::kKnown:
+      return "known";
+    case Future::kLearned:
+      return "learned";
+    case Future::kNone:
+      return "none";
+  }
+  return "known";
 }
 
 const char* AccountingName(Accounting accounting) {
@@ -616,7 +690,9 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
     return absl::InvalidArgumentError("thrash limit must be positive");
   // Recompute may reach thrash_limit x the compute before the run stops: the
   // simulated clock (signed 64-bit ns) must hold that with room for copies.
-  if (options.thrash_limit * static_cast<double>(trace.total_cost_ns) > 0x1p62) {
+  const double limit = options.thrash_limit *
+                      (options.future == Future::kLearned ? kLearningThrashFactor + 1 : 1);
+  if (limit * static_cast<double>(trace.total_cost_ns) > 0x1p62) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: thrash limit %g x the trace's compute (%d ns) passes 2^62 ns, more than the "
         "simulated clock holds: lower the thrash limit or the costs",

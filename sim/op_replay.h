@@ -49,6 +49,18 @@ inline constexpr std::size_t kBudgetedMaxSplit = 64 * kMiB;
 inline constexpr double kStepsPerRecord = 64;
 std::uint64_t MaxSteps(std::uint64_t records, double thrash_limit);
 
+// What a policy that reads next uses (belady, hybrid) is told of the future:
+// kKnown, the trace's own next uses (a replay knows them); kLearned, what
+// the runtime estimated from the step before (RuntimeOptions::learn_next_use):
+// the trace is replayed twice in one runtime, a first step that learns
+// and the step reported; kNone, nothing (an online run's first step).
+enum class Future : std::uint8_t { kKnown, kLearned, kNone };
+// The learning step's thrash limit, as a multiple of the reported step's.
+inline constexpr double kLearningThrashFactor = 100;
+// "known", "learned" or "none"; anything else is InvalidArgument.
+absl::StatusOr<Future> ParseFuture(std::string_view text);
+const char* FutureName(Future future);
+
 struct OpReplayOptions {
   std::size_t budget = 0;       // cap on reserved bytes (0: none)
   std::size_t live_budget = 0;  // cap on resident tensor bytes (0: none)
@@ -83,14 +95,17 @@ struct OpReplayOptions {
   // does: verify mode's times are not the model's.
   std::size_t verify_queue_limit = std::size_t{1} << 16;
   std::uint64_t scale = 1;  // divide every size by this (rounded up)
-  // When set: cleared, then filled with the run's timeline.
+  // When set: cleared, then filled with the run's timeline (not with
+  // Future::kLearned).
   SimTimeline* timeline = nullptr;
+  Future future = Future::kKnown;
 };
 
 // What a budget counts: the allocator's reserved bytes (segments, cache and
 // fragmentation included: what the device gives), or the runtime's live
 // bytes (resident tensors only: the DTR simulator's accounting).
 enum class Accounting : std::uint8_t { kReserved, kLive };
+
 // "reserved" or "live"; anything else is InvalidArgument.
 absl::StatusOr<Accounting> ParseAccounting(std::string_view text);
 const char* AccountingName(Accounting accounting);
@@ -147,6 +162,7 @@ struct OpReplayReport {
   // wall_seconds (both runs) and, in verify mode, the verified accesses, the
   // verify waits and the mismatches (both runs: a mismatch in either counts).
   std::string plan;
+  std::string future;  // FutureName(options.future)
   std::string other_plan_status;
   std::int64_t other_plan_time_ns = 0;
   double wall_seconds = 0;    // the whole run, set-up included

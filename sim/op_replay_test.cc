@@ -415,6 +415,57 @@ TEST(OpReplayTest, APrefetchBringsBackWhatIsOffloadedAfterItsUseEnteredTheWindow
   }
 }
 
+TEST(OpReplayTest, ALearnedFutureComesCloseToTheKnownOne) {
+  // belady goes by next uses. Blind, it keeps the wrong tensors; told the
+  // trace's future, it does well; learning from a first step of the same
+  // trace, the second step does about as well as the known future.
+  const OpTrace trace = Load("densenet121_b8.jsonl");
+  const OpReplayReport unlimited = Replay(trace, {});
+  OpReplayOptions options;
+  options.policy = "belady";
+  options.enable_offload = false;
+  MemoryBudget::FromRatio(0.7, unlimited, Accounting::kLive).ApplyTo(options);
+  OpReplayReport by_future[3];
+  for (Future future : {Future::kKnown, Future::kLearned, Future::kNone}) {
+    options.future = future;
+    by_future[static_cast<int>(future)] = Replay(trace, options);
+  }
+  const OpReplayReport& known = by_future[static_cast<int>(Future::kKnown)];
+  const OpReplayReport& learned = by_future[static_cast<int>(Future::kLearned)];
+  const OpReplayReport& none = by_future[static_cast<int>(Future::kNone)];
+  ASSERT_EQ(learned.status, "ok") << learned.message;
+  EXPECT_EQ(learned.future, "learned");
+  EXPECT_EQ(known.future, "known");
+  // The report is the second step's alone.
+  EXPECT_EQ(learned.records, trace.records.size());
+  EXPECT_EQ(learned.compute_ns, static_cast<std::int64_t>(trace.total_cost_ns));
+  EXPECT_LE(learned.peak_live_bytes, options.live_budget);
+  EXPECT_LT(learned.recomputed_ops, none.recomputed_ops);
+  EXPECT_LT(learned.time_ns, none.time_ns);
+  EXPECT_LE(static_cast<double>(learned.time_ns), 1.02 * static_cast<double>(known.time_ns));
+}
+
+TEST(OpReplayTest, ALearnedFutureKeepsEveryByteAndRefusesATimeline) {
+  // (dtr: a blind belady's learning step thrashes for long on a chain.)
+  const OpTrace trace = Load("chain_100.jsonl");
+  OpReplayOptions options;
+  options.policy = "dtr";
+  options.verify = true;
+  options.scale = 64;
+  options.live_budget = trace.peak_live_bytes / 64 / 2;
+  options.thrash_limit = 100;
+  options.future = Future::kLearned;
+  const OpReplayReport r = Replay(trace, options);
+  EXPECT_EQ(r.status, "ok") << r.message;
+  EXPECT_GT(r.verified_accesses, 0u);
+  EXPECT_EQ(r.mismatches, 0u);
+  SimTimeline timeline;
+  options.timeline = &timeline;
+  EXPECT_EQ(ReplayOpTrace(trace, options).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseFuture("tomorrow").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*ParseFuture("learned"), Future::kLearned);
+}
+
 TEST(OpReplayTest, BadOptionsAreErrors) {
   const OpTrace trace = Load("chain_100.jsonl");
   EXPECT_FALSE(ReplayOpTrace(trace, {.scale = 0}).ok());

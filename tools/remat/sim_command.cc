@@ -37,6 +37,7 @@ struct SimFlags {
   bool verify = false;
   std::uint64_t scale = 1;
   std::string timeline_path;  // "": none
+  std::string future = "known";
 };
 
 constexpr char kFooter[] = R"(The budget is either absolute (--budget) or a fraction of the peak of an
@@ -114,6 +115,13 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
                                f.no_swap ? ", no swap" : "", f.no_recompute ? ", no recompute" : "");
   std::cout << absl::StrFormat("  budget           %s (%s accounting)\n",
                                FormatBytes(r.budget_bytes), f.accounting);
+  if (r.future != "known") {
+    std::cout << absl::StrFormat("  future           %s\n",
+                                 r.future == "learned"
+                                     ? "learned (the second of two steps, its next uses "
+                                       "estimated from the first)"
+                                     : "none (no next uses told)");
+  }
   if (!f.no_swap) {
     std::cout << absl::StrFormat(
         "  host link        %g GB/s each way (one copy engine per direction), %g us per copy; "
@@ -184,6 +192,7 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("policy").String(r.policy);
   w.Key("accounting").String(f.accounting);
   w.Key("budget_bytes").Uint(r.budget_bytes);
+  w.Key("future").String(r.future);
   w.Key("max_split_bytes").Uint(r.max_split_bytes);
   w.Key("alloc_conf").String(r.alloc_conf);
   if (f.budget_ratio > 0) w.Key("budget_ratio").Double(f.budget_ratio);
@@ -276,6 +285,9 @@ int RunSim(const SimFlags& f) {
   options.max_split_size = f.max_split;
   options.alloc_conf = f.alloc_conf;
   options.scale = f.scale;
+  absl::StatusOr<Future> future = ParseFuture(f.future);
+  if (!future.ok()) return ReportError("sim", future.status());
+  options.future = *future;
   // The unlimited run: the baseline time and the peak the ratio refers to.
   OpReplayOptions unlimited = options;
   // PyTorch's default allocator, whatever the budgeted run uses: the peak a
@@ -341,6 +353,12 @@ Subcommand AddSimCommand(CLI::App& remat) {
   cmd->add_option("--accounting", flags->accounting, "What the budget counts")
       ->capture_default_str()
       ->check(CLI::IsMember({"reserved", "live"}));
+  cmd->add_option("--future", flags->future,
+                  "What policies that read next uses (belady, hybrid) are told: known (the "
+                  "trace's), learned (the trace replayed twice, the second step reported, its "
+                  "next uses estimated from the first), none")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"known", "learned", "none"}));
   AddMaxSplitOption(*cmd, &flags->max_split);
   AddAllocConfOption(*cmd, &flags->alloc_conf);
   cmd->add_option("--thrash-limit", flags->thrash_limit,
