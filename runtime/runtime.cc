@@ -357,7 +357,7 @@ absl::StatusOr<Guard> Runtime::AddCallOutput(TensorId sibling, const OutputSpec&
   TensorOptions options;
   options.compute_ns = sib->compute_ns;
   const bool may_drop = sib->may_drop && spec.allow_drop;
-  const bool may_offload = options_.enable_offload && spec.allow_offload;
+  const bool may_offload = sib->may_offload && spec.allow_offload;
   Storage* s = AddStorage(spec.bytes, ptr, serial, may_drop, may_offload, options, stream);
   s->call_closure = true;
   s->group = group;
@@ -440,6 +440,7 @@ absl::Status Runtime::HintNextUse(TensorId id, std::int64_t at_ns) {
   Storage* s = LiveOrNull(id);
   if (s == nullptr) return NotLive(id);
   s->next_use_at = at_ns;
+  s->next_use_learned = false;
   PlanPrefetch(s);
   MaybePrefetchDue(kDefaultStream);
   return absl::OkStatus();
@@ -457,6 +458,9 @@ void Runtime::LearnUse(Storage* s, bool created) {
   // Uses are placed by their order in the step (the clock may not move
   // between two: a framework's backward creates nothing), and a gap of uses
   // is read as time at the step before's pace.
+  // The step starts with its first use (not at the EndStep before it: a
+  // device's clock may count from boot, and a program may idle between steps).
+  if (step_use_count_ == 0) step_start_ns_ = Clock();
   std::vector<std::int64_t>& uses = step_uses_[s->step_index];
   uses.push_back(step_use_count_++);
   if (s->step_index >= last_step_uses_.size()) return;  // the step before made fewer
@@ -470,6 +474,7 @@ void Runtime::LearnUse(Storage* s, bool created) {
   } else {
     s->next_use_at = kNeverUsedAgain;
   }
+  s->next_use_learned = true;
   ++stats_.learned_next_uses;
 }
 
@@ -486,12 +491,20 @@ absl::Status Runtime::EndStep() {
   }
   last_step_uses_.swap(step_uses_);
   step_uses_.clear();
-  const std::int64_t now = Clock();
-  ns_per_use_ = std::max<std::int64_t>(
-      1, (now - step_start_ns_) / std::max<std::int64_t>(1, step_use_count_));
-  step_start_ns_ = now;
+  if (step_use_count_ > 0) {
+    ns_per_use_ = std::max<std::int64_t>(1, (Clock() - step_start_ns_) / step_use_count_);
+  }
   step_use_count_ = 0;
-  ++step_epoch_;
+  // Epoch 0 is "none" (a storage made in a closure, or before the option).
+  if (++step_epoch_ == 0) step_epoch_ = 1;
+  // A tensor that outlives its step has no estimate from here on: the one it
+  // has came from a step that is over.
+  for (Storage* s : storages_.all()) {
+    if (s->state != TensorState::kFreed && s->next_use_learned) {
+      s->next_use_at = -1;
+      s->next_use_learned = false;
+    }
+  }
   ++stats_.steps_ended;
   return absl::OkStatus();
 }

@@ -252,8 +252,8 @@ class Runtime {
   // saves layer norm's mean and rstd when the call returns, its output when
   // the next op runs). The new output is the call's last; it shares the
   // call's closure, inputs and cost, so one run regenerates it with the
-  // others, charged once. It may be dropped only where the sibling may and
-  // `spec` allows. Returned pinned, as from Create. Refused for a tensor made
+  // others, charged once. It may be dropped (offloaded) only where the
+  // sibling may be and `spec` allows. Returned pinned, as from Create. Refused for a tensor made
   // by Create (its closure writes one output) and while the call is being
   // regenerated.
   absl::StatusOr<Guard> AddCallOutput(TensorId sibling, const OutputSpec& spec,
@@ -280,8 +280,11 @@ class Runtime {
   // Ends a step of a repeating program (RuntimeOptions::learn_next_use, else
   // FailedPrecondition): the uses seen in it are what the next step's
   // tensors are expected to do. Tensors made before it get no estimates
-  // from then on (a parameter outlives steps; the order it was made in says
-  // nothing about the next step).
+  // from then on, and lose the one they had (a parameter outlives steps; the
+  // order it was made in says nothing about the next step). Call it once
+  // after setting up too, so that what was made before the loop does not
+  // take places in the first step. Without it the uses pile up (a few bytes
+  // per use).
   absl::Status EndStep();
   // The peak of resident bytes starts again from what is resident now.
   void ResetPeakStats();

@@ -79,6 +79,7 @@ struct StorageFields {
   // step (0: none, or a step that has ended).
   std::uint32_t step_index = 0;
   std::uint32_t step_epoch = 0;
+  bool next_use_learned = false;  // next_use_at is LearnUse's estimate (not a hint)
   std::int64_t planned_prefetch_at = -1;  // its entry in Runtime::planned_ (-1: none)
   std::uint64_t recomputes = 0;
   static constexpr std::uint32_t kNoClass = DropClasses::kNone;

@@ -214,6 +214,9 @@ class Replayer final : public RuntimeObserver {
     }
     if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
     if (absl::Status s = runtime_->EndStep(); !s.ok()) return s;
+    // The reported step starts from an empty cache, as a single step does
+    // (its reserved peak is its own).
+    if (absl::Status s = alloc_->EmptyCache(); !s.ok()) return s;
     ids_.assign(trace_.tensors.size(), 0);
     thrash_limit_ = options_.thrash_limit;
     alloc_->ResetPeakStats();
@@ -696,7 +699,7 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: thrash limit %g x the trace's compute (%d ns) passes 2^62 ns, more than the "
         "simulated clock holds: lower the thrash limit or the costs",
-        trace.name, options.thrash_limit, trace.total_cost_ns));
+        trace.name, limit, trace.total_cost_ns));
   }
   const bool budgeted = options.budget != 0 || options.live_budget != 0;
   if (!(options.offload_guard && options.enable_offload && options.enable_drop && budgeted)) {

@@ -53,7 +53,9 @@ std::uint64_t MaxSteps(std::uint64_t records, double thrash_limit);
 // kKnown, the trace's own next uses (a replay knows them); kLearned, what
 // the runtime estimated from the step before (RuntimeOptions::learn_next_use):
 // the trace is replayed twice in one runtime, a first step that learns
-// and the step reported; kNone, nothing (an online run's first step).
+// and the step reported (every figure is the second step's, except the
+// verify counts, which cover both, and the runtime's step bound, which the
+// two share); kNone, nothing (an online run's first step).
 enum class Future : std::uint8_t { kKnown, kLearned, kNone };
 // The learning step's thrash limit, as a multiple of the reported step's.
 inline constexpr double kLearningThrashFactor = 100;

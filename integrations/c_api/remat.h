@@ -204,7 +204,10 @@ REMAT_API remat_status remat_runtime_create_with_options(remat_allocator* alloca
                                                          remat_runtime** out);
 /* Ends a step of a repeating program (a training step) made with
  * learn_next_use: what its tensors did is what the next step's are expected
- * to do. REMAT_FAILED_PRECONDITION without learn_next_use. */
+ * to do; tensors that outlive it lose their estimates. Call it once after
+ * setting up as well (weights made before the loop would otherwise take the
+ * first step's first places). REMAT_FAILED_PRECONDITION without
+ * learn_next_use. */
 REMAT_API remat_status remat_runtime_end_step(remat_runtime* runtime);
 /* What happened to a tensor, as remat_runtime_create_observed tells it.
  * `tensor` names the storage by the id it was created with (views of it are
@@ -332,7 +335,8 @@ REMAT_API remat_status remat_call_create(remat_runtime* runtime, size_t num_outp
  * becomes the call's last output (the callback's outputs[num_outputs - 1]
  * from then on), shares the call's callback, inputs and cost, and comes back
  * in the same run as the others. It may be dropped only where allow_drop is
- * set and the sibling may be; offloaded where allow_offload is set. Returned
+ * set and the sibling may be, and offloaded only where allow_offload is set
+ * and the sibling may be. Returned
  * pinned, as by remat_tensor_create. REMAT_FAILED_PRECONDITION for a tensor
  * made by remat_tensor_create (its callback writes one output) and while the
  * call is being regenerated. */

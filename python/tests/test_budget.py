@@ -432,3 +432,23 @@ def test_a_budget_is_entered_by_one_step_at_a_time():
     with b:  # after close, a fresh runtime
         pass
     assert b.stats["step"] == 1
+
+
+def test_a_step_that_raises_leaves_nothing_behind_for_the_next():
+    full = saved_bytes_of(models.mlp)
+    b = remat.torch.budget(int(full * 0.5), policy="dtr")
+    model, step = models.mlp(0)
+    with pytest.raises(ValueError, match="the user's own"):
+        with b:
+            step()  # the forward saved activations; no backward
+            raise ValueError("the user's own error")
+    assert b.stats["saved_bytes"] == 0  # every tensor of the failed step went
+    plain, _, _, _ = run_step(models.mlp)
+    model, step = models.mlp(0)
+    torch.manual_seed(1)
+    with b:
+        step().backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert_same_grads(plain, grads)
+    assert b.stats["step"] == 2 and b.stats["drops"] > 0
+    b.close()

@@ -125,6 +125,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   ro.enable_offload = in.Byte() & 1;
   ro.host_pool_bytes = 32ull << 20;
   ro.live_budget = in.Byte() & 1 ? (std::uint64_t{in.Byte()} + 1) * 64 * kKiB : 0;
+  ro.learn_next_use = in.Byte() & 1;
   remat_runtime* rt = nullptr;
   TRACE("runtime %s drop=%d offload=%d live_budget=%llu budget=%llu\n", ro.policy, ro.enable_drop,
         ro.enable_offload, static_cast<unsigned long long>(ro.live_budget),
@@ -331,6 +332,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         Check(st.pinned_by_api == 0);
         if (ro.live_budget != 0) Check(st.resident_bytes <= ro.live_budget);
         (void)remat_empty_cache(a);
+        // A step ends (learn_next_use): refused without it, and nothing else changes.
+        const remat_status ended = remat_runtime_end_step(rt);
+        Check(ro.learn_next_use ? ended == REMAT_OK : ended == REMAT_FAILED_PRECONDITION);
         break;
       }
     }

@@ -387,17 +387,27 @@ class Engine:
             return
         self.closed = True
         lib = self.lib
+        error = None
         try:
-            self._release_pins()
-            self._free_dead()
+            # Whatever fails (a copy out of host memory, say), every tensor of
+            # the step still goes and the step still ends: the runtime is
+            # kept for the next one.
+            for release in (self._release_pins, self._free_dead):
+                try:
+                    release()
+                except BaseException as e:  # noqa: BLE001: raised below
+                    error = error or e
+            self.pending.clear()  # copies the step no longer needs
             for s in self.registered:
                 if s.pinned_forever and not s.freed:
                     s.pinned_forever = False
                     lib.remat_tensor_release(self.runtime, s.id)
                 self._free(s)
-            self._drain()
+            self.pending.clear()
             _capi.check(lib.remat_runtime_end_step(self.runtime), "remat_runtime_end_step")
             self.stats = self.read_stats()
+            if error is not None:
+                raise error
         finally:
             self.session.engine = None
             for s in self.by_index:
