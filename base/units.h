@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -23,6 +24,16 @@ absl::StatusOr<std::uint64_t> ParseBytes(std::string_view text);
 
 // "1.50 GiB", "512 B": for reports.
 std::string FormatBytes(std::uint64_t bytes);
+
+// a + b for times in ns, b >= 0 meant: a sum past 2^63 ns stops at the
+// largest time instead of wrapping into the past (a caller's costs are
+// unbounded: the simulated device's stream clocks and the runtime's work
+// clock both add them). A negative b counts as 0.
+inline std::int64_t AddTimes(std::int64_t a, std::int64_t b) {
+  if (b <= 0) return a;
+  return a > std::numeric_limits<std::int64_t>::max() - b ? std::numeric_limits<std::int64_t>::max()
+                                                          : a + b;
+}
 
 }  // namespace remat
 

@@ -607,12 +607,8 @@ std::int64_t SimDevice::EnqueueLocked(std::int64_t* stream_time, std::int64_t co
                                       std::int64_t not_before_ns) {
   const std::int64_t start = std::max({*stream_time, host_now_ns_.load(std::memory_order_relaxed),
                                        not_before_ns});
-  // A clock past 2^63 ns would wrap: it stops at the largest time instead
-  // (a caller's costs are unbounded; the simulator refuses traces near it).
-  const std::int64_t cost = std::max<std::int64_t>(cost_ns, 0);
-  *stream_time = start > std::numeric_limits<std::int64_t>::max() - cost
-                     ? std::numeric_limits<std::int64_t>::max()
-                     : start + cost;
+  // (The simulator refuses traces whose costs come near the clock's end.)
+  *stream_time = AddTimes(start, cost_ns);
   busy_until_ns_ = std::max(busy_until_ns_, *stream_time);
   return *stream_time;
 }

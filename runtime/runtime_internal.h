@@ -167,14 +167,6 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void Runtime::Reindex(Storage* s) {
   }
 }
 
-// Times that would pass 2^63 ns stop at the largest (a caller's compute_ns
-// is unbounded): never a wrap into the past.
-inline std::int64_t AddTimes(std::int64_t a, std::int64_t b) {
-  return b > 0 && a > std::numeric_limits<std::int64_t>::max() - b
-             ? std::numeric_limits<std::int64_t>::max()
-             : a + b;
-}
-
 inline std::int64_t Runtime::Clock() const { return AddTimes(device_->NowNs(), work_ns_); }
 
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline Runtime::Storage* Runtime::LiveOrNull(TensorId id) const {
