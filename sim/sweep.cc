@@ -99,6 +99,7 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   base.enable_drop = options.enable_drop;
   base.enable_offload = options.enable_offload;
   base.offload_guard = options.offload_guard;
+  base.future = options.future;
   base.thrash_limit = options.thrash_limit;
   base.max_split_size = options.max_split_size;
   base.alloc_conf = options.alloc_conf;
@@ -108,6 +109,7 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   // The reference: PyTorch's default allocator (no split limit) whatever the
   // budgeted runs use, so that a ratio names the same bytes either way.
   OpReplayOptions reference = base;
+  reference.future = Future::kKnown;  // nothing is evicted: one step says it all
   reference.max_split_size = std::numeric_limits<std::size_t>::max();
   reference.alloc_conf.clear();
   absl::StatusOr<OpReplayReport> unlimited = ReplayOpTrace(trace, reference);

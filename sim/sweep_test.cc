@@ -88,6 +88,19 @@ TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
   EXPECT_THAT(odd, HasSubstr("savefig('/tmp/PNG/o.png'"));
 }
 
+TEST(SweepTest, TheFutureAskedForReachesEveryBudgetedRun) {
+  const OpTrace trace = Chain();
+  SweepOptions o;
+  o.ratios = {0.5};
+  o.policies = {"dtr"};
+  o.live = true;
+  o.future = Future::kLearned;
+  absl::StatusOr<SweepResult> r = RunSweep(trace, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->rows[0].report.future, "learned");
+  EXPECT_EQ(r->baseline.future, "known");  // the unlimited run evicts nothing: one step
+}
+
 TEST(SweepTest, FailuresAreResultsAndBadPoliciesAreErrors) {
   const OpTrace trace = Chain();
   SweepOptions o;

@@ -36,6 +36,7 @@ struct SweepFlags {
   bool no_swap = false;
   bool no_offload_guard = false;
   bool no_recompute = false;
+  std::string future = "known";
   LinkFlags link;
   double thrash_limit = 1.0;
   std::size_t max_split = 0;  // OpReplayOptions::max_split_size
@@ -213,6 +214,9 @@ int RunSweepCommand(const SweepFlags& f) {
   o.live = f.accounting == "live";
   o.enable_offload = !f.no_swap;
   o.offload_guard = !f.no_offload_guard;
+  absl::StatusOr<Future> future = ParseFuture(f.future);
+  if (!future.ok()) return ReportError("sweep", future.status());
+  o.future = *future;
   o.enable_drop = !f.no_recompute;
   o.link_gbps = f.link.gbps;
   o.link_latency_ns = f.link.latency_ns();
@@ -305,6 +309,10 @@ Subcommand AddSweepCommand(CLI::App& remat) {
                 "Keep each policy's mixed plan as it is (by default each run is also made "
                 "with drops only and the cheaper is kept)");
   cmd->add_flag("--no-recompute", flags->no_recompute, "Never drop for recompute");
+  cmd->add_option("--future", flags->future,
+                  "What policies that read next uses are told (as remat sim --future)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"known", "learned", "none"}));
   AddLinkOptions(*cmd, &flags->link);
   AddMaxSplitOption(*cmd, &flags->max_split);
   AddAllocConfOption(*cmd, &flags->alloc_conf);
