@@ -301,8 +301,21 @@ TEST(PolicyTest, BeladyEvictsWhatIsUsedFarthestAhead) {
   Candidate soon = Make(1, 100, 0), late = Make(2, 100, 0), never = Make(3, 100, 0);
   soon.next_use_ns = 10;
   late.next_use_ns = 10'000;
-  never.next_use_ns = -1;  // no hint: never used again
+  never.next_use_ns = kNeverUsedAgain;
   EXPECT_THAT(Ids(PlanFor("belady", {soon, late, never}, 200)), ElementsAre(3, 2));
+}
+
+TEST(PolicyTest, BeladyWithoutHintsEvictsTheLeastRecentlyUsedAfterTheNeverUsed) {
+  // No hint: after what is never used again, before what has a hint, the
+  // stalest first (run blind, belady is lru).
+  Candidate hinted = Make(1, 100, 0), stale = Make(2, 100, 0), fresh = Make(3, 100, 0),
+            never = Make(4, 100, 0);
+  hinted.next_use_ns = 1'000'000'000;
+  stale.last_access_ns = 10;
+  fresh.last_access_ns = 500;
+  never.next_use_ns = kNeverUsedAgain;
+  EXPECT_THAT(Ids(PlanFor("belady", {hinted, fresh, stale, never}, 400)),
+              ElementsAre(4, 2, 3, 1));
 }
 
 TEST(PolicyTest, PoliciesThatDoNotScoreByTheNeighbourhoodGetItForWhatTheyEvict) {
