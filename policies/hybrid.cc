@@ -88,7 +88,9 @@ class Hybrid final : public EvictionPolicy {
     return RestoreHidden(c, ctx, backlog) ? out : out + static_cast<double>(c.transfer_ns / 2);
   }
   double DropCost(const Candidate& c) const {
-    if (c.next_use_ns == kNeverUsedAgain) return 0;  // never recomputed: dropping is free
+    // Never used again and read by no dropped tensor's closure: never
+    // recomputed, so dropping it is free.
+    if (c.next_use_ns == kNeverUsedAgain && c.consumers_ns == 0) return 0;
     return static_cast<double>(c.compute_ns + c.ancestors_ns) +
            consumers_ * static_cast<double>(c.consumers_ns);
   }

@@ -305,6 +305,19 @@ TEST(PolicyTest, BeladyEvictsWhatIsUsedFarthestAhead) {
   EXPECT_THAT(Ids(PlanFor("belady", {soon, late, never}, 200)), ElementsAre(3, 2));
 }
 
+TEST(PolicyTest, HybridDoesNotCallFreeWhatADroppedTensorsRecomputeStillReads) {
+  // Never used by the program again, but a dropped tensor's closure reads
+  // it: dropping it costs that recompute a cascade, not nothing.
+  Candidate needed = Make(1, 100, 0, 1000), cheap = Make(2, 100, 0, 10);
+  needed.next_use_ns = kNeverUsedAgain;
+  needed.consumers_ns = 1'000'000'000;
+  cheap.next_use_ns = 5'000;
+  for (Candidate* c : {&needed, &cheap}) c->can_offload = false;
+  EXPECT_THAT(Ids(PlanFor("hybrid", {needed, cheap}, 100)), ElementsAre(2));
+  needed.consumers_ns = 0;  // read by nothing dropped: free to drop
+  EXPECT_THAT(Ids(PlanFor("hybrid", {needed, cheap}, 100)), ElementsAre(1));
+}
+
 TEST(PolicyTest, BeladyWithoutHintsEvictsTheLeastRecentlyUsedAfterTheNeverUsed) {
   // No hint: after what is never used again, before what has a hint, the
   // stalest first (run blind, belady is lru).
