@@ -112,6 +112,7 @@ CachingAllocator::CachingAllocator(Device* device, AllocatorOptions options)
     : device_(device),
       device_capacity_(device->Capacity()),
       options_(options),
+      mu_(options.thread_safe),
       page_size_(options.expandable_segments ? device->PageSize() : 0),
       round_divisions_(std::any_of(options.roundup_divisions.begin(),
                                    options.roundup_divisions.end(),

@@ -108,6 +108,10 @@ struct AllocatorOptions {
   // The device reserves segments without the allocator's lock held, so other
   // threads allocate from the cache meanwhile (release_lock_on_cudamalloc).
   bool release_lock_on_device_reserve = false;
+  // false: the allocator takes no lock, and only one thread may ever call it
+  // (the simulator's replays, which own their allocator). An uncontended lock
+  // and unlock are two atomic operations per call.
+  bool thread_safe = true;
 };
 
 // What the allocator asks of the pressure handler.

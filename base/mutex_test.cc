@@ -41,5 +41,21 @@ TEST(MutexTest, SleepersAreWokenWhenTheHolderTakesLong) {
   EXPECT_EQ(value, 42);
 }
 
+TEST(MutexTest, AMutexForOneThreadTakesNoLock) {
+  // Held by this thread, a real lock would keep the other thread waiting
+  // forever (and this test would never end); one made for a single thread
+  // takes no lock, so the other thread runs to its end.
+  Mutex mu(/*thread_safe=*/false);
+  bool ran = false;
+  mu.Lock();
+  std::thread other([&] {
+    MutexLock lock(&mu);
+    ran = true;
+  });
+  other.join();
+  mu.Unlock();
+  EXPECT_TRUE(ran);
+}
+
 }  // namespace
 }  // namespace remat

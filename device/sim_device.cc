@@ -112,6 +112,8 @@ absl::StatusOr<std::unique_ptr<SimDevice>> SimDevice::Create(SimDeviceOptions op
 
 SimDevice::SimDevice(SimDeviceOptions options)
     : options_(options),
+      mu_(options.thread_safe),
+      exec_mu_(options.thread_safe),
       // Address windows larger than the capacity, so that address-space
       // fragmentation never refuses what the capacity allows (GPUs map
       // physical pages into a virtual space far larger than memory).

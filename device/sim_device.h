@@ -65,6 +65,9 @@ struct SimDeviceOptions {
   // may coincide: they stand for the one host). Create refuses a window that
   // does not fit the simulated address space.
   int address_window = 0;
+  // false: the device takes no lock, and only one thread may ever use it
+  // (the simulator's replays, which own their device).
+  bool thread_safe = true;
 };
 
 class SimDevice final : public Device {

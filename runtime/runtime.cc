@@ -119,6 +119,10 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(CachingAllocator* alloc
   if (!(options.link_gbps > 0) || options.link_latency_ns < 0) {
     return absl::InvalidArgumentError("link bandwidth must be positive and latency >= 0");
   }
+  if (options.thread_safe && !allocator->options().thread_safe) {
+    return absl::InvalidArgumentError(
+        "a thread-safe runtime needs a thread-safe allocator (AllocatorOptions::thread_safe)");
+  }
   if (options.keep_addresses && !allocator->options().expandable_segments) {
     return absl::InvalidArgumentError(
         "keep_addresses needs an allocator with expandable segments (expandable_segments:True)");
@@ -153,6 +157,7 @@ Runtime::Runtime(CachingAllocator* allocator, RuntimeOptions options,
       prefetch_stream_(prefetch_stream),
       track_classes_(policy_->needs().classes),
       prefetch_window_ns_(std::max<std::int64_t>(policy_->prefetch_window_ns(), 0)),
+      mu_(options_.thread_safe),
       link_(options_.link_gbps, options_.link_latency_ns),
       events_(allocator->device()),
       host_pool_(allocator->device(), options_.host_pool_bytes) {}

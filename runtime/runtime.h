@@ -163,6 +163,10 @@ struct RuntimeOptions {
   // planner act on these as on HintNextUse's, which overrides one until the
   // tensor's next access.
   bool learn_next_use = false;
+  // false: the runtime takes no lock, and only one thread may ever call it
+  // (or run its closures): the simulator's replays. A runtime that is
+  // thread-safe needs an allocator that is (AllocatorOptions::thread_safe).
+  bool thread_safe = true;
 };
 
 struct RuntimeStats {

@@ -21,6 +21,7 @@ struct Mode {
   bool drop;
   bool offload;
   bool keep_addresses = false;  // on an allocator with expandable segments
+  bool one_thread = false;      // device, allocator and runtime take no locks
 };
 
 class RuntimePropertyTest : public RuntimeTest, public ::testing::WithParamInterface<Mode> {};
@@ -42,7 +43,10 @@ TEST_P(RuntimePropertyTest, EveryAcquireSeesTheBytesProduced) {
     // Kept addresses need blocks with whole 2 MiB pages inside: larger tensors.
     const std::size_t scale = mode.keep_addresses ? 16 : 1;
     Make((2 + rng() % 6) * kMiB * scale,
-         {.policy = mode.policy, .host_pool_bytes = kGiB, .keep_addresses = mode.keep_addresses},
+         {.policy = mode.policy,
+          .host_pool_bytes = kGiB,
+          .keep_addresses = mode.keep_addresses,
+          .thread_safe = !mode.one_thread},
          /*backed=*/true, /*expandable=*/mode.keep_addresses);
     check_in_closures_ = true;  // and after every operation below
     allow_oom_ = true;
@@ -112,11 +116,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{"msps", true, true}, Mode{"megengine", true, true},
                       Mode{"window", true, true}, Mode{"hybrid", true, true},
                       Mode{"belady", true, true}, Mode{"lru", false, true, true},
-                      Mode{"dtr", false, true, true}),
+                      Mode{"dtr", false, true, true}, Mode{"dtr-eq", true, true, false, true},
+                      Mode{"hybrid", true, true, false, true}),
     [](const testing::TestParamInfo<Mode>& info) {
       std::string name = std::string(info.param.policy) + (info.param.drop ? "_drop" : "") +
                          (info.param.offload ? "_offload" : "") +
-                         (info.param.keep_addresses ? "_keep_addresses" : "");
+                         (info.param.keep_addresses ? "_keep_addresses" : "") +
+                         (info.param.one_thread ? "_one_thread" : "");
       for (char& ch : name) {
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       }

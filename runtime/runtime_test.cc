@@ -203,6 +203,17 @@ TEST_F(RuntimeTest, KeepingAddressesNeedsExpandableSegments) {
   EXPECT_THAT(std::string(rt.status().message()), ::testing::HasSubstr("expandable"));
 }
 
+TEST_F(RuntimeTest, AThreadSafeRuntimeNeedsAThreadSafeAllocator) {
+  device_ = std::move(SimDevice::Create({.capacity = kGiB})).value();
+  alloc_ = std::move(CachingAllocator::Create(device_.get(),
+                                              {.budget = 64 * kMiB, .thread_safe = false}))
+               .value();
+  auto rt = Runtime::Create(alloc_.get(), {});
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(rt.status().message()), ::testing::HasSubstr("thread-safe allocator"));
+  EXPECT_TRUE(Runtime::Create(alloc_.get(), {.thread_safe = false}).ok());
+}
+
 TEST_F(RuntimeTest, PrefetchBringsATensorBackAheadOfUse) {
   Make(8 * kMiB, {.policy = "lru"});
   TensorId a = Produce(4 * kMiB, {}, false, true);

@@ -49,9 +49,15 @@ class RuntimeTest : public ::testing::Test {
             bool expandable = false) {
     runtime_.reset();
     alloc_.reset();
-    device_ = std::move(SimDevice::Create({.capacity = 4 * kGiB, .backed = backed})).value();
-    alloc_ = std::move(CachingAllocator::Create(
-                           device_.get(), {.budget = budget, .expandable_segments = expandable}))
+    // A runtime for one thread gets a device and an allocator for one thread.
+    const bool thread_safe = options.thread_safe;
+    device_ = std::move(SimDevice::Create(
+                            {.capacity = 4 * kGiB, .backed = backed, .thread_safe = thread_safe}))
+                  .value();
+    alloc_ = std::move(CachingAllocator::Create(device_.get(),
+                                                {.budget = budget,
+                                                 .expandable_segments = expandable,
+                                                 .thread_safe = thread_safe}))
                  .value();
     auto rt = Runtime::Create(alloc_.get(), std::move(options));
     ASSERT_TRUE(rt.ok()) << rt.status();
