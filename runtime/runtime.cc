@@ -451,38 +451,6 @@ absl::Status Runtime::HintNextUse(TensorId id, std::int64_t at_ns) {
   return absl::OkStatus();
 }
 
-void Runtime::LearnUse(Storage* s, bool created) {
-  if (created) {
-    if (step_uses_.size() >= UINT32_MAX) return;  // a step this long learns no more
-    s->step_index = static_cast<std::uint32_t>(step_uses_.size());
-    s->step_epoch = step_epoch_;
-    step_uses_.emplace_back();
-  } else if (s->step_epoch != step_epoch_) {
-    return;  // made in an earlier step
-  }
-  // Uses are placed by their order in the step (the clock may not move
-  // between two: a framework's backward creates nothing), and a gap of uses
-  // is read as time at the step before's pace.
-  // The step starts with its first use (not at the EndStep before it: a
-  // device's clock may count from boot, and a program may idle between steps).
-  if (step_use_count_ == 0) step_start_ns_ = Clock();
-  std::vector<std::int64_t>& uses = step_uses_[s->step_index];
-  uses.push_back(step_use_count_++);
-  if (s->step_index >= last_step_uses_.size()) return;  // the step before made fewer
-  // The j-th use now is the j-th then: the next comes as many uses after it.
-  const std::vector<std::int64_t>& then = last_step_uses_[s->step_index];
-  const std::size_t j = uses.size() - 1;
-  if (j + 1 < then.size()) {
-    const std::int64_t gap = then[j + 1] - then[j];
-    const std::int64_t ahead_ns = gap > INT64_MAX / ns_per_use_ ? INT64_MAX : gap * ns_per_use_;
-    s->next_use_at = AddTimes(Clock(), ahead_ns);
-  } else {
-    s->next_use_at = kNeverUsedAgain;
-  }
-  s->next_use_learned = true;
-  ++stats_.learned_next_uses;
-}
-
 void Runtime::ResetPeakStats() {
   Lock lock(this);
   stats_.peak_resident_bytes = stats_.resident_bytes;
