@@ -157,6 +157,7 @@ REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::NewBlock() {
   b->addr = 0;
   b->size = b->requested = 0;
   b->segment = nullptr;
+  b->pool = nullptr;
   b->prev = b->next = nullptr;
   b->stream = kDefaultStream;
   b->allocated = b->pending_free = b->shared = false;
@@ -251,6 +252,7 @@ REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, std::size_t size,
     taken->addr = block->addr;
     taken->size = size;
     taken->segment = block->segment;
+    taken->pool = block->pool;
     taken->prev = block->prev;
     taken->next = block;
     if (block->prev != nullptr) {
@@ -276,8 +278,7 @@ REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, std::size_t size,
   stats_.allocation.Increase(sp, 1);
   stats_.allocated_bytes.Increase(sp, static_cast<std::int64_t>(block->size));
   stats_.requested_bytes.Increase(sp, static_cast<std::int64_t>(requested));
-  stats_.active.Increase(sp, 1);
-  stats_.active_bytes.Increase(sp, static_cast<std::int64_t>(block->size));
+  if (pending_stats_.count[kAggregatePool] != 0) [[unlikely]] NotePendingPeak(sp);
   RecordTrace(TraceAction::kAlloc, block->addr, block->size, requested, stream);
   return reinterpret_cast<void*>(block->addr);
 }
@@ -386,6 +387,7 @@ CachingAllocator::Block* CachingAllocator::ReserveSegment(Pool& pool, std::size_
   b->addr = seg->addr;
   b->size = segment_size;
   b->segment = seg;
+  b->pool = &pool;
   b->stream = stream;
   b->free_seq = next_free_seq_++;
   seg->first = b;
@@ -461,6 +463,7 @@ CachingAllocator::Segment* CachingAllocator::NewExpandableSegment(Pool& pool, st
   u->addr = seg->addr;
   u->size = bytes;
   u->segment = seg;
+  u->pool = &pool;
   u->stream = stream;
   u->mapped = false;
   seg->first = u;
@@ -512,6 +515,7 @@ bool CachingAllocator::MapPages(Block* u, std::size_t pages, Stream stream) {
     rest->addr = u->addr + bytes;
     rest->size = u->size - bytes;
     rest->segment = seg;
+    rest->pool = u->pool;
     rest->stream = seg->stream;
     rest->mapped = false;
     rest->prev = u;
@@ -680,6 +684,7 @@ std::pair<CachingAllocator::Block*, CachingAllocator::Block*> CachingAllocator::
     p->addr = addr;
     p->size = size;
     p->segment = seg;
+    p->pool = b->pool;
     p->stream = b->stream;
     p->shared = b->shared;
     p->free_seq = b->free_seq;
@@ -870,6 +875,7 @@ REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stre
     ReturnBlock(block, block->stream);
   } else {
     block->pending_free = true;
+    CountPending(sp, +1, static_cast<std::int64_t>(block->size));
     block->pending_events = static_cast<int>(events.size());
     pending_frees_.push_back(PendingFree{block, std::move(events)});
   }
@@ -877,9 +883,9 @@ REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stre
 }
 
 REMAT_HOT_INLINE void CachingAllocator::ReturnBlock(Block* block, Stream stream) {
-  const StatPool sp = StatPoolOf(PoolOf(block));
-  stats_.active.Decrease(sp, 1);
-  stats_.active_bytes.Decrease(sp, static_cast<std::int64_t>(block->size));
+  if (block->pending_free) [[unlikely]] {
+    CountPending(StatPoolOf(PoolOf(block)), -1, static_cast<std::int64_t>(block->size));
+  }
   RecordTrace(TraceAction::kFreeCompleted, block->addr, block->size, block->requested, stream);
   block->pending_free = false;
   block->pending_events = 0;
@@ -1276,21 +1282,66 @@ absl::StatusOr<std::size_t> CachingAllocator::AdjacentFreeBytes(const void* ptr)
   return bytes;
 }
 
-AllocatorStats CachingAllocator::GetStats() const {
-  MutexLock lock(&mu_);
+void CachingAllocator::CountPending(StatPool sp, int sign, std::int64_t bytes) {
+  for (int i : {static_cast<int>(kAggregatePool), static_cast<int>(sp)}) {
+    pending_stats_.count[i] += sign;
+    pending_stats_.bytes[i] += sign * bytes;
+  }
+}
+
+void CachingAllocator::NotePendingPeak(StatPool sp) {
+  PendingFreeStats& p = pending_stats_;
+  for (int i : {static_cast<int>(kAggregatePool), static_cast<int>(sp)}) {
+    p.count_peak[i] = std::max(p.count_peak[i], stats_.allocation.pools[i].current + p.count[i]);
+    p.bytes_peak[i] =
+        std::max(p.bytes_peak[i], stats_.allocated_bytes.pools[i].current + p.bytes[i]);
+  }
+}
+
+AllocatorStats CachingAllocator::StatsLocked() const {
   AllocatorStats stats = stats_;
+  const PendingFreeStats& p = pending_stats_;
+  // Every allocation made a block active, and every active block is
+  // allocated or pending free: active counts what allocation counts, plus
+  // the pending frees.
+  auto derive = [](const StatArray& from, const std::array<std::int64_t, 3>& pending,
+                   const std::array<std::int64_t, 3>& peak,
+                   const std::array<std::int64_t, 3>& base, StatArray* to) {
+    for (int i = 0; i < 3; ++i) {
+      Stat& t = to->pools[i];
+      const Stat& f = from.pools[i];
+      t.current = f.current + pending[i];
+      t.peak = std::max(f.peak, peak[i]);
+      t.allocated = f.allocated;
+      t.base = f.base + base[i];
+    }
+  };
+  derive(stats_.allocation, p.count, p.count_peak, p.count_base, &stats.active);
+  derive(stats_.allocated_bytes, p.bytes, p.bytes_peak, p.bytes_base, &stats.active_bytes);
   stats.Complete();
   return stats;
+}
+
+AllocatorStats CachingAllocator::GetStats() const {
+  MutexLock lock(&mu_);
+  return StatsLocked();
 }
 
 void CachingAllocator::ResetPeakStats() {
   MutexLock lock(&mu_);
   stats_.ResetPeaks();
+  PendingFreeStats& p = pending_stats_;
+  for (int i = 0; i < 3; ++i) {
+    p.count_peak[i] = stats_.allocation.pools[i].current + p.count[i];
+    p.bytes_peak[i] = stats_.allocated_bytes.pools[i].current + p.bytes[i];
+  }
 }
 
 void CachingAllocator::ResetAccumulatedStats() {
   MutexLock lock(&mu_);
   stats_.ResetAccumulated();
+  pending_stats_.count_base = pending_stats_.count;
+  pending_stats_.bytes_base = pending_stats_.bytes;
 }
 
 namespace {
@@ -1308,8 +1359,7 @@ Snapshot CachingAllocator::TakeSnapshot() const {
   Snapshot snap;
   snap.device = device_->Describe();
   snap.budget = budget_;
-  snap.stats = stats_;
-  snap.stats.Complete();
+  snap.stats = StatsLocked();
   snap.segments.reserve(segments_.size());
   for (const auto& [addr, seg] : segments_) {
     // An expandable segment shows as its runs of mapped pages.

@@ -210,6 +210,7 @@ class CachingAllocator {
  private:
   struct Segment;
   struct Block;
+  struct Pool;
   // Free blocks: shared ones first, then each stream's private ones; within
   // each, by (size, address) for best fit.
   struct FreeKey {
@@ -243,6 +244,7 @@ class CachingAllocator {
     std::size_t size = 0;
     std::size_t requested = 0;
     Segment* segment = nullptr;
+    Pool* pool = nullptr;   // its segment's pool (PoolOf without a branch)
     Block* prev = nullptr;  // address neighbours within the segment
     Block* next = nullptr;
     Stream stream;          // allocation stream; when free, the stream it is private to
@@ -307,7 +309,7 @@ class CachingAllocator {
 
   Pool& PoolFor(std::size_t rounded) { return rounded <= kSmallSize ? small_ : large_; }
   StatPool StatPoolOf(const Pool& pool) const { return pool.large ? kLargePool : kSmallPool; }
-  Pool& PoolOf(const Block* b) { return b->segment->large ? large_ : small_; }
+  Pool& PoolOf(const Block* b) { return *b->pool; }
 
   // The best-fitting free block usable on `stream`, or nullptr.
   Block* FindFreeBlock(Pool& pool, std::size_t size, Stream stream)
@@ -394,6 +396,12 @@ class CachingAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string OomMessage(std::size_t requested, std::size_t size, Stream stream) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The statistics with active and active_bytes filled in (see pending_stats_).
+  AllocatorStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free of `bytes` in pool `sp` starts (+1) or stops (-1) pending.
+  void CountPending(StatPool sp, int sign, std::int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An allocation made while frees are pending: active may pass its peak.
+  void NotePendingPeak(StatPool sp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeleteBlock(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Block* NewBlockChunk() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -436,7 +444,24 @@ class CachingAllocator {
   std::size_t free_page_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Blocks Unback gave up whose pages are still mapped.
   std::vector<Block*> unbacking_ ABSL_GUARDED_BY(mu_);
+  // stats_.active and stats_.active_bytes are not counted as blocks come and
+  // go: a block is active while allocated or pending free, so active is
+  // allocation plus the frees still pending, filled in by StatsLocked. The
+  // hot path counts allocation alone; the pending few are counted here.
+  struct PendingFreeStats {
+    // Index by StatPool: the aggregate, the small pool, the large pool.
+    std::array<std::int64_t, 3> count{};
+    std::array<std::int64_t, 3> bytes{};
+    // Active's peaks where they passed allocation's (while frees were
+    // pending), or active as it was at the last peak reset.
+    std::array<std::int64_t, 3> count_peak{};
+    std::array<std::int64_t, 3> bytes_peak{};
+    // Pending frees at the last reset of the accumulated totals.
+    std::array<std::int64_t, 3> count_base{};
+    std::array<std::int64_t, 3> bytes_base{};
+  };
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
+  PendingFreeStats pending_stats_ ABSL_GUARDED_BY(mu_);
   std::vector<TraceEvent> ring_ ABSL_GUARDED_BY(mu_);
   std::size_t ring_next_ ABSL_GUARDED_BY(mu_) = 0;  // where the next event goes
   std::size_t ring_size_ ABSL_GUARDED_BY(mu_) = 0;  // events held (at most ring_.size())

@@ -244,6 +244,56 @@ TEST_F(AllocatorTest, RecordStreamDelaysReuseUntilThatStreamIsDone) {
   EXPECT_EQ(Stats().active.all().current, 2);
 }
 
+// Active counts a block from its allocation until its free completes: a
+// free pending on another stream's work keeps it active. Its peaks, totals
+// and pools, through resets, by hand.
+TEST_F(AllocatorTest, ActiveStatisticsCountPendingFreesThroughPeaksAndResets) {
+  Stream s1 = *device_->CreateStream();
+  Stream s2 = *device_->CreateStream();
+  void* a = Alloc(512 * kKiB, s1);  // the small pool
+  ASSERT_TRUE(alloc_->RecordStream(a, s2).ok());
+  ASSERT_TRUE(device_->LaunchHostFunc(s2, [] {}, 1'000'000).ok());  // s2 reads a
+  Free(a);                                                           // pending
+  void* b = Alloc(4 * kMiB, s1);  // the large pool, while a is pending
+  AllocatorStats s = Stats();
+  EXPECT_EQ(s.allocation.all().current, 1);
+  EXPECT_EQ(s.allocation.all().peak, 1);
+  EXPECT_EQ(s.active.all().current, 2);
+  EXPECT_EQ(s.active.all().peak, 2);
+  EXPECT_EQ(s.active.small().current, 1);
+  EXPECT_EQ(s.active.large().current, 1);
+  EXPECT_EQ(s.active.small().peak, 1);
+  EXPECT_EQ(s.active.all().allocated, 2);
+  EXPECT_EQ(s.active.all().freed, 0);
+  EXPECT_EQ(s.allocated_bytes.all().peak, static_cast<std::int64_t>(4 * kMiB));
+  EXPECT_EQ(s.active_bytes.all().current, static_cast<std::int64_t>(4 * kMiB + 512 * kKiB));
+  EXPECT_EQ(s.active_bytes.all().peak, static_cast<std::int64_t>(4 * kMiB + 512 * kKiB));
+  EXPECT_EQ(s.active_bytes.small().peak, static_cast<std::int64_t>(512 * kKiB));
+
+  // Totals reset while a is still pending: its completion is a free after it.
+  alloc_->ResetAccumulatedStats();
+  ASSERT_TRUE(alloc_->EmptyCache().ok());  // waits for s2: a's free completes
+  s = Stats();
+  EXPECT_EQ(s.active.all().current, 1);
+  EXPECT_EQ(s.active.all().peak, 2);  // peaks are not totals
+  EXPECT_EQ(s.active.all().allocated, 0);
+  EXPECT_EQ(s.active.all().freed, 1);
+  EXPECT_EQ(s.active.small().freed, 1);
+  EXPECT_EQ(s.active_bytes.all().freed, static_cast<std::int64_t>(512 * kKiB));
+
+  alloc_->ResetPeakStats();
+  EXPECT_EQ(Stats().active.all().peak, 1);
+  Free(b);
+  void* c = Alloc(kMiB, s1);
+  s = Stats();
+  EXPECT_EQ(s.active.all().current, 1);
+  EXPECT_EQ(s.active.all().peak, 1);
+  EXPECT_EQ(s.active.all().allocated, 1);
+  EXPECT_EQ(s.active.all().freed, 2);
+  EXPECT_EQ(s.active.large().freed, 1);
+  Free(c);
+}
+
 TEST_F(AllocatorTest, FreeOnStreamHandsTheBlockToThatStream) {
   Stream s1 = *device_->CreateStream();
   Stream s2 = *device_->CreateStream();
