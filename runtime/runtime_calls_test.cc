@@ -28,14 +28,14 @@ struct ThreeOutputs {
   std::shared_ptr<std::atomic<int>> runs = std::make_shared<std::atomic<int>>(0);
 };
 
-ThreeOutputs MakeThreeOutputCall(Runtime& runtime, SimDevice* device, TensorId input) {
-  ThreeOutputs call;
+// The options of such a call over `input`: a closure that writes output i's
+// bytes as 0x40 + i and counts its runs in `call`.
+TensorOptions FillingCallOptions(const ThreeOutputs& call, SimDevice* device, TensorId input) {
   TensorOptions options;
   options.inputs = {input};
   options.compute_ns = 5000;
   options.allow_drop = true;
-  auto runs = call.runs;
-  options.recompute = [device, runs](const RecomputeArgs& args) {
+  options.recompute = [device, runs = call.runs](const RecomputeArgs& args) {
     ++*runs;
     for (std::size_t i = 0; i < args.outputs.size(); ++i) {
       if (!args.regenerate[i]) continue;
@@ -48,6 +48,12 @@ ThreeOutputs MakeThreeOutputCall(Runtime& runtime, SimDevice* device, TensorId i
     }
     return absl::OkStatus();
   };
+  return options;
+}
+
+ThreeOutputs MakeThreeOutputCall(Runtime& runtime, SimDevice* device, TensorId input) {
+  ThreeOutputs call;
+  TensorOptions options = FillingCallOptions(call, device, input);
   const std::vector<OutputSpec> specs(3, OutputSpec{4 * kMiB});
   auto made = runtime.CreateCall(specs, std::move(options));
   EXPECT_TRUE(made.ok()) << made.status();
@@ -124,24 +130,7 @@ TEST_F(RuntimeTest, ACallNeedsAnOutputAndAFailedOneLeavesNothingBehind) {
 // of a call's outputs one by one).
 ThreeOutputs MakeCallAndAddAnOutput(Runtime& runtime, SimDevice* device, TensorId input) {
   ThreeOutputs call;
-  TensorOptions options;
-  options.inputs = {input};
-  options.compute_ns = 5000;
-  options.allow_drop = true;
-  auto runs = call.runs;
-  options.recompute = [device, runs](const RecomputeArgs& args) {
-    ++*runs;
-    for (std::size_t i = 0; i < args.outputs.size(); ++i) {
-      if (!args.regenerate[i]) continue;
-      void* out = args.outputs[i];
-      const std::size_t bytes = args.output_bytes[i];
-      absl::Status s = device->LaunchHostFunc(args.stream, [out, bytes, i] {
-        std::memset(out, static_cast<int>(0x40 + i), bytes);
-      });
-      if (!s.ok()) return s;
-    }
-    return absl::OkStatus();
-  };
+  TensorOptions options = FillingCallOptions(call, device, input);
   const std::vector<OutputSpec> one = {OutputSpec{4 * kMiB}};
   auto made = runtime.CreateCall(one, std::move(options));
   EXPECT_TRUE(made.ok()) << made.status();
