@@ -772,10 +772,32 @@ static int three_outputs(void* user_data, void* const* inputs, size_t num_inputs
   return 0;
 }
 
+/* The runtime of the call tests (lru, 8 MiB live, drops only) over `a`, into
+ * *rt_out, with the side tensor the callback acquires, and the call's options. */
+static void make_call_runtime(remat_allocator* a, call_state* st, remat_call_options* copts,
+                              remat_runtime** rt_out) {
+  remat_runtime* rt = NULL;
+  remat_runtime_options ro;
+  CHECK(a != NULL);
+  CHECK_OK(remat_runtime_options_init(&ro));
+  ro.policy = "lru";
+  ro.live_budget = 8 * MIB;
+  ro.enable_offload = 0;
+  CHECK_OK(remat_runtime_create_with_options(a, &ro, &rt));
+  st->rt = rt;
+  CHECK_OK(remat_tensor_create(rt, 1 * MIB, NULL, 0, &st->side, NULL));
+  CHECK_OK(remat_tensor_release(rt, st->side));
+  memset(copts, 0, sizeof(*copts));
+  copts->compute_ns = 4000;
+  copts->allow_drop = 1;
+  copts->recompute = three_outputs;
+  copts->user_data = st;
+  *rt_out = rt;
+}
+
 static void test_a_call_is_recomputed_once(void) {
   remat_allocator* a = make_allocator(GIB, 0, 1);
   remat_runtime* rt = NULL;
-  remat_runtime_options ro;
   remat_call_options copts;
   call_state st = {0};
   size_t sizes[3] = {2 * MIB, 2 * MIB, 2 * MIB};
@@ -783,20 +805,8 @@ static void test_a_call_is_recomputed_once(void) {
   void* ptrs[3] = {0};
   uint64_t big = 0;
   size_t i;
-  CHECK(a != NULL);
-  CHECK_OK(remat_runtime_options_init(&ro));
-  ro.policy = "lru";
-  ro.live_budget = 8 * MIB;
-  ro.enable_offload = 0;
-  CHECK_OK(remat_runtime_create_with_options(a, &ro, &rt));
-  st.rt = rt;
-  CHECK_OK(remat_tensor_create(rt, 1 * MIB, NULL, 0, &st.side, NULL));
-  CHECK_OK(remat_tensor_release(rt, st.side));
-  memset(&copts, 0, sizeof(copts));
-  copts.compute_ns = 4000;
-  copts.allow_drop = 1;
-  copts.recompute = three_outputs;
-  copts.user_data = &st;
+  make_call_runtime(a, &st, &copts, &rt);
+  CHECK(rt != NULL);
   CHECK_STATUS(remat_call_create(rt, 0, sizes, &copts, 0, ids, ptrs), REMAT_INVALID_ARGUMENT);
   CHECK_STATUS(remat_call_create(rt, 3, NULL, &copts, 0, ids, ptrs), REMAT_INVALID_ARGUMENT);
   CHECK_ERROR_HAS("output_bytes");
@@ -835,27 +845,14 @@ static void test_a_call_is_recomputed_once(void) {
 static void test_an_output_added_later_comes_back_in_the_same_run(void) {
   remat_allocator* a = make_allocator(GIB, 0, 1);
   remat_runtime* rt = NULL;
-  remat_runtime_options ro;
   remat_call_options copts;
   call_state st = {0};
   size_t one = 2 * MIB;
   uint64_t ids[2] = {0}, big = 0, none = 0;
   void* ptrs[2] = {0};
   void* p = NULL;
-  CHECK(a != NULL);
-  CHECK_OK(remat_runtime_options_init(&ro));
-  ro.policy = "lru";
-  ro.live_budget = 8 * MIB;
-  ro.enable_offload = 0;
-  CHECK_OK(remat_runtime_create_with_options(a, &ro, &rt));
-  st.rt = rt;
-  CHECK_OK(remat_tensor_create(rt, 1 * MIB, NULL, 0, &st.side, NULL));
-  CHECK_OK(remat_tensor_release(rt, st.side));
-  memset(&copts, 0, sizeof(copts));
-  copts.compute_ns = 4000;
-  copts.allow_drop = 1;
-  copts.recompute = three_outputs;
-  copts.user_data = &st;
+  make_call_runtime(a, &st, &copts, &rt);
+  CHECK(rt != NULL);
   CHECK_OK(remat_call_create(rt, 1, &one, &copts, 0, &ids[0], &ptrs[0]));
   memset(ptrs[0], 0x50, 2 * MIB);
   CHECK_OK(remat_call_add_output(rt, ids[0], 2 * MIB, 1, 0, 0, &ids[1], &ptrs[1]));
