@@ -32,13 +32,23 @@ class AddressMap {
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
 
-  // The value stored for `key`, or nullptr.
-  T* Find(std::uintptr_t key) const {
+  // Where `key` is, for Value and EraseAt (one probe for a look-up and an
+  // erase, as a free does); kNotFound when absent.
+  static constexpr std::size_t kNotFound = ~std::size_t{0};
+  std::size_t Locate(std::uintptr_t key) const {
+    if (key == 0) return kNotFound;
     for (std::size_t i = Home(key);; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
-      if (s.key == key) return key != 0 ? s.value : nullptr;
-      if (s.key == 0) return nullptr;
+      if (s.key == key) return i;
+      if (s.key == 0) return kNotFound;
     }
+  }
+  T* Value(std::size_t at) const { return slots_[at].value; }
+
+  // The value stored for `key`, or nullptr.
+  T* Find(std::uintptr_t key) const {
+    const std::size_t at = Locate(key);
+    return at != kNotFound ? slots_[at].value : nullptr;
   }
 
   // Adds `key` -> `value`; false (and nothing changes) when `key` is 0,
@@ -57,12 +67,16 @@ class AddressMap {
 
   // Removes `key`; false when it was not present.
   bool Erase(std::uintptr_t key) {
-    if (key == 0) return false;
-    std::size_t i = Home(key);
-    for (;; i = (i + 1) & mask_) {
-      if (slots_[i].key == key) break;
-      if (slots_[i].key == 0) return false;
-    }
+    const std::size_t at = Locate(key);
+    if (at == kNotFound) return false;
+    EraseAt(at);
+    return true;
+  }
+
+  // Removes the entry at `at` (from Locate, with nothing inserted or erased
+  // since).
+  void EraseAt(std::size_t at) {
+    std::size_t i = at;
     // Backward shift: move each following entry of the run into the hole when
     // the hole lies on its probe path (between its home and its slot).
     for (std::size_t j = (i + 1) & mask_;; j = (j + 1) & mask_) {
@@ -78,7 +92,6 @@ class AddressMap {
     }
     slots_[i] = Slot{};
     --size_;
-    return true;
   }
 
   // Calls fn(key, value) for every entry, in no particular order.

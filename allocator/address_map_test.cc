@@ -37,6 +37,8 @@ TEST(AddressMapTest, BadInputChangesNothing) {
   EXPECT_FALSE(map.Erase(0));
   EXPECT_FALSE(map.Erase(0x3000));
   EXPECT_EQ(map.Find(0), nullptr);
+  EXPECT_EQ(map.Locate(0), AddressMap<int>::kNotFound);
+  EXPECT_EQ(map.Locate(0x3000), AddressMap<int>::kNotFound);
   EXPECT_EQ(map.size(), 1u);
 }
 
@@ -56,8 +58,18 @@ TEST(AddressMapTest, MatchesAReferenceMapUnderRandomOperations) {
       if (rng() % 3 != 0) {
         const bool inserted = reference.emplace(key, value).second;
         ASSERT_EQ(map.Insert(key, value), inserted) << "seed " << seed << " step " << step;
-      } else {
+      } else if (rng() % 2 == 0) {
         ASSERT_EQ(map.Erase(key), reference.erase(key) == 1) << "seed " << seed;
+      } else {
+        // A look-up and an erase with one probe, as a free does.
+        const std::size_t at = map.Locate(key);
+        auto it = reference.find(key);
+        ASSERT_EQ(at == AddressMap<int>::kNotFound, it == reference.end()) << "seed " << seed;
+        if (it != reference.end()) {
+          ASSERT_EQ(map.Value(at), it->second);
+          map.EraseAt(at);
+          reference.erase(it);
+        }
       }
       ASSERT_EQ(map.size(), reference.size());
       const std::uintptr_t probe = (1 + rng() % 3000) * align;

@@ -855,14 +855,17 @@ absl::Status CachingAllocator::RecordUses(Block* block, const Stream* stream,
 
 REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stream* stream) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  Block* block = live_.Find(addr);
-  if (block == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Free"));
+  const std::size_t at = live_.Locate(addr);
+  if (at == AddressMap<Block>::kNotFound) {
+    return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Free"));
+  }
+  Block* block = live_.Value(at);
   std::vector<Event> events;
   // Events first: if one cannot be recorded, nothing has changed.
   if (!block->extra_streams.empty()) [[unlikely]] {
     if (absl::Status s = RecordUses(block, stream, &events); !s.ok()) return s;
   }
-  live_.Erase(addr);
+  live_.EraseAt(at);  // (RecordUses leaves the map alone)
   const StatPool sp = StatPoolOf(PoolOf(block));
   stats_.allocation.Decrease(sp, 1);
   stats_.allocated_bytes.Decrease(sp, static_cast<std::int64_t>(block->size));
