@@ -13,12 +13,12 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "base/file.h"
 #include "base/units.h"
 #include "gen/model_gen.h"
 #include "sim/sweep.h"
+#include "simdjson.h"
 #include "tools/remat/byte_size_option.h"
 #include "tools/remat/commands.h"
 #include "tools/remat/exit_codes.h"
@@ -80,18 +80,25 @@ std::string ShellQuoted(const std::string& s) {
   return out + "'";
 }
 
-// The value after "key": in one flat JSON object (remat.optimal's output).
-std::string JsonField(const std::string& json, const std::string& key) {
-  const std::string tag = "\"" + key + "\": ";
-  const std::size_t at = json.find(tag);
-  if (at == std::string::npos) return "";
-  std::size_t begin = at + tag.size();
-  if (begin < json.size() && json[begin] == '"') {
-    const std::size_t end = json.find('"', begin + 1);
-    return end == std::string::npos ? "" : json.substr(begin + 1, end - begin - 1);
+// The table cell for one JSON report of remat.optimal (see Bounds).
+std::string BoundCell(const std::string& text) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  std::string_view status;
+  if (parser.parse(text).get(doc) != simdjson::SUCCESS ||
+      doc["status"].get(status) != simdjson::SUCCESS) {
+    return "error";
   }
-  const std::size_t end = json.find_first_of(",}", begin);
-  return json.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+  if (status == "ok") {
+    double value = 0;
+    bool exact = false;
+    if (doc["overhead_bound"].get(value) != simdjson::SUCCESS) return "error";
+    if (doc["exact"].get(exact) != simdjson::SUCCESS) exact = false;
+    return absl::StrFormat("%s%.3f", exact ? "" : "~", value);
+  }
+  if (status == "infeasible") return "infeasible";
+  if (status == "too_large") return "too large";
+  return "error";
 }
 
 // remat.optimal's drop-only lower bound at each ratio's budget, as table
@@ -126,19 +133,7 @@ std::map<double, std::string> Bounds(const std::string& trace_path, const SweepR
       for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) text.append(buf, n);
       pclose(pipe);
     }
-    const std::string status = JsonField(text, "status");
-    const std::string overhead = JsonField(text, "overhead_bound");
-    double value = 0;
-    if (status == "ok" && absl::SimpleAtod(overhead, &value)) {
-      cells[row.ratio] =
-          absl::StrFormat("%s%.3f", JsonField(text, "exact") == "true" ? "" : "~", value);
-    } else if (status == "infeasible") {
-      cells[row.ratio] = "infeasible";
-    } else if (status == "too_large") {
-      cells[row.ratio] = "too large";
-    } else {
-      cells[row.ratio] = "error";
-    }
+    cells[row.ratio] = BoundCell(text);
   }
   std::error_code ec;
   if (std::filesystem::exists(errors, ec) && std::filesystem::file_size(errors, ec) == 0) {
