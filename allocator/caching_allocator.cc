@@ -457,6 +457,9 @@ CachingAllocator::Segment* CachingAllocator::NewExpandableSegment(Pool& pool, st
   seg->whole_size = std::numeric_limits<std::size_t>::max();
   seg->large = pool.large;
   seg->expandable = true;
+  // Only where a page holds the largest small request (every device so far:
+  // 2 MiB); on smaller pages small blocks must span pages.
+  seg->page_bounded = !pool.large && page_size_ >= kSmallSize;
   seg->stream = stream;
   seg->pages.assign(bytes / page_size_, PhysicalChunk{});
   Block* u = NewBlock();
@@ -914,6 +917,13 @@ REMAT_HOT_INLINE bool CachingAllocator::CanMerge(const Block* a, const Block* b)
   // join a private block (the stream owning it may use shared memory); two
   // private blocks merge only on the same stream.
   if (b == nullptr || b->allocated || b->pending_free || !b->mapped) return false;
+  // Small blocks never straddle a page of an expandable segment. Coalesced
+  // across pages, best fit would carve each new small block from whichever
+  // free run fits tightest, wherever its pages lie, and spread a few live
+  // blocks over many pages that then cannot be unmapped; bounded by pages, a
+  // request prefers a partly used page to an empty one, as with fixed
+  // 2 MiB segments, and empty pages go back whole.
+  if (a->segment->page_bounded && std::max(a->addr, b->addr) % page_size_ == 0) return false;
   if (a->shared) return b->shared;
   return b->shared || b->stream == a->stream;
 }

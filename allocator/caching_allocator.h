@@ -29,13 +29,14 @@
 // size, 2 MiB) are mapped as it grows and unmapped as it shrinks, so a freed
 // block coalesces with everything free next to it and no segment boundary
 // strands free bytes. A request that fits no free block maps the pages it
-// lacks, preferring a place whose free mapped bytes it extends. Before the
-// reserved bytes would pass their high-water mark, the allocator first
-// synchronizes the device and unmaps every whole free page it caches (what
-// releasing the cache does for whole segments), so the reserved peak stays
-// at the pages that hold live blocks. Reserved and segment statistics count
-// mapped pages; snapshots show each run of mapped pages as a segment marked
-// is_expandable.
+// lacks, preferring a place whose free mapped bytes it extends. In the small
+// pool no block crosses a page boundary: each page fills as a fixed 2 MiB
+// segment would, so no small block holds two pages. Before the reserved bytes
+// would pass their high-water mark, the allocator first synchronizes the
+// device and unmaps every whole free page it caches (what releasing the cache
+// does for whole segments), so the reserved peak stays at the pages that hold
+// live blocks. Reserved and segment statistics count mapped pages; snapshots
+// show each run of mapped pages as a segment marked is_expandable.
 //
 // Zero-byte requests return nullptr without touching the pool, and freeing
 // nullptr does nothing, as in PyTorch. Every other bad input (a foreign or
@@ -273,6 +274,9 @@ class CachingAllocator {
     std::size_t whole_size = 0;
     bool large = false;
     bool expandable = false;
+    // An expandable segment of the small pool: no block crosses a page
+    // boundary, so each page fills like a fixed 2 MiB segment (see CanMerge).
+    bool page_bounded = false;
     Stream stream;
     Block* first = nullptr;
     std::vector<PhysicalChunk> pages;  // expandable: page i's chunk (handle 0: unmapped)

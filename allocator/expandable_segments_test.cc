@@ -142,6 +142,31 @@ TEST_F(ExpandableTest, PartialPagesStayMappedForTheirNeighbours) {
   EXPECT_EQ(device_->num_chunks(), 0u);
 }
 
+TEST_F(ExpandableTest, SmallBlocksNeverStraddleAPage) {
+  Make(true);
+  const auto page = static_cast<std::uintptr_t>(2 * kMiB);
+  void* a = Alloc(768 * kKiB);  // page 0
+  void* b = Alloc(768 * kKiB);  // page 0; 512 KiB of it stay free
+  // Carved from page 0's free tail and a new page, c would hold both pages;
+  // it starts a page of its own instead.
+  void* c = Alloc(768 * kKiB);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(c) % page, 0u);
+  EXPECT_EQ(Reserved(), 2 * static_cast<std::int64_t>(page));
+  // The 512 KiB left in page 0 still serves a request that fits it.
+  void* d = Alloc(512 * kKiB);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(d) / page, reinterpret_cast<std::uintptr_t>(a) / page);
+  // Page 0's blocks gone, page 0 goes back whole; c's page stays.
+  Free(a);
+  Free(b);
+  Free(d);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(page));
+  CheckConsistent();
+  Free(c);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+}
+
 TEST_F(ExpandableTest, BudgetCountsMappedPagesOnly) {
   Make(true, /*budget=*/40 * kMiB);
   std::vector<void*> x;
