@@ -212,6 +212,26 @@ def test_record_writes_a_trace(tmp_path):
         remat.torch.record(lambda: step().backward(), str(path))
 
 
+def test_costs_count_the_flops_of_torchs_own_formulas():
+    from torch.utils.flop_counter import flop_registry
+    from remat.torch._cost import CostModel
+    aten = torch.ops.aten
+    a, b, c = torch.randn(8, 16), torch.randn(16, 32), torch.randn(8, 32)
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    calls = [(aten.mm.default, (a, b), {}),
+             (aten.addmm.default, (c, a, b), {}),
+             (aten.addmm.default, (c, a, b), {"beta": 0.5}),  # keywords: the formula as it is
+             (aten.bmm.default, (a[None], b[None]), {}),
+             (aten.convolution.default, (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+              {})]
+    for func, args, kwargs in calls:
+        result = func(*args, **kwargs)
+        want = flop_registry[func.overloadpacket](*args, **kwargs, out_val=result)
+        assert want > 0
+        assert CostModel.flops(func, args, kwargs, result) == want, func
+    assert CostModel.flops(aten.tanh.default, (a,), {}, a.tanh()) == 0
+
+
 def _grads_match(f, params, budget):
     for p in params:
         p.grad = None
@@ -365,7 +385,6 @@ def test_a_calls_saved_outputs_come_back_in_one_run():
     # Once in the forward and once for the three outputs (one run per output
     # would make four).
     assert counter.counts["native_layer_norm"] == 2, counter.counts
-
 
 
 def _small_net(compiled):

@@ -21,6 +21,9 @@ _FREE = {"aten::detach", "aten::view", "aten::_unsafe_view", "aten::alias", "ate
          "aten::unsafe_split", "aten::unsafe_split_with_sizes", "aten::unsafe_chunk"}
 
 
+_SIMPLE = (torch.Tensor, int, float, bool)
+
+
 def _has_storage(t):
     """A tensor with bytes of its own somewhere (not sparse, not a wrapper)."""
     if not isinstance(t, torch.Tensor):
@@ -59,6 +62,14 @@ class CostModel:
         formula = flop_registry.get(func.overloadpacket)
         if formula is None:
             return 0
+        shapes_formula = getattr(formula, "__wrapped__", None)
+        if shapes_formula is not None and not kwargs and isinstance(result, torch.Tensor) and \
+                all(isinstance(a, _SIMPLE) for a in args):
+            # The formula proper takes shapes: handing it them directly skips
+            # the pytree walk its wrapper makes to find them (most of the
+            # cost of a matmul's recording).
+            return shapes_formula(*[a.shape if isinstance(a, torch.Tensor) else a for a in args],
+                                  out_shape=result.shape)
         return formula(*args, **kwargs, out_val=result)
 
     @staticmethod
