@@ -48,7 +48,7 @@ class AddressMap {
   // The value stored for `key`, or nullptr.
   T* Find(std::uintptr_t key) const {
     const std::size_t at = Locate(key);
-    return at != kNotFound ? slots_[at].value : nullptr;
+    return at != kNotFound ? Value(at) : nullptr;
   }
 
   // Adds `key` -> `value`; false (and nothing changes) when `key` is 0,

@@ -278,7 +278,7 @@ REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, std::size_t size,
   stats_.allocation.Increase(sp, 1);
   stats_.allocated_bytes.Increase(sp, static_cast<std::int64_t>(block->size));
   stats_.requested_bytes.Increase(sp, static_cast<std::int64_t>(requested));
-  if (pending_stats_.count[kAggregatePool] != 0) [[unlikely]] NotePendingPeak(sp);
+  if (pending_stats_.count.current[kAggregatePool] != 0) [[unlikely]] NotePendingPeak(sp);
   RecordTrace(TraceAction::kAlloc, block->addr, block->size, requested, stream);
   return reinterpret_cast<void*>(block->addr);
 }
@@ -1295,42 +1295,49 @@ absl::StatusOr<std::size_t> CachingAllocator::AdjacentFreeBytes(const void* ptr)
   return bytes;
 }
 
-void CachingAllocator::CountPending(StatPool sp, int sign, std::int64_t bytes) {
-  for (int i : {static_cast<int>(kAggregatePool), static_cast<int>(sp)}) {
-    pending_stats_.count[i] += sign;
-    pending_stats_.bytes[i] += sign * bytes;
+void CachingAllocator::PendingStat::Add(StatPool sp, std::int64_t delta) {
+  current[kAggregatePool] += delta;
+  current[sp] += delta;
+}
+
+void CachingAllocator::PendingStat::NotePeak(StatPool sp, const StatArray& from) {
+  for (const int i : {static_cast<int>(kAggregatePool), static_cast<int>(sp)}) {
+    peak[i] = std::max(peak[i], from.pools[i].current + current[i]);
   }
+}
+
+void CachingAllocator::PendingStat::ResetPeak(const StatArray& from) {
+  for (int i = 0; i < 3; ++i) peak[i] = from.pools[i].current + current[i];
+}
+
+void CachingAllocator::PendingStat::Derive(const StatArray& from, StatArray* active) const {
+  for (int i = 0; i < 3; ++i) {
+    Stat& t = active->pools[i];
+    const Stat& f = from.pools[i];
+    t.current = f.current + current[i];
+    t.peak = std::max(f.peak, peak[i]);
+    t.allocated = f.allocated;
+    t.base = f.base + base[i];
+  }
+}
+
+void CachingAllocator::CountPending(StatPool sp, int sign, std::int64_t bytes) {
+  pending_stats_.count.Add(sp, sign);
+  pending_stats_.bytes.Add(sp, sign * bytes);
 }
 
 void CachingAllocator::NotePendingPeak(StatPool sp) {
-  PendingFreeStats& p = pending_stats_;
-  for (int i : {static_cast<int>(kAggregatePool), static_cast<int>(sp)}) {
-    p.count_peak[i] = std::max(p.count_peak[i], stats_.allocation.pools[i].current + p.count[i]);
-    p.bytes_peak[i] =
-        std::max(p.bytes_peak[i], stats_.allocated_bytes.pools[i].current + p.bytes[i]);
-  }
+  pending_stats_.count.NotePeak(sp, stats_.allocation);
+  pending_stats_.bytes.NotePeak(sp, stats_.allocated_bytes);
 }
 
 AllocatorStats CachingAllocator::StatsLocked() const {
-  AllocatorStats stats = stats_;
-  const PendingFreeStats& p = pending_stats_;
   // Every allocation made a block active, and every active block is
   // allocated or pending free: active counts what allocation counts, plus
   // the pending frees.
-  auto derive = [](const StatArray& from, const std::array<std::int64_t, 3>& pending,
-                   const std::array<std::int64_t, 3>& peak,
-                   const std::array<std::int64_t, 3>& base, StatArray* to) {
-    for (int i = 0; i < 3; ++i) {
-      Stat& t = to->pools[i];
-      const Stat& f = from.pools[i];
-      t.current = f.current + pending[i];
-      t.peak = std::max(f.peak, peak[i]);
-      t.allocated = f.allocated;
-      t.base = f.base + base[i];
-    }
-  };
-  derive(stats_.allocation, p.count, p.count_peak, p.count_base, &stats.active);
-  derive(stats_.allocated_bytes, p.bytes, p.bytes_peak, p.bytes_base, &stats.active_bytes);
+  AllocatorStats stats = stats_;
+  pending_stats_.count.Derive(stats_.allocation, &stats.active);
+  pending_stats_.bytes.Derive(stats_.allocated_bytes, &stats.active_bytes);
   stats.Complete();
   return stats;
 }
@@ -1343,18 +1350,15 @@ AllocatorStats CachingAllocator::GetStats() const {
 void CachingAllocator::ResetPeakStats() {
   MutexLock lock(&mu_);
   stats_.ResetPeaks();
-  PendingFreeStats& p = pending_stats_;
-  for (int i = 0; i < 3; ++i) {
-    p.count_peak[i] = stats_.allocation.pools[i].current + p.count[i];
-    p.bytes_peak[i] = stats_.allocated_bytes.pools[i].current + p.bytes[i];
-  }
+  pending_stats_.count.ResetPeak(stats_.allocation);
+  pending_stats_.bytes.ResetPeak(stats_.allocated_bytes);
 }
 
 void CachingAllocator::ResetAccumulatedStats() {
   MutexLock lock(&mu_);
   stats_.ResetAccumulated();
-  pending_stats_.count_base = pending_stats_.count;
-  pending_stats_.bytes_base = pending_stats_.bytes;
+  pending_stats_.count.base = pending_stats_.count.current;
+  pending_stats_.bytes.base = pending_stats_.bytes.current;
 }
 
 namespace {

@@ -452,17 +452,25 @@ class CachingAllocator {
   // go: a block is active while allocated or pending free, so active is
   // allocation plus the frees still pending, filled in by StatsLocked. The
   // hot path counts allocation alone; the pending few are counted here.
-  struct PendingFreeStats {
-    // Index by StatPool: the aggregate, the small pool, the large pool.
-    std::array<std::int64_t, 3> count{};
-    std::array<std::int64_t, 3> bytes{};
-    // Active's peaks where they passed allocation's (while frees were
-    // pending), or active as it was at the last peak reset.
-    std::array<std::int64_t, 3> count_peak{};
-    std::array<std::int64_t, 3> bytes_peak{};
+  // Frees still pending, as counts (of blocks) or bytes, per StatPool (the
+  // aggregate, the small pool, the large pool).
+  struct PendingStat {
+    std::array<std::int64_t, 3> current{};
+    // Active's peak where it passed allocation's (while frees were pending),
+    // or active as it was at the last peak reset.
+    std::array<std::int64_t, 3> peak{};
     // Pending frees at the last reset of the accumulated totals.
-    std::array<std::int64_t, 3> count_base{};
-    std::array<std::int64_t, 3> bytes_base{};
+    std::array<std::int64_t, 3> base{};
+
+    void Add(StatPool sp, std::int64_t delta);
+    // active = allocation + pending; `from` is allocation's Stat array.
+    void NotePeak(StatPool sp, const StatArray& from);
+    void ResetPeak(const StatArray& from);
+    void Derive(const StatArray& from, StatArray* active) const;
+  };
+  struct PendingFreeStats {
+    PendingStat count;
+    PendingStat bytes;
   };
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
   PendingFreeStats pending_stats_ ABSL_GUARDED_BY(mu_);

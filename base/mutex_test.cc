@@ -1,5 +1,7 @@
 #include "base/mutex.h"
 
+#include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -42,19 +44,24 @@ TEST(MutexTest, SleepersAreWokenWhenTheHolderTakesLong) {
 }
 
 TEST(MutexTest, AMutexForOneThreadTakesNoLock) {
-  // Held by this thread, a real lock would keep the other thread waiting
-  // forever (and this test would never end); one made for a single thread
-  // takes no lock, so the other thread runs to its end.
+  // Held by this thread, a real lock keeps the other thread waiting; one made
+  // for a single thread takes no lock, so the other thread runs to its end
+  // while this one still holds it.
   Mutex mu(/*thread_safe=*/false);
-  bool ran = false;
+  std::atomic<bool> ran{false};
   mu.Lock();
   std::thread other([&] {
     MutexLock lock(&mu);
     ran = true;
   });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!ran && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const bool ran_while_held = ran;
+  mu.Unlock();  // a real lock lets the other thread go now, so the join ends either way
   other.join();
-  mu.Unlock();
-  EXPECT_TRUE(ran);
+  EXPECT_TRUE(ran_while_held);
 }
 
 }  // namespace

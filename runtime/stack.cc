@@ -37,4 +37,11 @@ absl::StatusOr<Stack> MakeStack(const DeviceSpec& device, const AllocatorOptions
   return MakeStack(std::move(made), allocator, std::move(runtime));
 }
 
+void ForOneThread(SimDeviceOptions* device, AllocatorOptions* allocator,
+                  RuntimeOptions* runtime) {
+  device->thread_safe = false;
+  allocator->thread_safe = false;
+  if (runtime != nullptr) runtime->thread_safe = false;
+}
+
 }  // namespace remat

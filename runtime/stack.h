@@ -39,6 +39,12 @@ absl::StatusOr<Stack> MakeStack(std::unique_ptr<Device> device, const AllocatorO
 absl::StatusOr<Stack> MakeStack(const DeviceSpec& device, const AllocatorOptions& allocator,
                                 std::optional<RuntimeOptions> runtime = std::nullopt);
 
+// For a stack that one thread makes and uses alone (the simulator's
+// replays): sets every part's options to go without locks. `runtime` may be
+// null (a stack without one).
+void ForOneThread(SimDeviceOptions* device, AllocatorOptions* allocator,
+                  RuntimeOptions* runtime = nullptr);
+
 }  // namespace remat
 
 #endif  // REMAT_RUNTIME_STACK_H_

@@ -44,6 +44,28 @@ TEST(StackTest, BadPartsAreClearErrors) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(StackTest, ForOneThreadTurnsEveryLockOff) {
+  DeviceSpec device;
+  device.kind = DeviceSpec::Kind::kSim;
+  AllocatorOptions allocator;
+  RuntimeOptions runtime;
+  ASSERT_TRUE(device.sim.thread_safe && allocator.thread_safe && runtime.thread_safe);
+  ForOneThread(&device.sim, &allocator, &runtime);
+  EXPECT_FALSE(device.sim.thread_safe);
+  EXPECT_FALSE(allocator.thread_safe);
+  EXPECT_FALSE(runtime.thread_safe);
+  // The three agree, so the stack is made (a runtime with locks over an
+  // allocator without is refused).
+  absl::StatusOr<Stack> stack = MakeStack(device, allocator, runtime);
+  ASSERT_TRUE(stack.ok()) << stack.status();
+
+  AllocatorOptions alone;
+  SimDeviceOptions sim;
+  ForOneThread(&sim, &alone);  // no runtime
+  EXPECT_FALSE(sim.thread_safe);
+  EXPECT_FALSE(alone.thread_safe);
+}
+
 TEST(DeviceSpecTest, ReadsTheEnvironmentAndNamesABadVariable) {
   setenv("REMAT_DEVICE", "sim", 1);
   setenv("REMAT_SIM_CAPACITY", "2GiB", 1);

@@ -75,13 +75,12 @@ absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOpt
   SimDeviceOptions device_options;
   device_options.capacity = options.capacity;
   device_options.backed = false;
-  device_options.thread_safe = false;  // this thread alone replays
+  AllocatorOptions allocator_options;
+  ForOneThread(&device_options, &allocator_options);  // this thread alone replays
   REMAT_ASSIGN_OR_RETURN(std::unique_ptr<SimDevice> made, SimDevice::Create(device_options));
   SimDevice* const device = made.get();
-  AllocatorOptions allocator_options;
   allocator_options.budget = options.budget;
   REMAT_RETURN_IF_ERROR(ApplyAllocConf(options.alloc_conf, &allocator_options));
-  allocator_options.thread_safe = false;
   // Off unless asked for: the report reads statistics, never the event ring,
   // and keeping it costs a device clock read per event.
   allocator_options.event_ring_capacity = HistoryCapacity(log, options.history_events);

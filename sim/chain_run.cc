@@ -28,14 +28,14 @@ absl::StatusOr<Stack> MakeEnv(const policies::PolicySpec& policy, bool enable_dr
   DeviceSpec device;
   device.kind = DeviceSpec::Kind::kSim;
   device.sim.capacity = SimDevice::kMaxCapacity;
-  device.sim.thread_safe = false;  // one thread runs the chain
+  AllocatorOptions allocator;
   RuntimeOptions rt;
+  ForOneThread(&device.sim, &allocator, &rt);  // one thread runs the chain
   rt.policy = policy;
   rt.enable_drop = enable_drop;
   rt.enable_offload = false;
   rt.live_budget = live_budget;
-  rt.thread_safe = false;
-  return MakeStack(device, {.thread_safe = false}, std::move(rt));
+  return MakeStack(device, allocator, std::move(rt));
 }
 
 // What a run has done so far. The forward-step count is shared with the

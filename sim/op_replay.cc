@@ -57,17 +57,19 @@ class Replayer final : public RuntimeObserver {
   ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<OpReplayReport> Run() {
     const auto wall_start = std::chrono::steady_clock::now();
     SimDeviceOptions dev;
+    AllocatorOptions allocator_options{.budget = options_.budget,
+                                       .max_split_size = EffectiveMaxSplit(options_)};
+    RuntimeOptions rt;
+    // One thread owns the whole stack: no locks (a fifth of a record's time).
+    ForOneThread(&dev, &allocator_options, &rt);
     dev.capacity = SimDevice::kMaxCapacity;
     dev.backed = options_.verify;
     dev.cost.host_to_device_gbps = dev.cost.device_to_host_gbps = options_.link_gbps;
     dev.cost.copy_latency_ns = options_.link_latency_ns;
     dev.host_capacity = std::max<std::size_t>(dev.host_capacity, options_.host_memory);
-    // One thread owns the whole stack: no locks (a fifth of a record's time).
-    dev.thread_safe = false;
     absl::StatusOr<std::unique_ptr<SimDevice>> device = SimDevice::Create(dev);
     if (!device.ok()) return device.status();
     device_ = device->get();
-    RuntimeOptions rt;
     rt.policy = options_.policy;
     rt.enable_drop = options_.enable_drop;
     rt.enable_offload = options_.enable_offload;
@@ -75,7 +77,6 @@ class Replayer final : public RuntimeObserver {
     rt.link_latency_ns = options_.link_latency_ns;
     rt.host_pool_bytes = options_.host_memory;
     rt.live_budget = options_.live_budget;
-    rt.thread_safe = false;
     const bool learned = options_.future == Future::kLearned;
     if (learned && options_.timeline != nullptr) {
       return absl::InvalidArgumentError(
@@ -100,12 +101,9 @@ class Replayer final : public RuntimeObserver {
       rt.observer = this;
       storage_of_.assign(trace_.tensors.size() + 1, kNoOpIndex);
     }
-    AllocatorOptions allocator_options{.budget = options_.budget,
-                                       .max_split_size = EffectiveMaxSplit(options_)};
     if (absl::Status conf = ApplyAllocConf(options_.alloc_conf, &allocator_options); !conf.ok()) {
       return conf;
     }
-    allocator_options.thread_safe = false;
     absl::StatusOr<Stack> stack =
         MakeStack(*std::move(device), allocator_options, std::move(rt));
     if (!stack.ok()) return stack.status();
