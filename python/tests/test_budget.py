@@ -97,6 +97,86 @@ def test_hybrid():
     assert stats["drops"] + stats["offloads"] > 0
 
 
+def _timed_by_plan(b, seconds):
+    """A clock for budget b under which a timed step of each plan takes
+    seconds[plan] (the budget reads it as a step starts and as it ends)."""
+    now = [0.0]
+
+    def clock():
+        now[0] += seconds[b._step_plan] / 2
+        return now[0]
+    return clock
+
+
+@pytest.mark.parametrize("faster", ["mixed", "drop-only"])
+def test_the_offload_guard_keeps_the_quicker_plan(faster):
+    # Drops and offloads both allowed: the first steps try the policy's
+    # mixed plans, then drops alone, timing each, and the rest of the steps
+    # run with the plan whose timed steps were quicker.
+    plain, plain_loss, _, _ = run_step(models.gpt)
+    b = remat.torch.budget(int(saved_bytes_of(models.gpt) * 0.4), policy="lru", offload=True,
+                           recompute=True)
+    b._clock = _timed_by_plan(b, {"mixed": 2.0, "drop-only": 1.0} if faster == "drop-only"
+                              else {"mixed": 1.0, "drop-only": 2.0})
+    trial = 2 * remat.torch.budget.TRIAL_STEPS
+    figures = []
+    for _ in range(trial + 2):
+        model, step = models.gpt(0)
+        torch.manual_seed(1)
+        with b:
+            loss = step()
+            loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        assert torch.equal(loss.detach(), plain_loss)
+        assert_same_grads(plain, grads)
+        assert b.stats["peak_saved_bytes"] <= b.stats["budget_bytes"]
+        figures.append(b.stats)
+    assert [f["plan"] for f in figures] == ["trial"] * trial + [faster] * 2
+    assert [f["step"] for f in figures] == list(range(1, trial + 3))
+    # The trial ran both plans: offloads in its first half, none in its second.
+    half = remat.torch.budget.TRIAL_STEPS
+    assert all(f["offloads"] > 0 for f in figures[:half])
+    assert all(f["offloads"] == 0 and f["drops"] > 0 for f in figures[half:trial])
+    kept = figures[trial:]
+    assert all((f["offloads"] > 0) == (faster == "mixed") for f in kept)
+    times = figures[-1]["plan_trial_seconds"]
+    assert len(times["mixed"]) == len(times["drop-only"]) == half - 1
+    b.close()
+
+
+def test_the_offload_guard_can_be_turned_off_and_a_failed_step_is_not_timed():
+    b = remat.torch.budget("1GiB", offload=True, recompute=True, offload_guard=False)
+    with b:
+        pass
+    assert b.stats["plan"] == "mixed"
+    b.close()
+    b = remat.torch.budget("1GiB", offload=True, recompute=True)
+    b._clock = _timed_by_plan(b, {"mixed": 1.0, "drop-only": 2.0})
+    for _ in range(remat.torch.budget.TRIAL_STEPS):
+        with b:
+            pass
+    with pytest.raises(ValueError):
+        with b:  # the first drop-only step: it raises, so the trial waits for another
+            raise ValueError("a step that fails")
+    for _ in range(remat.torch.budget.TRIAL_STEPS):
+        with b:
+            pass
+    assert b.stats["plan"] == "trial"  # one step short, for the one that failed
+    with b:
+        pass
+    assert b.stats["plan"] == "mixed"
+    assert b.stats["step"] == 2 * remat.torch.budget.TRIAL_STEPS + 2
+    b.close()
+    with b:  # after close, as new: the trial again
+        pass
+    assert b.stats["plan"] == "trial" and b.stats["step"] == 1
+    b.close()
+    for offload, recompute, plan in [(False, True, "drop-only"), (True, False, "offload-only")]:
+        with remat.torch.budget("1GiB", offload=offload, recompute=recompute) as run:
+            pass
+        assert run.stats["plan"] == plan
+
+
 def test_dropout_masks_replayed_and_rng_left_as_plain():
     """A recompute replays dropout with the original mask, and the step
     leaves the RNG where a plain step leaves it."""

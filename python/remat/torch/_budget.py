@@ -34,6 +34,7 @@ it. Other storages may still be offloaded.
 """
 import ctypes
 import threading
+import time
 import weakref
 
 import torch
@@ -1000,13 +1001,25 @@ class budget:
         "dtr:staleness_exp=2", ...).
     offload / recompute: allow offloading to host memory / dropping for
         recompute (at least one).
+    offload_guard: with both allowed, allowing offload must not make the
+        steps slower than drops alone. The budget's first steps are a trial:
+        TRIAL_STEPS steps with the policy's mixed plans (drops and
+        offloads), then as many with drops only (the first of each learns,
+        the others are timed), and it keeps the plan whose quickest timed
+        step was quicker (`stats["plan"]`: "trial", then "mixed" or
+        "drop-only"). False: mixed plans throughout.
     allow_nondeterministic: on CUDA, let kernels PyTorch marks as not
         bitwise deterministic be recomputed too.
     tflops, hbm_gbps: the device rates recompute costs are estimated at.
     """
 
+    # Steps of each plan in the offload guard's trial: one that learns the
+    # step's next uses, then timed ones.
+    TRIAL_STEPS = 3
+
     def __init__(self, budget, policy="dtr", offload=False, recompute=True,
-                 allow_nondeterministic=False, tflops=None, hbm_gbps=None):
+                 allow_nondeterministic=False, tflops=None, hbm_gbps=None,
+                 offload_guard=True):
         self.budget_bytes = parse_size(budget)
         if self.budget_bytes == 0:
             raise ValueError("a budget of 0 bytes holds nothing; give bytes or a size like '2GiB'")
@@ -1020,13 +1033,38 @@ class budget:
             kw["tflops"] = tflops
         if hbm_gbps is not None:
             kw["hbm_gbps"] = hbm_gbps
-        self._args = (self.budget_bytes, policy, bool(offload), bool(recompute),
-                      bool(allow_nondeterministic), CostModel(**kw))
-        self._session = None
+        self._policy = policy
+        self._recompute = bool(recompute)
+        self._allow_nondeterministic = bool(allow_nondeterministic)
+        self._cost_model = CostModel(**kw)
+        if offload and recompute:
+            self._first_plan = "trial" if offload_guard else "mixed"
+        else:
+            self._first_plan = "drop-only" if recompute else "offload-only"
+        self._clock = time.perf_counter
+        self._sessions = {}           # plan -> _Session
+        self._start_over()
         self._engine = None
         self._mode = None
         self._hooks = None
         self.stats = None
+
+    def _start_over(self):
+        """As new: no step run, no runtime, the trial (if any) to come."""
+        self._plan = self._first_plan
+        # The trial: (plan, timed) per step, and each plan's timed steps.
+        self._trial = [(plan, i > 0) for plan in ("mixed", "drop-only")
+                       for i in range(self.TRIAL_STEPS)]
+        self._trial_times = {"mixed": [], "drop-only": []}
+        self._step_plan = None
+        self._step_start = None
+        self._steps = 0
+
+    def _plan_now(self):
+        """The plan of the step about to run, and whether it is timed."""
+        if self._plan != "trial":
+            return self._plan, False
+        return self._trial[0]
 
     def __enter__(self):
         if self._engine is not None and not self._engine.closed:
@@ -1035,14 +1073,21 @@ class budget:
         if _active.get(threading.get_ident()) is not None:
             raise RuntimeError("remat.torch.budget contexts do not nest: one budget covers "
                                "the whole step")
-        if self._session is None:
-            self._session = _Session(*self._args[:4])
-        engine = Engine(*self._args)
-        engine.open(self._session)
+        plan, timed = self._plan_now()
+        offload = plan != "drop-only"
+        session = self._sessions.get(plan)
+        if session is None:
+            session = self._sessions[plan] = _Session(self.budget_bytes, self._policy, offload,
+                                                      self._recompute)
+        engine = Engine(self.budget_bytes, self._policy, offload, self._recompute,
+                        self._allow_nondeterministic, self._cost_model)
+        engine.open(session)
         self._engine = engine
+        self._step_plan = plan
         _active[threading.get_ident()] = self
         self._mode = _Mode(engine)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(engine.pack, engine.unpack)
+        self._step_start = self._time() if timed else None
         self._mode.__enter__()
         self._hooks.__enter__()
         return self
@@ -1055,25 +1100,65 @@ class budget:
                 self._mode.__exit__(exc_type, exc, tb)
             finally:
                 _active.pop(threading.get_ident(), None)
-                self._engine.close()
-                self.stats = self._engine.stats
+                try:
+                    self._engine.close()
+                finally:
+                    self._end_step(ok=exc_type is None)
         return False
+
+    def _time(self):
+        # A GPU's work runs behind the host's: a timed step waits for it.
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        return self._clock()
+
+    def _end_step(self, ok):
+        self._steps += 1
+        stats = dict(self._engine.stats)
+        stats["step"] = self._steps
+        stats["plan"] = self._step_plan if self._plan != "trial" else "trial"
+        if self._plan == "trial" and ok:
+            plan, timed = self._trial.pop(0)
+            if timed:
+                self._trial_times[plan].append(self._time() - self._step_start)
+            if not self._trial:
+                self._decide()
+        if self._plan_trial_done():
+            stats["plan_trial_seconds"] = {k: list(v) for k, v in self._trial_times.items()}
+        self.stats = stats
+
+    def _plan_trial_done(self):
+        return all(self._trial_times.values()) and not self._trial
+
+    def _decide(self):
+        """Keeps the plan whose quickest timed step was quicker (mixed on a
+        tie: the policy's own choice) and lets the other's runtime go."""
+        mixed = min(self._trial_times["mixed"])
+        drop_only = min(self._trial_times["drop-only"])
+        self._plan = "drop-only" if drop_only < mixed else "mixed"
+        for plan in [p for p in self._sessions if p != self._plan]:
+            self._sessions.pop(plan).close()
 
     def live_stats(self):
         """The runtime's figures now, inside the context."""
-        return self._engine.read_stats()
+        stats = self._engine.read_stats()
+        stats["step"] = self._steps + 1
+        stats["plan"] = self._step_plan if self._plan != "trial" else "trial"
+        return stats
 
     def close(self):
         """Lets the runtime go (it is kept between steps to learn from them;
         the object's end lets it go too)."""
         if self._engine is not None and not self._engine.closed:
             raise RuntimeError("close the budget after leaving its `with`")
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+        sessions, self._sessions = self._sessions, {}
+        for session in sessions.values():
+            session.close()
+        self._start_over()
 
     def __del__(self):
-        session = getattr(self, "_session", None)
+        sessions = getattr(self, "_sessions", None)
         engine = getattr(self, "_engine", None)
-        if session is not None and (engine is None or engine.closed):
-            session.close()
+        if sessions and (engine is None or engine.closed):
+            for session in sessions.values():
+                session.close()
