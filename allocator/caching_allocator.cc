@@ -331,7 +331,8 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     }
     PressureRequest request{size, stream, budget_,
                             static_cast<std::size_t>(stats_.reserved_bytes.all().current),
-                            static_cast<std::size_t>(stats_.allocated_bytes.all().current)};
+                            static_cast<std::size_t>(stats_.allocated_bytes.all().current),
+                            round};
     ++stats_.num_pressure_calls;
     // Without the lock: the handler frees (and may allocate) through us.
     // Another thread may free memory meanwhile; that is progress too.
@@ -653,7 +654,7 @@ absl::Status CachingAllocator::Reback(void* ptr, Stream stream) {
     std::shared_ptr<PressureHandler> handler = pressure_handler_;
     if (handler == nullptr || round >= options_.max_pressure_rounds || bytes > budget_) break;
     PressureRequest request{bytes, stream, budget_, reserved,
-                            static_cast<std::size_t>(stats_.allocated_bytes.all().current)};
+                            static_cast<std::size_t>(stats_.allocated_bytes.all().current), round};
     ++stats_.num_pressure_calls;
     const std::uint64_t epoch = free_epoch_;
     mu_.Unlock();
@@ -1437,6 +1438,8 @@ MemoryMap CachingAllocator::GetMemoryMap() const {
       MemoryMapSegment ms;
       ms.address = run->addr;
       ms.is_large = seg->large;
+      ms.merge_boundary = seg->page_bounded ? page_size_ : 0;
+      ms.page_size = seg->expandable ? page_size_ : 0;
       const Block* b = run;
       for (; b != nullptr && b->mapped; b = b->next) {
         ms.size += b->size - (b->unbacked_done ? b->unbacked_hi - b->unbacked_lo : 0);

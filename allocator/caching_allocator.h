@@ -122,6 +122,10 @@ struct PressureRequest {
   std::size_t budget = 0;
   std::size_t reserved = 0;
   std::size_t allocated = 0;
+  // 0 the first time the handler is asked for this request; from 1 on, what
+  // was freed before did not make it fit (scattered bytes, no hole large
+  // enough).
+  int round = 0;
 };
 
 // Returns true when it freed something (the allocator then retries), false
@@ -207,6 +211,12 @@ class CachingAllocator {
   std::size_t RoundRequest(std::size_t bytes) const;
   // Size of the segment a request of `rounded` bytes reserves when nothing fits.
   static std::size_t SegmentSizeFor(std::size_t rounded);
+  // The bytes the pool grows by for such a request: that segment, or with
+  // expandable segments the pages it covers.
+  std::size_t GrowthFor(std::size_t rounded) const {
+    return page_size_ != 0 ? (rounded + page_size_ - 1) / page_size_ * page_size_
+                           : SegmentSizeFor(rounded);
+  }
 
  private:
   struct Segment;

@@ -88,6 +88,12 @@ struct MemoryMapSegment {
   std::uintptr_t address = 0;
   std::size_t size = 0;
   bool is_large = false;
+  // Free blocks never merge across a multiple of this (an expandable
+  // segment's small-pool pages); 0: anywhere within the segment.
+  std::size_t merge_boundary = 0;
+  // An expandable segment's page (whole free pages are given back one by
+  // one); 0: a fixed segment, given back only when all of it is free.
+  std::size_t page_size = 0;
   std::vector<MemoryMapBlock> blocks;
 };
 

@@ -78,6 +78,11 @@ struct Needs {
 
 struct PressureContext {
   std::size_t bytes_needed = 0;  // what the pending request lacks
+  // For the allocator's requests (0 for the live budget's): what the pool
+  // would grow by to serve the request, and how far the reserved bytes are
+  // below the budget now.
+  std::size_t growth_bytes = 0;
+  std::size_t room_bytes = 0;
   Stream stream;                 // the stream of the pending request
   std::int64_t now_ns = 0;       // device clock
   // The link has one copy engine each way, side by side (the runtime's

@@ -1,9 +1,11 @@
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "policies/covering_run.h"
 #include "policies/policy_spec.h"
 #include "policies/registry.h"
 #include "policies/scored_policy.h"
@@ -511,6 +513,119 @@ TEST(PolicyTest, WindowWeighsEachBlockByItsStaleness) {
   ASSERT_TRUE(flat.ok());
   EXPECT_THAT(Ids((*flat)->Choose(ctx)), ElementsAre(1, 2));
   EXPECT_FALSE(Create("window:staleness_exp=-1").ok());
+}
+
+// One segment of 1 MiB blocks: [A][free][B][C][D], A, B and D evictable
+// (C pinned: no candidate). A request of 2 MiB fits only around the free
+// block: the run (A, free) or (free, B).
+class CoveringRunTest : public ::testing::Test {
+ protected:
+  static constexpr std::size_t k = 1 << 20;
+  void SetUp() override {
+    seg_.address = 0x100000;
+    seg_.size = 5 * k;
+    seg_.is_large = true;
+    for (std::uint64_t i = 0; i < 5; ++i) {
+      const bool free = i == 1;
+      seg_.blocks.push_back({0x100000 + i * k, k,
+                             free ? BlockState::kInactive : BlockState::kActiveAllocated,
+                             free ? 0 : i + 1});
+      if (!free && i != 3) {
+        cs_.push_back(Make(i + 1, k, /*last_access=*/0, /*compute_ns=*/(i + 1) * 1000));
+        cs_.back().address = 0x100000 + i * k;
+      }
+    }
+    ctx_.bytes_needed = 2 * k;
+    ctx_.now_ns = 1'000'000;
+  }
+  PressureContext& Ctx() {
+    map_.segments.assign(1, seg_);
+    ctx_.candidates = cs_;
+    ctx_.memory_map = &map_;
+    return ctx_;
+  }
+  static double Compute(const Candidate& c) { return static_cast<double>(c.compute_ns); }
+
+  MemoryMapSegment seg_;
+  MemoryMap map_;
+  std::vector<Candidate> cs_;
+  PressureContext ctx_;
+};
+
+TEST_F(CoveringRunTest, TakesTheCheapestRunAroundPinnedBlocks) {
+  std::optional<Plan> run = CheapestCoveringRun(Ctx(), Compute);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_THAT(Ids(*run), ElementsAre(1));  // A (1000 ns) with the free block, not B (3000 ns)
+  // Needing 3 MiB: C is pinned, so only (A, free, B) covers it.
+  ctx_.bytes_needed = 3 * k;
+  run = CheapestCoveringRun(Ctx(), Compute);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_THAT(Ids(*run), ElementsAre(1, 3));
+  // 4 MiB: every run breaks at C.
+  ctx_.bytes_needed = 4 * k;
+  EXPECT_FALSE(CheapestCoveringRun(Ctx(), Compute).has_value());
+  // With A freed meanwhile, the 2 MiB hole is there already.
+  ctx_.bytes_needed = 2 * k;
+  seg_.blocks[0].state = BlockState::kInactive;
+  run = CheapestCoveringRun(Ctx(), Compute);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_TRUE(run->empty());
+  // A small request is not served from a large segment, nor anything without a map.
+  ctx_.bytes_needed = 4096;
+  EXPECT_FALSE(CheapestCoveringRun(Ctx(), Compute).has_value());
+  ctx_.memory_map = nullptr;
+  ctx_.candidates = cs_;
+  EXPECT_FALSE(CheapestCoveringRun(ctx_, Compute).has_value());
+}
+
+TEST_F(CoveringRunTest, RunsStopAtABoundaryFreeBlocksNeverCross) {
+  seg_.merge_boundary = 2 * k;  // blocks 0-1, 2-3 and 4 merge only among themselves
+  seg_.address = 0x200000;
+  for (std::size_t i = 0; i < seg_.blocks.size(); ++i) seg_.blocks[i].address = 0x200000 + i * k;
+  for (Candidate& c : cs_) c.address = 0x200000 + (c.id - 1) * k;
+  std::optional<Plan> run = CheapestCoveringRun(Ctx(), Compute);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_THAT(Ids(*run), ElementsAre(1));  // (A, free): within one 2 MiB unit
+  ctx_.bytes_needed = 3 * k;  // (A, free, B) crosses the boundary: no run
+  EXPECT_FALSE(CheapestCoveringRun(Ctx(), Compute).has_value());
+}
+
+TEST_F(CoveringRunTest, APlanMakesRoomWithAHoleOrWithWhatTheAllocatorGivesBack) {
+  PressureContext& ctx = Ctx();
+  // Evicting D alone leaves no 2 MiB hole (C is pinned); A or B next to
+  // the free block does.
+  EXPECT_FALSE(PlanMakesRoom(ctx, {{5, EvictAction::kDrop}}));
+  EXPECT_TRUE(PlanMakesRoom(ctx, {{1, EvictAction::kDrop}}));
+  EXPECT_TRUE(PlanMakesRoom(ctx, {{3, EvictAction::kDrop}}));
+  // The runtime goes on until the bytes are covered: D, then A.
+  EXPECT_TRUE(PlanMakesRoom(ctx, {{5, EvictAction::kDrop}, {1, EvictAction::kDrop}}));
+  // A whole fixed segment given back lets the pool grow, where the budget
+  // has room for the rest.
+  MemoryMapSegment other;
+  other.address = 0x900000;
+  other.size = 2 * k;
+  other.is_large = false;
+  other.blocks = {{0x900000, 2 * k, BlockState::kActiveAllocated, 9}};
+  map_.segments.push_back(other);
+  cs_.push_back(Make(9, 2 * k, 0));
+  cs_.back().address = 0x900000;
+  ctx.candidates = cs_;
+  ctx.growth_bytes = 20 * k;
+  ctx.room_bytes = 18 * k;
+  EXPECT_TRUE(PlanMakesRoom(ctx, {{9, EvictAction::kDrop}}));
+  ctx.room_bytes = 17 * k;
+  EXPECT_FALSE(PlanMakesRoom(ctx, {{9, EvictAction::kDrop}}));
+  // An expandable segment gives back its whole free pages.
+  map_.segments.back().page_size = 2 * k;
+  map_.segments.back().size = 4 * k;
+  map_.segments.back().blocks = {{0x900000, 3 * k, BlockState::kActiveAllocated, 9},
+                                 {0x900000 + 3 * k, k, BlockState::kActiveAllocated, 10}};
+  cs_.back().bytes = 3 * k;
+  ctx.candidates = cs_;
+  ctx.room_bytes = 18 * k;
+  EXPECT_TRUE(PlanMakesRoom(ctx, {{9, EvictAction::kDrop}}));  // page 0 whole, page 1 not
+  ctx.room_bytes = 17 * k;
+  EXPECT_FALSE(PlanMakesRoom(ctx, {{9, EvictAction::kDrop}}));
 }
 
 }  // namespace

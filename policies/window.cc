@@ -15,17 +15,15 @@
 // segment), it falls back to DTR's ranking over all candidates, which frees
 // bytes and lets the allocator release whole segments.
 #include <cmath>
-#include <limits>
+#include <optional>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
+#include "policies/covering_run.h"
 #include "policies/factories.h"
 #include "policies/scored_policy.h"
 
 namespace remat::policies {
 namespace {
-
-constexpr std::size_t kSmallRequest = 1 << 20;  // the allocator's small-pool limit
 
 double BlockCost(const Candidate& c) {
   return EvictionCost(c, static_cast<double>(c.compute_ns + c.neighbourhood_ns));
@@ -51,65 +49,19 @@ class Window final : public EvictionPolicy {
   Needs needs() const override { return {.memory_map = true}; }
 
   Plan Choose(const PressureContext& ctx) override {
-    if (ctx.memory_map == nullptr) return fallback_.Choose(ctx);
-    absl::flat_hash_map<std::uintptr_t, const Candidate*> by_address;
-    for (const Candidate& c : ctx.candidates) {
-      if (c.can_drop || c.can_offload) by_address.emplace(c.address, &c);
-    }
-    const bool small = ctx.bytes_needed <= kSmallRequest;
-    double best_cost = std::numeric_limits<double>::infinity();
-    const MemoryMapSegment* best_segment = nullptr;
-    std::size_t best_first = 0, best_last = 0;
-    for (const MemoryMapSegment& seg : ctx.memory_map->segments) {
-      if (seg.is_large == small || seg.size < ctx.bytes_needed) continue;
-      // The cheapest covering run ending at each block: the shortest one, as
-      // costs are never negative.
-      std::size_t first = 0, bytes = 0;
-      double cost = 0;
-      for (std::size_t last = 0; last < seg.blocks.size(); ++last) {
-        const MemoryMapBlock& b = seg.blocks[last];
-        const Candidate* c = nullptr;
-        if (!b.free()) {
-          auto it = by_address.find(b.address);
-          if (it == by_address.end()) {  // pinned, foreign or pending: the run breaks
-            first = last + 1;
-            bytes = 0;
-            cost = 0;
-            continue;
-          }
-          c = it->second;
-        }
-        bytes += b.size;
-        cost += c != nullptr ? RunCost(*c, ctx) : 0.0;
-        while (first < last && bytes - seg.blocks[first].size >= ctx.bytes_needed) {
-          const MemoryMapBlock& drop = seg.blocks[first++];
-          bytes -= drop.size;
-          if (!drop.free()) cost -= RunCost(*by_address.at(drop.address), ctx);
-        }
-        if (bytes >= ctx.bytes_needed && cost < best_cost) {
-          best_cost = cost;
-          best_segment = &seg;
-          best_first = first;
-          best_last = last;
-        }
-      }
-    }
-    if (best_segment == nullptr) return fallback_.Choose(ctx);
-    Plan plan;
-    for (std::size_t i = best_first; i <= best_last; ++i) {
-      const MemoryMapBlock& b = best_segment->blocks[i];
-      if (b.free()) continue;
-      const Candidate* c = by_address.at(b.address);
-      plan.push_back(PlanStep{c->id, CheaperAction(*c)});
-    }
-    if (plan.empty()) return fallback_.Choose(ctx);  // the hole is there: the cache needs a push
-    return plan;
+    std::optional<Plan> run =
+        CheapestCoveringRun(ctx, [&](const Candidate& c) { return Price(c, ctx); });
+    // No covering run (the request needs a new segment), or the hole is
+    // there already and the cache needs a push: DTR's ranking frees bytes
+    // and lets the allocator release whole segments.
+    if (!run.has_value() || run->empty()) return fallback_.Choose(ctx);
+    return *std::move(run);
   }
 
  private:
   // A block's share of a run's cost: its eviction cost, divided by its
   // staleness^staleness_exp (a block just used is dearer to evict).
-  double RunCost(const Candidate& c, const PressureContext& ctx) const {
+  double Price(const Candidate& c, const PressureContext& ctx) const {
     return BlockCost(c) / Power(Staleness(c, ctx), staleness_exp_);  // Power(x, 0) is 1
   }
 

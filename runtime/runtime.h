@@ -167,12 +167,24 @@ struct RuntimeOptions {
   // (or run its closures): the simulator's replays. A runtime that is
   // thread-safe needs an allocator that is (AllocatorOptions::thread_safe).
   bool thread_safe = true;
+  // Where the policy's plan for an allocator's request would free its bytes
+  // in scattered places (no hole the request fits, nothing given back that
+  // lets the pool grow: policies::PlanMakesRoom), evict instead the run of
+  // neighbouring blocks that covers it at the least cost
+  // (policies::CheapestCoveringRun, priced as the window policy prices
+  // blocks, pairs where one reads the other priced higher). Off by default:
+  // on the shipped steps under a reserved budget it turns thrashing runs
+  // into finished ones on the LSTM at 0.7 but makes the 100-layer chain
+  // thrash, whose backward gradients it prices too low
+  // (bench/results/retry_in_one_place_2026-12-03.md).
+  bool retry_in_one_place = false;
 };
 
 struct RuntimeStats {
   std::uint64_t tensors_created = 0;
   std::uint64_t live_tensors = 0;
   std::uint64_t pressure_events = 0;
+  std::uint64_t retries_in_one_place = 0;  // pressure events planned as one run (retry_in_one_place)
   std::uint64_t candidates_shown = 0;  // candidates handed to the policy, over all events
   std::int64_t choose_wall_ns = 0;     // host time spent building candidates and choosing
   std::uint64_t drops = 0;           // evictions under pressure that dropped
@@ -435,6 +447,9 @@ class Runtime {
   // keeps the block; false when it cannot (the caller hands the block back).
   bool KeepAddress(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Evict(const PressureRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True while Evict serves the live budget (MakeLiveRoom), whose bytes need
+  // not be free in one place.
+  bool making_live_room_ ABSL_GUARDED_BY(mu_) = false;
   // Fills scratch_ (and scratch_storages_) with what the policy sees now.
   void GatherCandidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   policies::Candidate MakeCandidate(const Storage* s, const policies::Needs& needs,

@@ -202,5 +202,32 @@ TEST_F(RuntimeTest, APolicyThatSamplesSeesOnlyItsSample) {
   }
 }
 
+TEST_F(RuntimeTest, ARequestThePolicysChoicesWouldScatterIsMetInOnePlace) {
+  // Ten 2 MiB tensors fill the budget's one 20 MiB segment, and every other
+  // one was just used: lru's choices for a 4 MiB request, the stale ones,
+  // lie apart and free no 4 MiB hole. By default the runtime then evicts the
+  // cheapest pair of neighbours instead: two drops, one pressure event.
+  // Asked to retry anywhere, it follows lru until two neighbours happen to
+  // be gone: three pressure events, six drops.
+  for (const bool one_place : {true, false}) {
+    SCOPED_TRACE(one_place ? "in one place" : "anywhere");
+    Make(20 * kMiB, {.policy = "lru", .enable_offload = false, .retry_in_one_place = one_place});
+    std::vector<TensorId> ts;
+    for (int i = 0; i < 10; ++i) ts.push_back(Produce(2 * kMiB, {}, true, false));
+    for (int i = 0; i < 10; i += 2) Check(ts[i]);
+    const TensorId big = Produce(4 * kMiB, {}, true, false);
+    ASSERT_NE(big, 0u);
+    const RuntimeStats st = runtime_->stats();
+    EXPECT_EQ(st.drops, one_place ? 2u : 6u);
+    EXPECT_EQ(st.pressure_events, one_place ? 1u : 3u);
+    EXPECT_EQ(st.retries_in_one_place, one_place ? 1u : 0u);
+    EXPECT_EQ(alloc_->GetStats().reserved_bytes.all().peak, 20 * static_cast<std::int64_t>(kMiB));
+    CheckInvariants();
+    // Whatever went comes back with its bytes.
+    for (TensorId t : ts) Check(t, /*allow_oom=*/false);
+    CheckInvariants();
+  }
+}
+
 }  // namespace
 }  // namespace remat

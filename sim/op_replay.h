@@ -88,6 +88,9 @@ struct OpReplayOptions {
   // it. OpReplayReport::plan says which was kept. A framework gets the same
   // by running one training iteration each way (the steps repeat).
   bool offload_guard = true;
+  // RuntimeOptions::retry_in_one_place: a request the policy's plan would
+  // not make room for is met by evicting one covering run of blocks.
+  bool retry_in_one_place = false;
   double thrash_limit = 1.0;  // stop when recompute exceeds this x the trace's compute
   bool verify = false;
   // In verify mode the checks are host work queued on the simulated streams,
@@ -153,6 +156,7 @@ struct OpReplayReport {
   std::int64_t stall_ns = 0;  // time the compute stream spent neither computing nor recomputing
   std::uint64_t evictions = 0;
   std::uint64_t pressure_events = 0;   // times the runtime asked the policy for a plan
+  std::uint64_t retries_in_one_place = 0;  // of those, retries planned as one run instead
   std::uint64_t candidates_shown = 0;  // candidates handed to the policy, over all events
   std::int64_t choose_wall_ns = 0;     // host time building candidates and choosing
   std::uint64_t verified_accesses = 0;

@@ -28,6 +28,7 @@ struct SimFlags {
   LinkFlags link;
   bool no_swap = false;
   bool no_offload_guard = false;
+  bool retry_in_one_place = false;
   bool no_recompute = false;
   std::string accounting = "reserved";
   double thrash_limit = 1.0;
@@ -230,6 +231,7 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("stall_ns").Int(r.stall_ns);
   w.Key("evictions").Uint(r.evictions);
   w.Key("pressure_events").Uint(r.pressure_events);
+  w.Key("retries_in_one_place").Uint(r.retries_in_one_place);
   w.Key("candidates_per_event")
       .Double(r.pressure_events > 0
                   ? static_cast<double>(r.candidates_shown) / static_cast<double>(r.pressure_events)
@@ -281,6 +283,7 @@ int RunSim(const SimFlags& f) {
   options.enable_offload = !f.no_swap;
   options.enable_drop = !f.no_recompute;
   options.offload_guard = !f.no_offload_guard;
+  options.retry_in_one_place = f.retry_in_one_place;
   options.thrash_limit = f.thrash_limit;
   options.max_split_size = f.max_split;
   options.alloc_conf = f.alloc_conf;
@@ -350,6 +353,10 @@ Subcommand AddSimCommand(CLI::App& remat) {
   cmd->add_flag("--no-offload-guard", flags->no_offload_guard,
                 "With drops and offloads allowed, report the policy's mixed plan as it is "
                 "(by default the step is also run with drops only and the cheaper is kept)");
+  cmd->add_flag("--retry-in-one-place", flags->retry_in_one_place,
+                "Where the policy's choices would free a request's bytes in scattered places "
+                "(no hole it fits), evict the cheapest run of neighbouring blocks that covers "
+                "it instead (reserved accounting)");
   cmd->add_option("--accounting", flags->accounting, "What the budget counts")
       ->capture_default_str()
       ->check(CLI::IsMember({"reserved", "live"}));
