@@ -14,19 +14,10 @@ constexpr std::size_t kSmallRequest = 1 << 20;  // the allocator's small-pool li
 
 }  // namespace
 
-bool PlanMakesRoom(const PressureContext& ctx, const Plan& plan) {
-  if (ctx.memory_map == nullptr) return false;
-  absl::flat_hash_map<std::uint64_t, const Candidate*> by_id;
-  for (const Candidate& c : ctx.candidates) by_id.emplace(c.id, &c);
-  absl::flat_hash_set<std::uintptr_t> freed;
-  std::size_t bytes = 0;
-  for (const PlanStep& step : plan) {
-    auto it = by_id.find(step.id);
-    if (it == by_id.end()) continue;
-    freed.insert(it->second->address);
-    bytes += it->second->bytes;
-    if (bytes >= ctx.bytes_needed) break;
-  }
+namespace {
+
+// Whether freeing the blocks at `freed` (besides the free ones) makes room.
+bool MakesRoom(const PressureContext& ctx, const absl::flat_hash_set<std::uintptr_t>& freed) {
   const bool small = ctx.bytes_needed <= kSmallRequest;
   std::size_t given_back = 0;  // what the allocator could release for growth
   for (const MemoryMapSegment& seg : ctx.memory_map->segments) {
@@ -61,6 +52,51 @@ bool PlanMakesRoom(const PressureContext& ctx, const Plan& plan) {
   return ctx.growth_bytes > 0 && given_back + ctx.room_bytes >= ctx.growth_bytes;
 }
 
+absl::flat_hash_map<std::uint64_t, const Candidate*> ById(const PressureContext& ctx) {
+  absl::flat_hash_map<std::uint64_t, const Candidate*> by_id;
+  for (const Candidate& c : ctx.candidates) by_id.emplace(c.id, &c);
+  return by_id;
+}
+
+}  // namespace
+
+bool PlanMakesRoom(const PressureContext& ctx, const Plan& plan) {
+  if (ctx.memory_map == nullptr) return false;
+  const absl::flat_hash_map<std::uint64_t, const Candidate*> by_id = ById(ctx);
+  absl::flat_hash_set<std::uintptr_t> freed;
+  std::size_t bytes = 0;
+  for (const PlanStep& step : plan) {
+    auto it = by_id.find(step.id);
+    if (it == by_id.end()) continue;
+    freed.insert(it->second->address);
+    bytes += it->second->bytes;
+    if (bytes >= ctx.bytes_needed) break;
+  }
+  return MakesRoom(ctx, freed);
+}
+
+std::optional<std::size_t> StepsToMakeRoom(const PressureContext& ctx, const Plan& plan) {
+  if (ctx.memory_map == nullptr) return std::nullopt;
+  const absl::flat_hash_map<std::uint64_t, const Candidate*> by_id = ById(ctx);
+  auto room_after = [&](std::size_t steps) {
+    absl::flat_hash_set<std::uintptr_t> freed;
+    for (std::size_t i = 0; i < steps; ++i) {
+      auto it = by_id.find(plan[i].id);
+      if (it != by_id.end()) freed.insert(it->second->address);
+    }
+    return MakesRoom(ctx, freed);
+  };
+  // Room only grows as more is freed: the least number of steps, by halves.
+  if (!room_after(plan.size())) return std::nullopt;
+  std::size_t lo = 0, hi = plan.size();  // room after hi steps, none after lo (or lo = 0)
+  if (room_after(0)) return 0;
+  while (hi - lo > 1) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    (room_after(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
 double RunCost(const Candidate& c, const PressureContext& ctx) {
   Candidate full = c;
   ctx.Complete(full);
@@ -72,7 +108,7 @@ namespace {
 
 std::optional<Plan> Search(const PressureContext& ctx,
                            absl::FunctionRef<double(const Candidate&)> cost,
-                           const PairCostFn* pair_cost) {
+                           const PairCostFn* pair_cost, double* price) {
   if (ctx.memory_map == nullptr) return std::nullopt;
   absl::flat_hash_map<std::uintptr_t, const Candidate*> by_address;
   for (const Candidate& c : ctx.candidates) {
@@ -136,6 +172,7 @@ std::optional<Plan> Search(const PressureContext& ctx,
     }
   }
   if (best_segment == nullptr) return std::nullopt;
+  if (price != nullptr) *price = best_cost;
   Plan plan;
   for (std::size_t i = best_first; i <= best_last; ++i) {
     const MemoryMapBlock& b = best_segment->blocks[i];
@@ -150,13 +187,13 @@ std::optional<Plan> Search(const PressureContext& ctx,
 
 std::optional<Plan> CheapestCoveringRun(const PressureContext& ctx,
                                         absl::FunctionRef<double(const Candidate&)> cost) {
-  return Search(ctx, cost, nullptr);
+  return Search(ctx, cost, nullptr, nullptr);
 }
 
 std::optional<Plan> CheapestCoveringRun(const PressureContext& ctx,
                                         absl::FunctionRef<double(const Candidate&)> cost,
-                                        PairCostFn pair_cost) {
-  return Search(ctx, cost, &pair_cost);
+                                        PairCostFn pair_cost, double* price) {
+  return Search(ctx, cost, &pair_cost, price);
 }
 
 }  // namespace remat::policies

@@ -28,10 +28,11 @@ std::optional<Plan> CheapestCoveringRun(const PressureContext& ctx,
 // With `pair_cost` added for every pair of members of a run: what evicting
 // the two together costs beyond their own costs (a recompute of one that must
 // first recompute the other). Never negative.
+// `price`, where given, receives the run's summed cost.
 using PairCostFn = absl::FunctionRef<double(const Candidate&, const Candidate&)>;
 std::optional<Plan> CheapestCoveringRun(const PressureContext& ctx,
                                         absl::FunctionRef<double(const Candidate&)> cost,
-                                        PairCostFn pair_cost);
+                                        PairCostFn pair_cost, double* price = nullptr);
 
 // Whether carrying out `plan` (in order, until its candidates' bytes cover
 // the request, as the runtime does) makes room for the request: one hole of
@@ -40,6 +41,10 @@ std::optional<Plan> CheapestCoveringRun(const PressureContext& ctx,
 // pages of expandable ones) that the pool can grow by ctx.growth_bytes
 // within the budget. False without a memory map.
 bool PlanMakesRoom(const PressureContext& ctx, const Plan& plan);
+
+// The fewest leading steps of `plan` that, all carried out, make room as
+// above; nullopt when the whole plan does not (or there is no memory map).
+std::optional<std::size_t> StepsToMakeRoom(const PressureContext& ctx, const Plan& plan);
 
 // A block's price in a run, as `window` prices it by default: the cost of
 // bringing its tensor back (recompute with its evicted neighbourhood, or the

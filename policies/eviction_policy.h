@@ -138,7 +138,10 @@ class EvictionPolicy {
   std::string Spec() const;
   // Steps whose candidates' bytes cover ctx.bytes_needed when they can (all
   // candidates' worth otherwise), most preferred first. Never names a
-  // candidate twice, never one that allows neither action.
+  // candidate twice, never one that allows neither action. The runtime may
+  // ask twice in one pressure event: the second time with bytes_needed at
+  // its largest, for a ranking of every candidate (see
+  // RuntimeOptions::retry_in_one_place).
   virtual Plan Choose(const PressureContext& ctx) = 0;
 
   virtual Needs needs() const { return {}; }

@@ -599,6 +599,14 @@ TEST_F(CoveringRunTest, APlanMakesRoomWithAHoleOrWithWhatTheAllocatorGivesBack) 
   EXPECT_TRUE(PlanMakesRoom(ctx, {{3, EvictAction::kDrop}}));
   // The runtime goes on until the bytes are covered: D, then A.
   EXPECT_TRUE(PlanMakesRoom(ctx, {{5, EvictAction::kDrop}, {1, EvictAction::kDrop}}));
+  // How much of a ranking it takes: D alone makes no room, D and A do.
+  EXPECT_EQ(StepsToMakeRoom(ctx, {{5, EvictAction::kDrop}, {1, EvictAction::kDrop},
+                                  {3, EvictAction::kDrop}}),
+            std::optional<std::size_t>(2));
+  EXPECT_EQ(StepsToMakeRoom(ctx, {{5, EvictAction::kDrop}}), std::nullopt);
+  ctx.bytes_needed = k;  // served from small segments: none here, and no room to grow
+  EXPECT_EQ(StepsToMakeRoom(ctx, {{1, EvictAction::kDrop}}), std::nullopt);
+  ctx.bytes_needed = 2 * k;
   // A whole fixed segment given back lets the pool grow, where the budget
   // has room for the rest.
   MemoryMapSegment other;

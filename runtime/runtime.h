@@ -169,15 +169,15 @@ struct RuntimeOptions {
   bool thread_safe = true;
   // Where the policy's plan for an allocator's request would free its bytes
   // in scattered places (no hole the request fits, nothing given back that
-  // lets the pool grow: policies::PlanMakesRoom), evict instead the run of
-  // neighbouring blocks that covers it at the least cost
-  // (policies::CheapestCoveringRun, priced as the window policy prices
-  // blocks, pairs where one reads the other priced higher). Off by default:
-  // on the shipped steps under a reserved budget it turns thrashing runs
-  // into finished ones on the LSTM at 0.7 but makes the 100-layer chain
-  // thrash, whose backward gradients it prices too low
+  // lets the pool grow: policies::PlanMakesRoom), make room at once the
+  // cheaper of two ways, priced alike (as the window policy prices blocks):
+  // the run of neighbouring blocks that covers the request at the least
+  // cost (policies::CheapestCoveringRun; a pair where one reads the other
+  // costs more), or as much of the policy's own ranking as makes room
+  // (policies::StepsToMakeRoom). false: the policy's plan, and the
+  // allocator asks again while it makes no room
   // (bench/results/retry_in_one_place_2026-12-03.md).
-  bool retry_in_one_place = false;
+  bool retry_in_one_place = true;
 };
 
 struct RuntimeStats {

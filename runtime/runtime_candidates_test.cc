@@ -14,7 +14,8 @@
 namespace remat {
 
 ScriptedChain RuntimeTest::ProduceScriptedChain(std::shared_ptr<policies::EvictionPolicy> policy) {
-  Make(22 * kMiB, {.custom_policy = std::move(policy)});
+  // The script's plans as they are (not met in one place instead).
+  Make(22 * kMiB, {.custom_policy = std::move(policy), .retry_in_one_place = false});
   ScriptedChain t;
   t.x = Produce(kMiB, {}, false, false);
   t.a = Produce(2 * kMiB, {t.x}, true, false, 10'000);
@@ -129,7 +130,7 @@ TEST_F(RuntimeTest, CandidatesCarryClassesFreeNeighboursHintsAndHistory) {
     policies::Needs needs() const override { return {.classes = true, .adjacent_free = true}; }
   };
   auto needing = std::make_shared<Needing>(policy->script());
-  Make(22 * kMiB, {.custom_policy = needing});
+  Make(22 * kMiB, {.custom_policy = needing, .retry_in_one_place = false});
   TensorId x = Produce(kMiB, {}, false, false);
   TensorId a = Produce(2 * kMiB, {x}, true, false, 10'000);
   TensorId b = Produce(3 * kMiB, {a}, true, false, 20'000);
@@ -167,7 +168,7 @@ TEST_F(RuntimeTest, PoliciesSeeTheRestoresOwedForWhatIsOffloaded) {
     std::vector<std::int64_t> restore_backlog;
   };
   auto policy = std::make_shared<Offloading>();
-  Make(8 * kMiB, {.custom_policy = policy, .link_gbps = 25.0});
+  Make(8 * kMiB, {.custom_policy = policy, .link_gbps = 25.0, .retry_in_one_place = false});
   TensorId a = Produce(4 * kMiB, {}, false, true);
   TensorId big = Produce(6 * kMiB, {}, false, false);  // a goes to the host
   EXPECT_NE(StateOf(a), TensorState::kResident);

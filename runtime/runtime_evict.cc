@@ -3,6 +3,7 @@
 // adjacent drop classes, transfer cost, next use).
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
 
 #include "absl/container/inlined_vector.h"
@@ -130,9 +131,12 @@ bool Runtime::Evict(const PressureRequest& request) {
   // The allocator's request (not the live budget's) needs its bytes free in
   // one place. A plan whose bytes are scattered frees them uselessly, and the
   // allocator asks again (on an LSTM step under a reserved budget, a 4 MiB
-  // request took eleven rounds and 44 MiB of evictions); the cheapest run of
-  // neighbouring blocks that covers the request makes the hole at once.
+  // request took eleven rounds and 44 MiB of evictions). Two ways make room
+  // at once: the cheapest run of neighbouring blocks that covers the
+  // request, or as much of the policy's own ranking as it takes (whole
+  // segments given back). The cheaper, priced alike, is carried out whole.
   const bool in_one_place = options_.retry_in_one_place && !making_live_room_;
+  bool whole_plan = false;
   if (policy_->needs().memory_map || in_one_place) {
     map = allocator_->GetMemoryMap();
     ctx.memory_map = &map;
@@ -153,13 +157,31 @@ bool Runtime::Evict(const PressureRequest& request) {
       if (reads(sa, sb)) return static_cast<double>(b.compute_ns) / policies::Staleness(a, ctx);
       return 0.0;
     };
-    std::optional<policies::Plan> run = policies::CheapestCoveringRun(
-        ctx, [&ctx](const policies::Candidate& c) { return policies::RunCost(c, ctx); },
-        pair_cost);
-    // No covering run, or the hole is there already: the policy's plan.
-    if (run.has_value() && !run->empty()) {
+    auto price = [&ctx](const policies::Candidate& c) { return policies::RunCost(c, ctx); };
+    double run_price = std::numeric_limits<double>::infinity();
+    std::optional<policies::Plan> run =
+        policies::CheapestCoveringRun(ctx, price, pair_cost, &run_price);
+    if (run.has_value() && run->empty()) run.reset();  // the hole is there already
+    // The policy's ranking of every candidate, and how much of it makes room.
+    policies::PressureContext everything = ctx;
+    everything.bytes_needed = std::numeric_limits<std::size_t>::max();
+    policies::Plan ranking = policy_->Choose(everything);
+    const std::optional<std::size_t> steps = policies::StepsToMakeRoom(ctx, ranking);
+    double ranking_price = std::numeric_limits<double>::infinity();
+    if (steps.has_value()) {
+      ranking_price = 0;
+      for (std::size_t i = 0; i < *steps; ++i) {
+        if (ranking[i].id < scratch_.size()) ranking_price += price(scratch_[ranking[i].id]);
+      }
+    }
+    if (run.has_value() && run_price < ranking_price) {
       plan = *std::move(run);
+      whole_plan = true;
       ++stats_.retries_in_one_place;
+    } else if (steps.has_value() && *steps > 0) {
+      ranking.resize(*steps);
+      plan = std::move(ranking);
+      whole_plan = true;
     }
   }
   stats_.choose_wall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -209,7 +231,7 @@ bool Runtime::Evict(const PressureRequest& request) {
     // A tensor whose address is kept gives up only the whole pages inside
     // its block; anything else, its whole block.
     freed += s->kept != nullptr ? s->kept_bytes : s->bytes;
-    if (freed >= request.bytes) break;
+    if (freed >= request.bytes && !whole_plan) break;
   }
   if (options_.observer != nullptr) {
     options_.observer->OnPressure({.bytes = request.bytes,

@@ -89,8 +89,8 @@ struct OpReplayOptions {
   // by running one training iteration each way (the steps repeat).
   bool offload_guard = true;
   // RuntimeOptions::retry_in_one_place: a request the policy's plan would
-  // not make room for is met by evicting one covering run of blocks.
-  bool retry_in_one_place = false;
+  // not make room for is met in one place.
+  bool retry_in_one_place = true;
   double thrash_limit = 1.0;  // stop when recompute exceeds this x the trace's compute
   bool verify = false;
   // In verify mode the checks are host work queued on the simulated streams,

@@ -18,6 +18,9 @@ constexpr int kCountersTid = 0;
 constexpr int kComputeTid = 1;
 constexpr int kCopyTid = 2;
 constexpr int kEvictionsTid = 3;
+// Prefetches run on a stream of their own, on the host-to-device copy engine,
+// beside the offloads' device-to-host one: their slices may overlap those.
+constexpr int kPrefetchTid = 4;
 
 // Microseconds with the nanoseconds kept, without going through a double.
 std::string Microseconds(std::int64_t ns) {
@@ -85,7 +88,7 @@ void WriteEntry(const OpTrace& trace, const SimTimeline::Entry& e, JsonWriter& w
     case Kind::kPrefetch:
       name = "prefetch";
       cat = "copy";
-      tid = kCopyTid;
+      tid = kPrefetchTid;
       break;
     case Kind::kOffload:
       name = "offload";
@@ -190,9 +193,10 @@ std::string SimTimeline::ToJson(const OpTrace& trace) const {
   w.Key("traceEvents").BeginArray();
   WriteMetadata("process_name", 0, "name", title_.empty() ? trace.name : title_, w);
   WriteMetadata("thread_name", kComputeTid, "name", "compute stream", w);
-  WriteMetadata("thread_name", kCopyTid, "name", "copy stream", w);
+  WriteMetadata("thread_name", kCopyTid, "name", "copy stream (device to host)", w);
+  WriteMetadata("thread_name", kPrefetchTid, "name", "prefetch stream (host to device)", w);
   WriteMetadata("thread_name", kEvictionsTid, "name", "evictions", w);
-  for (int tid : {kComputeTid, kCopyTid, kEvictionsTid}) WriteSortIndex(tid, w);
+  for (int tid : {kComputeTid, kCopyTid, kPrefetchTid, kEvictionsTid}) WriteSortIndex(tid, w);
   for (const Item& item : items) {
     switch (item.type) {
       case Type::kCounter: {

@@ -29,8 +29,10 @@
 //                       cat "recompute": "recompute <op>" (args: tensor);
 //                       cat "copy": "restore", a copy back on access (args:
 //                       tensor, bytes). A gap between slices is stall.
-//   copy stream (2)     cat "copy": "offload" (device to host) and "prefetch"
-//                       (host to device ahead of use) (args: tensor, bytes).
+//   copy stream (2)     cat "copy": "offload" (device to host) (args: tensor,
+//                       bytes).
+//   prefetch stream (4) cat "copy": "prefetch" (host to device ahead of use),
+//                       on the other copy engine: it may overlap offloads.
 //   evictions (3)       instants: "offload" and "drop" (cat "eviction": the
 //                       policy's evictions under pressure, as many as the
 //                       report's evictions) and "released drop" (cat
@@ -71,7 +73,7 @@ class SimTimeline {
     kCompute,    // `index` is the call's record
     kRecompute,  // `index` is the tensor regenerated
     kRestore,    // host to device on the compute stream; `index` the tensor (or kNoOpIndex)
-    kPrefetch,   // host to device on the copy stream
+    kPrefetch,   // host to device ahead of use, on the prefetch stream
     kOffload,    // device to host
     kCopy,       // any other copy
     // Instants (`index` is the tensor, or kNoOpIndex when unknown).

@@ -153,7 +153,7 @@ void ExpectOrdered(const std::vector<Event>& events) {
 
 TEST(SimTimelineTest, BudgetedTransformerRunHasEveryTrackAndKind) {
   const OpTrace trace = Load("transformer_small.jsonl");
-  OpReplayOptions options = HalfBudget(trace, "lru");
+  OpReplayOptions options = HalfBudget(trace, "dtr");
   SimTimeline timeline;
   options.timeline = &timeline;
   const OpReplayReport r = Replay(trace, options);
@@ -173,6 +173,8 @@ TEST(SimTimelineTest, BudgetedTransformerRunHasEveryTrackAndKind) {
     ++slices[e.cat == "copy" ? e.name : e.cat];
     if (e.cat == "compute" || e.cat == "recompute" || e.name == "restore") {
       EXPECT_EQ(e.tid, 1) << e.name;
+    } else if (e.name == "prefetch") {
+      EXPECT_EQ(e.tid, 4) << e.name;
     } else {
       EXPECT_EQ(e.tid, 2) << e.name;
     }
@@ -391,12 +393,12 @@ TEST_F(SimTimelineCliTest, WritesATimelinePythonLoads) {
   std::remove(path.c_str());
   const testutil::CommandOutcome run =
       Remat("sim " + Trace("transformer_small.jsonl") +
-            " --budget-ratio 0.5 --policy lru --timeline " + testutil::ShellQuote(path));
+            " --budget-ratio 0.5 --policy dtr --timeline " + testutil::ShellQuote(path));
   ASSERT_EQ(run.status, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("timeline         " + path));
   const testutil::CommandOutcome json =
       Remat("sim " + Trace("transformer_small.jsonl") +
-            " --budget-ratio 0.5 --policy lru --json --timeline " + testutil::ShellQuote(path));
+            " --budget-ratio 0.5 --policy dtr --json --timeline " + testutil::ShellQuote(path));
   ASSERT_EQ(json.status, 0) << json.out;
   EXPECT_THAT(json.out, HasSubstr("\"timeline\":\"" + path + "\""));
   if (testutil::Python3().empty()) GTEST_SKIP() << "no python3";

@@ -28,7 +28,7 @@ struct SimFlags {
   LinkFlags link;
   bool no_swap = false;
   bool no_offload_guard = false;
-  bool retry_in_one_place = false;
+  bool retry_anywhere = false;
   bool no_recompute = false;
   std::string accounting = "reserved";
   double thrash_limit = 1.0;
@@ -61,7 +61,7 @@ mismatch makes the exit status 1.
 simulated device's time (open it at https://ui.perfetto.dev or
 chrome://tracing): counters for reserved, live and host (offloaded) bytes;
 slices for each call, each recompute and each copy (restores on the compute
-stream, offloads and prefetches on the copy stream); instants for every drop
+stream, offloads on the copy stream, prefetches on the prefetch stream); instants for every drop
 and offload, and for an oom or thrash where the run stopped. Without it
 nothing is recorded.
 
@@ -283,7 +283,7 @@ int RunSim(const SimFlags& f) {
   options.enable_offload = !f.no_swap;
   options.enable_drop = !f.no_recompute;
   options.offload_guard = !f.no_offload_guard;
-  options.retry_in_one_place = f.retry_in_one_place;
+  options.retry_in_one_place = !f.retry_anywhere;
   options.thrash_limit = f.thrash_limit;
   options.max_split_size = f.max_split;
   options.alloc_conf = f.alloc_conf;
@@ -353,10 +353,11 @@ Subcommand AddSimCommand(CLI::App& remat) {
   cmd->add_flag("--no-offload-guard", flags->no_offload_guard,
                 "With drops and offloads allowed, report the policy's mixed plan as it is "
                 "(by default the step is also run with drops only and the cheaper is kept)");
-  cmd->add_flag("--retry-in-one-place", flags->retry_in_one_place,
-                "Where the policy's choices would free a request's bytes in scattered places "
-                "(no hole it fits), evict the cheapest run of neighbouring blocks that covers "
-                "it instead (reserved accounting)");
+  cmd->add_flag("--retry-anywhere", flags->retry_anywhere,
+                "Carry out the policy's plan for a request even where it frees the bytes in "
+                "scattered places, and let the allocator ask again (by default such a request "
+                "is met in one place: a covering run of blocks, or as much of the policy's "
+                "ranking as makes room, whichever costs less)");
   cmd->add_option("--accounting", flags->accounting, "What the budget counts")
       ->capture_default_str()
       ->check(CLI::IsMember({"reserved", "live"}));

@@ -35,7 +35,7 @@ struct SweepFlags {
   std::string accounting = "reserved";
   bool no_swap = false;
   bool no_offload_guard = false;
-  bool retry_in_one_place = false;
+  bool retry_anywhere = false;
   bool no_recompute = false;
   std::string future = "known";
   LinkFlags link;
@@ -210,7 +210,7 @@ int RunSweepCommand(const SweepFlags& f) {
   o.live = f.accounting == "live";
   o.enable_offload = !f.no_swap;
   o.offload_guard = !f.no_offload_guard;
-  o.retry_in_one_place = f.retry_in_one_place;
+  o.retry_in_one_place = !f.retry_anywhere;
   absl::StatusOr<Future> future = ParseFuture(f.future);
   if (!future.ok()) return ReportError("sweep", future.status());
   o.future = *future;
@@ -306,9 +306,9 @@ Subcommand AddSweepCommand(CLI::App& remat) {
                 "Keep each policy's mixed plan as it is (by default each run is also made "
                 "with drops only and the cheaper is kept)");
   cmd->add_flag("--no-recompute", flags->no_recompute, "Never drop for recompute");
-  cmd->add_flag("--retry-in-one-place", flags->retry_in_one_place,
-                "Meet a request the policy's choices would scatter with one run of neighbouring "
-                "blocks (as remat sim --retry-in-one-place)");
+  cmd->add_flag("--retry-anywhere", flags->retry_anywhere,
+                "Carry out each policy's plan even where it scatters a request's bytes "
+                "(as remat sim --retry-anywhere)");
   cmd->add_option("--future", flags->future,
                   "What policies that read next uses are told (as remat sim --future)")
       ->capture_default_str()
