@@ -331,8 +331,7 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     }
     PressureRequest request{size, stream, budget_,
                             static_cast<std::size_t>(stats_.reserved_bytes.all().current),
-                            static_cast<std::size_t>(stats_.allocated_bytes.all().current),
-                            round};
+                            static_cast<std::size_t>(stats_.allocated_bytes.all().current)};
     ++stats_.num_pressure_calls;
     // Without the lock: the handler frees (and may allocate) through us.
     // Another thread may free memory meanwhile; that is progress too.
@@ -654,7 +653,8 @@ absl::Status CachingAllocator::Reback(void* ptr, Stream stream) {
     std::shared_ptr<PressureHandler> handler = pressure_handler_;
     if (handler == nullptr || round >= options_.max_pressure_rounds || bytes > budget_) break;
     PressureRequest request{bytes, stream, budget_, reserved,
-                            static_cast<std::size_t>(stats_.allocated_bytes.all().current), round};
+                            static_cast<std::size_t>(stats_.allocated_bytes.all().current),
+                            /*contiguous=*/false};
     ++stats_.num_pressure_calls;
     const std::uint64_t epoch = free_epoch_;
     mu_.Unlock();

@@ -122,10 +122,9 @@ struct PressureRequest {
   std::size_t budget = 0;
   std::size_t reserved = 0;
   std::size_t allocated = 0;
-  // 0 the first time the handler is asked for this request; from 1 on, what
-  // was freed before did not make it fit (scattered bytes, no hole large
-  // enough).
-  int round = 0;
+  // True for an allocation, whose bytes must be free in one place; false for
+  // Reback, which needs reserved room only (its address range is its own).
+  bool contiguous = true;
 };
 
 // Returns true when it freed something (the allocator then retries), false
@@ -211,11 +210,14 @@ class CachingAllocator {
   std::size_t RoundRequest(std::size_t bytes) const;
   // Size of the segment a request of `rounded` bytes reserves when nothing fits.
   static std::size_t SegmentSizeFor(std::size_t rounded);
-  // The bytes the pool grows by for such a request: that segment, or with
-  // expandable segments the pages it covers.
+  // The least the pool can grow by to serve such a request: its pages with
+  // expandable segments; else its segment, which a large request shrinks to
+  // its own size (in 2 MiB) within a tight budget.
   std::size_t GrowthFor(std::size_t rounded) const {
-    return page_size_ != 0 ? (rounded + page_size_ - 1) / page_size_ * page_size_
-                           : SegmentSizeFor(rounded);
+    if (page_size_ != 0) return (rounded + page_size_ - 1) / page_size_ * page_size_;
+    const std::size_t segment = SegmentSizeFor(rounded);
+    const std::size_t own = (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+    return rounded <= kSmallSize ? segment : std::min(segment, own);
   }
 
  private:

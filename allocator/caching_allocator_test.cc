@@ -80,6 +80,25 @@ TEST_F(AllocatorTest, ChoosesPoolAndSegmentSizeByRequest) {
   EXPECT_EQ(s.num_device_alloc, 3);
 }
 
+TEST_F(AllocatorTest, GrowthIsTheLeastAPoolGrowsByForARequest) {
+  // Fixed segments: a small request's 2 MiB segment; a large one's segment,
+  // which a tight budget shrinks to the request in 2 MiB.
+  EXPECT_EQ(alloc_->GrowthFor(4096), 2 * kMiB);
+  EXPECT_EQ(alloc_->GrowthFor(3 * kMiB), 4 * kMiB);
+  EXPECT_EQ(alloc_->GrowthFor(kMiB + 512), 2 * kMiB);
+  EXPECT_EQ(alloc_->GrowthFor(33 * kMiB), 34 * kMiB);
+  // As the allocator does it: with 20 MiB reserved of a 24 MiB budget, a
+  // 3 MiB request gets a 4 MiB segment, not a 20 MiB one.
+  Make({.budget = 24 * kMiB});
+  for (int i = 0; i < 10; ++i) Alloc(2 * kMiB);  // one 20 MiB segment, full
+  Alloc(3 * kMiB);
+  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(24 * kMiB));
+  // Expandable segments: the pages it covers.
+  Make({.expandable_segments = true});
+  EXPECT_EQ(alloc_->GrowthFor(4096), 2 * kMiB);
+  EXPECT_EQ(alloc_->GrowthFor(3 * kMiB), 4 * kMiB);
+}
+
 TEST_F(AllocatorTest, SmallPoolSplitsRemaindersOfAtLeast512Bytes) {
   void* a = Alloc(kMiB);        // a 2 MiB small segment, split in half
   void* b = Alloc(kMiB - 512);  // leaves exactly 512 B: still split

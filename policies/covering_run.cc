@@ -108,24 +108,47 @@ namespace {
 
 std::optional<Plan> Search(const PressureContext& ctx,
                            absl::FunctionRef<double(const Candidate&)> cost,
-                           const PairCostFn* pair_cost, double* price) {
+                           const Related* related, double* price) {
   if (ctx.memory_map == nullptr) return std::nullopt;
   absl::flat_hash_map<std::uintptr_t, const Candidate*> by_address;
   for (const Candidate& c : ctx.candidates) {
     if (c.can_drop || c.can_offload) by_address.emplace(c.address, &c);
   }
-  // Each candidate's cost once: a block is in many windows.
+  // Each candidate's cost once: a block joins and leaves the window once
+  // per segment scan.
   absl::flat_hash_map<const Candidate*, double> costs;
   auto cost_of = [&](const Candidate* c) {
     auto [it, inserted] = costs.try_emplace(c, 0.0);
     if (inserted) it->second = cost(*c);
     return it->second;
   };
+  // The window's members and its cost, kept as blocks join and leave it:
+  // O(blocks x related pairs) per segment.
+  absl::flat_hash_set<const Candidate*> members;
+  double run_cost = 0;
+  auto join = [&](const Candidate* c) {
+    run_cost += cost_of(c);
+    if (related != nullptr) {
+      (*related)(*c, [&](const Candidate& other, double extra) {
+        if (members.contains(&other)) run_cost += extra;
+      });
+    }
+    members.insert(c);
+  };
+  auto leave = [&](const Candidate* c) {
+    members.erase(c);
+    run_cost -= cost_of(c);
+    if (related != nullptr) {
+      (*related)(*c, [&](const Candidate& other, double extra) {
+        if (members.contains(&other)) run_cost -= extra;
+      });
+    }
+    if (members.empty()) run_cost = 0;  // no drift carried from one run to the next
+  };
   const bool small = ctx.bytes_needed <= kSmallRequest;
   double best_cost = std::numeric_limits<double>::infinity();
   const MemoryMapSegment* best_segment = nullptr;
   std::size_t best_first = 0, best_last = 0;
-  std::vector<const Candidate*> members;
   for (const MemoryMapSegment& seg : ctx.memory_map->segments) {
     if (seg.is_large == small || seg.size < ctx.bytes_needed) continue;
     std::vector<const Candidate*> held(seg.blocks.size(), nullptr);
@@ -135,41 +158,39 @@ std::optional<Plan> Search(const PressureContext& ctx,
       if (it != by_address.end()) held[i] = it->second;
     }
     // The cheapest covering run ending at each block is the shortest one
-    // (costs and pair costs are never negative).
+    // (costs and extras are never negative).
     std::size_t first = 0, bytes = 0;
+    auto restart = [&](std::size_t at) {
+      for (std::size_t i = first; i < at; ++i) {
+        if (held[i] != nullptr && members.contains(held[i])) leave(held[i]);
+      }
+      first = at;
+      bytes = 0;
+    };
     for (std::size_t last = 0; last < seg.blocks.size(); ++last) {
       const MemoryMapBlock& b = seg.blocks[last];
       if (!b.free() && held[last] == nullptr) {  // pinned, foreign or pending: the run breaks
-        first = last + 1;
-        bytes = 0;
+        restart(last + 1);
         continue;
       }
       if (seg.merge_boundary != 0 && b.address % seg.merge_boundary == 0) {
-        first = last;  // free blocks never merge across it
-        bytes = 0;
+        restart(last);  // free blocks never merge across it
       }
       bytes += b.size;
+      if (held[last] != nullptr) join(held[last]);
       while (first < last && bytes - seg.blocks[first].size >= ctx.bytes_needed) {
-        bytes -= seg.blocks[first++].size;
+        bytes -= seg.blocks[first].size;
+        if (held[first] != nullptr) leave(held[first]);
+        ++first;
       }
-      if (bytes < ctx.bytes_needed) continue;
-      members.clear();
-      double run_cost = 0;
-      for (std::size_t i = first; i <= last; ++i) {
-        if (held[i] == nullptr) continue;
-        run_cost += cost_of(held[i]);
-        if (pair_cost != nullptr) {
-          for (const Candidate* m : members) run_cost += (*pair_cost)(*m, *held[i]);
-        }
-        members.push_back(held[i]);
-      }
-      if (run_cost < best_cost) {
-        best_cost = run_cost;
+      if (bytes >= ctx.bytes_needed && run_cost < best_cost) {
+        best_cost = std::max(run_cost, 0.0);
         best_segment = &seg;
         best_first = first;
         best_last = last;
       }
     }
+    restart(seg.blocks.size());
   }
   if (best_segment == nullptr) return std::nullopt;
   if (price != nullptr) *price = best_cost;
@@ -192,8 +213,8 @@ std::optional<Plan> CheapestCoveringRun(const PressureContext& ctx,
 
 std::optional<Plan> CheapestCoveringRun(const PressureContext& ctx,
                                         absl::FunctionRef<double(const Candidate&)> cost,
-                                        PairCostFn pair_cost, double* price) {
-  return Search(ctx, cost, &pair_cost, price);
+                                        Related related, double* price) {
+  return Search(ctx, cost, &related, price);
 }
 
 }  // namespace remat::policies

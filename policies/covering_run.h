@@ -1,16 +1,20 @@
-// CheapestCoveringRun: where evicting makes one hole a request fits.
+// Where evicting makes room for a request that needs its bytes in one place.
 //
-// Under a reserved budget the bytes a request lacks must be free in one
+// Under a reserved budget the bytes an allocation lacks must be free in one
 // place: a run of address-neighbouring blocks, each free or held by an
-// evictable tensor, in a segment of the pool the request is served from. Of
-// all such runs covering the request, this finds the one whose tensors cost
-// least to evict (free blocks cost nothing), after Coop's sliding window.
-// The `window` policy plans this way at every pressure event; the runtime
-// plans this way for any policy when the policy's own plan freed enough
-// bytes but not in one place (PressureRequest::round > 0).
+// evictable tensor, in a segment of the pool the request is served from, or
+// enough memory given back (whole fixed segments, whole pages of expandable
+// ones) that the pool can grow within the budget. CheapestCoveringRun finds
+// the run whose tensors cost least to evict (free blocks cost nothing), after
+// Coop's sliding window; PlanMakesRoom and StepsToMakeRoom say whether, and
+// after how many steps, a plan makes room. The `window` policy plans with the
+// first at every pressure event; the runtime (RuntimeOptions::
+// retry_in_one_place) uses all three for any policy whose plan would free a
+// request's bytes in scattered places.
 #ifndef REMAT_POLICIES_COVERING_RUN_H_
 #define REMAT_POLICIES_COVERING_RUN_H_
 
+#include <cstddef>
 #include <optional>
 
 #include "absl/functional/function_ref.h"
@@ -18,21 +22,25 @@
 
 namespace remat::policies {
 
+// What evicting two candidates together costs beyond their own costs (a
+// recompute of one that must first recompute the other): calls `visit` with
+// each candidate related to `c` and the extra cost of the pair, the same
+// from either side. Never negative.
+using Related = absl::FunctionRef<void(
+    const Candidate& c, absl::FunctionRef<void(const Candidate& other, double extra)> visit)>;
+
 // The run's evictable candidates in address order, each with CheaperAction;
 // an empty plan when a covering run of free blocks alone exists (the hole is
 // there already); nullopt when no run covers the request (it needs a new
 // segment, or pinned and foreign blocks break every run) or ctx has no
-// memory map. `cost` is never negative.
+// memory map. `cost` is never negative. With `related`, a run also costs the
+// extra of every related pair among its members; `price`, where given,
+// receives the run's cost.
 std::optional<Plan> CheapestCoveringRun(const PressureContext& ctx,
                                         absl::FunctionRef<double(const Candidate&)> cost);
-// With `pair_cost` added for every pair of members of a run: what evicting
-// the two together costs beyond their own costs (a recompute of one that must
-// first recompute the other). Never negative.
-// `price`, where given, receives the run's summed cost.
-using PairCostFn = absl::FunctionRef<double(const Candidate&, const Candidate&)>;
 std::optional<Plan> CheapestCoveringRun(const PressureContext& ctx,
                                         absl::FunctionRef<double(const Candidate&)> cost,
-                                        PairCostFn pair_cost, double* price = nullptr);
+                                        Related related, double* price = nullptr);
 
 // Whether carrying out `plan` (in order, until its candidates' bytes cover
 // the request, as the runtime does) makes room for the request: one hole of

@@ -583,9 +583,15 @@ TEST_F(CoveringRunTest, RunsStopAtABoundaryFreeBlocksNeverCross) {
   seg_.address = 0x200000;
   for (std::size_t i = 0; i < seg_.blocks.size(); ++i) seg_.blocks[i].address = 0x200000 + i * k;
   for (Candidate& c : cs_) c.address = 0x200000 + (c.id - 1) * k;
+  cs_[0].compute_ns = 5000;  // A dearer than B: only the boundary keeps (free, B) out
   std::optional<Plan> run = CheapestCoveringRun(Ctx(), Compute);
   ASSERT_TRUE(run.has_value());
   EXPECT_THAT(Ids(*run), ElementsAre(1));  // (A, free): within one 2 MiB unit
+  seg_.merge_boundary = 0;
+  run = CheapestCoveringRun(Ctx(), Compute);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_THAT(Ids(*run), ElementsAre(3));  // without it, (free, B) is cheaper
+  seg_.merge_boundary = 2 * k;
   ctx_.bytes_needed = 3 * k;  // (A, free, B) crosses the boundary: no run
   EXPECT_FALSE(CheapestCoveringRun(Ctx(), Compute).has_value());
 }
@@ -610,13 +616,13 @@ TEST_F(CoveringRunTest, APlanMakesRoomWithAHoleOrWithWhatTheAllocatorGivesBack) 
   // A whole fixed segment given back lets the pool grow, where the budget
   // has room for the rest.
   MemoryMapSegment other;
-  other.address = 0x900000;
+  other.address = 0x1000000;  // 16 MiB: pages of 2 MiB from its start
   other.size = 2 * k;
   other.is_large = false;
-  other.blocks = {{0x900000, 2 * k, BlockState::kActiveAllocated, 9}};
+  other.blocks = {{0x1000000, 2 * k, BlockState::kActiveAllocated, 9}};
   map_.segments.push_back(other);
   cs_.push_back(Make(9, 2 * k, 0));
-  cs_.back().address = 0x900000;
+  cs_.back().address = 0x1000000;
   ctx.candidates = cs_;
   ctx.growth_bytes = 20 * k;
   ctx.room_bytes = 18 * k;
@@ -626,8 +632,8 @@ TEST_F(CoveringRunTest, APlanMakesRoomWithAHoleOrWithWhatTheAllocatorGivesBack) 
   // An expandable segment gives back its whole free pages.
   map_.segments.back().page_size = 2 * k;
   map_.segments.back().size = 4 * k;
-  map_.segments.back().blocks = {{0x900000, 3 * k, BlockState::kActiveAllocated, 9},
-                                 {0x900000 + 3 * k, k, BlockState::kActiveAllocated, 10}};
+  map_.segments.back().blocks = {{0x1000000, 3 * k, BlockState::kActiveAllocated, 9},
+                                 {0x1000000 + 3 * k, k, BlockState::kActiveAllocated, 10}};
   cs_.back().bytes = 3 * k;
   ctx.candidates = cs_;
   ctx.room_bytes = 18 * k;

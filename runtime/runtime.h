@@ -167,15 +167,17 @@ struct RuntimeOptions {
   // (or run its closures): the simulator's replays. A runtime that is
   // thread-safe needs an allocator that is (AllocatorOptions::thread_safe).
   bool thread_safe = true;
-  // Where the policy's plan for an allocator's request would free its bytes
-  // in scattered places (no hole the request fits, nothing given back that
-  // lets the pool grow: policies::PlanMakesRoom), make room at once the
-  // cheaper of two ways, priced alike (as the window policy prices blocks):
-  // the run of neighbouring blocks that covers the request at the least
-  // cost (policies::CheapestCoveringRun; a pair where one reads the other
-  // costs more), or as much of the policy's own ranking as makes room
-  // (policies::StepsToMakeRoom). false: the policy's plan, and the
-  // allocator asks again while it makes no room
+  // Where the policy's plan for an allocation would free its bytes in
+  // scattered places (no hole the request fits, nothing given back that lets
+  // the pool grow: policies::PlanMakesRoom), make room at once the cheaper of
+  // two ways, priced alike (as the window policy prices blocks, plus a pair's
+  // extra where one reads the other): the run of neighbouring blocks that
+  // covers the request at the least cost (policies::CheapestCoveringRun), or
+  // as much of the policy's own ranking as makes room
+  // (policies::StepsToMakeRoom). Not with keep_addresses (an offload keeps
+  // its block), nor for the live budget. The check assumes one stream: free
+  // blocks private to another count as usable. false: the policy's plan,
+  // and the allocator asks again while it makes no room
   // (bench/results/retry_in_one_place_2026-12-03.md).
   bool retry_in_one_place = true;
 };
@@ -184,7 +186,7 @@ struct RuntimeStats {
   std::uint64_t tensors_created = 0;
   std::uint64_t live_tensors = 0;
   std::uint64_t pressure_events = 0;
-  std::uint64_t retries_in_one_place = 0;  // pressure events planned as one run (retry_in_one_place)
+  std::uint64_t covering_runs = 0;  // pressure events met by a covering run (retry_in_one_place)
   std::uint64_t candidates_shown = 0;  // candidates handed to the policy, over all events
   std::int64_t choose_wall_ns = 0;     // host time spent building candidates and choosing
   std::uint64_t drops = 0;           // evictions under pressure that dropped
@@ -447,6 +449,12 @@ class Runtime {
   // keeps the block; false when it cannot (the caller hands the block back).
   bool KeepAddress(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Evict(const PressureRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a plan that would make no room (retry_in_one_place): replaces it
+  // with the cheaper of the cheapest covering run and the shortest prefix of
+  // the policy's ranking that makes room; false (plan unchanged) when neither
+  // does.
+  bool MakeRoomInOnePlace(const policies::PressureContext& ctx, policies::Plan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True while Evict serves the live budget (MakeLiveRoom), whose bytes need
   // not be free in one place.
   bool making_live_room_ ABSL_GUARDED_BY(mu_) = false;

@@ -221,7 +221,7 @@ TEST_F(RuntimeTest, ARequestThePolicysChoicesWouldScatterIsMetInOnePlace) {
     const RuntimeStats st = runtime_->stats();
     EXPECT_EQ(st.drops, one_place ? 2u : 6u);
     EXPECT_EQ(st.pressure_events, one_place ? 1u : 3u);
-    EXPECT_EQ(st.retries_in_one_place, one_place ? 1u : 0u);
+    EXPECT_EQ(st.covering_runs, one_place ? 1u : 0u);
     EXPECT_EQ(alloc_->GetStats().reserved_bytes.all().peak, 20 * static_cast<std::int64_t>(kMiB));
     CheckInvariants();
     // Whatever went comes back with its bytes.

@@ -5,8 +5,12 @@
 #include <chrono>
 #include <limits>
 #include <optional>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "base/units.h"
 #include "base/status_macros.h"
@@ -128,14 +132,16 @@ bool Runtime::Evict(const PressureRequest& request) {
     ctx.complete_arg = this;
   }
   MemoryMap map;
-  // The allocator's request (not the live budget's) needs its bytes free in
-  // one place. A plan whose bytes are scattered frees them uselessly, and the
-  // allocator asks again (on an LSTM step under a reserved budget, a 4 MiB
-  // request took eleven rounds and 44 MiB of evictions). Two ways make room
-  // at once: the cheapest run of neighbouring blocks that covers the
-  // request, or as much of the policy's own ranking as it takes (whole
-  // segments given back). The cheaper, priced alike, is carried out whole.
-  const bool in_one_place = options_.retry_in_one_place && !making_live_room_;
+  // An allocation (not the live budget's room, nor a kept address's pages)
+  // needs its bytes free in one place. A plan whose bytes are scattered frees
+  // them uselessly, and the allocator asks again (on an LSTM step under a
+  // reserved budget, a 4 MiB request took eleven rounds and 44 MiB of
+  // evictions). Two ways make room at once: the cheapest run of neighbouring
+  // blocks that covers the request, or as much of the policy's own ranking as
+  // it takes. The cheaper, priced alike, is carried out whole. Offloads that
+  // keep their addresses keep their blocks: not with keep_addresses.
+  const bool in_one_place = options_.retry_in_one_place && !making_live_room_ &&
+                            request.contiguous && !options_.keep_addresses;
   bool whole_plan = false;
   if (policy_->needs().memory_map || in_one_place) {
     map = allocator_->GetMemoryMap();
@@ -143,46 +149,7 @@ bool Runtime::Evict(const PressureRequest& request) {
   }
   policies::Plan plan = policy_->Choose(ctx);
   if (in_one_place && !policies::PlanMakesRoom(ctx, plan)) {
-    // Two members of a run where one reads the other: recomputing the reader
-    // must first recompute what it reads (a run along a chain of layers
-    // would otherwise look as cheap as one of unrelated tensors).
-    auto pair_cost = [this, &ctx](const policies::Candidate& a, const policies::Candidate& b) {
-      const Storage* sa = scratch_storages_[a.id];
-      const Storage* sb = scratch_storages_[b.id];
-      auto reads = [](const Storage* reader, const Storage* read) {
-        return std::find(reader->inputs.begin(), reader->inputs.end(), read) !=
-               reader->inputs.end();
-      };
-      if (reads(sb, sa)) return static_cast<double>(a.compute_ns) / policies::Staleness(b, ctx);
-      if (reads(sa, sb)) return static_cast<double>(b.compute_ns) / policies::Staleness(a, ctx);
-      return 0.0;
-    };
-    auto price = [&ctx](const policies::Candidate& c) { return policies::RunCost(c, ctx); };
-    double run_price = std::numeric_limits<double>::infinity();
-    std::optional<policies::Plan> run =
-        policies::CheapestCoveringRun(ctx, price, pair_cost, &run_price);
-    if (run.has_value() && run->empty()) run.reset();  // the hole is there already
-    // The policy's ranking of every candidate, and how much of it makes room.
-    policies::PressureContext everything = ctx;
-    everything.bytes_needed = std::numeric_limits<std::size_t>::max();
-    policies::Plan ranking = policy_->Choose(everything);
-    const std::optional<std::size_t> steps = policies::StepsToMakeRoom(ctx, ranking);
-    double ranking_price = std::numeric_limits<double>::infinity();
-    if (steps.has_value()) {
-      ranking_price = 0;
-      for (std::size_t i = 0; i < *steps; ++i) {
-        if (ranking[i].id < scratch_.size()) ranking_price += price(scratch_[ranking[i].id]);
-      }
-    }
-    if (run.has_value() && run_price < ranking_price) {
-      plan = *std::move(run);
-      whole_plan = true;
-      ++stats_.retries_in_one_place;
-    } else if (steps.has_value() && *steps > 0) {
-      ranking.resize(*steps);
-      plan = std::move(ranking);
-      whole_plan = true;
-    }
+    if (MakeRoomInOnePlace(ctx, plan)) whole_plan = true;
   }
   stats_.choose_wall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                std::chrono::steady_clock::now() - choose_start)
@@ -242,6 +209,69 @@ bool Runtime::Evict(const PressureRequest& request) {
                                    .satisfied = progress});
   }
   return progress;
+}
+
+bool Runtime::MakeRoomInOnePlace(const policies::PressureContext& ctx, policies::Plan& plan) {
+  // Who reads whom among the candidates: recomputing a reader must first
+  // recompute what it reads, so evicting both costs that once more (a run
+  // along a chain of layers would otherwise look as cheap as one of
+  // unrelated tensors).
+  absl::flat_hash_map<const Storage*, std::size_t> index_of;
+  for (std::size_t i = 0; i < scratch_.size(); ++i) index_of.emplace(scratch_storages_[i], i);
+  std::vector<std::vector<std::size_t>> readers(scratch_.size());
+  for (std::size_t i = 0; i < scratch_.size(); ++i) {
+    for (const Storage* in : scratch_storages_[i]->inputs) {
+      if (auto it = index_of.find(in); it != index_of.end()) readers[it->second].push_back(i);
+    }
+  }
+  auto related = [&](const policies::Candidate& c,
+                     absl::FunctionRef<void(const policies::Candidate&, double)> visit) {
+    for (const Storage* in : scratch_storages_[c.id]->inputs) {
+      if (auto it = index_of.find(in); it != index_of.end()) {
+        const policies::Candidate& read = scratch_[it->second];
+        visit(read, static_cast<double>(read.compute_ns) / policies::Staleness(c, ctx));
+      }
+    }
+    for (std::size_t r : readers[c.id]) {
+      const policies::Candidate& reader = scratch_[r];
+      visit(reader, static_cast<double>(c.compute_ns) / policies::Staleness(reader, ctx));
+    }
+  };
+  auto price = [&ctx](const policies::Candidate& c) { return policies::RunCost(c, ctx); };
+  double run_price = std::numeric_limits<double>::infinity();
+  std::optional<policies::Plan> run = policies::CheapestCoveringRun(ctx, price, related, &run_price);
+  if (run.has_value() && run->empty()) run.reset();  // the hole is there already
+  // The policy's ranking of every candidate, how much of it makes room, and
+  // what that costs, priced as the run is.
+  policies::PressureContext everything = ctx;
+  everything.bytes_needed = std::numeric_limits<std::size_t>::max();
+  policies::Plan ranking = policy_->Choose(everything);
+  const std::optional<std::size_t> steps = policies::StepsToMakeRoom(ctx, ranking);
+  double ranking_price = std::numeric_limits<double>::infinity();
+  if (steps.has_value()) {
+    ranking_price = 0;
+    absl::flat_hash_set<const policies::Candidate*> taken;
+    for (std::size_t i = 0; i < *steps; ++i) {
+      if (ranking[i].id >= scratch_.size()) continue;
+      const policies::Candidate& c = scratch_[ranking[i].id];
+      ranking_price += price(c);
+      related(c, [&](const policies::Candidate& other, double extra) {
+        if (taken.contains(&other)) ranking_price += extra;
+      });
+      taken.insert(&c);
+    }
+  }
+  if (run.has_value() && run_price < ranking_price) {
+    plan = *std::move(run);
+    ++stats_.covering_runs;
+    return true;
+  }
+  if (steps.has_value() && *steps > 0) {
+    ranking.resize(*steps);
+    plan = std::move(ranking);
+    return true;
+  }
+  return false;  // neither makes room: the policy's plan, and the allocator asks again
 }
 
 std::int64_t Runtime::AncestorsCost(const Storage* s) const {

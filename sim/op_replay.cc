@@ -158,7 +158,7 @@ class Replayer final : public RuntimeObserver {
     report_.restored_bytes = rs.restored_bytes - before.restored_bytes;
     report_.evictions = rs.drops + rs.offloads - before.drops - before.offloads;
     report_.pressure_events = rs.pressure_events - before.pressure_events;
-    report_.retries_in_one_place = rs.retries_in_one_place - before.retries_in_one_place;
+    report_.covering_runs = rs.covering_runs - before.covering_runs;
     report_.candidates_shown = rs.candidates_shown - before.candidates_shown;
     report_.choose_wall_ns = rs.choose_wall_ns - before.choose_wall_ns;
     report_.stall_ns =

@@ -156,7 +156,7 @@ struct OpReplayReport {
   std::int64_t stall_ns = 0;  // time the compute stream spent neither computing nor recomputing
   std::uint64_t evictions = 0;
   std::uint64_t pressure_events = 0;   // times the runtime asked the policy for a plan
-  std::uint64_t retries_in_one_place = 0;  // of those, retries planned as one run instead
+  std::uint64_t covering_runs = 0;     // of those, met by a covering run (retry_in_one_place)
   std::uint64_t candidates_shown = 0;  // candidates handed to the policy, over all events
   std::int64_t choose_wall_ns = 0;     // host time building candidates and choosing
   std::uint64_t verified_accesses = 0;

@@ -231,7 +231,7 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("stall_ns").Int(r.stall_ns);
   w.Key("evictions").Uint(r.evictions);
   w.Key("pressure_events").Uint(r.pressure_events);
-  w.Key("retries_in_one_place").Uint(r.retries_in_one_place);
+  w.Key("covering_runs").Uint(r.covering_runs);
   w.Key("candidates_per_event")
       .Double(r.pressure_events > 0
                   ? static_cast<double>(r.candidates_shown) / static_cast<double>(r.pressure_events)

@@ -835,12 +835,19 @@ class Engine:
         if base is None:
             raise RuntimeError(f"remat: saved storage {s.index} is resident in the runtime but "
                                "has no tensor (a bug)")
-        # The view is remat's own: built below the Python dispatch key, so
-        # no mode (this recorder's, or another's) handles it. Through the
-        # recorder it cost some fifty microseconds on the CPU, a large share
-        # of a step's overhead.
-        with _below_python_dispatch():
+        # The view of a plain tensor is remat's own: built below the Python
+        # dispatch key, so no mode (this recorder's, or another's) handles it
+        # (through the recorder it cost some fifty microseconds on the CPU).
+        # A tensor subclass keeps its own dispatch.
+        if type(base) is torch.Tensor:
+            with _below_python_dispatch():
+                return torch.as_strided(base, h.size, h.stride, h.offset)
+        was = self.internal
+        self.internal = True
+        try:
             return torch.as_strided(base, h.size, h.stride, h.offset)
+        finally:
+            self.internal = was
 
     # The backward reads saved tensors about in the reverse order of saving:
     # the next few offloaded ones before this are copied in now, so that the

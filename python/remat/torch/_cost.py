@@ -5,6 +5,13 @@ import math
 import torch
 from torch.utils.flop_counter import flop_registry
 
+try:
+    from torch.utils.flop_counter import shape_wrapper as _shape_wrapper
+    # The code of the wrapper torch puts around a formula that takes shapes.
+    _SHAPES_WRAPPER_CODE = _shape_wrapper(lambda *a, **k: 0).__code__
+except (ImportError, AttributeError):  # pragma: no cover: another torch
+    _SHAPES_WRAPPER_CODE = None
+
 COSTS = ("model", "measured")
 # The device `--cost model` describes (as `remat gen`'s defaults).
 DEFAULT_TFLOPS = 400.0
@@ -63,11 +70,12 @@ class CostModel:
         if formula is None:
             return 0
         shapes_formula = getattr(formula, "__wrapped__", None)
-        if shapes_formula is not None and not kwargs and isinstance(result, torch.Tensor) and \
-                all(isinstance(a, _SIMPLE) for a in args):
-            # The formula proper takes shapes: handing it them directly skips
-            # the pytree walk its wrapper makes to find them (most of the
-            # cost of a matmul's recording).
+        if shapes_formula is not None and _SHAPES_WRAPPER_CODE is not None and \
+                getattr(formula, "__code__", None) is _SHAPES_WRAPPER_CODE and not kwargs and \
+                isinstance(result, torch.Tensor) and all(isinstance(a, _SIMPLE) for a in args):
+            # Inside torch's shape wrapper, the formula proper takes shapes:
+            # handing it them directly skips the pytree walk the wrapper makes
+            # to find them (most of the cost of a matmul's recording).
             return shapes_formula(*[a.shape if isinstance(a, torch.Tensor) else a for a in args],
                                   out_shape=result.shape)
         return formula(*args, **kwargs, out_val=result)
