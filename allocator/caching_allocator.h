@@ -210,14 +210,15 @@ class CachingAllocator {
   std::size_t RoundRequest(std::size_t bytes) const;
   // Size of the segment a request of `rounded` bytes reserves when nothing fits.
   static std::size_t SegmentSizeFor(std::size_t rounded);
-  // The least the pool can grow by to serve such a request: its pages with
-  // expandable segments; else its segment, which a large request shrinks to
-  // its own size (in 2 MiB) within a tight budget.
+  // What the pool grows by for such a request when the budget does not
+  // squeeze it: its pages with expandable segments, else its usual segment.
+  // (Within a tight budget a large request's segment shrinks to its own size,
+  // and the next request of its kind finds no room again: room made for the
+  // usual segment lasts. On the LSTM step at half its reserved peak, planning
+  // for the squeezed size left every policy short of finishing.)
   std::size_t GrowthFor(std::size_t rounded) const {
     if (page_size_ != 0) return (rounded + page_size_ - 1) / page_size_ * page_size_;
-    const std::size_t segment = SegmentSizeFor(rounded);
-    const std::size_t own = (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
-    return rounded <= kSmallSize ? segment : std::min(segment, own);
+    return SegmentSizeFor(rounded);
   }
 
  private:

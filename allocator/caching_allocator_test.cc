@@ -80,19 +80,14 @@ TEST_F(AllocatorTest, ChoosesPoolAndSegmentSizeByRequest) {
   EXPECT_EQ(s.num_device_alloc, 3);
 }
 
-TEST_F(AllocatorTest, GrowthIsTheLeastAPoolGrowsByForARequest) {
-  // Fixed segments: a small request's 2 MiB segment; a large one's segment,
-  // which a tight budget shrinks to the request in 2 MiB.
+TEST_F(AllocatorTest, GrowthIsTheUsualSegmentOrThePages) {
+  // Fixed segments: the segment the request reserves when the budget does
+  // not squeeze it.
   EXPECT_EQ(alloc_->GrowthFor(4096), 2 * kMiB);
-  EXPECT_EQ(alloc_->GrowthFor(3 * kMiB), 4 * kMiB);
-  EXPECT_EQ(alloc_->GrowthFor(kMiB + 512), 2 * kMiB);
+  EXPECT_EQ(alloc_->GrowthFor(3 * kMiB), 20 * kMiB);
   EXPECT_EQ(alloc_->GrowthFor(33 * kMiB), 34 * kMiB);
-  // As the allocator does it: with 20 MiB reserved of a 24 MiB budget, a
-  // 3 MiB request gets a 4 MiB segment, not a 20 MiB one.
-  Make({.budget = 24 * kMiB});
-  for (int i = 0; i < 10; ++i) Alloc(2 * kMiB);  // one 20 MiB segment, full
   Alloc(3 * kMiB);
-  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(24 * kMiB));
+  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(20 * kMiB));
   // Expandable segments: the pages it covers.
   Make({.expandable_segments = true});
   EXPECT_EQ(alloc_->GrowthFor(4096), 2 * kMiB);
