@@ -123,7 +123,8 @@ struct PressureRequest {
   std::size_t reserved = 0;
   std::size_t allocated = 0;
   // True for an allocation, whose bytes must be free in one place; false for
-  // Reback, which needs reserved room only (its address range is its own).
+  // Reback, which needs reserved room only (its address range is its own),
+  // and for the runtime's live budget, which counts bytes.
   bool contiguous = true;
 };
 

@@ -5,20 +5,15 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "allocator/caching_allocator.h"
 #include "policies/scored_policy.h"
 
 namespace remat::policies {
 namespace {
 
-constexpr std::size_t kSmallRequest = 1 << 20;  // the allocator's small-pool limit
-
-}  // namespace
-
-namespace {
-
 // Whether freeing the blocks at `freed` (besides the free ones) makes room.
 bool MakesRoom(const PressureContext& ctx, const absl::flat_hash_set<std::uintptr_t>& freed) {
-  const bool small = ctx.bytes_needed <= kSmallRequest;
+  const bool small = ctx.bytes_needed <= kSmallSize;
   std::size_t given_back = 0;  // what the allocator could release for growth
   for (const MemoryMapSegment& seg : ctx.memory_map->segments) {
     const bool right_pool = seg.is_large != small && seg.size >= ctx.bytes_needed;
@@ -97,11 +92,11 @@ std::optional<std::size_t> StepsToMakeRoom(const PressureContext& ctx, const Pla
   return hi;
 }
 
-double RunCost(const Candidate& c, const PressureContext& ctx) {
+double RunCost(const Candidate& c, const PressureContext& ctx, double staleness_exp) {
   Candidate full = c;
   ctx.Complete(full);
   return EvictionCost(full, static_cast<double>(full.compute_ns + full.neighbourhood_ns)) /
-         Staleness(full, ctx);
+         Power(Staleness(full, ctx), staleness_exp);  // Power(x, 0) is 1
 }
 
 namespace {
@@ -145,7 +140,7 @@ std::optional<Plan> Search(const PressureContext& ctx,
     }
     if (members.empty()) run_cost = 0;  // no drift carried from one run to the next
   };
-  const bool small = ctx.bytes_needed <= kSmallRequest;
+  const bool small = ctx.bytes_needed <= kSmallSize;
   double best_cost = std::numeric_limits<double>::infinity();
   const MemoryMapSegment* best_segment = nullptr;
   std::size_t best_first = 0, best_last = 0;

@@ -54,11 +54,11 @@ bool PlanMakesRoom(const PressureContext& ctx, const Plan& plan);
 // above; nullopt when the whole plan does not (or there is no memory map).
 std::optional<std::size_t> StepsToMakeRoom(const PressureContext& ctx, const Plan& plan);
 
-// A block's price in a run, as `window` prices it by default: the cost of
-// bringing its tensor back (recompute with its evicted neighbourhood, or the
-// copy round trip) over its staleness. Fills in the neighbourhood (through
-// ctx.Complete) where the policy did not ask for it.
-double RunCost(const Candidate& c, const PressureContext& ctx);
+// A block's price in a run, as `window` prices it: the cost of bringing its
+// tensor back (recompute with its evicted neighbourhood, or the copy round
+// trip) over its staleness^staleness_exp. Fills in the neighbourhood
+// (through ctx.Complete) where the policy did not ask for it.
+double RunCost(const Candidate& c, const PressureContext& ctx, double staleness_exp = 1.0);
 
 }  // namespace remat::policies
 

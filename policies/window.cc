@@ -49,8 +49,8 @@ class Window final : public EvictionPolicy {
   Needs needs() const override { return {.memory_map = true}; }
 
   Plan Choose(const PressureContext& ctx) override {
-    std::optional<Plan> run =
-        CheapestCoveringRun(ctx, [&](const Candidate& c) { return Price(c, ctx); });
+    std::optional<Plan> run = CheapestCoveringRun(
+        ctx, [&](const Candidate& c) { return RunCost(c, ctx, staleness_exp_); });
     // No covering run (the request needs a new segment), or the hole is
     // there already and the cache needs a push: DTR's ranking frees bytes
     // and lets the allocator release whole segments.
@@ -59,12 +59,6 @@ class Window final : public EvictionPolicy {
   }
 
  private:
-  // A block's share of a run's cost: its eviction cost, divided by its
-  // staleness^staleness_exp (a block just used is dearer to evict).
-  double Price(const Candidate& c, const PressureContext& ctx) const {
-    return BlockCost(c) / Power(Staleness(c, ctx), staleness_exp_);  // Power(x, 0) is 1
-  }
-
   double staleness_exp_;
   Fallback fallback_;
 };

@@ -455,9 +455,6 @@ class Runtime {
   // does.
   bool MakeRoomInOnePlace(const policies::PressureContext& ctx, policies::Plan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // True while Evict serves the live budget (MakeLiveRoom), whose bytes need
-  // not be free in one place.
-  bool making_live_room_ ABSL_GUARDED_BY(mu_) = false;
   // Fills scratch_ (and scratch_storages_) with what the policy sees now.
   void GatherCandidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   policies::Candidate MakeCandidate(const Storage* s, const policies::Needs& needs,

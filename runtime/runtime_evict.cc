@@ -36,12 +36,10 @@ absl::Status Runtime::MakeLiveRoom(std::size_t bytes, Stream stream) {
     // Outputs allocated for closures not yet run count as live already.
     while (stats_.resident_bytes + pending_live_bytes_ + bytes > options_.live_budget) {
       const std::size_t live = stats_.resident_bytes + pending_live_bytes_;
+      // Bytes, not a place: the live budget's room need not be in one block.
       const PressureRequest request{live + bytes - options_.live_budget, stream,
-                                    options_.live_budget, live, live};
-      making_live_room_ = true;
-      const bool evicted = Evict(request);
-      making_live_room_ = false;
-      if (!evicted) {
+                                    options_.live_budget, live, live, /*contiguous=*/false};
+      if (!Evict(request)) {
         if (StepLimitReached()) return StepLimitError();
         return absl::ResourceExhaustedError(absl::StrCat(
             DescribePressure(bytes), "; live budget ", FormatBytes(options_.live_budget),
@@ -123,7 +121,7 @@ bool Runtime::Evict(const PressureRequest& request) {
   ctx.restore_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kIn, device_->NowNs()) +
                            link_.CarryNs(host_pool_.in_use_bytes());
   ctx.candidates = scratch_;
-  if (!making_live_room_) {
+  if (request.contiguous) {
     ctx.growth_bytes = allocator_->GrowthFor(request.bytes);
     ctx.room_bytes = request.budget > request.reserved ? request.budget - request.reserved : 0;
   }
@@ -140,8 +138,8 @@ bool Runtime::Evict(const PressureRequest& request) {
   // blocks that covers the request, or as much of the policy's own ranking as
   // it takes. The cheaper, priced alike, is carried out whole. Offloads that
   // keep their addresses keep their blocks: not with keep_addresses.
-  const bool in_one_place = options_.retry_in_one_place && !making_live_room_ &&
-                            request.contiguous && !options_.keep_addresses;
+  const bool in_one_place =
+      options_.retry_in_one_place && request.contiguous && !options_.keep_addresses;
   bool whole_plan = false;
   if (policy_->needs().memory_map || in_one_place) {
     map = allocator_->GetMemoryMap();

@@ -46,6 +46,26 @@ def assert_same_grads(a, b):
         assert torch.equal(a[name], b[name]), f"gradient of {name} differs"
 
 
+def steps_under(b, make, n):
+    """Runs n steps of make's model under budget b, each checked against a
+    plain step (same loss, bitwise same gradients, saved bytes within the
+    budget); returns each step's stats."""
+    plain, plain_loss, _, _ = run_step(make)
+    figures = []
+    for _ in range(n):
+        model, step = make(0)
+        torch.manual_seed(1)
+        with b:
+            loss = step()
+            loss.backward()
+        grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+        assert torch.equal(loss.detach(), plain_loss)
+        assert_same_grads(plain, grads)
+        assert b.stats["peak_saved_bytes"] <= b.stats["budget_bytes"]
+        figures.append(b.stats)
+    return figures
+
+
 MODELS = {"mlp": models.mlp, "gpt": models.gpt, "resnet": models.resnet, "lstm": models.lstm}
 
 
@@ -113,24 +133,12 @@ def test_the_offload_guard_keeps_the_quicker_plan(faster):
     # Drops and offloads both allowed: the first steps try the policy's
     # mixed plans, then drops alone, timing each, and the rest of the steps
     # run with the plan whose timed steps were quicker.
-    plain, plain_loss, _, _ = run_step(models.gpt)
     b = remat.torch.budget(int(saved_bytes_of(models.gpt) * 0.4), policy="lru", offload=True,
                            recompute=True)
     b._clock = _timed_by_plan(b, {"mixed": 2.0, "drop-only": 1.0} if faster == "drop-only"
                               else {"mixed": 1.0, "drop-only": 2.0})
     trial = 2 * remat.torch.budget.TRIAL_STEPS
-    figures = []
-    for _ in range(trial + 2):
-        model, step = models.gpt(0)
-        torch.manual_seed(1)
-        with b:
-            loss = step()
-            loss.backward()
-        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-        assert torch.equal(loss.detach(), plain_loss)
-        assert_same_grads(plain, grads)
-        assert b.stats["peak_saved_bytes"] <= b.stats["budget_bytes"]
-        figures.append(b.stats)
+    figures = steps_under(b, models.gpt, trial + 2)
     assert [f["plan"] for f in figures] == ["trial"] * trial + [faster] * 2
     assert [f["step"] for f in figures] == list(range(1, trial + 3))
     # The trial ran both plans: offloads in its first half, none in its second.
@@ -498,20 +506,8 @@ def test_a_budget_entered_each_step_learns_from_the_step_before():
     # the second step on each saved tensor's next use is estimated from the
     # step before, which belady (the policy that goes by next uses) needs.
     # Blind, belady is lru; the LSTM's steps of cells are where that loses.
-    plain, plain_loss, _, _ = run_step(models.lstm)
     b = remat.torch.budget(int(saved_bytes_of(models.lstm) * 0.5), policy="belady")
-    figures = []
-    for _ in range(3):
-        model, step = models.lstm(0)
-        torch.manual_seed(1)
-        with b:
-            loss = step()
-            loss.backward()
-        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-        assert torch.equal(loss.detach(), plain_loss)
-        assert_same_grads(plain, grads)
-        assert b.stats["peak_saved_bytes"] <= b.stats["budget_bytes"]
-        figures.append(b.stats)
+    figures = steps_under(b, models.lstm, 3)
     assert [f["step"] for f in figures] == [1, 2, 3]
     assert figures[0]["learned_next_uses"] == 0
     assert figures[1]["learned_next_uses"] > 0

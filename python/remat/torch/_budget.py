@@ -1067,6 +1067,10 @@ class budget:
         self._step_start = None
         self._steps = 0
 
+    def _plan_shown(self):
+        """What stats["plan"] says of the step running or just run."""
+        return self._step_plan if self._plan != "trial" else "trial"
+
     def _plan_now(self):
         """The plan of the step about to run, and whether it is timed."""
         if self._plan != "trial":
@@ -1123,7 +1127,7 @@ class budget:
         self._steps += 1
         stats = dict(self._engine.stats)
         stats["step"] = self._steps
-        stats["plan"] = self._step_plan if self._plan != "trial" else "trial"
+        stats["plan"] = self._plan_shown()
         if self._plan == "trial" and ok:
             plan, timed = self._trial.pop(0)
             if timed:
@@ -1150,7 +1154,7 @@ class budget:
         """The runtime's figures now, inside the context."""
         stats = self._engine.read_stats()
         stats["step"] = self._steps + 1
-        stats["plan"] = self._step_plan if self._plan != "trial" else "trial"
+        stats["plan"] = self._plan_shown()
         return stats
 
     def close(self):
