@@ -30,10 +30,7 @@ class Dtr final : public ScoredPolicy {
   double Score(const Candidate& c, const PressureContext& ctx) const override {
     double recompute = static_cast<double>(c.compute_ns);
     if (neighbourhood_) recompute += static_cast<double>(c.neighbourhood_ns);
-    double cost = recompute;
-    if (c.can_offload && (!c.can_drop || static_cast<double>(c.transfer_ns) < recompute)) {
-      cost = static_cast<double>(c.transfer_ns);
-    }
+    const double cost = EvictionCost(c, recompute);
     // A tensor used this very instant has staleness 1 ns, not 0.
     const double staleness = static_cast<double>(std::max<std::int64_t>(ctx.now_ns - c.last_access_ns, 1));
     const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));

@@ -60,7 +60,17 @@ struct Candidate {
   // replay knows it); kNeverUsedAgain if it will not be; -1 when unknown.
   std::int64_t next_use_ns = -1;
   std::int64_t first_access_ns = 0;  // device clock at its creation
+  // Its copy out was started before this pressure (RuntimeOptions::copy_ahead):
+  // an offload frees its block with no copy out queued now, and leaves only
+  // the copy back to pay (OffloadNs).
+  bool copied_out = false;
 };
+
+// What offloading the candidate costs on the link: out and back
+// (transfer_ns), or only back when it was copied out ahead.
+inline std::int64_t OffloadNs(const Candidate& c) {
+  return c.copied_out ? c.transfer_ns / 2 : c.transfer_ns;
+}
 
 // What a policy needs beyond the basic candidate fields; each costs the
 // runtime work per pressure event, so only policies that ask get it.

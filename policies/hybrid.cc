@@ -58,7 +58,7 @@ class Hybrid final : public EvictionPolicy {
     for (const auto& [score, c] : ranked) {
       if (covered >= ctx.bytes_needed) break;
       const EvictAction action = Action(*c, ctx, backlog);
-      if (action == EvictAction::kOffload) backlog += c->transfer_ns / 2;  // the copy out
+      if (action == EvictAction::kOffload && !c->copied_out) backlog += c->transfer_ns / 2;
       plan.push_back(PlanStep{c->id, action});
       covered += c->bytes;
     }
@@ -75,16 +75,21 @@ class Hybrid final : public EvictionPolicy {
     const std::int64_t expected = c.last_access_ns + interval - ctx.now_ns;
     return expected > 0 ? expected : -1;
   }
+  // When its copy out would be done: behind the backlog, or already under
+  // way when it was copied ahead (taken as done).
+  static std::int64_t OutDone(const Candidate& c, std::int64_t backlog) {
+    return c.copied_out ? 0 : backlog + c.transfer_ns / 2;
+  }
   bool RestoreHidden(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) const {
     const std::int64_t next = NextUse(c, ctx);
     // The copy in starts once the copy out is done and the copies in ahead
     // of it are carried (the two directions run side by side).
     const std::int64_t one_way = c.transfer_ns / 2;
-    const std::int64_t back_at = std::max(backlog + one_way, ctx.restore_backlog_ns) + one_way;
+    const std::int64_t back_at = std::max(OutDone(c, backlog), ctx.restore_backlog_ns) + one_way;
     return next >= 0 && static_cast<double>(back_at) * slack_ <= static_cast<double>(next);
   }
   double OffloadCost(const Candidate& c, const PressureContext& ctx, std::int64_t backlog) const {
-    const double out = static_cast<double>(backlog + c.transfer_ns / 2);
+    const double out = static_cast<double>(OutDone(c, backlog));
     return RestoreHidden(c, ctx, backlog) ? out : out + static_cast<double>(c.transfer_ns / 2);
   }
   double DropCost(const Candidate& c) const {

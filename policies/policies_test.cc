@@ -413,6 +413,33 @@ TEST(PolicyTest, HybridOffloadsWhenWaitingForTheCopyCostsLessThanRecomputing) {
   EXPECT_THAT(HybridPlan({gone}, 100), ElementsAre(PlanStep{4, EvictAction::kDrop}));
 }
 
+// A tensor copied out ahead (RuntimeOptions::copy_ahead) frees its block
+// with no copy out now: only its copy back is left to pay.
+TEST(PolicyTest, ATensorCopiedOutAheadCostsOnlyItsCopyBack) {
+  Candidate a = Make(1, 100, 0, 30'000, 40'000);
+  EXPECT_EQ(OffloadNs(a), 40'000);
+  EXPECT_EQ(CheaperAction(a), EvictAction::kDrop);  // 30 us of recompute under 40 of copies
+  EXPECT_DOUBLE_EQ(EvictionCost(a, 30'000), 30'000);
+  a.copied_out = true;
+  EXPECT_EQ(OffloadNs(a), 20'000);
+  EXPECT_EQ(CheaperAction(a), EvictAction::kOffload);  // 20 us of copy back
+  EXPECT_DOUBLE_EQ(EvictionCost(a, 30'000), 20'000);
+
+  // hybrid: near its next use and with the link busy, a copy out and back
+  // (15 + 20 + 20 us) loses to a 30 us recompute; copied ahead, only the
+  // copy back (20 us) is waited for, and nothing queues behind it.
+  a.next_use_ns = 1'000;
+  a.copied_out = false;
+  EXPECT_THAT(HybridPlan({a}, 100, 15'000), ElementsAre(PlanStep{1, EvictAction::kDrop}));
+  a.copied_out = true;
+  EXPECT_THAT(HybridPlan({a}, 100, 15'000), ElementsAre(PlanStep{1, EvictAction::kOffload}));
+  // Far from its next use, its copy back is hidden: it costs nothing, and
+  // goes before a cheaper recompute.
+  a.next_use_ns = 1'000'000;
+  Candidate b = Make(2, 100, 0, 1'000, 40'000);
+  EXPECT_THAT(HybridPlan({b, a}, 100), ElementsAre(PlanStep{1, EvictAction::kOffload}));
+}
+
 TEST(PolicyTest, HybridRanksByCostAndCountsItsOwnCopiesOnTheLink) {
   // Both far from their next use and dearer to recompute than to copy out.
   Candidate a = Make(1, 100, 0, 50'000, 40'000), b = Make(2, 100, 0, 50'000, 40'000);

@@ -13,7 +13,7 @@ const char* EvictActionName(EvictAction action) {
 EvictAction CheaperAction(const Candidate& c) {
   if (!c.can_offload) return EvictAction::kDrop;
   if (!c.can_drop) return EvictAction::kOffload;
-  return c.compute_ns + c.neighbourhood_ns <= c.transfer_ns ? EvictAction::kDrop
+  return c.compute_ns + c.neighbourhood_ns <= OffloadNs(c) ? EvictAction::kDrop
                                                             : EvictAction::kOffload;
 }
 
@@ -26,8 +26,8 @@ double Staleness(const Candidate& c, const PressureContext& ctx) {
 }
 
 double EvictionCost(const Candidate& c, double recompute_ns) {
-  if (c.can_offload && (!c.can_drop || static_cast<double>(c.transfer_ns) < recompute_ns)) {
-    return static_cast<double>(c.transfer_ns);
+  if (c.can_offload && (!c.can_drop || static_cast<double>(OffloadNs(c)) < recompute_ns)) {
+    return static_cast<double>(OffloadNs(c));
   }
   return recompute_ns;
 }

@@ -31,10 +31,10 @@ class HostLink {
   std::int64_t CarryNs(std::size_t bytes) const {
     return static_cast<std::int64_t>(static_cast<double>(bytes) / gbps_);
   }
+  // One copy of `bytes`, its latency included.
+  std::int64_t OneWayNs(std::size_t bytes) const { return latency_ns_ + CarryNs(bytes); }
   // A tensor's transfer cost for a policy: out and back, each with its latency.
-  std::int64_t RoundTripNs(std::size_t bytes) const {
-    return 2 * (latency_ns_ + CarryNs(bytes));
-  }
+  std::int64_t RoundTripNs(std::size_t bytes) const { return 2 * OneWayNs(bytes); }
   // A copy of `bytes` joins its direction's queue at `now_ns` (the device's clock).
   void Queue(Direction dir, std::size_t bytes, std::int64_t now_ns) {
     std::int64_t& free_at = free_at_ns_[dir];

@@ -21,6 +21,7 @@ const char* TensorEventName(TensorEvent::Kind kind) {
     case TensorEvent::Kind::kCreated: return "created";
     case TensorEvent::Kind::kDropped: return "dropped";
     case TensorEvent::Kind::kOffloaded: return "offloaded";
+    case TensorEvent::Kind::kCopiedAhead: return "copied_ahead";
     case TensorEvent::Kind::kRestored: return "restored";
     case TensorEvent::Kind::kRecomputed: return "recomputed";
     case TensorEvent::Kind::kCollected: return "collected";
@@ -171,8 +172,10 @@ Runtime::~Runtime() {
   for (const auto& s : storages_.all()) {
     if (s->device != nullptr) LogIfError(allocator_->Free(s->device), "freeing a block");
     if (s->kept != nullptr) LogIfError(allocator_->Free(s->kept), "freeing a kept block");
-    if (s->host != nullptr) {
-      LogIfError(host_pool_.FreeAfter(s->host, copy_stream_), "returning a host buffer");
+    for (void* host : {s->host, s->ahead}) {
+      if (host != nullptr) {
+        LogIfError(host_pool_.FreeAfter(host, copy_stream_), "returning a host buffer");
+      }
     }
   }
   events_.DestroyAll();
@@ -222,6 +225,7 @@ Runtime::Storage* Runtime::AddStorage(std::size_t bytes, void* ptr, std::uint64_
   s->may_drop = may_drop;
   s->may_offload = may_offload;
   s->compute_ns = options.compute_ns;
+  s->read_only = options.read_only;
   s->evictable = bytes > 0 && (s->may_drop || s->may_offload);
   if (s->may_drop) {
     // Only a closure that may run again keeps its inputs alive (with drops
@@ -266,6 +270,7 @@ absl::StatusOr<Guard> Runtime::Create(std::size_t bytes, TensorOptions&& options
                           options_.enable_offload && options.allow_offload, options, stream);
   s->recompute = std::move(options.recompute);
   MaybePrefetchDue(stream);
+  MaybeCopyAhead();
   return Guard(this, s->tensor_ids.front(), ptr, s);
 }
 
@@ -314,6 +319,7 @@ absl::StatusOr<absl::InlinedVector<Guard, 4>> Runtime::CreateCall(
   }
   (group != nullptr ? group->recompute : first->recompute) = std::move(options.recompute);
   MaybePrefetchDue(stream);
+  MaybeCopyAhead();
   return guards;
 }
 
@@ -361,6 +367,7 @@ absl::StatusOr<Guard> Runtime::AddCallOutput(TensorId sibling, const OutputSpec&
   checked_inputs_.assign(sib->inputs.begin(), sib->inputs.end());
   TensorOptions options;
   options.compute_ns = sib->compute_ns;
+  options.read_only = sib->read_only;
   const bool may_drop = sib->may_drop && spec.allow_drop;
   const bool may_offload = sib->may_offload && spec.allow_offload;
   Storage* s = AddStorage(spec.bytes, ptr, serial, may_drop, may_offload, options, stream);
@@ -370,6 +377,7 @@ absl::StatusOr<Guard> Runtime::AddCallOutput(TensorId sibling, const OutputSpec&
   group->outputs.push_back(s);
   ++group->uncollected;
   MaybePrefetchDue(stream);
+  MaybeCopyAhead();
   return Guard(this, s->tensor_ids.front(), ptr, s);
 }
 
@@ -412,6 +420,7 @@ absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
     s->used_streams.push_back(stream);
   }
   MaybePrefetchDue(stream);
+  MaybeCopyAhead();
   return Guard(this, id, s->device, s);
 }
 
@@ -579,6 +588,7 @@ void Runtime::MaybeCollect(Storage* first) {
       stats_.resident_bytes -= s->bytes;  // a zero-byte tensor
     }
     if (s->host != nullptr) ReturnHostBuffer(s->host, copy_stream_);
+    if (s->ahead != nullptr) ReleaseAheadCopy(s);
     if (s->kept != nullptr) {
       // Behind the copy out, which is on the copy stream.
       LogIfError(allocator_->FreeOnStream(s->kept, copy_stream_), "freeing a kept block");

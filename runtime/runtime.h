@@ -110,6 +110,12 @@ struct TensorOptions {
   std::int64_t compute_ns = 0;     // estimated cost of one recompute
   bool allow_drop = false;
   bool allow_offload = false;
+  // Its bytes do not change once its creator (or its closure) has written
+  // them: acquires only read it, as a trace's tensors and autograd's saved
+  // activations are. Only such a tensor is copied out ahead
+  // (RuntimeOptions::copy_ahead): a copy made before a write would bring
+  // stale bytes back.
+  bool read_only = false;
 };
 
 // One output of a call (CreateCall): its size, and what it allows beyond the
@@ -180,6 +186,23 @@ struct RuntimeOptions {
   // and the allocator asks again while it makes no room
   // (bench/results/retry_in_one_place_2026-12-03.md).
   bool retry_in_one_place = true;
+  // Copies out started before the pressure that evicts them. Once the
+  // budget has bound (after the first pressure event), whenever the copies
+  // out queued so far have had the compute time the link needs to carry them
+  // (on NowNs's clock), the runtime asks the policy what the next pressure
+  // event would evict if it came now (as many bytes as the last one asked
+  // for). The first tensor of that plan the policy would offload, that is
+  // read_only and that is not next used before the next pressure event is
+  // due (its next use hinted or learned; the time between pressure events
+  // is a moving mean), starts its copy out on the copy stream and stays
+  // resident. When pressure offloads it, its block goes back behind that copy,
+  // with no copy out queued then, and policies see it as
+  // Candidate::copied_out (only its copy back left to pay). A drop or a
+  // collection lets the copy go. A copy starts only while the host pool
+  // keeps room for another as large. Asked after each Create, CreateCall,
+  // AddCallOutput and Acquire; a plan with nothing to copy is not asked for
+  // again before the next pressure event.
+  bool copy_ahead = false;
 };
 
 struct RuntimeStats {
@@ -199,6 +222,12 @@ struct RuntimeStats {
   std::uint64_t kept_addresses = 0;  // offloads that kept their address (keep_addresses)
   std::uint64_t moved_restores = 0;  // restores at a new address under keep_addresses
   std::uint64_t prefetches = 0;
+  // copy_ahead: copies out started before pressure, those that an offload
+  // then used, and those let go (the tensor was dropped, freed or written).
+  std::uint64_t copies_ahead = 0;
+  std::uint64_t ahead_offloads = 0;
+  std::uint64_t ahead_copies_unused = 0;
+  std::uint64_t copied_ahead_bytes = 0;
   std::uint64_t resident_bytes = 0;   // storages on the device now
   std::uint64_t peak_resident_bytes = 0;
   // Bookkeeping held: pages of id entries (4096 ids each; a page goes once all
@@ -457,6 +486,10 @@ class Runtime {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills scratch_ (and scratch_storages_) with what the policy sees now.
   void GatherCandidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A context over scratch_ for `bytes` on `stream`: the clock, the link's
+  // backlogs, and the candidates' completion (not the memory map, nor room).
+  void FillContext(policies::PressureContext& ctx, std::size_t bytes, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   policies::Candidate MakeCandidate(const Storage* s, const policies::Needs& needs,
                                     std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::int64_t DroppedChainCost(const Storage* root) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -479,6 +512,19 @@ class Runtime {
   void MaybePrefetchDue(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!planned_.empty()) PrefetchDue(stream);
   }
+  // copy_ahead (RuntimeOptions): after a use, starts the copy out of what the
+  // next pressure event would offload, when the link has time for it.
+  void MaybeCopyAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (options_.copy_ahead && stats_.pressure_events != ahead_declined_at_) CopyAhead();
+  }
+  void CopyAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts `s`'s copy out on the copy stream, keeping it resident; false
+  // when the host pool has no room or the device refuses.
+  bool StartCopyAhead(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CanCopyAhead, and not next used before the next pressure event is due.
+  bool WorthCopyingAhead(const Storage& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lets a copy made ahead go (the buffer back to the pool behind the copy).
+  void ReleaseAheadCopy(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Restore(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SettleCopies(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `pressure`: a policy's choice (else the owner released it; RuntimeObserver).
@@ -486,6 +532,16 @@ class Runtime {
   // Tells options_.observer (set) the event about `s`, naming it and its bytes.
   void Tell(const Storage* s, TensorEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool OffloadStorage(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OffloadStorage of a storage copied ahead: no copy now, the block goes
+  // back behind the copy made then.
+  bool OffloadCopiedAhead(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What every offload ends with: `s` on its way to `host`, behind `copy`.
+  // `ahead`: the copy was made ahead (the observer is told no copy is enqueued now).
+  void FinishOffload(Storage* s, void* host, Event copy, bool ahead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A copy out of `bytes` joins the device-to-host engine's queue (the link
+  // model's, and copy_ahead's pacing).
+  void QueueCopyOut(std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes `to` wait for every other stream that used the storage's block,
   // then gives the block back to the allocator on `to`.
   void HandBack(Storage* s, Stream to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -581,6 +637,19 @@ class Runtime {
   // event, a policy call, perhaps evictions) until memory has come back.
   std::uint64_t handbacks_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t prefetch_blocked_at_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
+  // copy_ahead: pressure_events when the policy last named nothing to copy
+  // ahead (not asked again until the next event); the bytes the last
+  // pressure event asked for; when (on Clock()) the copies made ahead so far
+  // will have had the compute time the link needs for them; the bytes of
+  // the copies now held.
+  std::uint64_t ahead_declined_at_ ABSL_GUARDED_BY(mu_) = 0;
+  std::size_t last_pressure_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::int64_t ahead_paced_until_ ABSL_GUARDED_BY(mu_) = 0;
+  std::size_t ahead_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The runtime's clock at the last pressure event, and the time between
+  // pressure events (a moving mean over those at distinct times).
+  std::int64_t last_pressure_at_ ABSL_GUARDED_BY(mu_) = -1;
+  std::int64_t pressure_gap_ns_ ABSL_GUARDED_BY(mu_) = 0;
   // Estimated compute of the calls made and recomputed so far (NowNs).
   std::int64_t work_ns_ ABSL_GUARDED_BY(mu_) = 0;
   // Bumped (and waiters woken) when a regeneration ends.

@@ -91,6 +91,7 @@ absl::Status Runtime::CheckStorages() const {
   std::uint64_t resident_bytes = 0;
   std::size_t indexed = 0, collected = 0;
   std::vector<std::uintptr_t> copy_events;
+  std::size_t ahead_bytes = 0;
   const bool between_regenerations = deferring_depth_ == 0;
   for (const Storage* s : storages_.all()) {
     if (s->state == TensorState::kFreed) {
@@ -124,6 +125,15 @@ absl::Status Runtime::CheckStorages() const {
       return BrokenAt(s, "%s a copy in flight", s->copy_in_flight ? "holds" : "lacks");
     }
     if (s->copy_in_flight) copy_events.push_back(s->copy_event.handle);
+    if (s->ahead != nullptr) {
+      if (s->state != TensorState::kResident || !s->read_only || !s->may_offload) {
+        return BrokenAt(s, "holds a copy made ahead while %s (read_only %d, may_offload %d)",
+                        TensorStateName(s->state), static_cast<int>(s->read_only),
+                        static_cast<int>(s->may_offload));
+      }
+      ahead_bytes += s->bytes;
+      copy_events.push_back(s->ahead_event.handle);
+    }
     if (s->evictable != (s->bytes > 0 && (s->may_drop || s->may_offload))) {
       return BrokenAt(s, "evictable is %d with %d bytes, may_drop %d, may_offload %d",
                     static_cast<int>(s->evictable), s->bytes, static_cast<int>(s->may_drop),
@@ -219,6 +229,9 @@ absl::Status Runtime::CheckStorages() const {
       stats_.resident_bytes + pending_live_bytes_ > options_.live_budget) {
     return Broken("%d bytes resident and %d pending, over the live budget of %d",
                   stats_.resident_bytes, pending_live_bytes_, options_.live_budget);
+  }
+  if (ahead_bytes != ahead_bytes_) {
+    return Broken("ahead_bytes is %d, copies made ahead hold %d", ahead_bytes_, ahead_bytes);
   }
   // Copy events in flight: one storage each, none spare.
   std::sort(copy_events.begin(), copy_events.end());

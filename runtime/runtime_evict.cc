@@ -58,6 +58,7 @@ policies::Candidate Runtime::MakeCandidate(const Storage* s, const policies::Nee
   c.transfer_ns = link_.RoundTripNs(s->bytes);
   c.can_drop = s->may_drop;
   c.can_offload = s->may_offload;
+  c.copied_out = s->ahead != nullptr;
   c.last_access_ns = s->last_access_ns;
   c.first_access_ns = s->first_access_ns;
   c.accesses = s->accesses;
@@ -101,6 +102,23 @@ void Runtime::GatherCandidates() {
   }
 }
 
+void Runtime::FillContext(policies::PressureContext& ctx, std::size_t bytes, Stream stream) {
+  ctx.bytes_needed = bytes;
+  ctx.stream = stream;
+  ctx.now_ns = Clock();
+  ctx.link_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kOut, device_->NowNs());
+  // The host buffers of what is offloaded (not the copies made ahead of
+  // tensors still resident) come back over the link.
+  const std::size_t offloaded = host_pool_.in_use_bytes() - std::min(ahead_bytes_, host_pool_.in_use_bytes());
+  ctx.restore_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kIn, device_->NowNs()) +
+                           link_.CarryNs(offloaded);
+  ctx.candidates = scratch_;
+  if (!policy_->needs().neighbourhood) {
+    ctx.complete_fn = &Runtime::CompleteCandidate;
+    ctx.complete_arg = this;
+  }
+}
+
 bool Runtime::Evict(const PressureRequest& request) {
   if (StepLimitReached()) return false;  // AllocateDevice says why
   ++stats_.pressure_events;
@@ -113,21 +131,19 @@ bool Runtime::Evict(const PressureRequest& request) {
     return false;
   }
   stats_.candidates_shown += scratch_.size();
+  last_pressure_bytes_ = request.bytes;
+  if (const std::int64_t now = Clock(); now != last_pressure_at_) {
+    if (last_pressure_at_ >= 0) {
+      const std::int64_t gap = now - last_pressure_at_;
+      pressure_gap_ns_ = pressure_gap_ns_ == 0 ? gap : (3 * pressure_gap_ns_ + gap) / 4;
+    }
+    last_pressure_at_ = now;
+  }
   policies::PressureContext ctx;
-  ctx.bytes_needed = request.bytes;
-  ctx.stream = request.stream;
-  ctx.now_ns = Clock();
-  ctx.link_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kOut, device_->NowNs());
-  ctx.restore_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kIn, device_->NowNs()) +
-                           link_.CarryNs(host_pool_.in_use_bytes());
-  ctx.candidates = scratch_;
+  FillContext(ctx, request.bytes, request.stream);
   if (request.contiguous) {
     ctx.growth_bytes = allocator_->GrowthFor(request.bytes);
     ctx.room_bytes = request.budget > request.reserved ? request.budget - request.reserved : 0;
-  }
-  if (!policy_->needs().neighbourhood) {
-    ctx.complete_fn = &Runtime::CompleteCandidate;
-    ctx.complete_arg = this;
   }
   MemoryMap map;
   // An allocation (not the live budget's room, nor a kept address's pages)

@@ -67,6 +67,11 @@ struct StorageFields {
   bool runtime_wrote = false;
   Stream written_on;
   Event copy_event;        // the offload's or the prefetch's copy, while copy_in_flight
+  bool read_only = false;  // TensorOptions::read_only
+  // copy_ahead: while resident, a host buffer with its bytes (once
+  // ahead_event is reached), copied out before any pressure asked for it.
+  void* ahead = nullptr;
+  Event ahead_event;
   mutable std::uint64_t walk_mark = 0;   // the last DroppedChainCost walk that saw it
   // DroppedChainCost of this storage, valid during pressure event chain_epoch
   // (candidates sharing an input walk its ancestors once per event).
@@ -135,6 +140,12 @@ inline thread_local int closures_running = 0;
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool IsCandidate(const StorageFields& s) {
   const bool on_device = s.state == TensorState::kResident || s.state == TensorState::kPrefetching;
   return on_device && s.pins == 0 && s.evictable;
+}
+
+// What a copy ahead may be made of (RuntimeOptions::copy_ahead): resident,
+// unpinned, allowed to be offloaded, and never written after its creation.
+inline bool CanCopyAhead(const StorageFields& s) {
+  return s.state == TensorState::kResident && s.read_only && s.may_offload && s.pins == 0;
 }
 
 }  // namespace remat::runtime_internal

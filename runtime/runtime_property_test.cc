@@ -22,6 +22,7 @@ struct Mode {
   bool offload;
   bool keep_addresses = false;  // on an allocator with expandable segments
   bool one_thread = false;      // device, allocator and runtime take no locks
+  bool copy_ahead = false;      // read_only tensors, RuntimeOptions::copy_ahead
 };
 
 class RuntimePropertyTest : public RuntimeTest, public ::testing::WithParamInterface<Mode> {};
@@ -35,6 +36,7 @@ TEST_P(RuntimePropertyTest, EveryAcquireSeesTheBytesProduced) {
   const int seeds = env != nullptr ? std::atoi(env) : 3;
   std::uint64_t evictions = 0;
   std::uint64_t kept = 0;
+  std::uint64_t ahead_offloads = 0;
   for (std::uint64_t seed = 1; seed <= static_cast<std::uint64_t>(seeds); ++seed) {
     SCOPED_TRACE(testing::Message() << "seed " << seed);
     std::mt19937_64 rng(seed);
@@ -46,8 +48,10 @@ TEST_P(RuntimePropertyTest, EveryAcquireSeesTheBytesProduced) {
          {.policy = mode.policy,
           .host_pool_bytes = kGiB,
           .keep_addresses = mode.keep_addresses,
-          .thread_safe = !mode.one_thread},
+          .thread_safe = !mode.one_thread,
+          .copy_ahead = mode.copy_ahead},
          /*backed=*/true, /*expandable=*/mode.keep_addresses);
+    read_only_ = mode.copy_ahead;
     check_in_closures_ = true;  // and after every operation below
     allow_oom_ = true;
     std::vector<TensorId> live;
@@ -90,6 +94,7 @@ TEST_P(RuntimePropertyTest, EveryAcquireSeesTheBytesProduced) {
     }
     evictions += runtime_->stats().drops + runtime_->stats().offloads;
     kept += runtime_->stats().kept_addresses;
+    ahead_offloads += runtime_->stats().ahead_offloads;
     for (TensorId id : live) {
       ASSERT_TRUE(runtime_->Free(id).ok());
       ASSERT_NO_FATAL_FAILURE(CheckInvariants());
@@ -102,6 +107,9 @@ TEST_P(RuntimePropertyTest, EveryAcquireSeesTheBytesProduced) {
   EXPECT_LE(oom_checks_ * 50, checks_) << oom_checks_ << " of " << checks_ << " checks were oom";
   if (mode.keep_addresses) {
     EXPECT_GT(kept, 0u) << "no offload kept its address";
+  }
+  if (mode.copy_ahead) {
+    EXPECT_GT(ahead_offloads, 0u) << "no offload used a copy made ahead";
   }
 }
 
@@ -117,12 +125,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{"window", true, true}, Mode{"hybrid", true, true},
                       Mode{"belady", true, true}, Mode{"lru", false, true, true},
                       Mode{"dtr", false, true, true}, Mode{"dtr-eq", true, true, false, true},
-                      Mode{"hybrid", true, true, false, true}),
+                      Mode{"hybrid", true, true, false, true},
+                      Mode{"lru", false, true, false, false, true},
+                      Mode{"dtr", true, true, false, false, true},
+                      Mode{"dtr-eq", true, true, false, false, true},
+                      Mode{"lru", false, true, true, false, true}),
     [](const testing::TestParamInfo<Mode>& info) {
       std::string name = std::string(info.param.policy) + (info.param.drop ? "_drop" : "") +
                          (info.param.offload ? "_offload" : "") +
                          (info.param.keep_addresses ? "_keep_addresses" : "") +
-                         (info.param.one_thread ? "_one_thread" : "");
+                         (info.param.one_thread ? "_one_thread" : "") +
+                         (info.param.copy_ahead ? "_copy_ahead" : "");
       for (char& ch : name) {
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       }
@@ -139,6 +152,7 @@ INSTANTIATE_TEST_SUITE_P(
 struct CallsMode {
   const char* policy;
   bool live;  // a live budget (DTR's accounting), else the allocator's
+  bool copy_ahead = false;  // RuntimeOptions::copy_ahead, half the calls read_only
 };
 
 class RuntimeCallsPropertyTest : public ::testing::TestWithParam<CallsMode> {};
@@ -147,7 +161,7 @@ TEST_P(RuntimeCallsPropertyTest, RandomCallsKeepEveryInvariant) {
   const CallsMode mode = GetParam();
   const char* env = std::getenv("REMAT_PROPERTY_SEEDS");
   const int seeds = env != nullptr ? std::atoi(env) : 3;
-  std::uint64_t drops = 0, group_recomputes = 0;
+  std::uint64_t drops = 0, group_recomputes = 0, copies_ahead = 0;
   for (std::uint64_t seed = 1; seed <= static_cast<std::uint64_t>(seeds); ++seed) {
     SCOPED_TRACE(testing::Message() << "seed " << seed);
     std::mt19937_64 rng(seed);
@@ -158,6 +172,7 @@ TEST_P(RuntimeCallsPropertyTest, RandomCallsKeepEveryInvariant) {
             .value();
     RuntimeOptions options{.policy = mode.policy, .host_pool_bytes = 2 * kMiB};
     if (mode.live) options.live_budget = budget;
+    options.copy_ahead = mode.copy_ahead;
     auto made = Runtime::Create(alloc.get(), std::move(options));
     ASSERT_TRUE(made.ok()) << made.status();
     std::unique_ptr<Runtime> runtime = std::move(made).value();
@@ -183,6 +198,7 @@ TEST_P(RuntimeCallsPropertyTest, RandomCallsKeepEveryInvariant) {
         }
         call.allow_drop = rng() % 4 != 0;
         call.allow_offload = rng() % 2 == 0;
+        call.read_only = mode.copy_ahead && rng() % 2 == 0;  // (other modes draw as before)
         call.compute_ns = static_cast<std::int64_t>(rng() % 5000);
         const bool temporary = rng() % 4 == 0;
         const std::size_t temp_bytes = 64 * kKiB * (1 + rng() % 16);
@@ -248,6 +264,7 @@ TEST_P(RuntimeCallsPropertyTest, RandomCallsKeepEveryInvariant) {
     ASSERT_NO_FATAL_FAILURE(check());
     drops += rt->stats().drops;
     group_recomputes += rt->stats().recomputes;
+    copies_ahead += rt->stats().copies_ahead;
     for (TensorId id : live) {
       ASSERT_TRUE(rt->Free(id).ok());
       ASSERT_NO_FATAL_FAILURE(check());
@@ -258,6 +275,9 @@ TEST_P(RuntimeCallsPropertyTest, RandomCallsKeepEveryInvariant) {
   }
   EXPECT_GT(drops, 0u) << "the budgets never forced a drop: the test proves little";
   EXPECT_GT(group_recomputes, 0u) << "nothing was regenerated: the test proves little";
+  if (mode.copy_ahead) {
+    EXPECT_GT(copies_ahead, 0u) << "nothing was copied ahead";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -265,9 +285,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(CallsMode{"dtr-eq", true}, CallsMode{"dtr-eq", false},
                       CallsMode{"dtr", true}, CallsMode{"dtr", false},
                       CallsMode{"lru:sample=sqrt", true}, CallsMode{"belady", false},
-                      CallsMode{"hybrid", true}, CallsMode{"msps", false}),
+                      CallsMode{"hybrid", true}, CallsMode{"msps", false},
+                      CallsMode{"dtr-eq", true, true}, CallsMode{"lru", false, true}),
     [](const testing::TestParamInfo<CallsMode>& info) {
-      std::string name = std::string(info.param.policy) + (info.param.live ? "_live" : "_reserved");
+      std::string name = std::string(info.param.policy) + (info.param.live ? "_live" : "_reserved") +
+                         (info.param.copy_ahead ? "_copy_ahead" : "");
       for (char& ch : name) {
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       }

@@ -106,6 +106,7 @@ class RuntimeTest : public ::testing::Test {
     options.compute_ns = cost_ns;
     options.allow_drop = drop;
     options.allow_offload = offload;
+    options.read_only = read_only_;
     if (drop) options.recompute = kernel;
     // The first computation: acquire the inputs, run the kernel once.
     std::vector<Guard> in_guards;
@@ -164,6 +165,7 @@ class RuntimeTest : public ::testing::Test {
   std::map<TensorId, std::size_t> sizes_;
   bool check_in_closures_ = false;
   bool allow_oom_ = false;  // Produce: an input that cannot come back is a 0 id, not a failure
+  bool read_only_ = false;  // Produce: TensorOptions::read_only
   int checks_ = 0;      // Check calls
   int oom_checks_ = 0;  // of which ended out of memory (allowed)
 };

@@ -8,6 +8,7 @@
 // answers with a bool, and collection runs from a Guard's destructor); there
 // each failure is handled where it happens, as the comments say.
 #include <algorithm>
+#include <chrono>
 
 #include "absl/cleanup/cleanup.h"
 #include "base/log.h"
@@ -283,6 +284,7 @@ void Runtime::FreeBlockOnError(void* ptr, Stream stream) {
 }
 
 bool Runtime::DropStorage(Storage* s, Stream to, bool pressure) {
+  if (s->ahead != nullptr) ReleaseAheadCopy(s);
   HandBack(s, to);
   SetState(s, TensorState::kDropped);
   if (options_.observer != nullptr) {
@@ -292,6 +294,7 @@ bool Runtime::DropStorage(Storage* s, Stream to, bool pressure) {
 }
 
 bool Runtime::OffloadStorage(Storage* s, Stream to) {
+  if (s->ahead != nullptr) return OffloadCopiedAhead(s, to);
   absl::StatusOr<void*> host = host_pool_.Allocate(s->bytes);
   if (!host.ok()) return false;
   // Copy out on the copy stream, behind every use of the block. On any
@@ -318,18 +321,133 @@ bool Runtime::OffloadStorage(Storage* s, Stream to) {
   // the host never blocks.
   s->used_streams.assign({copy_stream_});
   if (!KeepAddress(s)) HandBack(s, to);
-  s->host = *host;
-  s->copy_event = *done;
+  QueueCopyOut(s->bytes);
+  FinishOffload(s, *host, *done, /*ahead=*/false);
+  return true;
+}
+
+void Runtime::QueueCopyOut(std::size_t bytes) {
+  link_.Queue(runtime_internal::HostLink::kOut, bytes, device_->NowNs());
+  // The same engine's time on the runtime's clock, which copies ahead are paced by.
+  ahead_paced_until_ = AddTimes(std::max(ahead_paced_until_, Clock()), link_.OneWayNs(bytes));
+}
+
+void Runtime::FinishOffload(Storage* s, void* host, Event copy, bool ahead) {
+  s->host = host;
+  s->copy_event = copy;
   s->copy_in_flight = true;
   SetState(s, TensorState::kOffloading);
   stats_.offloaded_bytes += s->bytes;
-  link_.Queue(runtime_internal::HostLink::kOut, s->bytes, device_->NowNs());
   ++stats_.offloads;
   PlanPrefetch(s);
   if (options_.observer != nullptr) {
-    Tell(s, {.kind = TensorEvent::Kind::kOffloaded, .stream = copy_stream_, .pressure = true});
+    Tell(s, {.kind = TensorEvent::Kind::kOffloaded,
+             .stream = copy_stream_,
+             .pressure = true,
+             .ahead = ahead});
+  }
+}
+
+bool Runtime::OffloadCopiedAhead(Storage* s, Stream to) {
+  // The bytes are on the host (or on their way): no copy out now. The block
+  // goes back on `to` behind that copy and the uses since. A wait that
+  // cannot be enqueued orders `to` behind the whole copy stream instead.
+  if (!device_->StreamWaitEvent(to, s->ahead_event).ok() &&
+      std::find(s->used_streams.begin(), s->used_streams.end(), copy_stream_) ==
+          s->used_streams.end()) {
+    s->used_streams.push_back(copy_stream_);
+  }
+  void* const host = s->ahead;
+  const Event copy = s->ahead_event;
+  s->ahead = nullptr;
+  ahead_bytes_ -= s->bytes;
+  if (!KeepAddress(s)) HandBack(s, to);
+  ++stats_.ahead_offloads;
+  FinishOffload(s, host, copy, /*ahead=*/true);
+  return true;
+}
+
+void Runtime::CopyAhead() {
+  if (Clock() < ahead_paced_until_) return;  // the link is still busy with earlier copies
+  const auto choose_start = std::chrono::steady_clock::now();
+  GatherCandidates();
+  policies::PressureContext ctx;
+  FillContext(ctx, std::max<std::size_t>(last_pressure_bytes_, 1), kDefaultStream);
+  MemoryMap map;
+  if (policy_->needs().memory_map) {
+    map = allocator_->GetMemoryMap();
+    ctx.memory_map = &map;
+  }
+  // What the next pressure event would evict, if it came now: the first
+  // tensor of it the policy would offload and that can be copied now.
+  const policies::Plan plan = scratch_.empty() ? policies::Plan{} : policy_->Choose(ctx);
+  stats_.choose_wall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now() - choose_start)
+                               .count();
+  for (const policies::PlanStep& step : plan) {
+    if (step.id >= scratch_storages_.size() || step.action != policies::EvictAction::kOffload) {
+      continue;
+    }
+    Storage* s = scratch_storages_[step.id];
+    if (s->ahead == nullptr && WorthCopyingAhead(*s) && StartCopyAhead(s)) return;
+  }
+  ahead_declined_at_ = stats_.pressure_events;  // not again before the next pressure event
+}
+
+bool Runtime::WorthCopyingAhead(const Storage& s) const {
+  if (!runtime_internal::CanCopyAhead(s)) return false;
+  // Not what is never used again (a drop frees it for nothing), nor what is
+  // used again before the next pressure event is likely to come: it would be
+  // used, or freed, before anything evicts it.
+  if (s.next_use_at < 0) return true;
+  return s.next_use_at != kNeverUsedAgain && s.next_use_at >= AddTimes(Clock(), pressure_gap_ns_);
+}
+
+bool Runtime::StartCopyAhead(Storage* s) {
+  // Room for this copy and another as large: a copy made ahead must not
+  // leave the offloads pressure asks for without host memory.
+  if (s->bytes > host_pool_.capacity() / 2 ||
+      host_pool_.in_use_bytes() > host_pool_.capacity() - 2 * s->bytes) {
+    return false;
+  }
+  absl::StatusOr<void*> host = host_pool_.Allocate(s->bytes);
+  if (!host.ok()) return false;
+  absl::Status st;
+  for (Stream used : s->used_streams) {
+    st = events_.WaitOn(copy_stream_, used);
+    if (!st.ok()) break;
+  }
+  absl::StatusOr<Event> done = st.ok() ? events_.Take() : absl::StatusOr<Event>(st);
+  if (st.ok()) st = done.status();
+  if (st.ok()) {
+    st = device_->CopyAsync(*host, s->device, s->bytes, CopyKind::kDeviceToHost, copy_stream_);
+  }
+  if (st.ok()) st = device_->RecordEvent(*done, copy_stream_);
+  if (!st.ok()) {
+    REMAT_LOG(kWarning, "runtime: a copy ahead failed: %s", st.ToString());
+    if (done.ok()) events_.Give(*done);
+    ReturnHostBuffer(*host, copy_stream_);
+    return false;
+  }
+  s->ahead = *host;
+  s->ahead_event = *done;
+  ahead_bytes_ += s->bytes;
+  QueueCopyOut(s->bytes);
+  ++stats_.copies_ahead;
+  stats_.copied_ahead_bytes += s->bytes;
+  if (options_.observer != nullptr) {
+    Tell(s, {.kind = TensorEvent::Kind::kCopiedAhead, .stream = copy_stream_});
   }
   return true;
+}
+
+void Runtime::ReleaseAheadCopy(Storage* s) {
+  // Behind the copy, which may still be reading the block.
+  ReturnHostBuffer(s->ahead, copy_stream_);
+  events_.Give(s->ahead_event);
+  s->ahead = nullptr;
+  ahead_bytes_ -= s->bytes;
+  ++stats_.ahead_copies_unused;
 }
 
 }  // namespace remat

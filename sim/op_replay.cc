@@ -78,6 +78,7 @@ class Replayer final : public RuntimeObserver {
     rt.host_pool_bytes = options_.host_memory;
     rt.live_budget = options_.live_budget;
     rt.retry_in_one_place = options_.retry_in_one_place;
+    rt.copy_ahead = options_.copy_ahead;
     const bool learned = options_.future == Future::kLearned;
     if (learned && options_.timeline != nullptr) {
       return absl::InvalidArgumentError(
@@ -159,6 +160,9 @@ class Replayer final : public RuntimeObserver {
     report_.evictions = rs.drops + rs.offloads - before.drops - before.offloads;
     report_.pressure_events = rs.pressure_events - before.pressure_events;
     report_.covering_runs = rs.covering_runs - before.covering_runs;
+    report_.copies_ahead = rs.copies_ahead - before.copies_ahead;
+    report_.ahead_offloads = rs.ahead_offloads - before.ahead_offloads;
+    report_.copied_ahead_bytes = rs.copied_ahead_bytes - before.copied_ahead_bytes;
     report_.candidates_shown = rs.candidates_shown - before.candidates_shown;
     report_.choose_wall_ns = rs.choose_wall_ns - before.choose_wall_ns;
     report_.stall_ns =
@@ -404,6 +408,7 @@ class Replayer final : public RuntimeObserver {
     options.compute_ns = r.cost_ns;
     options.allow_drop = true;
     options.allow_offload = true;
+    options.read_only = true;  // a trace's tensors are written once, by the call that makes them
     if (owning == 1) {
       // Two words, so the closure lives inside the AnyInvocable: the call's
       // inputs and cost are found through the output's producing record.
@@ -506,6 +511,13 @@ class Replayer final : public RuntimeObserver {
     return storage_of_[id];
   }
 
+  // The copy out the event enqueued, which ends at its stream's time now.
+  void AddCopyOut(const TensorEvent& e, std::uint32_t s, SimTimeline::Kind kind) {
+    const std::int64_t end = StreamEnd(e.stream);
+    const std::int64_t dur = device_->cost_model().CopyNs(e.bytes, CopyKind::kDeviceToHost);
+    timeline_->Add({end - dur, dur, e.bytes, s, kind});
+  }
+
   // Under the runtime's lock: no runtime calls here.
   void OnTensor(const TensorEvent& e) override {
     const std::uint32_t s = e.tensor < storage_of_.size() ? storage_of_[e.tensor] : kNoOpIndex;
@@ -513,11 +525,13 @@ class Replayer final : public RuntimeObserver {
       case TensorEvent::Kind::kOffloaded:
         host_bytes_ += e.bytes;
         if (timeline_ != nullptr) {
-          const std::int64_t end = StreamEnd(e.stream);
-          const std::int64_t dur = device_->cost_model().CopyNs(e.bytes, CopyKind::kDeviceToHost);
-          timeline_->Add({end - dur, dur, e.bytes, s, SimTimeline::Kind::kOffload});
+          // (A copy made ahead was drawn then.)
+          if (!e.ahead) AddCopyOut(e, s, SimTimeline::Kind::kOffload);
           timeline_->Add({Frontier(), 0, e.bytes, s, SimTimeline::Kind::kEvictOffload});
         }
+        break;
+      case TensorEvent::Kind::kCopiedAhead:
+        if (timeline_ != nullptr) AddCopyOut(e, s, SimTimeline::Kind::kCopyAhead);
         break;
       case TensorEvent::Kind::kRestored:
         host_bytes_ -= e.bytes;

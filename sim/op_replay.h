@@ -91,6 +91,11 @@ struct OpReplayOptions {
   // RuntimeOptions::retry_in_one_place: a request the policy's plan would
   // not make room for is met in one place.
   bool retry_in_one_place = true;
+  // RuntimeOptions::copy_ahead: copies out started before the pressure that
+  // offloads them (a trace's tensors are read_only). With offload allowed it
+  // helps where the link has time to spare
+  // (bench/results/copy_ahead_2026-12-03.md).
+  bool copy_ahead = true;
   double thrash_limit = 1.0;  // stop when recompute exceeds this x the trace's compute
   bool verify = false;
   // In verify mode the checks are host work queued on the simulated streams,
@@ -157,6 +162,10 @@ struct OpReplayReport {
   std::uint64_t evictions = 0;
   std::uint64_t pressure_events = 0;   // times the runtime asked the policy for a plan
   std::uint64_t covering_runs = 0;     // of those, met by a covering run (retry_in_one_place)
+  // copy_ahead: copies out made ahead, the offloads that used one, and their bytes.
+  std::uint64_t copies_ahead = 0;
+  std::uint64_t ahead_offloads = 0;
+  std::uint64_t copied_ahead_bytes = 0;
   std::uint64_t candidates_shown = 0;  // candidates handed to the policy, over all events
   std::int64_t choose_wall_ns = 0;     // host time building candidates and choosing
   std::uint64_t verified_accesses = 0;

@@ -283,6 +283,31 @@ TEST(OpReplayTest, ReportsOomAndThrash) {
   EXPECT_EQ(t.status, "thrash");
 }
 
+// Copies out made ahead (on by default) bring back the bytes they copied:
+// offloads that used one free their blocks with no copy queued then.
+TEST(OpReplayTest, CopiesMadeAheadKeepEveryByte) {
+  const OpTrace trace = Load("chain_100.jsonl");
+  std::uint64_t ahead_offloads = 0;
+  for (const char* policy : {"lru", "dtr", "hybrid"}) {
+    OpReplayOptions options;
+    ASSERT_TRUE(options.copy_ahead);
+    options.policy = policy;
+    options.verify = true;
+    options.scale = 64;
+    options.live_budget = trace.peak_live_bytes / 64 / 2;
+    options.thrash_limit = 100;
+    options.offload_guard = false;
+    const OpReplayReport r = Replay(trace, options);
+    SCOPED_TRACE(policy);
+    EXPECT_EQ(r.status, "ok") << r.message;
+    EXPECT_GT(r.verified_accesses, 0u);
+    EXPECT_EQ(r.mismatches, 0u);
+    EXPECT_LE(r.ahead_offloads, r.copies_ahead);
+    ahead_offloads += r.ahead_offloads;
+  }
+  EXPECT_GT(ahead_offloads, 0u) << "no offload used a copy made ahead: the test proves nothing";
+}
+
 TEST(OpReplayTest, TransformerStepVerifiesUnderPressure) {
   const OpTrace trace = Load("transformer_small.jsonl");
   for (const char* policy : {"lru", "dtr"}) {

@@ -95,6 +95,11 @@ void WriteEntry(const OpTrace& trace, const SimTimeline::Entry& e, JsonWriter& w
       cat = "copy";
       tid = kCopyTid;
       break;
+    case Kind::kCopyAhead:
+      name = "copy ahead";
+      cat = "copy";
+      tid = kCopyTid;
+      break;
     case Kind::kCopy:
       name = "copy";
       cat = "copy";

@@ -29,8 +29,10 @@
 //                       cat "recompute": "recompute <op>" (args: tensor);
 //                       cat "copy": "restore", a copy back on access (args:
 //                       tensor, bytes). A gap between slices is stall.
-//   copy stream (2)     cat "copy": "offload" (device to host) (args: tensor,
-//                       bytes).
+//   copy stream (2)     cat "copy": "offload" (device to host) and "copy
+//                       ahead" (device to host before the eviction, the
+//                       tensor resident until then: copy_ahead) (args:
+//                       tensor, bytes).
 //   prefetch stream (4) cat "copy": "prefetch" (host to device ahead of use),
 //                       on the other copy engine: it may overlap offloads.
 //   evictions (3)       instants: "offload" and "drop" (cat "eviction": the
@@ -75,6 +77,7 @@ class SimTimeline {
     kRestore,    // host to device on the compute stream; `index` the tensor (or kNoOpIndex)
     kPrefetch,   // host to device ahead of use, on the prefetch stream
     kOffload,    // device to host
+    kCopyAhead,  // device to host, ahead of the eviction (copy_ahead)
     kCopy,       // any other copy
     // Instants (`index` is the tensor, or kNoOpIndex when unknown).
     kEvictOffload,

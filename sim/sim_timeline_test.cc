@@ -151,15 +151,19 @@ void ExpectOrdered(const std::vector<Event>& events) {
   }
 }
 
-TEST(SimTimelineTest, BudgetedTransformerRunHasEveryTrackAndKind) {
+class SimTimelineCopyAheadTest : public testing::TestWithParam<bool> {};
+
+TEST_P(SimTimelineCopyAheadTest, BudgetedTransformerRunHasEveryTrackAndKind) {
   const OpTrace trace = Load("transformer_small.jsonl");
   OpReplayOptions options = HalfBudget(trace, "dtr");
+  options.copy_ahead = GetParam();
   SimTimeline timeline;
   options.timeline = &timeline;
   const OpReplayReport r = Replay(trace, options);
   ASSERT_EQ(r.status, "ok") << r.message;
   ASSERT_GT(r.recomputed_ops, 0u);
   ASSERT_GT(r.offloaded_bytes, 0u);
+  ASSERT_EQ(r.copies_ahead > 0, options.copy_ahead);
   const std::vector<Event> events = Parse(timeline.ToJson(trace));
   ASSERT_FALSE(events.empty());
 
@@ -196,7 +200,13 @@ TEST(SimTimelineTest, BudgetedTransformerRunHasEveryTrackAndKind) {
   // Evictions and bytes as the report has them.
   EXPECT_EQ(Count(events, "i", "drop") + Count(events, "i", "offload"), r.evictions);
   EXPECT_EQ(SumBytes(events, "i", "offload"), r.offloaded_bytes);
-  EXPECT_EQ(SumBytes(events, "X", "offload"), r.offloaded_bytes);
+  // An offload's copy is drawn when it is made: ahead, or at the eviction.
+  EXPECT_EQ(Count(events, "X", "offload") + r.ahead_offloads, Count(events, "i", "offload"));
+  EXPECT_EQ(Count(events, "X", "copy ahead"), r.copies_ahead);
+  EXPECT_EQ(SumBytes(events, "X", "copy ahead"), r.copied_ahead_bytes);
+  if (!options.copy_ahead) {
+    EXPECT_EQ(SumBytes(events, "X", "offload"), r.offloaded_bytes);
+  }
   EXPECT_EQ(SumBytes(events, "X", "restore") + SumBytes(events, "X", "prefetch"), r.restored_bytes);
   for (const Event& e : events) {
     if (e.ph == "i" && e.cat != "end") {
@@ -222,6 +232,11 @@ TEST(SimTimelineTest, BudgetedTransformerRunHasEveryTrackAndKind) {
   EXPECT_EQ(Count(events, "i", "oom") + Count(events, "i", "thrash"), 0u);
   ExpectOrdered(events);
 }
+
+INSTANTIATE_TEST_SUITE_P(CopyAhead, SimTimelineCopyAheadTest, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& info) {
+                           return info.param ? "copy_ahead" : "copy_at_eviction";
+                         });
 
 TEST(SimTimelineTest, RecordingChangesNothingInTheRun) {
   const OpTrace trace = Load("transformer_small.jsonl");

@@ -100,6 +100,7 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   base.enable_offload = options.enable_offload;
   base.offload_guard = options.offload_guard;
   base.retry_in_one_place = options.retry_in_one_place;
+  base.copy_ahead = options.copy_ahead;
   base.future = options.future;
   base.thrash_limit = options.thrash_limit;
   base.max_split_size = options.max_split_size;

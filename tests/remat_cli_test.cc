@@ -193,6 +193,14 @@ TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
     EXPECT_THAT(run.out, HasSubstr(key));
   }
   EXPECT_THAT(run.out, Not(HasSubstr("\"baseline_records_per_second\":0")));  // timed
+  // Copies made ahead, by default; --no-copy-ahead makes none.
+  EXPECT_THAT(run.out, Not(HasSubstr("\"copies_ahead\":0,")));
+  EXPECT_THAT(run.out, HasSubstr("\"ahead_offloads\":"));
+  const Outcome at_eviction = Remat("sim " + Trace("chain_100.jsonl") +
+                                    " --budget-ratio 0.5 --policy lru --scale 64"
+                                    " --no-copy-ahead --json");
+  ASSERT_EQ(at_eviction.status, 0) << at_eviction.out;
+  EXPECT_THAT(at_eviction.out, HasSubstr("\"copies_ahead\":0,"));
   // The split limit: a size, none or auto; too small or malformed is a usage error.
   const Outcome none = Remat("sim " + Trace("chain_100.jsonl") +
                              " --budget-ratio 0.5 --policy lru --max-split none --json");

@@ -180,6 +180,9 @@ class CallbackObserver final : public remat::RuntimeObserver {
       case remat::TensorEvent::Kind::kCollected:
         out.kind = REMAT_EVENT_COLLECTED;
         break;
+      case remat::TensorEvent::Kind::kCopiedAhead:
+        out.kind = REMAT_EVENT_COPIED_AHEAD;
+        break;
     }
     out.tensor = e.tensor;
     out.bytes = e.bytes;

@@ -29,6 +29,7 @@ struct SimFlags {
   bool no_swap = false;
   bool no_offload_guard = false;
   bool retry_anywhere = false;
+  bool no_copy_ahead = false;
   bool no_recompute = false;
   std::string accounting = "reserved";
   double thrash_limit = 1.0;
@@ -147,6 +148,11 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
   std::cout << absl::StrFormat("  offloaded        %s, restored %s, stall %.3f ms\n",
                                FormatBytes(r.offloaded_bytes), FormatBytes(r.restored_bytes),
                                static_cast<double>(r.stall_ns) / 1e6);
+  if (r.copies_ahead > 0) {
+    std::cout << absl::StrFormat("  copied ahead     %d copies, %s; %d offloads used one\n",
+                                 r.copies_ahead, FormatBytes(r.copied_ahead_bytes),
+                                 r.ahead_offloads);
+  }
   if (!r.plan.empty()) {
     const std::string other = r.plan == "mixed" ? "drop-only" : "mixed";
     std::cout << absl::StrFormat(
@@ -232,6 +238,9 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("evictions").Uint(r.evictions);
   w.Key("pressure_events").Uint(r.pressure_events);
   w.Key("covering_runs").Uint(r.covering_runs);
+  w.Key("copies_ahead").Uint(r.copies_ahead);
+  w.Key("ahead_offloads").Uint(r.ahead_offloads);
+  w.Key("copied_ahead_bytes").Uint(r.copied_ahead_bytes);
   w.Key("candidates_per_event")
       .Double(r.pressure_events > 0
                   ? static_cast<double>(r.candidates_shown) / static_cast<double>(r.pressure_events)
@@ -284,6 +293,7 @@ int RunSim(const SimFlags& f) {
   options.enable_drop = !f.no_recompute;
   options.offload_guard = !f.no_offload_guard;
   options.retry_in_one_place = !f.retry_anywhere;
+  options.copy_ahead = !f.no_copy_ahead;
   options.thrash_limit = f.thrash_limit;
   options.max_split_size = f.max_split;
   options.alloc_conf = f.alloc_conf;
@@ -353,6 +363,11 @@ Subcommand AddSimCommand(CLI::App& remat) {
   cmd->add_flag("--no-offload-guard", flags->no_offload_guard,
                 "With drops and offloads allowed, report the policy's mixed plan as it is "
                 "(by default the step is also run with drops only and the cheaper is kept)");
+  cmd->add_flag("--no-copy-ahead", flags->no_copy_ahead,
+                "Start each copy out only when pressure offloads the tensor (by default, once "
+                "the budget has bound and whenever the link has time, the next tensor the "
+                "policy would offload is copied out ahead and stays resident until evicted, "
+                "which then frees its block with no copy to wait for)");
   cmd->add_flag("--retry-anywhere", flags->retry_anywhere,
                 "Carry out the policy's plan for a request even where it frees the bytes in "
                 "scattered places, and let the allocator ask again (by default such a request "

@@ -36,6 +36,7 @@ struct SweepFlags {
   bool no_swap = false;
   bool no_offload_guard = false;
   bool retry_anywhere = false;
+  bool no_copy_ahead = false;
   bool no_recompute = false;
   std::string future = "known";
   LinkFlags link;
@@ -211,6 +212,7 @@ int RunSweepCommand(const SweepFlags& f) {
   o.enable_offload = !f.no_swap;
   o.offload_guard = !f.no_offload_guard;
   o.retry_in_one_place = !f.retry_anywhere;
+  o.copy_ahead = !f.no_copy_ahead;
   absl::StatusOr<Future> future = ParseFuture(f.future);
   if (!future.ok()) return ReportError("sweep", future.status());
   o.future = *future;
@@ -306,6 +308,9 @@ Subcommand AddSweepCommand(CLI::App& remat) {
                 "Keep each policy's mixed plan as it is (by default each run is also made "
                 "with drops only and the cheaper is kept)");
   cmd->add_flag("--no-recompute", flags->no_recompute, "Never drop for recompute");
+  cmd->add_flag("--no-copy-ahead", flags->no_copy_ahead,
+                "Start each copy out only when pressure offloads the tensor (as remat sim "
+                "--no-copy-ahead)");
   cmd->add_flag("--retry-anywhere", flags->retry_anywhere,
                 "Carry out each policy's plan even where it scatters a request's bytes "
                 "(as remat sim --retry-anywhere)");
