@@ -18,6 +18,14 @@ batch (x1, x2, x4) whose peak activation memory stays under the plain step's at
 x1 (the "does it fit" figure), and whether the gradients equal the plain
 step's bit for bit.
 
+A remat row measures a training loop's steady steps, not its first: one budget
+serves the row's steps, as in a loop that enters it once per step. It first
+runs warm-up steps, unmeasured: one, in which the runtime learns the step's
+next uses, or with offload and recompute both allowed, the offload guard's
+trial (2 x budget.TRIAL_STEPS steps) and one more. The plan kept is in the
+`plan` column. Each batch the "fits" column tries gets a budget of its own
+and one warm-up step.
+
 --compile adds torch.compile rows: plain, and with its activation_memory_budget
 at each ratio (its ratio is of what compile's own partitioner would save, not
 of the plain step's saved bytes; compiled numerics differ from eager, so its
@@ -104,10 +112,42 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def one_step(name, method, ratio, saved_bytes, device, scale=1, seed=0, metered=True):
+REMAT_MODES = {"remat-drop": dict(recompute=True, offload=False, policy="dtr-eq"),
+               "remat-offload": dict(recompute=False, offload=True, policy="lru"),
+               "remat-hybrid": dict(recompute=True, offload=True, policy="hybrid")}
+
+
+def row_budget(method, ratio, saved_bytes):
+    """The budget a remat row's steps share, or None for the other methods."""
+    if method not in REMAT_MODES:
+        return None
+    return remat.torch.budget(max(1, int(saved_bytes * ratio)), **REMAT_MODES[method])
+
+
+def warm_up_steps(method):
+    """Unmeasured steps before a remat row's: the learning step, and with
+    offload and recompute both allowed the offload guard's trial before it."""
+    mode = REMAT_MODES[method]
+    trial = 2 * remat.torch.budget.TRIAL_STEPS if mode["offload"] and mode["recompute"] else 0
+    return trial + 1
+
+
+def warm(name, method, ratio, saved_bytes, device, scale=1):
+    """A remat row's budget after its warm-up steps (None for other methods)."""
+    session = row_budget(method, ratio, saved_bytes)
+    if session is not None:
+        for _ in range(warm_up_steps(method) if scale == 1 else 1):
+            one_step(name, method, ratio, saved_bytes, device, scale=scale, metered=False,
+                     session=session)
+    return session
+
+
+def one_step(name, method, ratio, saved_bytes, device, scale=1, seed=0, metered=True,
+             session=None):
     """(grads, peak activation bytes, seconds, stats, batch) of one step; the
     meter (which looks at every live storage after every call) only where
-    `metered`, so that timed steps do not pay for it."""
+    `metered`, so that timed steps do not pay for it. A remat method runs
+    under `session` (a row's budget, entered once per step), or a fresh one."""
     maker, kw, batch_key = MODELS[name]
     kw = dict(kw)
     kw[batch_key] *= scale
@@ -135,10 +175,9 @@ def one_step(name, method, ratio, saved_bytes, device, scale=1, seed=0, metered=
                 loss = step()
             loss.backward()
         else:
-            mode = {"remat-drop": dict(recompute=True, offload=False, policy="dtr-eq"),
-                    "remat-offload": dict(recompute=False, offload=True, policy="lru"),
-                    "remat-hybrid": dict(recompute=True, offload=True, policy="hybrid")}[method]
-            with remat.torch.budget(max(1, int(saved_bytes * ratio)), **mode) as run:
+            if session is None:
+                session = row_budget(method, ratio, saved_bytes)
+            with session as run:
                 step().backward()
             stats = run.stats
     _sync(device)
@@ -167,23 +206,28 @@ def rows(names, ratios, repeat, device, out, compile_too=False):
         if compile_too:
             methods.append(("compile-budget", r))
     header = ("| model | method | budget | peak activation MiB | step ms | samples/s | "
-              "fits (batch) | drops | recomputes | offloads | grads equal |")
-    out.write(header + "\n" + "|---" * 11 + "|\n")
+              "fits (batch) | plan | drops | recomputes | offloads | grads equal |")
+    out.write(header + "\n" + "|---" * 12 + "|\n")
     for name in names:
         saved = plain_saved_bytes(name, device)
         ref, cap, _, _, _ = one_step(name, "plain", None, saved, device)
         for method, ratio in methods:
+            session = None
             try:
-                grads, peak, _, stats, batch = one_step(name, method, ratio, saved, device)
+                session = warm(name, method, ratio, saved, device)
+                grads, peak, _, stats, batch = one_step(name, method, ratio, saved, device,
+                                                        session=session)
                 times = []
                 for _ in range(repeat):
                     _, _, sec, _, _ = one_step(name, method, ratio, saved, device,
-                                               metered=False)
+                                               metered=False, session=session)
                     times.append(sec)
                 fits = "-"
                 for scale in (4, 2, 1):
                     try:
-                        _, p, _, _, b = one_step(name, method, ratio, saved, device, scale=scale)
+                        scaled = warm(name, method, ratio, saved, device, scale=scale)
+                        _, p, _, _, b = one_step(name, method, ratio, saved, device, scale=scale,
+                                                 session=scaled)
                     except remat.torch.BudgetTooSmall:
                         continue
                     if p <= cap:
@@ -195,17 +239,20 @@ def rows(names, ratios, repeat, device, out, compile_too=False):
                 budget = f"{ratio:.1f} ({int(saved * ratio) >> 10} KiB)" if ratio else "-"
                 s = stats or {}
                 out.write(f"| {name} | {method} | {budget} | {peak / (1 << 20):.2f} | {ms:.1f} | "
-                          f"{batch / (ms / 1e3):.0f} | {fits} | {s.get('drops', '-')} | "
-                          f"{s.get('recomputes', '-')} | {s.get('offloads', '-')} | "
-                          f"{'yes' if equal else 'NO'} |\n")
+                          f"{batch / (ms / 1e3):.0f} | {fits} | {s.get('plan', '-')} | "
+                          f"{s.get('drops', '-')} | {s.get('recomputes', '-')} | "
+                          f"{s.get('offloads', '-')} | {'yes' if equal else 'NO'} |\n")
             except remat.torch.BudgetTooSmall as e:
                 out.write(f"| {name} | {method} | {ratio} | too small: {str(e)[:60]} |"
-                          + " |" * 7 + "\n")
+                          + " |" * 8 + "\n")
             except Exception as e:  # noqa: BLE001: a compile that fails is a row, not the end
                 if not method.startswith("compile"):
                     raise
                 out.write(f"| {name} | {method} | {ratio} | failed: {type(e).__name__}: "
-                          f"{str(e)[:80]} |" + " |" * 7 + "\n")
+                          f"{str(e)[:80]} |" + " |" * 8 + "\n")
+            finally:
+                if session is not None:
+                    session.close()
             out.flush()
 
 
