@@ -558,6 +558,66 @@ static void test_offloaded_tensor_comes_back_with_its_bytes(void) {
   free(want);
 }
 
+/* copy_ahead with read_only tensors: once the budget has bound (x offloaded
+ * for d), y, lru's next offload, is copied out while it stays resident; e's
+ * pressure then offloads it with that copy, and it comes back with its bytes. */
+static void test_copies_made_ahead(void) {
+  const size_t bytes = 2 * (size_t)MIB;
+  remat_allocator* a = make_allocator(GIB, 8 * MIB, 1);
+  remat_runtime* rt = NULL;
+  remat_runtime_options ropts;
+  remat_tensor_options topts;
+  remat_tensor_options costly;
+  remat_runtime_stats rstats;
+  remat_tensor_state state;
+  unsigned char* want = (unsigned char*)malloc(bytes);
+  uint64_t x = 0, y = 0, c = 0, d = 0, e = 0;
+  void* ptr = NULL;
+  kernel y_kernel = {NULL, 43, NULL, NULL};
+  y_kernel.allocator = a;
+  CHECK(a != NULL && want != NULL);
+  CHECK_OK(remat_runtime_options_init(&ropts));
+  CHECK(ropts.copy_ahead == 0);
+  ropts.policy = "lru";
+  ropts.enable_drop = 0;
+  ropts.host_pool_bytes = 64 * MIB;
+  ropts.copy_ahead = 1;
+  CHECK_OK(remat_runtime_create_with_options(a, &ropts, &rt));
+  CHECK_OK(remat_tensor_options_init(&topts));
+  CHECK(topts.read_only == 0);
+  topts.allow_offload = 1;
+  topts.read_only = 1;
+  CHECK_OK(remat_tensor_create(rt, bytes, &topts, 0, &x, &ptr));
+  CHECK_OK(remat_tensor_release(rt, x));
+  CHECK_OK(remat_tensor_create(rt, bytes, &topts, 0, &y, &ptr));
+  CHECK(recompute(&y_kernel, NULL, 0, ptr, bytes, 0) == 0);
+  fill(want, NULL, bytes, 43);
+  CHECK_OK(remat_tensor_release(rt, y));
+  CHECK_OK(remat_tensor_create(rt, 3 * MIB, NULL, 0, &c, &ptr));
+  CHECK_OK(remat_tensor_release(rt, c));
+  CHECK_OK(remat_tensor_options_init(&costly));
+  costly.compute_ns = 1000000; /* time for the link to copy y */
+  CHECK_OK(remat_tensor_create(rt, bytes, &costly, 0, &d, &ptr));
+  CHECK_OK(remat_tensor_release(rt, d));
+  CHECK_OK(remat_runtime_get_stats(rt, &rstats));
+  CHECK(rstats.offloads == 1 && rstats.copies_ahead == 1 && rstats.ahead_offloads == 0);
+  CHECK_OK(remat_tensor_get_state(rt, y, &state));
+  CHECK(state == REMAT_TENSOR_RESIDENT);
+
+  CHECK_OK(remat_tensor_create(rt, bytes, NULL, 0, &e, &ptr));
+  CHECK_OK(remat_tensor_release(rt, e));
+  CHECK_OK(remat_runtime_get_stats(rt, &rstats));
+  CHECK(rstats.offloads == 2 && rstats.ahead_offloads == 1);
+  CHECK_OK(remat_tensor_free(rt, e));
+  CHECK_OK(remat_tensor_acquire(rt, y, 0, &ptr));
+  CHECK_OK(remat_stream_synchronize(a, 0));
+  CHECK(memcmp(ptr, want, bytes) == 0);
+  CHECK_OK(remat_tensor_release(rt, y));
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_allocator_destroy(a));
+  free(want);
+}
+
 static int failing_recompute(void* user_data, void* const* inputs, size_t num_inputs,
                              void* output, size_t bytes, uint64_t stream) {
   (void)inputs;
@@ -1187,6 +1247,7 @@ int main(void) {
       {"dropped_tensors_come_back_with_their_bytes",
        test_dropped_tensors_come_back_with_their_bytes},
       {"offloaded_tensor_comes_back_with_its_bytes", test_offloaded_tensor_comes_back_with_its_bytes},
+      {"copies_made_ahead", test_copies_made_ahead},
       {"failing_callback_reaches_acquire", test_failing_callback_reaches_acquire},
       {"release_and_free_errors", test_release_and_free_errors},
       {"user_data_destroyed_once", test_user_data_destroyed_once},

@@ -65,7 +65,7 @@ REMAT_API const char* remat_version(void);
  * (libremat.so.MAJOR.MINOR), so a program built against another header does
  * not load the new library by accident. A program that loads the library by
  * path should check remat_abi_version() == REMAT_ABI_VERSION first. */
-#define REMAT_ABI_VERSION 3
+#define REMAT_ABI_VERSION 4
 REMAT_API int remat_abi_version(void);
 /* Frees a string this library returned (remat_snapshot_json). NULL is fine. */
 REMAT_API void remat_string_free(char* str);
@@ -190,6 +190,11 @@ typedef struct remat_runtime_options {
                               * made in a step uses as the k-th did), for the
                               * policies that read next uses (belady, hybrid)
                               * and hybrid's prefetches */
+  int copy_ahead;            /* nonzero: once the budget has bound, whenever the
+                              * link has time, the next read_only tensor the
+                              * policy would offload is copied out while it
+                              * stays resident, so that its eviction later
+                              * frees it with no copy to wait for */
 } remat_runtime_options;
 
 /* Defaults: "dtr", drop and offload enabled, 64 GiB of host pool. */
@@ -232,8 +237,9 @@ typedef struct remat_event {
   int pressure;
   int prefetch;
   int64_t cost_ns;   /* RECOMPUTED: the run's estimated cost (first output only) */
-  uint64_t stream;   /* OFFLOADED, RESTORED, RECOMPUTED: the stream the work went on
-                      * (order a copy of your own after it) */
+  uint64_t stream;   /* OFFLOADED, RESTORED, RECOMPUTED, COPIED_AHEAD: the stream the
+                      * work went on (order a copy of your own after it) */
+  int ahead;         /* OFFLOADED: no copy now, the one made ahead holds the bytes */
 } remat_event;
 
 /* Called with the runtime's lock held, on the thread whose call caused the
@@ -281,6 +287,9 @@ typedef struct remat_tensor_options {
    * can never be recomputed again, when the runtime is destroyed, or before
    * remat_tensor_create returns if it fails. NULL: nothing to do. */
   void (*destroy)(void* user_data);
+  int read_only;               /* nonzero: its bytes never change after they are
+                                * first written (acquires only read it); only
+                                * such tensors are copied ahead (copy_ahead) */
 } remat_tensor_options;
 
 typedef enum remat_tensor_state {
@@ -322,6 +331,8 @@ typedef struct remat_call_options {
   remat_call_recompute_fn recompute;
   void* user_data;
   void (*destroy)(void* user_data);  /* as in remat_tensor_options */
+  int read_only;                     /* as in remat_tensor_options; outputs added
+                                      * later take the call's */
 } remat_call_options;
 
 /* Creates the call's num_outputs tensors (sizes output_bytes[i]) together,
@@ -382,6 +393,8 @@ typedef struct remat_runtime_stats {
   uint64_t pinned_by_api;    /* pins held through this API now */
   uint64_t learned_next_uses; /* next uses estimated from the step before */
   uint64_t steps_ended;       /* remat_runtime_end_step calls */
+  uint64_t copies_ahead;      /* copies out made ahead (copy_ahead) */
+  uint64_t ahead_offloads;    /* offloads that used one */
 } remat_runtime_stats;
 
 REMAT_API remat_status remat_runtime_get_stats(remat_runtime* runtime, remat_runtime_stats* out);

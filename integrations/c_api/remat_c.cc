@@ -190,6 +190,7 @@ class CallbackObserver final : public remat::RuntimeObserver {
     out.prefetch = e.prefetch ? 1 : 0;
     out.cost_ns = e.cost_ns;
     out.stream = static_cast<std::uint64_t>(e.stream.handle);
+    out.ahead = e.ahead ? 1 : 0;
     fn_(user_data_, &out);
   }
 
@@ -334,6 +335,7 @@ remat_status ToTensorOptions(const char* fn, const COptions* options,
   to.compute_ns = options->compute_ns;
   to.allow_drop = options->allow_drop != 0;
   to.allow_offload = options->allow_offload != 0;
+  to.read_only = options->read_only != 0;
   if (options->recompute != nullptr) {
     to.recompute = [cb = std::move(callback)](const remat::RecomputeArgs& args) {
       return cb->Run(args);
@@ -656,6 +658,7 @@ remat_status CreateRuntime(const char* fn, remat_allocator* allocator,
     ro.live_budget = static_cast<std::size_t>(o.live_budget);
     ro.keep_addresses = o.keep_addresses != 0;
     ro.learn_next_use = o.learn_next_use != 0;
+    ro.copy_ahead = o.copy_ahead != 0;
     std::unique_ptr<remat::RuntimeObserver> observer;
     if (on_event != nullptr) {
       observer = std::make_unique<CallbackObserver>(on_event, user_data);
@@ -947,6 +950,8 @@ remat_status remat_runtime_get_stats(remat_runtime* runtime, remat_runtime_stats
       r.pinned_by_api = runtime->pin_count;
       r.learned_next_uses = s.learned_next_uses;
       r.steps_ended = s.steps_ended;
+      r.copies_ahead = s.copies_ahead;
+      r.ahead_offloads = s.ahead_offloads;
     }
     *out = r;
     return REMAT_OK;

@@ -12,7 +12,7 @@ import pathlib
 
 # The struct layouts below mirror remat.h at this REMAT_ABI_VERSION; lib()
 # refuses a library with another one rather than misread its structs.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 OK = 0
 INVALID_ARGUMENT = 1
@@ -43,7 +43,7 @@ class RuntimeOptions(ctypes.Structure):
     _fields_ = [("policy", ctypes.c_char_p), ("enable_drop", ctypes.c_int),
                 ("enable_offload", ctypes.c_int), ("host_pool_bytes", ctypes.c_uint64),
                 ("live_budget", ctypes.c_uint64), ("keep_addresses", ctypes.c_int),
-                ("learn_next_use", ctypes.c_int)]
+                ("learn_next_use", ctypes.c_int), ("copy_ahead", ctypes.c_int)]
 
 
 RECOMPUTE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p,
@@ -56,7 +56,8 @@ class TensorOptions(ctypes.Structure):
     _fields_ = [("inputs", ctypes.POINTER(ctypes.c_uint64)), ("num_inputs", ctypes.c_size_t),
                 ("compute_ns", ctypes.c_int64), ("allow_drop", ctypes.c_int),
                 ("allow_offload", ctypes.c_int), ("recompute", RECOMPUTE_FN),
-                ("user_data", ctypes.c_void_p), ("destroy", DESTROY_FN)]
+                ("user_data", ctypes.c_void_p), ("destroy", DESTROY_FN),
+                ("read_only", ctypes.c_int)]
 
 
 # One run regenerates every output of a call it lost (remat_call_recompute_fn).
@@ -72,13 +73,14 @@ class CallOptions(ctypes.Structure):
     _fields_ = [("inputs", ctypes.POINTER(ctypes.c_uint64)), ("num_inputs", ctypes.c_size_t),
                 ("compute_ns", ctypes.c_int64), ("allow_drop", ctypes.c_int),
                 ("allow_offload", ctypes.c_int), ("recompute", CALL_RECOMPUTE_FN),
-                ("user_data", ctypes.c_void_p), ("destroy", DESTROY_FN)]
+                ("user_data", ctypes.c_void_p), ("destroy", DESTROY_FN),
+                ("read_only", ctypes.c_int)]
 
 
 class Event(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("tensor", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
                 ("pressure", ctypes.c_int), ("prefetch", ctypes.c_int),
-                ("cost_ns", ctypes.c_int64), ("stream", ctypes.c_uint64)]
+                ("cost_ns", ctypes.c_int64), ("stream", ctypes.c_uint64), ("ahead", ctypes.c_int)]
 
 
 EVENT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(Event))
@@ -90,7 +92,8 @@ class RuntimeStats(ctypes.Structure):
         "offloads", "recomputes")] + [("recompute_ns", ctypes.c_int64)] + [
         (name, ctypes.c_uint64) for name in (
             "offloaded_bytes", "restored_bytes", "prefetches", "resident_bytes",
-            "peak_resident_bytes", "pinned_by_api", "learned_next_uses", "steps_ended")]
+            "peak_resident_bytes", "pinned_by_api", "learned_next_uses", "steps_ended",
+            "copies_ahead", "ahead_offloads")]
 
 
 class RematError(RuntimeError):
