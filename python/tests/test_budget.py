@@ -107,6 +107,25 @@ def test_offload_only():
     assert stats["peak_saved_bytes"] <= budget
 
 
+@pytest.mark.parametrize("policy", ["lru", "hybrid"])
+def test_copies_made_ahead_bring_back_the_same_gradients(policy):
+    # Offload only: once the budget binds, what the policy offloads next is
+    # copied while still resident, and its eviction uses that copy. (The
+    # link must have time for copies between pressure events: the MLP's
+    # compute is estimated at a slow device's rate, else the 25 GB/s link
+    # is busy with the offloads themselves and nothing is copied ahead.)
+    budget = int(saved_bytes_of(models.mlp) * 0.4)
+    b = remat.torch.budget(budget, policy=policy, offload=True, recompute=False,
+                           copy_ahead=True, tflops=0.01)
+    figures = steps_under(b, models.mlp, 3)
+    assert sum(f["copies_ahead"] for f in figures) > 0
+    assert sum(f["ahead_offloads"] for f in figures) > 0
+    assert all(f["ahead_offloads"] <= f["offloads"] for f in figures)
+    plain = remat.torch.budget(budget, policy=policy, offload=True, recompute=False,
+                               tflops=0.01)
+    assert all(f["copies_ahead"] == 0 for f in steps_under(plain, models.mlp, 2))
+
+
 def test_hybrid():
     plain, _, _, _ = run_step(models.resnet)
     budget = int(saved_bytes_of(models.resnet) * 0.5)

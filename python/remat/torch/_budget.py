@@ -112,7 +112,7 @@ class _Storage:
     __slots__ = ("index", "leaf", "producer", "writers", "version", "dtype", "nbytes",
                  "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
-                 "order",
+                 "order", "ahead",
                  "__weakref__")
 
     def __init__(self, index, leaf, producer=None, dtype=None, nbytes=0, weak=None,
@@ -130,6 +130,7 @@ class _Storage:
         self.reg_version = None       # the content version the runtime holds
         self.tensor = None            # a tensor over it while resident (held by remat)
         self.host = None              # its copy while offloaded
+        self.ahead = None             # its copy made ahead while resident (copy_ahead)
         self.handles = 0
         self.droppable = False
         self.why_kept = ""
@@ -277,7 +278,7 @@ class _Session:
     from each step what the next will do. Its callbacks go to the step now
     running."""
 
-    def __init__(self, budget_bytes, policy, offload, recompute):
+    def __init__(self, budget_bytes, policy, offload, recompute, copy_ahead=False):
         self.lib = _capi.lib()
         self.engine = None
         self.allocator = None
@@ -304,6 +305,7 @@ class _Session:
         ro.live_budget = budget_bytes
         ro.host_pool_bytes = 16 << 40
         ro.learn_next_use = 1
+        ro.copy_ahead = 1 if (offload and copy_ahead) else 0
         runtime = ctypes.c_void_p()
         status = lib.remat_runtime_create_observed(allocator, ctypes.byref(ro), self._event_fn,
                                                    None, ctypes.byref(runtime))
@@ -341,17 +343,19 @@ class _Session:
 
 # Runtime counters reported per step (the difference over the step).
 _STEP_COUNTERS = ("drops", "recomputes", "offloads", "prefetches", "offloaded_bytes",
-                  "restored_bytes", "recompute_ns", "pressure_events", "learned_next_uses")
+                  "restored_bytes", "recompute_ns", "pressure_events", "learned_next_uses",
+                  "copies_ahead", "ahead_offloads")
 
 
 class Engine:
     """The state of one step under a budget (one `with`)."""
 
     def __init__(self, budget_bytes, policy, offload, recompute, allow_nondeterministic,
-                 cost_model):
+                 cost_model, copy_ahead=False):
         self.budget_bytes = budget_bytes
         self.policy = policy
         self.offload = offload
+        self.copy_ahead = copy_ahead
         self.recompute = recompute
         self.allow_nondeterministic = allow_nondeterministic
         self.cost_model = cost_model
@@ -423,6 +427,7 @@ class Engine:
             for s in self.by_index:
                 s.tensor = None
                 s.host = None
+                s.ahead = None
             self.storages.clear()
             self.by_id.clear()
             self.runtime = None
@@ -446,6 +451,9 @@ class Engine:
             "pressure_events": step["pressure_events"],
             # Next uses estimated from the step before (the second step on).
             "learned_next_uses": step["learned_next_uses"],
+            # Copies out made ahead (copy_ahead), and the offloads that used one.
+            "copies_ahead": step["copies_ahead"],
+            "ahead_offloads": step["ahead_offloads"],
             "step": st.steps_ended + (0 if self.closed else 1),
             **self.counts,
         }
@@ -458,9 +466,10 @@ class Engine:
             return
         if e.kind == _capi.EVENT_DROPPED or e.kind == _capi.EVENT_COLLECTED:
             s.tensor = None
+            s.ahead = None
             if e.kind == _capi.EVENT_COLLECTED:
                 s.host = None
-        elif e.kind == _capi.EVENT_OFFLOADED:
+        elif e.kind == _capi.EVENT_OFFLOADED or e.kind == _capi.EVENT_COPIED_AHEAD:
             self.pending.append((e.kind, s))
         elif e.kind == _capi.EVENT_RESTORED:
             self.restores += 1
@@ -473,8 +482,13 @@ class Engine:
             was = self.internal
             self.internal = True
             try:
-                if kind == _capi.EVENT_OFFLOADED and s.tensor is not None:
-                    s.host = self._copy_out(s.tensor)
+                if kind == _capi.EVENT_COPIED_AHEAD and s.tensor is not None:
+                    s.ahead = self._copy_out(s.tensor)  # it stays resident
+                elif kind == _capi.EVENT_OFFLOADED and s.tensor is not None:
+                    # The copy made ahead, if any (a saved tensor is never
+                    # written after it is saved: autograd's version check).
+                    s.host = s.ahead if s.ahead is not None else self._copy_out(s.tensor)
+                    s.ahead = None
                     s.tensor = None
                 elif kind == _capi.EVENT_RESTORED and s.host is not None:
                     s.tensor = self._copy_in(s.host, s.device)
@@ -723,6 +737,9 @@ class Engine:
             opts.compute_ns = max(1, cost)
             opts.allow_drop = allow_drop
             opts.allow_offload = allow_offload
+            # Saved activations are not written after they are saved
+            # (autograd's version check refuses it): they may be copied ahead.
+            opts.read_only = 1 if self.copy_ahead else 0
             opts.recompute = self.session.recompute_fn if allow_drop else \
                 _capi.CALL_RECOMPUTE_FN()
             opts.user_data = len(self.groups)
@@ -1015,6 +1032,12 @@ class budget:
         the others are timed), and it keeps the plan whose quickest timed
         step was quicker (`stats["plan"]`: "trial", then "mixed" or
         "drop-only"). False: mixed plans throughout.
+    copy_ahead: with offload allowed, once the budget has bound the runtime
+        copies the next tensor its policy would offload to host memory
+        while it is still resident (on CUDA on a side stream), so that its
+        eviction later frees it at once (`stats["copies_ahead"]`,
+        `stats["ahead_offloads"]`). Off by default: its effect on a GPU
+        step is not measured yet (the simulator's is, see the README).
     allow_nondeterministic: on CUDA, let kernels PyTorch marks as not
         bitwise deterministic be recomputed too.
     tflops, hbm_gbps: the device rates recompute costs are estimated at.
@@ -1026,7 +1049,7 @@ class budget:
 
     def __init__(self, budget, policy="dtr", offload=False, recompute=True,
                  allow_nondeterministic=False, tflops=None, hbm_gbps=None,
-                 offload_guard=True):
+                 offload_guard=True, copy_ahead=False):
         self.budget_bytes = parse_size(budget)
         if self.budget_bytes == 0:
             raise ValueError("a budget of 0 bytes holds nothing; give bytes or a size like '2GiB'")
@@ -1042,6 +1065,7 @@ class budget:
             kw["hbm_gbps"] = hbm_gbps
         self._policy = policy
         self._recompute = bool(recompute)
+        self._copy_ahead = bool(copy_ahead)
         self._allow_nondeterministic = bool(allow_nondeterministic)
         self._cost_model = CostModel(**kw)
         if offload and recompute:
@@ -1089,9 +1113,9 @@ class budget:
         session = self._sessions.get(plan)
         if session is None:
             session = self._sessions[plan] = _Session(self.budget_bytes, self._policy, offload,
-                                                      self._recompute)
+                                                      self._recompute, self._copy_ahead)
         engine = Engine(self.budget_bytes, self._policy, offload, self._recompute,
-                        self._allow_nondeterministic, self._cost_model)
+                        self._allow_nondeterministic, self._cost_model, self._copy_ahead)
         engine.open(session)
         self._engine = engine
         self._step_plan = plan
