@@ -177,6 +177,9 @@ Runtime::~Runtime() {
         LogIfError(host_pool_.FreeAfter(host, copy_stream_), "returning a host buffer");
       }
     }
+    // Their events go back, so that DestroyAll destroys them.
+    if (s->ahead != nullptr) events_.Give(s->ahead_event);
+    if (s->copy_in_flight) events_.Give(s->copy_event);
   }
   events_.DestroyAll();
   LogIfError(device_->DestroyStream(copy_stream_), "destroying the copy stream");

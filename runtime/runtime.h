@@ -192,14 +192,14 @@ struct RuntimeOptions {
   // (on NowNs's clock), the runtime asks the policy what the next pressure
   // event would evict if it came now (as many bytes as the last one asked
   // for). The first tensor of that plan the policy would offload, that is
-  // read_only and that is not next used before the next pressure event is
-  // due (its next use hinted or learned; the time between pressure events
-  // is a moving mean), starts its copy out on the copy stream and stays
-  // resident. When pressure offloads it, its block goes back behind that copy,
+  // read_only and that is not next used within the time between pressure
+  // events from now (its next use hinted or learned; that time a moving
+  // mean), starts its copy out on the copy stream and stays resident. When pressure offloads it, its block goes back behind that copy,
   // with no copy out queued then, and policies see it as
   // Candidate::copied_out (only its copy back left to pay). A drop or a
   // collection lets the copy go. A copy starts only while the host pool
-  // keeps room for another as large. Asked after each Create, CreateCall,
+  // keeps room for another as large, and an offload that finds the pool full
+  // lets every copy made ahead go first. Asked after each Create, CreateCall,
   // AddCallOutput and Acquire; a plan with nothing to copy is not asked for
   // again before the next pressure event.
   bool copy_ahead = false;
@@ -223,11 +223,16 @@ struct RuntimeStats {
   std::uint64_t moved_restores = 0;  // restores at a new address under keep_addresses
   std::uint64_t prefetches = 0;
   // copy_ahead: copies out started before pressure, those that an offload
-  // then used, and those let go (the tensor was dropped, freed or written).
+  // then used, and those let go (the tensor was dropped or freed, or an
+  // offload needed the host memory).
   std::uint64_t copies_ahead = 0;
   std::uint64_t ahead_offloads = 0;
   std::uint64_t ahead_copies_unused = 0;
   std::uint64_t copied_ahead_bytes = 0;
+  // copy_ahead: times the runtime asked the policy what to copy, and the host
+  // time that took (apart from pressure events' choose_wall_ns).
+  std::uint64_t ahead_asks = 0;
+  std::int64_t ahead_choose_wall_ns = 0;
   std::uint64_t resident_bytes = 0;   // storages on the device now
   std::uint64_t peak_resident_bytes = 0;
   // Bookkeeping held: pages of id entries (4096 ids each; a page goes once all

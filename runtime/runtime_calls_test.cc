@@ -380,69 +380,90 @@ TEST(RuntimeThreadsTest, TwoThreadsAcquiringOneDroppedTensorRunItsClosureOnce) {
 }
 
 // Several host threads, each with its own stream and tensors, creating,
-// acquiring and freeing under one tight budget; also run under TSan.
+// acquiring and freeing under one tight budget, with and without copies made
+// ahead; also run under TSan.
 TEST(RuntimeThreadsTest, ThreadsShareOneRuntimeSafely) {
-  auto device = std::move(SimDevice::Create({.capacity = kGiB, .backed = true})).value();
-  auto alloc = std::move(CachingAllocator::Create(device.get(), {.budget = 16 * kMiB})).value();
-  auto runtime = std::move(Runtime::Create(alloc.get(), {.policy = "dtr"})).value();
-  std::atomic<int> mismatches{0};
-  std::atomic<int> errors{0};
-  std::atomic<int> broken{0};  // invariants checked while the other threads work
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 3; ++t) {
-    threads.emplace_back([&, t] {
-      const Stream stream = *device->CreateStream();
-      std::mt19937_64 rng(77 + t);
-      std::vector<std::pair<TensorId, unsigned char>> mine;
-      for (int step = 0; step < 400; ++step) {
-        if (step % 20 == 0 && !runtime->CheckInvariants().ok()) ++broken;
-        if (mine.size() < 8 || rng() % 3 == 0) {
-          const auto value = static_cast<unsigned char>(rng());
-          TensorOptions options;
-          options.allow_drop = true;
-          options.allow_offload = rng() % 2 == 0;
-          options.compute_ns = 1000;
-          const std::size_t bytes = 64 * kKiB * (1 + rng() % 8);
-          options.recompute = [device = device.get(), bytes, value](const RecomputeArgs& a) {
-            return device->LaunchHostFunc(a.stream,
-                                          [out = a.output, bytes, value] {
-                                            std::memset(out, value, bytes);
-                                          },
-                                          1000);
-          };
-          absl::StatusOr<Guard> g = runtime->Create(bytes, std::move(options), stream);
-          if (!g.ok()) {
-            ++errors;
-            continue;
+  for (bool copy_ahead : {false, true}) {
+    SCOPED_TRACE(copy_ahead ? "copy_ahead" : "copies at eviction");
+    auto device = std::move(SimDevice::Create({.capacity = kGiB, .backed = true})).value();
+    auto alloc = std::move(CachingAllocator::Create(device.get(), {.budget = 16 * kMiB})).value();
+    auto runtime =
+        std::move(Runtime::Create(alloc.get(), {.policy = "dtr", .copy_ahead = copy_ahead}))
+            .value();
+    std::atomic<int> mismatches{0};
+    std::atomic<int> errors{0};
+    std::atomic<int> broken{0};  // invariants checked while the other threads work
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        const Stream stream = *device->CreateStream();
+        std::mt19937_64 rng(77 + t);
+        std::vector<std::pair<TensorId, unsigned char>> mine;
+        for (int step = 0; step < 400; ++step) {
+          if (step % 20 == 0 && !runtime->CheckInvariants().ok()) ++broken;
+          if (mine.size() < 8 || rng() % 3 == 0) {
+            const auto value = static_cast<unsigned char>(rng());
+            TensorOptions options;
+            options.allow_drop = true;
+            options.allow_offload = rng() % 2 == 0;
+            options.read_only = copy_ahead;  // written once, below, before the guard goes
+            // Dear to recompute with copies ahead: dtr offloads some.
+            options.compute_ns = 200'000;
+            const std::size_t bytes = 64 * kKiB * (1 + rng() % 8);
+            options.recompute = [device = device.get(), bytes, value](const RecomputeArgs& a) {
+              return device->LaunchHostFunc(a.stream,
+                                            [out = a.output, bytes, value] {
+                                              std::memset(out, value, bytes);
+                                            },
+                                            1000);
+            };
+            absl::StatusOr<Guard> g = runtime->Create(bytes, std::move(options), stream);
+            if (!g.ok()) {
+              ++errors;
+              continue;
+            }
+            // In stream order, as a kernel writes: the block may still be
+            // read by work queued for its last owner (a copy out).
+            if (!device
+                     ->LaunchHostFunc(stream,
+                                      [out = g->ptr(), bytes, value] {
+                                        std::memset(out, value, bytes);
+                                      },
+                                      1000)
+                     .ok()) {
+              ++errors;
+            }
+            mine.emplace_back(g->id(), value);
+          } else if (rng() % 4 != 0) {
+            const auto& [id, value] = mine[rng() % mine.size()];
+            absl::StatusOr<Guard> g = runtime->Acquire(id, stream);
+            if (!g.ok()) {
+              ++errors;
+              continue;
+            }
+            (void)device->SynchronizeStream(stream);
+            if (static_cast<const unsigned char*>(g->ptr())[0] != value) ++mismatches;
+          } else {
+            const std::size_t i = rng() % mine.size();
+            if (!runtime->Free(mine[i].first).ok()) ++errors;
+            mine.erase(mine.begin() + static_cast<long>(i));
           }
-          std::memset(g->ptr(), value, bytes);
-          mine.emplace_back(g->id(), value);
-        } else if (rng() % 4 != 0) {
-          const auto& [id, value] = mine[rng() % mine.size()];
-          absl::StatusOr<Guard> g = runtime->Acquire(id, stream);
-          if (!g.ok()) {
-            ++errors;
-            continue;
-          }
-          (void)device->SynchronizeStream(stream);
-          if (static_cast<const unsigned char*>(g->ptr())[0] != value) ++mismatches;
-        } else {
-          const std::size_t i = rng() % mine.size();
-          if (!runtime->Free(mine[i].first).ok()) ++errors;
-          mine.erase(mine.begin() + static_cast<long>(i));
         }
-      }
-      for (const auto& [id, value] : mine) (void)runtime->Free(id);
-    });
+        for (const auto& [id, value] : mine) (void)runtime->Free(id);
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(mismatches.load(), 0);
+    EXPECT_EQ(errors.load(), 0);
+    EXPECT_EQ(broken.load(), 0);
+    const absl::Status invariants = runtime->CheckInvariants();
+    EXPECT_TRUE(invariants.ok()) << invariants;
+    EXPECT_GT(runtime->stats().drops + runtime->stats().offloads, 0u);
+    EXPECT_EQ(runtime->stats().resident_bytes, 0u);
+    if (copy_ahead) {
+      EXPECT_GT(runtime->stats().copies_ahead, 0u);
+    }
   }
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(mismatches.load(), 0);
-  EXPECT_EQ(errors.load(), 0);
-  EXPECT_EQ(broken.load(), 0);
-  const absl::Status invariants = runtime->CheckInvariants();
-  EXPECT_TRUE(invariants.ok()) << invariants;
-  EXPECT_GT(runtime->stats().drops + runtime->stats().offloads, 0u);
-  EXPECT_EQ(runtime->stats().resident_bytes, 0u);
 }
 
 }  // namespace

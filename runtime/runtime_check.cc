@@ -43,7 +43,8 @@ bool OnDevice(const Storage& s) {
 // A collected storage waiting in the pool is as Storage::Reset left it.
 bool IsReset(const Storage& s) {
   return s.pins == 0 && s.handles == 0 && s.dependents == 0 && s.device == nullptr &&
-         s.host == nullptr && !s.copy_in_flight && s.candidate_slot == Storage::kNoSlot &&
+         s.host == nullptr && s.ahead == nullptr && !s.copy_in_flight &&
+         s.candidate_slot == Storage::kNoSlot &&
          s.class_node == Storage::kNoClass && s.group == nullptr && s.regen_owner == nullptr &&
          s.drop_charge_ns == 0 && s.dropped_inputs == 0 && s.dropped_consumer_ns == 0 &&
          !s.recompute && s.inputs.empty() && s.consumers.empty() && s.used_streams.empty() &&

@@ -2,6 +2,7 @@
 // (RuntimeOptions::copy_ahead): when they start, what an offload then does
 // with them, and what lets them go.
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -9,6 +10,13 @@
 
 namespace remat {
 namespace {
+
+// Keeps each storage's events, in order.
+class Recorder : public RuntimeObserver {
+ public:
+  void OnTensor(const TensorEvent& e) override { events[e.tensor].push_back(e); }
+  std::map<TensorId, std::vector<TensorEvent>> events;
+};
 
 // a and b may only be offloaded, c and d stay. d's allocation is the first
 // pressure event (lru offloads a); d's cost then moves the clock past a's
@@ -33,7 +41,8 @@ class CopyAheadTest : public RuntimeTest {
 };
 
 TEST_F(CopyAheadTest, AnOffloadOfATensorCopiedAheadQueuesNoCopy) {
-  Make(8 * kMiB, {.policy = "lru", .copy_ahead = true});
+  Recorder recorder;
+  Make(8 * kMiB, {.policy = "lru", .observer = &recorder, .copy_ahead = true});
   const TwoOffloadable t = MakeFirstPressure(/*read_only=*/true);
   RuntimeStats s = runtime_->stats();
   EXPECT_EQ(s.copies_ahead, 1u);
@@ -48,11 +57,20 @@ TEST_F(CopyAheadTest, AnOffloadOfATensorCopiedAheadQueuesNoCopy) {
   EXPECT_EQ(s.ahead_offloads, 1u);
   EXPECT_EQ(s.ahead_copies_unused, 0u);
   CheckInvariants();
+  // b's story: made, copied ahead, offloaded with no copy enqueued then.
+  const std::vector<TensorEvent>& story = recorder.events[t.b];
+  ASSERT_EQ(story.size(), 3u);
+  EXPECT_EQ(story[0].kind, TensorEvent::Kind::kCreated);
+  EXPECT_EQ(story[1].kind, TensorEvent::Kind::kCopiedAhead);
+  EXPECT_EQ(story[2].kind, TensorEvent::Kind::kOffloaded);
+  EXPECT_TRUE(story[2].ahead);
+  EXPECT_FALSE(recorder.events[t.a].back().ahead);  // a's was copied at its eviction
 
   ASSERT_TRUE(runtime_->Free(e).ok());
   Check(t.b);  // the bytes copied ahead come back
   Check(t.a);
   CheckInvariants();
+  runtime_.reset();  // before the recorder goes
 }
 
 TEST_F(CopyAheadTest, WithoutTheOptionNothingIsCopiedAhead) {
@@ -102,6 +120,34 @@ TEST_F(CopyAheadTest, FreeingATensorLetsItsCopyGo) {
   ASSERT_TRUE(runtime_->Free(t.b).ok());
   EXPECT_EQ(runtime_->stats().ahead_copies_unused, 1u);
   CheckInvariants();
+}
+
+// The host pool full of copies made ahead must not refuse an offload
+// pressure asks for: the copies go first. b's copy fills what g's offload
+// needs; g is offloaded, b keeps its place on the device.
+TEST_F(CopyAheadTest, AnOffloadThatFindsThePoolFullLetsCopiesMadeAheadGo) {
+  // A live budget: bytes, not places, so that each pressure event below
+  // evicts exactly one tensor.
+  Make(64 * kMiB,
+       {.policy = "lru", .host_pool_bytes = 4 * kMiB, .live_budget = 8 * kMiB, .copy_ahead = true});
+  read_only_ = true;
+  const TensorId a = Produce(kMiB + kMiB / 4, {}, false, true);
+  const TensorId b = Produce(kMiB + kMiB / 4, {}, false, true);
+  read_only_ = false;
+  const TensorId g = Produce(2 * kMiB + kMiB / 2, {}, false, true);
+  Produce(2 * kMiB, {}, false, false);
+  Produce(kMiB + kMiB / 4, {}, false, false, /*cost_ns=*/1'000'000);  // a goes; b is copied
+  ASSERT_NE(StateOf(a), TensorState::kResident);
+  ASSERT_EQ(runtime_->stats().copies_ahead, 1u);
+  Check(b);  // a read: b is now used after g
+  const TensorId e = Produce(2 * kMiB, {}, false, false);  // g goes: it needs b's copy's room
+  EXPECT_NE(StateOf(g), TensorState::kResident);
+  EXPECT_EQ(StateOf(b), TensorState::kResident);
+  EXPECT_EQ(runtime_->stats().ahead_copies_unused, 1u);
+  CheckInvariants();
+  ASSERT_TRUE(runtime_->Free(e).ok());
+  Check(g);
+  Check(a);
 }
 
 }  // namespace

@@ -296,6 +296,14 @@ bool Runtime::DropStorage(Storage* s, Stream to, bool pressure) {
 bool Runtime::OffloadStorage(Storage* s, Stream to) {
   if (s->ahead != nullptr) return OffloadCopiedAhead(s, to);
   absl::StatusOr<void*> host = host_pool_.Allocate(s->bytes);
+  if (!host.ok() && ahead_bytes_ > 0) {
+    // Copies made ahead must not cost an offload pressure asks for: they go
+    // (they can be made again), and the pool waits for them if it must.
+    for (Storage* other : storages_.all()) {
+      if (other->ahead != nullptr) ReleaseAheadCopy(other);
+    }
+    host = host_pool_.Allocate(s->bytes);
+  }
   if (!host.ok()) return false;
   // Copy out on the copy stream, behind every use of the block. On any
   // failure the offload is given up (the pressure handler answers with a
@@ -349,19 +357,23 @@ void Runtime::FinishOffload(Storage* s, void* host, Event copy, bool ahead) {
 }
 
 bool Runtime::OffloadCopiedAhead(Storage* s, Stream to) {
-  // The bytes are on the host (or on their way): no copy out now. The block
-  // goes back on `to` behind that copy and the uses since. A wait that
-  // cannot be enqueued orders `to` behind the whole copy stream instead.
-  if (!device_->StreamWaitEvent(to, s->ahead_event).ok() &&
-      std::find(s->used_streams.begin(), s->used_streams.end(), copy_stream_) ==
-          s->used_streams.end()) {
-    s->used_streams.push_back(copy_stream_);
-  }
+  // The bytes are on the host (or on their way): no copy out now.
   void* const host = s->ahead;
   const Event copy = s->ahead_event;
   s->ahead = nullptr;
   ahead_bytes_ -= s->bytes;
-  if (!KeepAddress(s)) HandBack(s, to);
+  // A kept address gives its pages up only after a device synchronize
+  // (KeepAddress), behind the copy and every use. Any other block goes back
+  // on `to` behind that copy and the uses since; a wait that cannot be
+  // enqueued orders `to` behind the whole copy stream instead.
+  if (!KeepAddress(s)) {
+    if (!device_->StreamWaitEvent(to, copy).ok() &&
+        std::find(s->used_streams.begin(), s->used_streams.end(), copy_stream_) ==
+            s->used_streams.end()) {
+      s->used_streams.push_back(copy_stream_);
+    }
+    HandBack(s, to);
+  }
   ++stats_.ahead_offloads;
   FinishOffload(s, host, copy, /*ahead=*/true);
   return true;
@@ -369,6 +381,7 @@ bool Runtime::OffloadCopiedAhead(Storage* s, Stream to) {
 
 void Runtime::CopyAhead() {
   if (Clock() < ahead_paced_until_) return;  // the link is still busy with earlier copies
+  ++stats_.ahead_asks;
   const auto choose_start = std::chrono::steady_clock::now();
   GatherCandidates();
   policies::PressureContext ctx;
@@ -381,9 +394,9 @@ void Runtime::CopyAhead() {
   // What the next pressure event would evict, if it came now: the first
   // tensor of it the policy would offload and that can be copied now.
   const policies::Plan plan = scratch_.empty() ? policies::Plan{} : policy_->Choose(ctx);
-  stats_.choose_wall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now() - choose_start)
-                               .count();
+  stats_.ahead_choose_wall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now() - choose_start)
+                                     .count();
   for (const policies::PlanStep& step : plan) {
     if (step.id >= scratch_storages_.size() || step.action != policies::EvictAction::kOffload) {
       continue;

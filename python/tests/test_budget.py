@@ -126,6 +126,38 @@ def test_copies_made_ahead_bring_back_the_same_gradients(policy):
     assert all(f["copies_ahead"] == 0 for f in steps_under(plain, models.mlp, 2))
 
 
+def test_a_write_lets_a_copy_made_ahead_go():
+    # Saved-tensor hooks turn autograd's version check off, so a recorded
+    # in-place op may write a storage copied ahead: its copy must not come
+    # back. (Multiplying by one writes the same bytes: the step stays valid.)
+    budget = int(saved_bytes_of(models.mlp) * 0.4)
+    b = remat.torch.budget(budget, policy="lru", offload=True, recompute=False,
+                           copy_ahead=True, tflops=0.01)
+    steps_under(b, models.mlp, 1)  # the step before, learned from
+    torch.manual_seed(0)
+    x = torch.randn(64, 256)
+    w = torch.randn(256, 256, requires_grad=True)
+    written = 0
+    with b:
+        acts = []
+        h = x
+        for _ in range(6):
+            h = torch.tanh(h @ w)
+            acts.append(h)
+            # Whatever is copied ahead now (and still resident) is written.
+            for s in b._engine.by_index:
+                if s.ahead is None or s.tensor is None:
+                    continue
+                for a in acts:
+                    if a.untyped_storage().data_ptr() == s.tensor.untyped_storage().data_ptr():
+                        a.mul_(1.0)
+                        assert s.ahead is None
+                        written += 1
+                        break
+        h.sum().backward()
+    assert written > 0, "nothing was copied ahead and written: the test proves nothing"
+
+
 def test_hybrid():
     plain, _, _, _ = run_step(models.resnet)
     budget = int(saved_bytes_of(models.resnet) * 0.5)

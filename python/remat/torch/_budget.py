@@ -485,8 +485,8 @@ class Engine:
                 if kind == _capi.EVENT_COPIED_AHEAD and s.tensor is not None:
                     s.ahead = self._copy_out(s.tensor)  # it stays resident
                 elif kind == _capi.EVENT_OFFLOADED and s.tensor is not None:
-                    # The copy made ahead, if any (a saved tensor is never
-                    # written after it is saved: autograd's version check).
+                    # The copy made ahead, if no write came since (record()
+                    # lets it go on a write), else a copy now.
                     s.host = s.ahead if s.ahead is not None else self._copy_out(s.tensor)
                     s.ahead = None
                     s.tensor = None
@@ -577,6 +577,10 @@ class Engine:
             r = refs[i]
             if not isinstance(r, _Ref):
                 continue
+            # A copy made ahead holds the bytes before this write: an offload
+            # copies them afresh. (Autograd's saved-tensor version check does
+            # not run with saved-tensor hooks: a write can come.)
+            r.storage.ahead = None
             if r.storage.leaf and r.storage.readers:
                 self._keep_readers(r.storage)
             elif r.storage.id is not None and not r.storage.pinned_forever and \
@@ -737,8 +741,8 @@ class Engine:
             opts.compute_ns = max(1, cost)
             opts.allow_drop = allow_drop
             opts.allow_offload = allow_offload
-            # Saved activations are not written after they are saved
-            # (autograd's version check refuses it): they may be copied ahead.
+            # A copy made ahead is let go where record() sees a write to the
+            # storage, so the runtime may copy ahead what it saved.
             opts.read_only = 1 if self.copy_ahead else 0
             opts.recompute = self.session.recompute_fn if allow_drop else \
                 _capi.CALL_RECOMPUTE_FN()

@@ -136,9 +136,13 @@ def warm(name, method, ratio, saved_bytes, device, scale=1):
     """A remat row's budget after its warm-up steps (None for other methods)."""
     session = row_budget(method, ratio, saved_bytes)
     if session is not None:
-        for _ in range(warm_up_steps(method) if scale == 1 else 1):
-            one_step(name, method, ratio, saved_bytes, device, scale=scale, metered=False,
-                     session=session)
+        try:
+            for _ in range(warm_up_steps(method) if scale == 1 else 1):
+                one_step(name, method, ratio, saved_bytes, device, scale=scale, metered=False,
+                         session=session)
+        except BaseException:
+            session.close()
+            raise
     return session
 
 
@@ -224,12 +228,16 @@ def rows(names, ratios, repeat, device, out, compile_too=False):
                     times.append(sec)
                 fits = "-"
                 for scale in (4, 2, 1):
+                    scaled = None
                     try:
                         scaled = warm(name, method, ratio, saved, device, scale=scale)
                         _, p, _, _, b = one_step(name, method, ratio, saved, device, scale=scale,
                                                  session=scaled)
                     except remat.torch.BudgetTooSmall:
                         continue
+                    finally:
+                        if scaled is not None:
+                            scaled.close()
                     if p <= cap:
                         fits = str(b)
                         break
