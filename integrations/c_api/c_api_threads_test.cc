@@ -147,7 +147,9 @@ void DestroyFill(void* user_data) {
 TEST(CApiThreadsTest, TensorsFromManyThreadsUnderABudget) {
   // Backed: every acquire checks the bytes. Each thread keeps its own tensors;
   // together they need far more than the budget, so tensors are dropped and
-  // offloaded while other threads acquire theirs.
+  // offloaded while other threads acquire theirs. One thread alone keeps up
+  // to 12 MiB of them, over the budget too: on a busy machine the threads
+  // may well run one after another.
   remat_allocator* a = MakeAllocator(8 * kMiB, /*backed=*/true);
   ASSERT_NE(a, nullptr);
   remat_runtime* rt = nullptr;
@@ -167,7 +169,7 @@ TEST(CApiThreadsTest, TensorsFromManyThreadsUnderABudget) {
       std::vector<Mine> mine;
       for (int i = 0; i < 300; ++i) {
         const unsigned r = rng() % 10;
-        if (mine.size() < 16 && (mine.empty() || r < 4)) {
+        if (mine.size() < 24 && (mine.empty() || r < 4)) {
           const auto value = static_cast<unsigned char>(t * 31 + i);
           remat_tensor_options opts;
           remat_tensor_options_init(&opts);
