@@ -72,6 +72,7 @@ TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
   const std::string csv = SweepCsv(*r);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7);
   EXPECT_THAT(csv, HasSubstr("\"window\",reserved,0.4,"));
+  EXPECT_THAT(csv, HasSubstr(",plan,copies_ahead,ahead_offloads\n"));
   // Every field that may hold a comma or a quote is quoted: a trace named by
   // a --model spec, a policy spec with parameters.
   SweepResult named = *r;
