@@ -544,6 +544,10 @@ class Runtime {
   // `ahead`: the copy was made ahead (the observer is told no copy is enqueued now).
   void FinishOffload(Storage* s, void* host, Event copy, bool ahead)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Enqueues the copy of `s`'s block into `host` on the copy stream, behind
+  // every use of the block, and returns its event; on failure the host
+  // buffer goes back and nothing is left enqueued that matters.
+  absl::StatusOr<Event> CopyOut(Storage* s, void* host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A copy out of `bytes` joins the device-to-host engine's queue (the link
   // model's, and copy_ahead's pacing).
   void QueueCopyOut(std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -305,9 +305,23 @@ bool Runtime::OffloadStorage(Storage* s, Stream to) {
     host = host_pool_.Allocate(s->bytes);
   }
   if (!host.ok()) return false;
-  // Copy out on the copy stream, behind every use of the block. On any
-  // failure the offload is given up (the pressure handler answers with a
-  // bool): the caller drops the tensor instead or tries another.
+  // On any failure the offload is given up (the pressure handler answers
+  // with a bool): the caller drops the tensor instead or tries another.
+  absl::StatusOr<Event> done = CopyOut(s, *host);
+  if (!done.ok()) {
+    REMAT_LOG(kWarning, "runtime: offload failed, trying another eviction: %s",
+              done.status().ToString());
+    return false;
+  }
+  // The block goes back on `to`, which waits for the copy out: stream-ordered,
+  // the host never blocks.
+  s->used_streams.assign({copy_stream_});
+  if (!KeepAddress(s)) HandBack(s, to);
+  FinishOffload(s, *host, *done, /*ahead=*/false);
+  return true;
+}
+
+absl::StatusOr<Event> Runtime::CopyOut(Storage* s, void* host) {
   absl::Status st;
   for (Stream used : s->used_streams) {
     st = events_.WaitOn(copy_stream_, used);
@@ -316,22 +330,16 @@ bool Runtime::OffloadStorage(Storage* s, Stream to) {
   absl::StatusOr<Event> done = st.ok() ? events_.Take() : absl::StatusOr<Event>(st);
   if (st.ok()) st = done.status();
   if (st.ok()) {
-    st = device_->CopyAsync(*host, s->device, s->bytes, CopyKind::kDeviceToHost, copy_stream_);
+    st = device_->CopyAsync(host, s->device, s->bytes, CopyKind::kDeviceToHost, copy_stream_);
   }
   if (st.ok()) st = device_->RecordEvent(*done, copy_stream_);
   if (!st.ok()) {
-    REMAT_LOG(kWarning, "runtime: offload failed, trying another eviction: %s", st.ToString());
     if (done.ok()) events_.Give(*done);
-    ReturnHostBuffer(*host, copy_stream_);
-    return false;
+    ReturnHostBuffer(host, copy_stream_);
+    return st;
   }
-  // The block goes back on `to`, which waits for the copy out: stream-ordered,
-  // the host never blocks.
-  s->used_streams.assign({copy_stream_});
-  if (!KeepAddress(s)) HandBack(s, to);
   QueueCopyOut(s->bytes);
-  FinishOffload(s, *host, *done, /*ahead=*/false);
-  return true;
+  return *done;
 }
 
 void Runtime::QueueCopyOut(std::size_t bytes) {
@@ -425,27 +433,14 @@ bool Runtime::StartCopyAhead(Storage* s) {
   }
   absl::StatusOr<void*> host = host_pool_.Allocate(s->bytes);
   if (!host.ok()) return false;
-  absl::Status st;
-  for (Stream used : s->used_streams) {
-    st = events_.WaitOn(copy_stream_, used);
-    if (!st.ok()) break;
-  }
-  absl::StatusOr<Event> done = st.ok() ? events_.Take() : absl::StatusOr<Event>(st);
-  if (st.ok()) st = done.status();
-  if (st.ok()) {
-    st = device_->CopyAsync(*host, s->device, s->bytes, CopyKind::kDeviceToHost, copy_stream_);
-  }
-  if (st.ok()) st = device_->RecordEvent(*done, copy_stream_);
-  if (!st.ok()) {
-    REMAT_LOG(kWarning, "runtime: a copy ahead failed: %s", st.ToString());
-    if (done.ok()) events_.Give(*done);
-    ReturnHostBuffer(*host, copy_stream_);
+  absl::StatusOr<Event> done = CopyOut(s, *host);
+  if (!done.ok()) {
+    REMAT_LOG(kWarning, "runtime: a copy ahead failed: %s", done.status().ToString());
     return false;
   }
   s->ahead = *host;
   s->ahead_event = *done;
   ahead_bytes_ += s->bytes;
-  QueueCopyOut(s->bytes);
   ++stats_.copies_ahead;
   stats_.copied_ahead_bytes += s->bytes;
   if (options_.observer != nullptr) {
