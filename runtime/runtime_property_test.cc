@@ -65,7 +65,10 @@ TEST_P(RuntimePropertyTest, EveryAcquireSeesTheBytesProduced) {
           inputs.push_back(live[rng() % live.size()]);
         }
         const std::size_t bytes = (rng() % 8 == 0) ? 0 : 256 * scale * (1 + rng() % 1024);
-        const TensorId id = Produce(bytes, inputs, mode.drop, mode.offload);
+        // With copies ahead, dear enough to recompute that drop-or-offload
+        // policies offload too (else they drop all, and nothing is copied).
+        const TensorId id =
+            Produce(bytes, inputs, mode.drop, mode.offload, mode.copy_ahead ? 100'000 : 1000);
         if (id == 0) continue;  // over budget with everything pinned: allowed
         live.push_back(id);
       } else if (op < 8) {
