@@ -111,8 +111,8 @@ struct TensorOptions {
   bool allow_drop = false;
   bool allow_offload = false;
   // Its bytes do not change once its creator (or its closure) has written
-  // them: acquires only read it, as a trace's tensors and autograd's saved
-  // activations are. Only such a tensor is copied out ahead
+  // them: acquires only read it, as a trace's tensors do. Only such a
+  // tensor is copied out ahead
   // (RuntimeOptions::copy_ahead): a copy made before a write would bring
   // stale bytes back.
   bool read_only = false;
@@ -194,9 +194,10 @@ struct RuntimeOptions {
   // for). The first tensor of that plan the policy would offload, that is
   // read_only and that is not next used within the time between pressure
   // events from now (its next use hinted or learned; that time a moving
-  // mean), starts its copy out on the copy stream and stays resident. When pressure offloads it, its block goes back behind that copy,
-  // with no copy out queued then, and policies see it as
-  // Candidate::copied_out (only its copy back left to pay). A drop or a
+  // mean), starts its copy out on the copy stream and stays resident. When
+  // pressure offloads it, its block goes back behind that copy, with no copy
+  // out queued then, and policies see it as Candidate::copied_out (only its
+  // copy back left to pay). A drop or a
   // collection lets the copy go. A copy starts only while the host pool
   // keeps room for another as large, and an offload that finds the pool full
   // lets every copy made ahead go first. Asked after each Create, CreateCall,

@@ -109,7 +109,8 @@ void Runtime::FillContext(policies::PressureContext& ctx, std::size_t bytes, Str
   ctx.link_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kOut, device_->NowNs());
   // The host buffers of what is offloaded (not the copies made ahead of
   // tensors still resident) come back over the link.
-  const std::size_t offloaded = host_pool_.in_use_bytes() - std::min(ahead_bytes_, host_pool_.in_use_bytes());
+  const std::size_t in_use = host_pool_.in_use_bytes();
+  const std::size_t offloaded = in_use - std::min(ahead_bytes_, in_use);
   ctx.restore_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kIn, device_->NowNs()) +
                            link_.CarryNs(offloaded);
   ctx.candidates = scratch_;
