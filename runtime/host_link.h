@@ -35,7 +35,10 @@ class HostLink {
   std::int64_t OneWayNs(std::size_t bytes) const { return latency_ns_ + CarryNs(bytes); }
   // A tensor's transfer cost for a policy: out and back, each with its latency.
   std::int64_t RoundTripNs(std::size_t bytes) const { return 2 * OneWayNs(bytes); }
-  // A copy of `bytes` joins its direction's queue at `now_ns` (the device's clock).
+  // A copy of `bytes` joins its direction's queue at `now_ns`: the runtime's
+  // clock (Runtime::NowNs), which moves with the work done, also where the
+  // host runs ahead of the device (a simulated device's host clock moves
+  // only when the host waits, and the queue would never drain on it).
   void Queue(Direction dir, std::size_t bytes, std::int64_t now_ns) {
     std::int64_t& free_at = free_at_ns_[dir];
     const std::int64_t start = std::max(free_at, now_ns);

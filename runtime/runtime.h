@@ -187,11 +187,11 @@ struct RuntimeOptions {
   // (bench/results/retry_in_one_place_2026-12-03.md).
   bool retry_in_one_place = true;
   // Copies out started before the pressure that evicts them. Once the
-  // budget has bound (after the first pressure event), whenever the copies
-  // out queued so far have had the compute time the link needs to carry them
-  // (on NowNs's clock), the runtime asks the policy what the next pressure
-  // event would evict if it came now (as many bytes as the last one asked
-  // for). The first tensor of that plan the policy would offload, that is
+  // budget has bound (after the first pressure event), whenever the link
+  // model has no copy out left queued (its backlog on NowNs's clock: the
+  // copies have had the time the link needs), the runtime asks the policy
+  // what the next pressure event would evict if it came now (as many bytes
+  // as the last one asked for). The first tensor of that plan the policy would offload, that is
   // read_only and that is not next used within the time between pressure
   // events from now (its next use hinted or learned; that time a moving
   // mean), starts its copy out on the copy stream and stays resident. When
@@ -549,8 +549,7 @@ class Runtime {
   // every use of the block, and returns its event; on failure the host
   // buffer goes back and nothing is left enqueued that matters.
   absl::StatusOr<Event> CopyOut(Storage* s, void* host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A copy out of `bytes` joins the device-to-host engine's queue (the link
-  // model's, and copy_ahead's pacing).
+  // A copy out of `bytes` joins the link model's device-to-host queue.
   void QueueCopyOut(std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes `to` wait for every other stream that used the storage's block,
   // then gives the block back to the allocator on `to`.
@@ -649,12 +648,9 @@ class Runtime {
   std::uint64_t prefetch_blocked_at_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
   // copy_ahead: pressure_events when the policy last named nothing to copy
   // ahead (not asked again until the next event); the bytes the last
-  // pressure event asked for; when (on Clock()) the copies made ahead so far
-  // will have had the compute time the link needs for them; the bytes of
-  // the copies now held.
+  // pressure event asked for; the bytes of the copies now held.
   std::uint64_t ahead_declined_at_ ABSL_GUARDED_BY(mu_) = 0;
   std::size_t last_pressure_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  std::int64_t ahead_paced_until_ ABSL_GUARDED_BY(mu_) = 0;
   std::size_t ahead_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // The runtime's clock at the last pressure event, and the time between
   // pressure events (a moving mean over those at distinct times).

@@ -106,12 +106,12 @@ void Runtime::FillContext(policies::PressureContext& ctx, std::size_t bytes, Str
   ctx.bytes_needed = bytes;
   ctx.stream = stream;
   ctx.now_ns = Clock();
-  ctx.link_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kOut, device_->NowNs());
+  ctx.link_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kOut, Clock());
   // The host buffers of what is offloaded (not the copies made ahead of
   // tensors still resident) come back over the link.
   const std::size_t in_use = host_pool_.in_use_bytes();
   const std::size_t offloaded = in_use - std::min(ahead_bytes_, in_use);
-  ctx.restore_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kIn, device_->NowNs()) +
+  ctx.restore_backlog_ns = link_.BacklogNs(runtime_internal::HostLink::kIn, Clock()) +
                            link_.CarryNs(offloaded);
   ctx.candidates = scratch_;
   if (!policy_->needs().neighbourhood) {

@@ -138,7 +138,7 @@ absl::Status Runtime::PrefetchStorage(Storage* s, Stream stream) {
   SetState(s, TensorState::kPrefetching);
   s->used_streams.assign({stream, prefetch_stream_});
   stats_.restored_bytes += s->bytes;
-  link_.Queue(runtime_internal::HostLink::kIn, s->bytes, device_->NowNs());
+  link_.Queue(runtime_internal::HostLink::kIn, s->bytes, Clock());
   ++stats_.prefetches;
   if (options_.observer != nullptr) {
     Tell(s, {.kind = TensorEvent::Kind::kRestored, .stream = prefetch_stream_, .prefetch = true});
@@ -177,7 +177,7 @@ absl::Status Runtime::Restore(Storage* s, Stream stream) {
   SetResident(s, ptr, &stream);
   s->used_streams.push_back(stream);
   stats_.restored_bytes += s->bytes;
-  link_.Queue(runtime_internal::HostLink::kIn, s->bytes, device_->NowNs());
+  link_.Queue(runtime_internal::HostLink::kIn, s->bytes, Clock());
   if (options_.observer != nullptr) {
     Tell(s, {.kind = TensorEvent::Kind::kRestored, .stream = stream});
   }
@@ -343,9 +343,7 @@ absl::StatusOr<Event> Runtime::CopyOut(Storage* s, void* host) {
 }
 
 void Runtime::QueueCopyOut(std::size_t bytes) {
-  link_.Queue(runtime_internal::HostLink::kOut, bytes, device_->NowNs());
-  // The same engine's time on the runtime's clock, which copies ahead are paced by.
-  ahead_paced_until_ = AddTimes(std::max(ahead_paced_until_, Clock()), link_.OneWayNs(bytes));
+  link_.Queue(runtime_internal::HostLink::kOut, bytes, Clock());
 }
 
 void Runtime::FinishOffload(Storage* s, void* host, Event copy, bool ahead) {
@@ -388,7 +386,8 @@ bool Runtime::OffloadCopiedAhead(Storage* s, Stream to) {
 }
 
 void Runtime::CopyAhead() {
-  if (Clock() < ahead_paced_until_) return;  // the link is still busy with earlier copies
+  // Not while the link is still busy with the copies out queued before.
+  if (link_.BacklogNs(runtime_internal::HostLink::kOut, Clock()) > 0) return;
   ++stats_.ahead_asks;
   const auto choose_start = std::chrono::steady_clock::now();
   GatherCandidates();
