@@ -41,7 +41,7 @@ struct Candidate {
   std::int64_t transfer_ns = 0;    // cost of copying it out and back
   bool can_drop = false;           // it has a recompute closure and allows dropping
   bool can_offload = false;        // it allows offloading
-  std::int64_t last_access_ns = 0; // device clock at its last use
+  std::int64_t last_access_ns = 0; // the runtime's clock (Runtime::NowNs) at its last use
   std::uint64_t accesses = 0;      // uses so far
   // Cost of the evicted tensors a recompute of this one would also have to
   // regenerate, or that would need it regenerated (DTR's evicted
@@ -59,7 +59,7 @@ struct Candidate {
   // Time until its next use, when the program told the runtime (a trace
   // replay knows it); kNeverUsedAgain if it will not be; -1 when unknown.
   std::int64_t next_use_ns = -1;
-  std::int64_t first_access_ns = 0;  // device clock at its creation
+  std::int64_t first_access_ns = 0;  // the runtime's clock at its creation
   // Its copy out was started before this pressure (RuntimeOptions::copy_ahead):
   // an offload frees its block with no copy out queued now, and leaves only
   // the copy back to pay (OffloadNs).
@@ -94,7 +94,7 @@ struct PressureContext {
   std::size_t growth_bytes = 0;
   std::size_t room_bytes = 0;
   Stream stream;                 // the stream of the pending request
-  std::int64_t now_ns = 0;       // device clock
+  std::int64_t now_ns = 0;       // the runtime's clock (Runtime::NowNs)
   // The link has one copy engine each way, side by side (the runtime's
   // estimates, from its HostLink):
   // how long the device-to-host direction stays busy with the copies out

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "base/units.h"
 
 namespace remat::runtime_internal {
 
@@ -38,11 +39,14 @@ class HostLink {
   // A copy of `bytes` joins its direction's queue at `now_ns`: the runtime's
   // clock (Runtime::NowNs), which moves with the work done, also where the
   // host runs ahead of the device (a simulated device's host clock moves
-  // only when the host waits, and the queue would never drain on it).
+  // only when the host waits, and the queue would never drain on it). On a
+  // GPU that clock is the wall clock plus the estimated work, so the queue
+  // drains faster than the copy engine does: an estimate on the short side.
+  // (It saturates: a caller's compute estimates are unbounded.)
   void Queue(Direction dir, std::size_t bytes, std::int64_t now_ns) {
     std::int64_t& free_at = free_at_ns_[dir];
     const std::int64_t start = std::max(free_at, now_ns);
-    free_at = start + latency_ns_ + CarryNs(bytes);
+    free_at = AddTimes(start, OneWayNs(bytes));
   }
   // How long a copy queued at `now_ns` waits behind those of its direction
   // queued before it.

@@ -350,11 +350,12 @@ class Runtime {
   // once it is collected. For tools that follow storages (the observer's
   // events name them by such ids).
   absl::StatusOr<TensorState> StorageState(TensorId id) const;
-  // The runtime's clock, which access times, staleness and next-use hints
-  // are measured on: the device's clock plus the estimated compute of every
-  // call made or recomputed so far. It counts work done, as the DTR
-  // simulator's clock does, also where the host runs far ahead of the device
-  // (a simulated device's host clock moves only when the host waits).
+  // The runtime's clock, which access times, staleness, next-use hints and
+  // the link model's queues are measured on: the device's clock plus the
+  // estimated compute of every call made or recomputed so far. It counts
+  // work done, as the DTR simulator's clock does, also where the host runs
+  // far ahead of the device (a simulated device's host clock moves only when
+  // the host waits).
   std::int64_t NowNs() const;
   RuntimeStats stats() const;
   // Checks the runtime's bookkeeping: OK, or an Internal error naming the

@@ -73,6 +73,26 @@ TEST_F(CopyAheadTest, AnOffloadOfATensorCopiedAheadQueuesNoCopy) {
   runtime_.reset();  // before the recorder goes
 }
 
+// Copies ahead wait for the link: while a's copy out (84 us at 25 GB/s) is
+// still on it by the runtime's clock, nothing is copied; once the work done
+// has moved the clock past it, b is.
+TEST_F(CopyAheadTest, NothingIsCopiedAheadWhileTheLinkIsBusy) {
+  Make(8 * kMiB, {.policy = "lru", .copy_ahead = true});
+  read_only_ = true;
+  const TensorId a = Produce(2 * kMiB, {}, false, true);
+  const TensorId b = Produce(2 * kMiB, {}, false, true);
+  read_only_ = false;
+  Produce(3 * kMiB, {}, false, false);
+  Produce(2 * kMiB, {}, false, false, /*cost_ns=*/1000);  // pressure: a goes
+  ASSERT_NE(StateOf(a), TensorState::kResident);
+  EXPECT_EQ(runtime_->stats().copies_ahead, 0u);
+  Check(b);  // a use, and no work: the link is still busy
+  EXPECT_EQ(runtime_->stats().copies_ahead, 0u);
+  Produce(0, {}, false, false, /*cost_ns=*/1'000'000);  // a millisecond of work
+  EXPECT_EQ(runtime_->stats().copies_ahead, 1u);
+  CheckInvariants();
+}
+
 TEST_F(CopyAheadTest, WithoutTheOptionNothingIsCopiedAhead) {
   Make(8 * kMiB, {.policy = "lru"});
   const TwoOffloadable t = MakeFirstPressure(/*read_only=*/true);

@@ -2,6 +2,8 @@
 // naming a broken invariant where a part's own interface can break one (a
 // misuse its owner, the Runtime, must not make).
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <set>
 #include <vector>
@@ -140,6 +142,12 @@ TEST(HostLinkTest, CopiesQueueBehindThoseOfTheirDirection) {
   link.Queue(HostLink::kIn, 1000, /*now_ns=*/300);
   EXPECT_EQ(link.BacklogNs(HostLink::kIn, 300), 600);
   EXPECT_EQ(link.BacklogNs(HostLink::kOut, 300), 900);
+  EXPECT_TRUE(link.CheckInvariants().ok());
+  // The clock saturates at its end (unbounded compute estimates): so does the queue.
+  const std::int64_t end = std::numeric_limits<std::int64_t>::max();
+  link.Queue(HostLink::kOut, 1000, end - 10);
+  EXPECT_EQ(link.BacklogNs(HostLink::kOut, end - 10), 10);
+  EXPECT_EQ(link.BacklogNs(HostLink::kOut, end), 0);
   EXPECT_TRUE(link.CheckInvariants().ok());
   EXPECT_THAT(HostLink(0.0, 0).CheckInvariants(), IsBroken("bandwidth"));
   EXPECT_THAT(HostLink(1.0, -1).CheckInvariants(), IsBroken("latency"));

@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -73,6 +74,10 @@ TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7);
   EXPECT_THAT(csv, HasSubstr("\"window\",reserved,0.4,"));
   EXPECT_THAT(csv, HasSubstr(",plan,copies_ahead,ahead_offloads\n"));
+  // Each row ends with its copies ahead and the offloads that used one, in that order.
+  const SweepRow& last = r->rows.back();
+  EXPECT_THAT(csv, HasSubstr(absl::StrCat(",", last.report.copies_ahead, ",",
+                                          last.report.ahead_offloads, "\n")));
   // Every field that may hold a comma or a quote is quoted: a trace named by
   // a --model spec, a policy spec with parameters.
   SweepResult named = *r;
