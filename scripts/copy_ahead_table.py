@@ -20,7 +20,6 @@ import collections
 import csv
 import math
 import os
-import subprocess
 import sys
 
 import offload_table as ot
@@ -43,14 +42,7 @@ def main():
     parser.add_argument("--remat", default=os.path.join(here, "..", "build", "bin", "remat"))
     parser.add_argument("--work", default="copy_ahead_table")
     args = parser.parse_args()
-    os.makedirs(args.work, exist_ok=True)
-    traces = [os.path.join(here, "..", "examples", "traces", t) for t in ot.SHIPPED]
-    for spec in ot.GENERATED:
-        path = os.path.join(args.work, spec.replace(":", "_").replace("=", "") + ".jsonl")
-        if not os.path.exists(path):
-            subprocess.run([args.remat, "gen", spec, "-o", path], check=True,
-                           stdout=subprocess.DEVNULL)
-        traces.append(path)
+    traces = ot.steps(args.remat, args.work)
 
     counts = collections.Counter()
     print("| step | accounting | link GB/s | ratio | best, drops only | best, copies at the "

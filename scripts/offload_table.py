@@ -67,20 +67,28 @@ def show(cell):
     return f"{cell[0]:.3f} ({cell[1]}{plan})"
 
 
+def steps(remat, work):
+    """The shipped op traces, and the generated ones written into `work`
+    (made once)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.makedirs(work, exist_ok=True)
+    traces = [os.path.join(here, "..", "examples", "traces", t) for t in SHIPPED]
+    for spec in GENERATED:
+        path = os.path.join(work, spec.replace(":", "_").replace("=", "") + ".jsonl")
+        if not os.path.exists(path):
+            subprocess.run([remat, "gen", spec, "-o", path], check=True,
+                           stdout=subprocess.DEVNULL)
+        traces.append(path)
+    return traces
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--remat", default=os.path.join(here, "..", "build", "bin", "remat"))
     parser.add_argument("--work", default="offload_table")
     args = parser.parse_args()
-    os.makedirs(args.work, exist_ok=True)
-    traces = [os.path.join(here, "..", "examples", "traces", t) for t in SHIPPED]
-    for spec in GENERATED:
-        path = os.path.join(args.work, spec.replace(":", "_").replace("=", "") + ".jsonl")
-        if not os.path.exists(path):
-            subprocess.run([args.remat, "gen", spec, "-o", path], check=True,
-                           stdout=subprocess.DEVNULL)
-        traces.append(path)
+    traces = steps(args.remat, args.work)
 
     counts = collections.Counter()
     print("| step | accounting | link GB/s | ratio | best, drops only (`--no-swap`) "

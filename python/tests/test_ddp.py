@@ -10,7 +10,7 @@ dist = pytest.importorskip("torch.distributed", reason="torch without distribute
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch has no gloo backend", allow_module_level=True)
 
-import torch.multiprocessing as mp  # noqa: E402
+from _ranks import run_two_ranks  # noqa: E402
 
 
 def _rank(rank, world, init_file, out_dir, python_path):
@@ -43,11 +43,7 @@ def _rank(rank, world, init_file, out_dir, python_path):
 
 
 def test_two_ranks_gradients_equal_plain_ddp(tmp_path):
-    python_path = [p for p in sys.path if p]
-    mp.start_processes(_rank, args=(2, str(tmp_path / "init"), str(tmp_path), python_path),
-                       nprocs=2, join=True, start_method="spawn")
-    for rank in range(2):
-        r = torch.load(tmp_path / f"rank{rank}.pt")
+    for r in run_two_ranks(_rank, tmp_path):
         assert r["stats"]["drops"] > 0, r["stats"]
         assert r["stats"]["peak_saved_bytes"] <= 400_000
         for a, b in zip(r["plain"], r["remat"]):

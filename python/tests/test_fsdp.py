@@ -15,7 +15,7 @@ try:
 except ImportError:
     pytest.skip("this torch has no fully_shard (FSDP2)", allow_module_level=True)
 
-import torch.multiprocessing as mp  # noqa: E402
+from _ranks import run_two_ranks  # noqa: E402
 
 BUDGET = 60_000  # bytes of saved activations per rank: under the plain step's
 
@@ -54,11 +54,7 @@ def _rank(rank, world, init_file, out_dir, python_path):
 
 
 def test_two_ranks_gradients_equal_plain_fsdp(tmp_path):
-    python_path = [p for p in sys.path if p]
-    mp.start_processes(_rank, args=(2, str(tmp_path / "init"), str(tmp_path), python_path),
-                       nprocs=2, join=True, start_method="spawn")
-    for rank in range(2):
-        r = torch.load(tmp_path / f"rank{rank}.pt")
+    for r in run_two_ranks(_rank, tmp_path):
         assert r["stats"]["drops"] > 0 and r["stats"]["recomputes"] > 0, r["stats"]
         assert r["stats"]["peak_saved_bytes"] <= BUDGET
         assert len(r["plain"]) == len(r["remat"]) > 0
