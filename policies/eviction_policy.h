@@ -140,6 +140,15 @@ struct Sampling {
   std::size_t Size(std::size_t n) const;
 };
 
+// A whole-step run a driver that can replay the step more than once (the
+// simulator) makes beside others, keeping the cheapest: the policy `mixed`
+// with offload allowed, and the policy `drops` with drops only (specs;
+// `drops` empty: no drop-only run).
+struct Trial {
+  std::string mixed;
+  std::string drops;
+};
+
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
@@ -158,6 +167,10 @@ class EvictionPolicy {
   // How far ahead (in the program's time) a driver that knows the future
   // should prefetch offloaded tensors for this policy; 0: no prefetching.
   virtual std::int64_t prefetch_window_ns() const { return 0; }
+  // The runs a driver that can replay the whole step should make in place of
+  // this policy's own, keeping the cheapest (hybrid with rank=auto: itself
+  // over each policy's ranking). Empty: just this policy's run.
+  virtual std::vector<Trial> Trials() const { return {}; }
 
   const Sampling& sampling() const { return sampling_; }
   void set_sampling(Sampling sampling) { sampling_ = sampling; }

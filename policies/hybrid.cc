@@ -14,12 +14,27 @@
 // (bytes x staleness^staleness_exp) (staleness_exp=0: Capuchin's memory saved
 // per second). Drivers that know the future prefetch restores `prefetch_us`
 // ahead, so that they arrive before use.
+//
+// `rank` separates which tensors go from how each goes. `rank=own` ranks as
+// above; `rank=NAME` takes the tensors another policy would evict (its plan,
+// with that policy's defaults) and chooses drop or offload for each as above.
+// `rank=auto` (the default) is `own` for a runtime that sees the step once;
+// a driver that can replay the whole step (the simulator) tries every
+// ranking, each with offload allowed and with drops only, and each other
+// policy's own mixed plan, and keeps the cheapest run (Trials): so hybrid is
+// never worse than the best policy with drops only, nor than any policy's
+// mixed plan, and better wherever an offload pays over some ranking.
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "policies/factories.h"
+#include "policies/registry.h"
 #include "policies/scored_policy.h"
 
 namespace remat::policies {
@@ -27,23 +42,76 @@ namespace {
 
 class Hybrid final : public EvictionPolicy {
  public:
-  Hybrid(double staleness_exp, double prefetch_us, double slack, double consumers)
+  Hybrid(double staleness_exp, double prefetch_us, double slack, double consumers,
+         std::string rank, std::unique_ptr<EvictionPolicy> ranker)
       : staleness_exp_(staleness_exp),
         prefetch_us_(prefetch_us),
         slack_(slack),
-        consumers_(consumers) {}
+        consumers_(consumers),
+        rank_(std::move(rank)),
+        ranker_(std::move(ranker)) {}
   std::string OwnSpec() const override {
-    return absl::StrFormat("hybrid:consumers=%g,prefetch_us=%g,slack=%g,staleness_exp=%g",
-                           consumers_, prefetch_us_, slack_, staleness_exp_);
+    return absl::StrFormat("hybrid:%s", Params(rank_));
   }
-  Needs needs() const override { return {.next_use = true}; }
+  Needs needs() const override {
+    if (ranker_ == nullptr) return {.next_use = true};
+    Needs n = ranker_->needs();
+    n.next_use = true;
+    return n;
+  }
   std::int64_t prefetch_window_ns() const override {
     return static_cast<std::int64_t>(prefetch_us_ * 1000);
+  }
+  std::vector<Trial> Trials() const override {
+    if (rank_ != "auto") return {};
+    // Its own ranking first: where runs tie, the first is kept.
+    std::vector<Trial> trials;
+    const std::string own = "hybrid:" + Params("own");
+    trials.push_back({own, own});
+    for (const std::string& name : KnownPolicies()) {
+      if (name == "hybrid") continue;
+      trials.push_back({"hybrid:" + Params(name), name});
+      // and the policy's own mixed plan (each tensor dropped when its
+      // recompute costs no more than the round trip): where memory is
+      // tightest it finishes runs that hybrid's pricing thrashes in.
+      trials.push_back({name, ""});
+    }
+    return trials;
+  }
+
+  Plan Choose(const PressureContext& ctx) override {
+    return ranker_ == nullptr ? RankOwn(ctx) : RankBy(*ranker_, ctx);
+  }
+
+ private:
+  std::string Params(const std::string& rank) const {
+    return absl::StrFormat("consumers=%g,prefetch_us=%g,rank=%s,slack=%g,staleness_exp=%g",
+                           consumers_, prefetch_us_, rank, slack_, staleness_exp_);
+  }
+
+  // The tensors `ranker` would evict, in its order, each going the cheaper
+  // way; the link counted as in RankOwn.
+  Plan RankBy(EvictionPolicy& ranker, const PressureContext& ctx) const {
+    Plan plan = ranker.Choose(ctx);
+    if (plan.empty()) return plan;
+    absl::flat_hash_map<std::uint64_t, const Candidate*> by_id;
+    by_id.reserve(ctx.candidates.size());
+    for (const Candidate& c : ctx.candidates) by_id.emplace(c.id, &c);
+    std::int64_t backlog = ctx.link_backlog_ns;
+    for (PlanStep& step : plan) {
+      const auto it = by_id.find(step.id);
+      if (it == by_id.end()) continue;  // (a policy names only candidates)
+      Candidate c = *it->second;
+      ctx.Complete(c);  // the dropped ancestors, where the ranker did not ask for them
+      step.action = Action(c, ctx, backlog);
+      if (step.action == EvictAction::kOffload && !c.copied_out) backlog += c.transfer_ns / 2;
+    }
+    return plan;
   }
 
   // Ranks by score, then walks the ranking keeping count of the link: each
   // offload's copy out queues behind those planned before it.
-  Plan Choose(const PressureContext& ctx) override {
+  Plan RankOwn(const PressureContext& ctx) const {
     std::vector<std::pair<double, const Candidate*>> ranked;
     ranked.reserve(ctx.candidates.size());
     for (const Candidate& c : ctx.candidates) {
@@ -65,7 +133,6 @@ class Hybrid final : public EvictionPolicy {
     return plan;
   }
 
- private:
   // Time until the next use: the hint, else the access history's estimate, else -1.
   static std::int64_t NextUse(const Candidate& c, const PressureContext& ctx) {
     if (c.next_use_ns >= 0) return c.next_use_ns;
@@ -121,6 +188,8 @@ class Hybrid final : public EvictionPolicy {
   }
 
   double staleness_exp_, prefetch_us_, slack_, consumers_;
+  std::string rank_;                        // "auto", "own" or a policy's name
+  std::unique_ptr<EvictionPolicy> ranker_;  // the named policy; null for auto and own
 };
 
 }  // namespace
@@ -131,7 +200,21 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeHybrid(PolicyParams& params)
   if (absl::Status s = params.Double("prefetch_us", &prefetch_us, 0.0, 1e9); !s.ok()) return s;
   if (absl::Status s = params.Double("slack", &slack, 1.0, 1e6); !s.ok()) return s;
   if (absl::Status s = params.Double("consumers", &consumers, 0.0, 1.0); !s.ok()) return s;
-  return std::make_unique<Hybrid>(e, prefetch_us, slack, consumers);
+  std::string rank = "auto";
+  if (absl::Status s = params.Text("rank", &rank); !s.ok()) return s;
+  std::unique_ptr<EvictionPolicy> ranker;
+  if (rank != "auto" && rank != "own") {
+    const std::vector<std::string> known = KnownPolicies();
+    if (rank == "hybrid" || std::find(known.begin(), known.end(), rank) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "policy hybrid: rank '%s' is not auto, own or another policy's name", rank));
+    }
+    absl::StatusOr<std::unique_ptr<EvictionPolicy>> made = Create(rank);
+    if (!made.ok()) return made.status();
+    ranker = *std::move(made);
+  }
+  return std::make_unique<Hybrid>(e, prefetch_us, slack, consumers, std::move(rank),
+                                  std::move(ranker));
 }
 
 }  // namespace remat::policies

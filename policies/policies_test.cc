@@ -476,6 +476,75 @@ TEST(PolicyTest, HybridParametersAreCheckedAndEchoed) {
   EXPECT_FALSE(Create("hybrid:hidden_weight=0.1").ok());
 }
 
+// rank=NAME: the tensors another policy would evict, in its order, each
+// going the way hybrid prices cheaper.
+TEST(PolicyTest, HybridOverAnotherRankingEvictsWhatThatPolicyWouldEachTheCheaperWay) {
+  // lru takes the stalest (1, then 2); hybrid's own ranking would take 3,
+  // the cheapest to recompute.
+  Candidate a = Make(1, 100, 100, 50'000, 40'000), b = Make(2, 100, 200, 30'000, 40'000),
+            c = Make(3, 100, 900'000, 1'000, 40'000);
+  a.next_use_ns = 1'000'000;  // far: its copy back hides, so 20 us of copy out beats 50 of recompute
+  b.next_use_ns = 1'000;      // near: out and back, 40 us, lose to 30 us of recompute
+  c.next_use_ns = 1'000;
+  EXPECT_THAT(Ids(PlanFor("lru", {a, b, c}, 200)), ElementsAre(1, 2));
+  EXPECT_THAT(HybridPlan({a, b, c}, 200, 0, 0, "hybrid:rank=lru"),
+              ElementsAre(PlanStep{1, EvictAction::kOffload}, PlanStep{2, EvictAction::kDrop}));
+  EXPECT_THAT(Ids(HybridPlan({a, b, c}, 100, 0, 0, "hybrid:rank=own")), ElementsAre(3));
+  // The link is counted along the ranking: behind 25 us of backlog a's copy
+  // out (45 us) still beats its recompute; behind 35 us (55) it does not.
+  EXPECT_THAT(HybridPlan({a, b, c}, 100, 25'000, 0, "hybrid:rank=lru"),
+              ElementsAre(PlanStep{1, EvictAction::kOffload}));
+  EXPECT_THAT(HybridPlan({a, b, c}, 100, 35'000, 0, "hybrid:rank=lru"),
+              ElementsAre(PlanStep{1, EvictAction::kDrop}));
+  // The ranker's needs are asked for, and next uses for the choice.
+  auto over_window = Create("hybrid:rank=window");
+  ASSERT_TRUE(over_window.ok()) << over_window.status();
+  EXPECT_TRUE((*over_window)->needs().memory_map);
+  EXPECT_TRUE((*over_window)->needs().next_use);
+  EXPECT_THAT((*over_window)->Spec(), HasSubstr("rank=window"));
+  EXPECT_TRUE((*over_window)->Trials().empty());  // a ranking named: one run
+}
+
+// rank=auto (the default): one ranking, its own, where the step is seen
+// once; a driver that can replay the step tries them all.
+TEST(PolicyTest, HybridByDefaultAsksForATrialOverEveryRankingWithItsDropOnlyTwin) {
+  auto policy = Create("hybrid:slack=3");
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_THAT((*policy)->Spec(), HasSubstr("rank=auto"));
+  const std::vector<Trial> trials = (*policy)->Trials();
+  // Its own ranking; and for every other policy, hybrid over its ranking
+  // (with that policy's drop-only run) and that policy's own mixed plan.
+  ASSERT_EQ(trials.size(), 2 * KnownPolicies().size() - 1);
+  EXPECT_THAT(trials[0].mixed, HasSubstr("rank=own"));
+  EXPECT_EQ(trials[0].drops, trials[0].mixed);
+  std::vector<std::string> alone;
+  for (const Trial& t : trials) {
+    auto mixed = Create(t.mixed);
+    ASSERT_TRUE(mixed.ok()) << t.mixed << ": " << mixed.status();
+    EXPECT_TRUE((*mixed)->Trials().empty()) << t.mixed;  // no trials of trials
+    if (t.drops.empty()) {
+      alone.push_back(t.mixed);
+      continue;
+    }
+    EXPECT_THAT(t.mixed, HasSubstr("slack=3"));  // the parameters travel
+    ASSERT_TRUE(Create(t.drops).ok()) << t.drops;
+    if (t.drops != t.mixed) {
+      EXPECT_THAT(t.mixed, HasSubstr("rank=" + t.drops + ","));
+    }
+  }
+  EXPECT_THAT(alone, ElementsAre("lru", "largest", "dtr", "dtr-eq", "dtr-local", "msps",
+                                 "megengine", "window", "belady"));
+  // Plans as its own ranking's.
+  Candidate a = Make(1, 100, 100, 50'000, 40'000), c = Make(3, 100, 900'000, 1'000, 40'000);
+  a.next_use_ns = c.next_use_ns = 1'000;
+  EXPECT_EQ(HybridPlan({a, c}, 100), HybridPlan({a, c}, 100, 0, 0, "hybrid:rank=own"));
+  EXPECT_TRUE((*Create("dtr"))->Trials().empty());
+  for (const char* bad : {"hybrid:rank=hybrid", "hybrid:rank=nonesuch", "hybrid:rank="}) {
+    EXPECT_EQ(Create(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_THAT(Create("hybrid:rank=nonesuch").status().message(), HasSubstr("nonesuch"));
+}
+
 // Two segments; the request needs 3 contiguous units.
 TEST(PolicyTest, WindowEvictsTheCheapestContiguousRun) {
   MemoryMap map;

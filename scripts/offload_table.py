@@ -29,12 +29,14 @@ SHIPPED = ["densenet121_b8.jsonl", "lstm_l2_h512_s128_b32_v256.jsonl",
            "transformer_small.jsonl", "chain_100.jsonl"]
 
 
-def sweep(remat, work, trace, accounting, extra, tag):
+def sweep(remat, work, trace, accounting, extra, tag, policies=POLICIES):
+    """The best overhead at each ratio, with its policy and plan (None and
+    the error where the sweep failed)."""
     out = os.path.join(work, f"{os.path.basename(trace)}_{accounting}_{tag}")
     csv_path = os.path.join(out, "results.csv")
     if not os.path.exists(csv_path):
         run = subprocess.run([remat, "sweep", trace, "--ratios", "0.3:0.7:0.1",
-                              "--policies", POLICIES, "--accounting", accounting,
+                              "--policies", policies, "--accounting", accounting,
                               "--jobs", "1", "--out", out] + extra,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if run.returncode != 0 or not os.path.exists(csv_path):

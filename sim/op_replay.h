@@ -171,12 +171,18 @@ struct OpReplayReport {
   std::uint64_t verified_accesses = 0;
   std::uint64_t verify_waits = 0;  // times the host waited to run queued checks
   std::uint64_t mismatches = 0;
-  // With the offload guard: "mixed" (drops and offloads, as the policy chose)
-  // or "drop-only", the run kept; and the other run's status and time.
-  // Empty without the guard. Every other field is the kept run's, except
-  // wall_seconds (both runs) and, in verify mode, the verified accesses, the
-  // verify waits and the mismatches (both runs: a mismatch in either counts).
+  // With more than one run (the offload guard, or a policy's trials): the
+  // kind of run kept, "mixed" (drops and offloads, as the policy chose) or
+  // "drop-only" (empty when offload was not allowed); the best run of the
+  // other kind's status and time; how many runs were made; and, with trials,
+  // the spec of the run kept where it is not the policy asked for (hybrid
+  // over window's ranking: "hybrid:...,rank=window,..." or "window" for its
+  // drop-only run). Every other field is the kept run's, except
+  // wall_seconds (all runs) and, in verify mode, the verified accesses, the
+  // verify waits and the mismatches (all runs: a mismatch in any counts).
   std::string plan;
+  std::size_t trials = 1;
+  std::string kept_policy;
   std::string future;  // FutureName(options.future)
   std::string other_plan_status;
   std::int64_t other_plan_time_ns = 0;

@@ -1,5 +1,6 @@
 #include "sim/op_replay.h"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -66,7 +67,8 @@ TEST(OpReplayTest, EveryPolicyEndsEveryRunWithinItsStepBound) {
       for (double ratio : {0.1, 0.2, 0.3}) {
         for (bool live : {true, false}) {
           OpReplayOptions options;
-          options.policy = policy;
+          // (hybrid's trials would replay each other policy again)
+          options.policy = policy == "hybrid" ? "hybrid:rank=own" : policy;
           MemoryBudget{static_cast<std::uint64_t>(ratio * static_cast<double>(trace->peak_live_bytes)),
                        live ? Accounting::kLive : Accounting::kReserved}
               .ApplyTo(options);
@@ -148,7 +150,7 @@ TEST(OpReplayTest, TheOffloadGuardKeepsTheCheaperOfTheMixedAndTheDropOnlyPlan) {
   for (const char* name : {"chain_100.jsonl", "transformer_small.jsonl"}) {
     const OpTrace trace = Load(name);
     const OpReplayReport unlimited = Replay(trace, {});
-    for (const char* policy : {"lru", "dtr", "dtr-eq", "hybrid"}) {
+    for (const char* policy : {"lru", "dtr", "dtr-eq", "hybrid:rank=own"}) {
       for (double ratio : {0.5, 0.7}) {
         for (Accounting accounting : {Accounting::kLive, Accounting::kReserved}) {
           OpReplayOptions o;
@@ -187,6 +189,87 @@ TEST(OpReplayTest, TheOffloadGuardKeepsTheCheaperOfTheMixedAndTheDropOnlyPlan) {
   // Both outcomes occur on these steps (so the comparison above is not idle).
   EXPECT_GT(kept_drops, 0);
   EXPECT_GT(kept_mixed, 0);
+}
+
+// hybrid (rank=auto) replays the step over every policy's ranking, with
+// offload allowed and with drops only, and each other policy's mixed plan,
+// and keeps the cheapest: it is never worse than any policy with drops only,
+// nor than any policy's mixed plan, nor than its own ranking.
+TEST(OpReplayTest, HybridTriesEveryRankingAndIsNeverWorseThanAnyPolicyWithDropsOnly) {
+  int other_rankings_kept = 0;
+  for (const char* name : {"chain_100.jsonl", "transformer_small.jsonl"}) {
+    const OpTrace trace = Load(name);
+    const OpReplayReport unlimited = Replay(trace, {});
+    for (double ratio : {0.5, 0.7}) {
+      for (Accounting accounting : {Accounting::kLive, Accounting::kReserved}) {
+        SCOPED_TRACE(testing::Message() << name << " " << ratio << " "
+                                        << AccountingName(accounting));
+        OpReplayOptions o;
+        MemoryBudget::FromRatio(ratio, unlimited, accounting).ApplyTo(o);
+        o.enable_offload = false;
+        bool any_finished = false;
+        std::int64_t best_drops = std::numeric_limits<std::int64_t>::max();
+        for (const std::string& policy : policies::KnownPolicies()) {
+          o.policy = policy == "hybrid" ? "hybrid:rank=own" : policy;
+          const OpReplayReport drops = Replay(trace, o);
+          if (drops.status != "ok") continue;
+          any_finished = true;
+          best_drops = std::min(best_drops, drops.time_ns);
+        }
+        o.policy = "hybrid";
+        const OpReplayReport hybrid_drops = Replay(trace, o);
+        EXPECT_EQ(hybrid_drops.trials, policies::KnownPolicies().size());
+        EXPECT_TRUE(hybrid_drops.plan.empty());  // one kind of run
+        if (any_finished) {
+          EXPECT_EQ(hybrid_drops.time_ns, best_drops);
+        }
+
+        o.enable_offload = true;
+        o.offload_guard = false;
+        bool any_mixed_finished = false;
+        std::int64_t best_mixed = std::numeric_limits<std::int64_t>::max();
+        for (const std::string& policy : policies::KnownPolicies()) {
+          if (policy == "hybrid") continue;
+          o.policy = policy;
+          const OpReplayReport mixed = Replay(trace, o);
+          if (mixed.status != "ok") continue;
+          any_mixed_finished = true;
+          best_mixed = std::min(best_mixed, mixed.time_ns);
+        }
+        o.offload_guard = true;
+        o.policy = "hybrid:rank=own";
+        const OpReplayReport own = Replay(trace, o);
+        o.policy = "hybrid";
+        const OpReplayReport hybrid = Replay(trace, o);
+        EXPECT_EQ(hybrid.trials, 3 * policies::KnownPolicies().size() - 1);
+        EXPECT_EQ(hybrid.policy, policies::PolicySpec("hybrid").text());
+        if (any_finished) {
+          ASSERT_EQ(hybrid.status, "ok");
+          EXPECT_LE(hybrid.time_ns, best_drops);
+        }
+        if (own.status == "ok") {
+          ASSERT_EQ(hybrid.status, "ok");
+          EXPECT_LE(hybrid.time_ns, own.time_ns);
+        }
+        if (any_mixed_finished) {
+          ASSERT_EQ(hybrid.status, "ok");
+          EXPECT_LE(hybrid.time_ns, best_mixed);
+        }
+        // The run kept is named and can be replayed alone to the same time.
+        ASSERT_FALSE(hybrid.kept_policy.empty());
+        if (hybrid.kept_policy.find("rank=own") == std::string::npos) ++other_rankings_kept;
+        {
+          o.policy = hybrid.kept_policy;
+          o.enable_offload = hybrid.plan == "mixed";
+          o.offload_guard = false;
+          const OpReplayReport alone = Replay(trace, o);
+          EXPECT_EQ(alone.status, hybrid.status);
+          EXPECT_EQ(alone.time_ns, hybrid.time_ns);
+        }
+      }
+    }
+  }
+  EXPECT_GT(other_rankings_kept, 0);  // (so the trials are not idle here)
 }
 
 TEST(OpReplayTest, UnderTheOffloadGuardVerifyModeChecksTheBytesOfBothRuns) {
@@ -288,7 +371,7 @@ TEST(OpReplayTest, ReportsOomAndThrash) {
 TEST(OpReplayTest, CopiesMadeAheadKeepEveryByte) {
   const OpTrace trace = Load("chain_100.jsonl");
   std::uint64_t ahead_offloads = 0;
-  for (const char* policy : {"lru", "dtr", "hybrid"}) {
+  for (const char* policy : {"lru", "dtr", "hybrid:rank=own"}) {
     OpReplayOptions options;
     ASSERT_TRUE(options.copy_ahead);
     options.policy = policy;
@@ -428,8 +511,8 @@ TEST(OpReplayTest, APrefetchBringsBackWhatIsOffloadedAfterItsUseEnteredTheWindow
       options.verify = true;
       return Replay(*trace, options);
     };
-    const OpReplayReport ahead = run("hybrid:prefetch_us=5000");
-    const OpReplayReport on_access = run("hybrid:prefetch_us=0");
+    const OpReplayReport ahead = run("hybrid:prefetch_us=5000,rank=own");
+    const OpReplayReport on_access = run("hybrid:prefetch_us=0,rank=own");
     for (const OpReplayReport* r : {&ahead, &on_access}) {
       EXPECT_EQ(r->status, "ok") << r->message;
       EXPECT_GE(r->offloaded_bytes, kMiB);

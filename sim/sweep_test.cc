@@ -73,11 +73,15 @@ TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
   const std::string csv = SweepCsv(*r);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7);
   EXPECT_THAT(csv, HasSubstr("\"window\",reserved,0.4,"));
-  EXPECT_THAT(csv, HasSubstr(",plan,copies_ahead,ahead_offloads\n"));
-  // Each row ends with its copies ahead and the offloads that used one, in that order.
+  EXPECT_THAT(csv, HasSubstr(",plan,copies_ahead,ahead_offloads,kept_policy\n"));
+  // Each row ends with its copies ahead and the offloads that used one, in
+  // that order, then the run a policy's trials kept (none here).
   const SweepRow& last = r->rows.back();
   EXPECT_THAT(csv, HasSubstr(absl::StrCat(",", last.report.copies_ahead, ",",
-                                          last.report.ahead_offloads, "\n")));
+                                          last.report.ahead_offloads, ",\n")));
+  SweepResult kept = *r;
+  kept.rows.back().report.kept_policy = "hybrid:rank=msps,slack=2";
+  EXPECT_THAT(SweepCsv(kept), HasSubstr(",\"hybrid:rank=msps,slack=2\"\n"));
   // Every field that may hold a comma or a quote is quoted: a trace named by
   // a --model spec, a policy spec with parameters.
   SweepResult named = *r;

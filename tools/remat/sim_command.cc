@@ -153,10 +153,13 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
                                  r.copies_ahead, FormatBytes(r.copied_ahead_bytes),
                                  r.ahead_offloads);
   }
+  if (!r.kept_policy.empty()) {
+    std::cout << absl::StrFormat("  trials           %d runs; kept %s\n", r.trials, r.kept_policy);
+  }
   if (!r.plan.empty()) {
     const std::string other = r.plan == "mixed" ? "drop-only" : "mixed";
     std::cout << absl::StrFormat(
-        "  offload guard    kept the %s plan; the %s plan: %s\n", r.plan, other,
+        "  offload guard    kept the %s plan; the best %s plan: %s\n", r.plan, other,
         r.other_plan_status != "ok"
             ? r.other_plan_status
             : base.time_ns > 0 ? absl::StrFormat("%.3f", static_cast<double>(r.other_plan_time_ns) /
@@ -220,6 +223,8 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   } else {
     w.Key("overhead").Null();
   }
+  w.Key("trials").Int(r.trials);
+  w.Key("kept_policy").String(r.kept_policy);
   if (!r.plan.empty()) {
     w.Key("plan").String(r.plan);
     w.Key("other_plan_status").String(r.other_plan_status);
