@@ -84,7 +84,8 @@ def main():
         for which, name in [("own", "hybrid:rank=own"), ("auto", "hybrid (trials)")]:
             print(f"- link {link} GB/s, {name}: " + ", ".join(
                 f"{v} {counts[(which, link, v)]}" for v in ["better", "equal", "worse"]))
-    print("- runs kept (`over X`: hybrid over X's ranking; `X`: X's own plan): " + ", ".join(f"{k} {v}" for k, v in rankings.most_common()))
+    print("- runs kept (`over X`: hybrid over X's ranking; `X`: X's own plan): "
+          + ", ".join(f"{k} {v}" for k, v in rankings.most_common()))
     return 0
 
 

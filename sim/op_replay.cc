@@ -128,7 +128,7 @@ class Replayer final : public RuntimeObserver {
     if (timeline_ != nullptr) StartTimeline();
     auto loop_start = std::chrono::steady_clock::now();
     RuntimeStats before{};     // the runtime's counters as the reported step began
-    std::int64_t start_ns = 0;  // and the simulated time
+    std::int64_t& start_ns = start_ns_;  // and the simulated time
     for (int step = learned ? 0 : 1; step < 2 && report_.status == "ok"; ++step) {
       if (step == 1 && learned) {
         // The first step taught the runtime; the second is the one reported.
@@ -137,6 +137,7 @@ class Replayer final : public RuntimeObserver {
         start_ns = device_->NowNs();
         loop_start = std::chrono::steady_clock::now();
       }
+      reporting_ = step == 1;
       if (absl::Status s = ReplayRecords(); !s.ok()) return s;
       if (report_.status != "ok" && step == 0) {
         report_.message = "the first step, which the runtime learns from: " + report_.message;
@@ -184,11 +185,13 @@ class Replayer final : public RuntimeObserver {
     for (const OpRecord& r : trace_.records) {
       absl::Status s = Step(r);
       if (s.ok() && hints_) s = LookAhead(r);
+      if (s.ok()) s = CheckBeaten();
       ++report_.records;
       if (!s.ok() && (absl::IsResourceExhausted(s) || absl::IsAborted(s))) {
-        // Aborted: the thrash limit, reached inside a recompute, or the
-        // runtime's step bound (a run that would not end).
-        report_.status = absl::IsResourceExhausted(s) ? "oom" : "thrash";
+        // Aborted: the thrash limit, reached inside a recompute, the
+        // runtime's step bound (a run that would not end), or the time
+        // another run already took (beaten_after_ns).
+        report_.status = absl::IsResourceExhausted(s) ? "oom" : beaten_ ? "beaten" : "thrash";
         report_.message = absl::StrFormat("%s:%d: %s", trace_.name, r.line, s.message());
         if (timeline_ != nullptr) {
           EndRecord();
@@ -492,7 +495,8 @@ class Replayer final : public RuntimeObserver {
 
   // Inside a record too (a cascade of recomputes can run long before the
   // record ends): past the thrash limit, the closure fails and the run stops.
-  absl::Status CheckThrash() const {
+  absl::Status CheckThrash() {
+    if (absl::Status beaten = CheckBeaten(); !beaten.ok()) return beaten;
     if (static_cast<double>(recompute_ns_) <=
         thrash_limit_ * static_cast<double>(std::max<std::int64_t>(report_.compute_ns, 1))) {
       return absl::OkStatus();
@@ -500,6 +504,19 @@ class Replayer final : public RuntimeObserver {
     return absl::AbortedError(
         absl::StrFormat("thrash: recompute (%d ns) exceeded %g x the compute so far (%d ns)",
                         recompute_ns_, thrash_limit_, report_.compute_ns));
+  }
+
+  // Past options_.beaten_after_ns of the reported step, the run cannot end
+  // sooner than that (the step's time is at least where the program stands
+  // now) and stops.
+  absl::Status CheckBeaten() {
+    if (options_.beaten_after_ns <= 0 || !reporting_) return absl::OkStatus();
+    const std::int64_t so_far = Frontier() - start_ns_;
+    if (so_far <= options_.beaten_after_ns) return absl::OkStatus();
+    beaten_ = true;
+    return absl::AbortedError(absl::StrFormat(
+        "beaten: %d ns into the step, past the %d ns another run took", so_far,
+        options_.beaten_after_ns));
   }
 
   // --- Listening to the runtime ------------------------------------------------------
@@ -620,6 +637,9 @@ class Replayer final : public RuntimeObserver {
   OpReplayReport report_;
   std::int64_t recompute_ns_ = 0;  // summed cost of the recomputes run so far
   double thrash_limit_ = 1;        // options_.thrash_limit, or a learning step's
+  std::int64_t start_ns_ = 0;      // the simulated time as the reported step began
+  bool reporting_ = false;         // in the reported step (not a learning one)
+  bool beaten_ = false;            // stopped by CheckBeaten
   TensorOptions create_options_;   // Call's, refilled for every tensor it makes
 
   // Kept only where the replay listens to the runtime (a timeline).
@@ -732,7 +752,8 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
   // answer: a finished run before one that did not, then the shorter time,
   // then the earlier run (the first, where none finished).
   const std::string own = options.policy.text();
-  if (trials.empty()) trials.push_back({own, own});
+  const bool with_trials = !trials.empty();
+  if (!with_trials) trials.push_back({own, own});
   struct Run {
     std::string spec;
     bool drops_only;
@@ -756,6 +777,12 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
     OpReplayOptions o = options;
     o.policy = run.spec;
     if (run.drops_only) o.enable_offload = false;
+    // A trial that passes the time of the best finished run so far cannot
+    // be kept: it stops there ("beaten"), which bounds the cost of trials
+    // that thrash.
+    if (with_trials && kept.has_value() && kept->status == "ok") {
+      o.beaten_after_ns = kept->time_ns;
+    }
     SimTimeline timeline;
     if (options.timeline != nullptr) o.timeline = &timeline;
     absl::StatusOr<OpReplayReport> r = Replayer(trace, o).Run();

@@ -97,6 +97,10 @@ struct OpReplayOptions {
   // (bench/results/copy_ahead_2026-12-03.md).
   bool copy_ahead = true;
   double thrash_limit = 1.0;  // stop when recompute exceeds this x the trace's compute
+  // Stop, with status "beaten", once the reported step has run this long in
+  // simulated time (0: never): such a run cannot be the cheapest of several.
+  // ReplayOpTrace sets it for a policy's trials after the first that finished.
+  std::int64_t beaten_after_ns = 0;
   bool verify = false;
   // In verify mode the checks are host work queued on the simulated streams,
   // run only when the host waits. When this many are queued the host waits
@@ -143,7 +147,9 @@ struct MemoryBudget {
 std::size_t EffectiveMaxSplit(const OpReplayOptions& options);
 
 struct OpReplayReport {
-  std::string status;   // "ok", "oom" (nothing left to evict) or "thrash"
+  // "ok", "oom" (nothing left to evict), "thrash", or "beaten" (stopped at
+  // OpReplayOptions::beaten_after_ns: of a trial not kept, in other_plan_status)
+  std::string status;
   std::string message;  // why, when not ok
   std::string policy;
   std::uint64_t budget_bytes = 0;

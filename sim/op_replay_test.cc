@@ -255,6 +255,33 @@ TEST(OpReplayTest, HybridTriesEveryRankingAndIsNeverWorseThanAnyPolicyWithDropsO
           ASSERT_EQ(hybrid.status, "ok");
           EXPECT_LE(hybrid.time_ns, best_mixed);
         }
+        // The cheapest of the trials' runs, each replayed in full (the
+        // trials themselves stop once past the best so far).
+        {
+          bool trial_finished = false;
+          std::int64_t best_trial = std::numeric_limits<std::int64_t>::max();
+          auto policy = policies::Create("hybrid");
+          ASSERT_TRUE(policy.ok());
+          for (const policies::Trial& t : (*policy)->Trials()) {
+            OpReplayOptions each = o;
+            each.offload_guard = false;
+            each.policy = t.mixed;
+            for (bool drops_only : {false, true}) {
+              if (drops_only) {
+                if (t.drops.empty()) continue;
+                each.policy = t.drops;
+                each.enable_offload = false;
+              }
+              const OpReplayReport r = Replay(trace, each);
+              if (r.status != "ok") continue;
+              trial_finished = true;
+              best_trial = std::min(best_trial, r.time_ns);
+            }
+          }
+          if (trial_finished) {
+            EXPECT_EQ(hybrid.time_ns, best_trial);
+          }
+        }
         // The run kept is named and can be replayed alone to the same time.
         ASSERT_FALSE(hybrid.kept_policy.empty());
         if (hybrid.kept_policy.find("rank=own") == std::string::npos) ++other_rankings_kept;
@@ -270,6 +297,26 @@ TEST(OpReplayTest, HybridTriesEveryRankingAndIsNeverWorseThanAnyPolicyWithDropsO
     }
   }
   EXPECT_GT(other_rankings_kept, 0);  // (so the trials are not idle here)
+}
+
+// A run past beaten_after_ns stops: it could not have been the quicker.
+TEST(OpReplayTest, ARunPastTheTimeAnotherTookStopsBeaten) {
+  const OpTrace trace = Load("chain_100.jsonl");
+  OpReplayOptions o;
+  o.policy = "lru";
+  o.offload_guard = false;
+  MemoryBudget::FromRatio(0.5, Replay(trace, {}), Accounting::kLive).ApplyTo(o);
+  const OpReplayReport full = Replay(trace, o);
+  ASSERT_EQ(full.status, "ok");
+  o.beaten_after_ns = full.time_ns;  // as long as it takes: it ends
+  const OpReplayReport same = Replay(trace, o);
+  EXPECT_EQ(same.status, "ok");
+  EXPECT_EQ(same.time_ns, full.time_ns);
+  o.beaten_after_ns = full.time_ns / 2;
+  const OpReplayReport beaten = Replay(trace, o);
+  EXPECT_EQ(beaten.status, "beaten");
+  EXPECT_THAT(beaten.message, HasSubstr("beaten"));
+  EXPECT_LT(beaten.records, full.records);
 }
 
 TEST(OpReplayTest, UnderTheOffloadGuardVerifyModeChecksTheBytesOfBothRuns) {
