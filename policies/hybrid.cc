@@ -65,16 +65,19 @@ class Hybrid final : public EvictionPolicy {
   std::vector<Trial> Trials() const override {
     if (rank_ != "auto") return {};
     // Its own ranking first: where runs tie, the first is kept.
+    // Each run samples candidates as this one would.
+    const std::string sample = ",sample=" + sampling().ToString();
     std::vector<Trial> trials;
-    const std::string own = "hybrid:" + Params("own");
+    const std::string own = "hybrid:" + Params("own") + sample;
     trials.push_back({own, own});
     for (const std::string& name : KnownPolicies()) {
       if (name == "hybrid") continue;
-      trials.push_back({"hybrid:" + Params(name), name});
+      const std::string plain = name + ":" + sample.substr(1);
+      trials.push_back({"hybrid:" + Params(name) + sample, plain});
       // and the policy's own mixed plan (each tensor dropped when its
       // recompute costs no more than the round trip): where memory is
       // tightest it finishes runs that hybrid's pricing thrashes in.
-      trials.push_back({name, ""});
+      trials.push_back({plain, ""});
     }
     return trials;
   }

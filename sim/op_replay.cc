@@ -763,9 +763,14 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
     if (options.enable_offload) runs.push_back({t.mixed, false});
     if (!t.drops.empty() && (!options.enable_offload || guard)) runs.push_back({t.drops, true});
   }
-  std::optional<OpReplayReport> kept, other_kind;
-  std::string kept_spec;
-  SimTimeline kept_timeline;
+  if (runs.empty()) return absl::InvalidArgumentError("the policy's trials name no run to make");
+  // The best run of each kind (mixed, drop-only), with its spec and timeline.
+  struct Best {
+    std::optional<OpReplayReport> report;
+    std::string spec;
+    SimTimeline timeline;
+  };
+  Best best[2];
   double wall_seconds = 0;
   std::uint64_t verified = 0, verify_waits = 0, mismatches = 0;
   auto better = [](const OpReplayReport& a, const OpReplayReport& b) {
@@ -774,14 +779,15 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
     return a_ok && a.time_ns < b.time_ns;  // of runs that did not finish, the first
   };
   for (const Run& run : runs) {
+    Best& mine = best[run.drops_only ? 1 : 0];
     OpReplayOptions o = options;
     o.policy = run.spec;
     if (run.drops_only) o.enable_offload = false;
-    // A trial that passes the time of the best finished run so far cannot
-    // be kept: it stops there ("beaten"), which bounds the cost of trials
-    // that thrash.
-    if (with_trials && kept.has_value() && kept->status == "ok") {
-      o.beaten_after_ns = kept->time_ns;
+    // A trial that passes the time of the best finished run of its kind so
+    // far cannot be the best of its kind: it stops there ("beaten"), which
+    // bounds the cost of trials that thrash.
+    if (with_trials && mine.report.has_value() && mine.report->status == "ok") {
+      o.beaten_after_ns = mine.report->time_ns;
     }
     SimTimeline timeline;
     if (options.timeline != nullptr) o.timeline = &timeline;
@@ -792,34 +798,31 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
     verified += r->verified_accesses;
     verify_waits += r->verify_waits;
     mismatches += r->mismatches;
-    r->plan = run.drops_only && options.enable_offload ? "drop-only" : "mixed";
-    if (!kept.has_value() || better(*r, *kept)) {
-      // The run it displaces is a candidate for the best of the other kind.
-      if (kept.has_value() && kept->plan != r->plan &&
-          (!other_kind.has_value() || better(*kept, *other_kind))) {
-        other_kind = std::move(kept);
-      }
-      kept = *std::move(r);
-      kept_spec = run.spec;
-      if (options.timeline != nullptr) kept_timeline = std::move(timeline);
-    } else if (r->plan != kept->plan && (!other_kind.has_value() || better(*r, *other_kind))) {
-      other_kind = *std::move(r);
+    if (!mine.report.has_value() || better(*r, *mine.report)) {
+      mine.report = *std::move(r);
+      mine.spec = run.spec;
+      if (options.timeline != nullptr) mine.timeline = std::move(timeline);
     }
   }
-  OpReplayReport& report = *kept;
-  if (!options.enable_offload) report.plan.clear();  // one kind of run: nothing to name
-  if (other_kind.has_value()) {
-    report.other_plan_status = other_kind->status;
-    report.other_plan_time_ns = other_kind->time_ns;
+  // The mixed run unless the drop-only one is strictly better.
+  const bool keep_drops = !best[0].report.has_value() ||
+                          (best[1].report.has_value() && better(*best[1].report, *best[0].report));
+  Best& kept = best[keep_drops ? 1 : 0];
+  const Best& other = best[keep_drops ? 0 : 1];
+  OpReplayReport& report = *kept.report;
+  if (guard) {  // both kinds ran: name the one kept, and the other's best
+    report.plan = keep_drops ? "drop-only" : "mixed";
+    report.other_plan_status = other.report->status;
+    report.other_plan_time_ns = other.report->time_ns;
   }
   report.policy = own;
   report.trials = runs.size();
-  if (kept_spec != own) report.kept_policy = kept_spec;
+  if (kept.spec != own) report.kept_policy = kept.spec;
   report.wall_seconds = wall_seconds;
   report.verified_accesses = verified;
   report.verify_waits = verify_waits;
   report.mismatches = mismatches;
-  if (options.timeline != nullptr) *options.timeline = std::move(kept_timeline);
+  if (options.timeline != nullptr) *options.timeline = std::move(kept.timeline);
   return std::move(report);
 }
 

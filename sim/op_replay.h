@@ -99,7 +99,8 @@ struct OpReplayOptions {
   double thrash_limit = 1.0;  // stop when recompute exceeds this x the trace's compute
   // Stop, with status "beaten", once the reported step has run this long in
   // simulated time (0: never): such a run cannot be the cheapest of several.
-  // ReplayOpTrace sets it for a policy's trials after the first that finished.
+  // ReplayOpTrace sets it for a policy's trials: the best finished time of
+  // the run's kind (mixed or drop-only) so far.
   std::int64_t beaten_after_ns = 0;
   bool verify = false;
   // In verify mode the checks are host work queued on the simulated streams,
