@@ -644,6 +644,11 @@ void SimDevice::FailNextWaits(int count) {
   waits_to_fail_ = count;
 }
 
+void SimDevice::CorruptNextCopiesIn(int count) {
+  MutexLock lock(&mu_);
+  copies_in_to_corrupt_ = count;
+}
+
 absl::Status SimDevice::CopyAsync(void* dst, const void* src, std::size_t bytes, CopyKind kind,
                                   Stream stream) {
   MutexLock lock(&mu_);
@@ -669,7 +674,12 @@ absl::Status SimDevice::CopyAsync(void* dst, const void* src, std::size_t bytes,
   if (engine != nullptr) *engine = end;
   copied_[static_cast<int>(kind)] += bytes;
   if (options_.backed) {
-    pending_.push(PendingOp{end, next_seq_++, [dst, src, bytes] { std::memmove(dst, src, bytes); }});
+    const bool corrupt = kind == CopyKind::kHostToDevice && copies_in_to_corrupt_ > 0;
+    if (corrupt) --copies_in_to_corrupt_;
+    pending_.push(PendingOp{end, next_seq_++, [dst, src, bytes, corrupt] {
+                              std::memmove(dst, src, bytes);
+                              if (corrupt) *static_cast<unsigned char*>(dst) ^= 0x5a;
+                            }});
   }
   return absl::OkStatus();
 }

@@ -148,6 +148,10 @@ class SimDevice final : public Device {
   void FailNextCopies(int count);
   // Likewise the next `count` StreamWaitEvent calls (the stream waits for nothing).
   void FailNextWaits(int count);
+  // Fault injection for tests of byte checks: in backed mode, the next
+  // `count` host-to-device copies deliver their bytes with the first one
+  // flipped, as a faulty link would.
+  void CorruptNextCopiesIn(int count);
 
  private:
   // Address ranges handed out first-fit from a fixed window.
@@ -222,6 +226,7 @@ class SimDevice final : public Device {
   std::uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::int64_t running_end_ns_ ABSL_GUARDED_BY(mu_) = -1;  // op being executed, if any
   int copies_to_fail_ ABSL_GUARDED_BY(mu_) = 0;
+  int copies_in_to_corrupt_ ABSL_GUARDED_BY(mu_) = 0;
   int waits_to_fail_ ABSL_GUARDED_BY(mu_) = 0;
   std::int64_t busy_until_ns_ ABSL_GUARDED_BY(mu_) = 0;    // latest completion ever queued
   // When each copy engine finishes what it was given ([0] host to device,

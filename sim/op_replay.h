@@ -109,6 +109,9 @@ struct OpReplayOptions {
   // holds a few hundred bytes) and shifts the simulated time as any wait
   // does: verify mode's times are not the model's.
   std::size_t verify_queue_limit = std::size_t{1} << 16;
+  // For tests that the checks catch a bad byte: in verify mode, the first
+  // this many copies back to the device arrive with a byte flipped.
+  int corrupt_copies_in = 0;
   std::uint64_t scale = 1;  // divide every size by this (rounded up)
   // When set: cleared, then filled with the run's timeline (not with
   // Future::kLearned).

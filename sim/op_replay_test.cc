@@ -460,6 +460,27 @@ TEST(OpReplayTest, TransformerStepVerifiesUnderPressure) {
   }
 }
 
+// The checks are not vacuous: one byte flipped on the way back from host
+// memory is a mismatch, and the same run without the flip has none.
+TEST(OpReplayTest, VerifyModeCatchesAByteFlippedOnTheWayBack) {
+  const OpTrace trace = Load("chain_100.jsonl");
+  OpReplayOptions options;
+  options.policy = "lru";
+  options.verify = true;
+  options.scale = 64;
+  options.live_budget = trace.peak_live_bytes / 64 / 2;
+  options.enable_drop = false;  // every eviction an offload, every return a copy back
+  options.thrash_limit = 100;
+  const OpReplayReport clean = Replay(trace, options);
+  EXPECT_EQ(clean.status, "ok") << clean.message;
+  ASSERT_GT(clean.restored_bytes, 0u);
+  EXPECT_EQ(clean.mismatches, 0u);
+  options.corrupt_copies_in = 1;
+  const OpReplayReport flipped = Replay(trace, options);
+  EXPECT_EQ(flipped.status, "ok") << flipped.message;
+  EXPECT_GE(flipped.mismatches, 1u);
+}
+
 TEST(OpReplayTest, VerifyModeBoundsItsQueueOfChecks) {
   // Checks run when the host waits; a replay that never waits would queue
   // one per access to the end (memory growing with the trace). With a small
