@@ -61,6 +61,18 @@ struct StatArray {
     pools[kAggregatePool].current -= amount;
     pools[pool].Decrease(amount);
   }
+  // Up by `amount` and straight back down (Increase, then Decrease): the
+  // peaks and the totals see it, the current values do not change.
+  void Pass(StatPool pool, std::int64_t amount) {
+    Stat& all = pools[kAggregatePool];
+    if (all.current + amount > all.peak) [[unlikely]] all.peak = all.current + amount;
+    Stat& s = pools[pool];
+    s.allocated += amount;
+    if (s.current + amount > s.peak) [[unlikely]] s.peak = s.current + amount;
+  }
+  // Down by `amount` and straight back up (Decrease, then Increase): only the
+  // totals see it.
+  void Dip(StatPool pool, std::int64_t amount) { pools[pool].allocated += amount; }
   void Complete() {
     for (int p : {kSmallPool, kLargePool}) {
       pools[p].freed = pools[p].allocated - (pools[p].current - pools[p].base);

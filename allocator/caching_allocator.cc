@@ -130,6 +130,7 @@ CachingAllocator::CachingAllocator(Device* device, AllocatorOptions options)
 
 CachingAllocator::~CachingAllocator() {
   MutexLock lock(&mu_);
+  Settle();
   ProcessPendingFrees(/*wait=*/true);
   if (!live_.empty()) {
     REMAT_LOG(kWarning, "CachingAllocator destroyed with %d live allocations (%s); releasing anyway",
@@ -201,10 +202,27 @@ absl::StatusOr<void*> CachingAllocator::Allocate(std::size_t bytes, Stream strea
   const std::size_t size = round_divisions_ ? RoundRequest(bytes) : RoundSize(bytes);
   Pool& pool = PoolFor(size);
   MutexLock lock(&mu_);
-  if (Block* b = FindFreeBlock(pool, size, stream)) return Commit(b, size, bytes, stream, owner);
+  if (undone_ != nullptr) {
+    // The last call freed the block the call before it allocated: the same
+    // request on the same stream gets it back (see Redo).
+    if (size == last_alloc_size_ && undone_->stream == stream) {
+      return reinterpret_cast<void*>(Redo(bytes, stream, owner)->addr);
+    }
+    Settle();
+  }
+  if (Block* b = FindFreeBlock(pool, size, stream)) {
+    Block* taken = Commit(b, size, bytes, stream, owner);
+    if (options_.fast_undo) {
+      last_alloc_ = taken;
+      last_alloc_size_ = size;
+    }
+    return reinterpret_cast<void*>(taken->addr);
+  }
+  last_alloc_ = nullptr;
   absl::StatusOr<Block*> slow = AllocateSlow(pool, size, bytes, stream);
   if (!slow.ok()) return slow.status();
-  return Commit(*slow, size, bytes, stream, owner);
+  last_alloc_ = nullptr;  // (others may have called while the lock was released)
+  return reinterpret_cast<void*>(Commit(*slow, size, bytes, stream, owner)->addr);
 }
 
 REMAT_HOT_INLINE bool CachingAllocator::Fits(const Block* b, std::size_t size) const {
@@ -238,14 +256,15 @@ REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::FindFreeBlock(Pool& 
   return best;
 }
 
-REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, std::size_t size,
-                                                std::size_t requested, Stream stream,
-                                                std::uint64_t owner) {
-  const StatPool sp = StatPoolOf(PoolOf(block));
+REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::Commit(Block* block, std::size_t size,
+                                                                  std::size_t requested,
+                                                                  Stream stream,
+                                                                  std::uint64_t owner) {
   const std::size_t remaining = block->size - size;
   const bool fixed_large = block->segment->large && page_size_ == 0;
   const bool worth_keeping = fixed_large ? remaining > kSmallSize : remaining >= kMinBlockSize;
-  if (worth_keeping && (page_size_ != 0 || block->size <= options_.max_split_size)) {
+  last_alloc_split_ = worth_keeping && (page_size_ != 0 || block->size <= options_.max_split_size);
+  if (last_alloc_split_) {
     // The free block stays in the set as the remainder (usually without
     // moving in it); the allocation gets a fresh Block in front of it.
     Block* taken = NewBlock();
@@ -266,6 +285,14 @@ REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, std::size_t size,
   } else {
     EraseFree(block);
   }
+  return HandOut(block, requested, stream, owner);
+}
+
+REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::HandOut(Block* block,
+                                                                   std::size_t requested,
+                                                                   Stream stream,
+                                                                   std::uint64_t owner) {
+  const StatPool sp = StatPoolOf(PoolOf(block));
   block->allocated = true;
   block->shared = false;
   block->generation = ++allocations_made_;
@@ -280,7 +307,86 @@ REMAT_HOT_INLINE void* CachingAllocator::Commit(Block* block, std::size_t size,
   stats_.requested_bytes.Increase(sp, static_cast<std::int64_t>(requested));
   if (pending_stats_.count.current[kAggregatePool] != 0) [[unlikely]] NotePendingPeak(sp);
   RecordTrace(TraceAction::kAlloc, block->addr, block->size, requested, stream);
-  return reinterpret_cast<void*>(block->addr);
+  return block;
+}
+
+// The undo fast path. Allocate remembers the block it took from the free set
+// directly (last_alloc_). When the very next call frees that block on its
+// stream, and putting it back would only undo the allocation (it merges with
+// the rest the allocation split off, or with nothing, and the merged block
+// merges with nothing more), the free sets it aside instead (undone_). The
+// next call then either asks for the same size on the same stream, and gets
+// the block back with no search, no split and no merge (Redo), or puts it
+// back first (Settle), as the free would have. Nothing can tell the two
+// paths apart:
+// * Redo returns what the full path would. The merged block has the key the
+//   block the allocation took had (same size and address, now private to
+//   the stream), every other free block is as it was then, and best fit
+//   depends on keys alone, so the search would find the merged block again
+//   and split it the same way.
+// * Every other call, every observer (statistics, snapshots, memory maps,
+//   error messages) and every return of the lock (after the pressure
+//   handler, say) settles first, and so sees the full path's state.
+// * Redo counts the statistics the merge and the split would have (the
+//   split statistics' peaks pass through the merged block), and gives the
+//   rest the merged block's free_seq.
+// The allocator's differential test replays random calls with and without
+// the fast path and compares every address, statistic and snapshot.
+
+REMAT_HOT_INLINE bool CachingAllocator::UndoesCleanly(const Block* b) const {
+  // A free neighbour usually merged with the block the allocation took, but
+  // not always: a block shared after its neighbour was freed private stays
+  // apart from it, and once taken whole and freed private, it would merge.
+  if (CanMerge(b, b->prev)) return false;
+  if (!last_alloc_split_) return !CanMerge(b, b->next);
+  const Block* rest = b->next;  // what the allocation split off, still free
+  return CanMerge(b, rest) && !rest->shared && rest->stream == b->stream &&
+         !CanMerge(rest, rest->next);
+}
+
+REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::Redo(std::size_t requested,
+                                                                Stream stream,
+                                                                std::uint64_t owner) {
+  Block* b = std::exchange(undone_, nullptr);
+  // The split statistics as the merge, then the split, would count them
+  // (CountResize there and back); the other free-set counters end as they
+  // were.
+  const Segment* seg = b->segment;
+  const StatPool sp = seg->large ? kLargePool : kSmallPool;
+  const auto split_bytes = [seg](std::size_t size) -> std::int64_t {
+    return size != seg->whole_size ? static_cast<std::int64_t>(size) : 0;
+  };
+  std::int64_t before = 0;  // the free block's split bytes after the allocation
+  std::int64_t merged = split_bytes(b->size);  // and after the free (the merged block)
+  if (last_alloc_split_) {
+    Block* rest = b->next;
+    before = split_bytes(rest->size);
+    merged = split_bytes(rest->size + b->size);
+    rest->free_seq = b->free_seq;  // the merged block's: the later of the two
+  }
+  if (merged > before) {
+    stats_.inactive_split_bytes.Pass(sp, merged - before);
+    if (before == 0) stats_.inactive_split.Pass(sp, 1);
+  } else if (merged < before) {
+    stats_.inactive_split_bytes.Dip(sp, before - merged);
+    if (merged == 0) stats_.inactive_split.Dip(sp, 1);
+  }
+  last_alloc_ = b;
+  ++redone_;
+  return HandOut(b, requested, stream, owner);
+}
+
+void CachingAllocator::Settle() const {
+  if (undone_ == nullptr) [[likely]] return;
+  // Logically const: this completes a free exactly as it would have been
+  // completed when it was made (the allocator is never created const).
+  auto* self = const_cast<CachingAllocator*>(this);
+  self->InsertCoalesced(std::exchange(self->undone_, nullptr));
+}
+
+void CachingAllocator::EndUndo() {
+  Settle();
+  last_alloc_ = nullptr;
 }
 
 absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& pool,
@@ -319,6 +425,7 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
       mu_.Unlock();
       std::this_thread::yield();
       mu_.Lock();
+      EndUndo();
       continue;
     }
     // Ask the runtime to evict, and retry while it makes progress. A request
@@ -339,6 +446,7 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     mu_.Unlock();
     const bool progress = (*handler)(request);
     mu_.Lock();
+    EndUndo();
     if (!progress && free_epoch_ == epoch) break;
   }
   ++stats_.num_ooms;
@@ -365,6 +473,7 @@ CachingAllocator::Block* CachingAllocator::ReserveSegment(Pool& pool, std::size_
     mu_.Unlock();
     absl::StatusOr<void*> got = device_->ReserveSegment(bytes);
     mu_.Lock();
+    EndUndo();
     reserving_bytes_ -= bytes;
     ++free_epoch_;  // waiters look again
     return got;
@@ -591,6 +700,7 @@ std::size_t CachingAllocator::UnmapPages(Segment* seg, std::uintptr_t lo, std::u
 
 absl::StatusOr<std::size_t> CachingAllocator::Unback(void* ptr) {
   MutexLock lock(&mu_);
+  EndUndo();
   Block* b = live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
   if (b == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Unback"));
   if (!b->segment->expandable) {
@@ -623,6 +733,7 @@ void CachingAllocator::ForgetUnbacking(Block* block) {
 
 absl::Status CachingAllocator::Reback(void* ptr, Stream stream) {
   MutexLock lock(&mu_);
+  EndUndo();
   Block* b = live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
   if (b == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Reback"));
   if (b->unbacked_hi == 0) {
@@ -660,6 +771,7 @@ absl::Status CachingAllocator::Reback(void* ptr, Stream stream) {
     mu_.Unlock();
     const bool progress = (*handler)(request);
     mu_.Lock();
+    EndUndo();
     // Others ran meanwhile: the block may have been freed (and its Block
     // reused), or backed again by another caller.
     if (live_.Find(reinterpret_cast<std::uintptr_t>(ptr)) != b || b->generation != generation) {
@@ -858,12 +970,17 @@ absl::Status CachingAllocator::RecordUses(Block* block, const Stream* stream,
 }
 
 REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stream* stream) {
+  Settle();
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   const std::size_t at = live_.Locate(addr);
   if (at == AddressMap<Block>::kNotFound) {
     return absl::InvalidArgumentError(DescribeBadPointer(ptr, "Free"));
   }
   Block* block = live_.Value(at);
+  // Whether this free may undo the last call's allocation (see Redo).
+  const bool undoes = block == last_alloc_ && (stream == nullptr || *stream == block->stream) &&
+                      block->unbacked_hi == 0;
+  last_alloc_ = nullptr;
   std::vector<Event> events;
   // Events first: if one cannot be recorded, nothing has changed.
   if (!block->extra_streams.empty()) [[unlikely]] {
@@ -879,6 +996,15 @@ REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stre
   block->allocated = false;
   if (stream != nullptr) block->stream = *stream;
   if (events.empty()) {
+    if (undoes) {
+      ResetFreed(block, block->stream);
+      if (UndoesCleanly(block)) {
+        undone_ = block;
+      } else {
+        InsertCoalesced(block);
+      }
+      return absl::OkStatus();
+    }
     ReturnBlock(block, block->stream);
   } else {
     block->pending_free = true;
@@ -890,6 +1016,18 @@ REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stre
 }
 
 REMAT_HOT_INLINE void CachingAllocator::ReturnBlock(Block* block, Stream stream) {
+  ResetFreed(block, stream);
+  if (block->unbacked_hi != 0) [[unlikely]] {
+    if (block->unbacked_done) {
+      ReturnUnbacked(block);
+      return;
+    }
+    ForgetUnbacking(block);  // its pages are still mapped: an ordinary free
+  }
+  InsertCoalesced(block);
+}
+
+REMAT_HOT_INLINE void CachingAllocator::ResetFreed(Block* block, Stream stream) {
   if (block->pending_free) [[unlikely]] {
     CountPending(StatPoolOf(PoolOf(block)), -1, static_cast<std::int64_t>(block->size));
   }
@@ -903,14 +1041,6 @@ REMAT_HOT_INLINE void CachingAllocator::ReturnBlock(Block* block, Stream stream)
   block->shared = false;
   block->free_seq = next_free_seq_++;
   ++free_epoch_;
-  if (block->unbacked_hi != 0) [[unlikely]] {
-    if (block->unbacked_done) {
-      ReturnUnbacked(block);
-      return;
-    }
-    ForgetUnbacking(block);  // its pages are still mapped: an ordinary free
-  }
-  InsertCoalesced(block);
 }
 
 REMAT_HOT_INLINE bool CachingAllocator::CanMerge(const Block* a, const Block* b) const {
@@ -1025,45 +1155,46 @@ REMAT_HOT_INLINE void CachingAllocator::RekeyFree(Block* b, std::uintptr_t addr,
     auto next = std::next(it);
     in_place = next == set.end() || key < KeyOf(*next);
   }
-  if (!in_place) {
-    CountFree(b, -1);
-    set.erase(it);
-    b->addr = addr;
-    b->size = size;
-    b->stream = stream;
-    b->shared = shared;
-    b->partition = key.partition;
-    b->free_pos = set.insert(b).first;
-    CountFree(b, +1);
-    return;
-  }
-  // Same partition, same place: only the split statistics can change.
+  // The counters change by the difference, whether or not the block moves
+  // in the set: statistics do not depend on the tree's shape.
+  if (b->shared != shared) PoolOf(b).shared_count += shared ? 1 : -1;
   if (b->segment->expandable) {
     free_page_bytes_ = free_page_bytes_ - WholePageBytes(b->addr, b->size, page_size_) +
                        WholePageBytes(addr, size, page_size_);
   }
-  const std::size_t segment_size = b->segment->whole_size;
-  const std::int64_t old_split = b->size != segment_size ? static_cast<std::int64_t>(b->size) : 0;
-  const std::int64_t new_split = size != segment_size ? static_cast<std::int64_t>(size) : 0;
-  if (old_split != new_split) {
-    const StatPool sp = b->segment->large ? kLargePool : kSmallPool;
-    if (old_split == 0) {
-      stats_.inactive_split.Increase(sp, 1);
-      --whole_free_segments_;
-    } else if (new_split == 0) {
-      stats_.inactive_split.Decrease(sp, 1);
-      ++whole_free_segments_;
-    }
-    if (new_split > old_split) {
-      stats_.inactive_split_bytes.Increase(sp, new_split - old_split);
-    } else {
-      stats_.inactive_split_bytes.Decrease(sp, old_split - new_split);
-    }
-  }
+  CountResize(b->segment, b->size, size);
   b->addr = addr;
   b->size = size;
   b->stream = stream;
   b->shared = shared;
+  if (!in_place) {
+    set.erase(it);
+    b->partition = key.partition;
+    b->free_pos = set.insert(b).first;
+  }
+}
+
+REMAT_HOT_INLINE void CachingAllocator::CountResize(const Segment* seg, std::size_t old_size,
+                                                    std::size_t new_size) {
+  // A free block spanning its whole segment is not split: it counts among
+  // the whole free segments instead.
+  const std::size_t whole = seg->whole_size;
+  const std::int64_t old_split = old_size != whole ? static_cast<std::int64_t>(old_size) : 0;
+  const std::int64_t new_split = new_size != whole ? static_cast<std::int64_t>(new_size) : 0;
+  if (old_split == new_split) return;
+  const StatPool sp = seg->large ? kLargePool : kSmallPool;
+  if (old_split == 0) {
+    stats_.inactive_split.Increase(sp, 1);
+    --whole_free_segments_;
+  } else if (new_split == 0) {
+    stats_.inactive_split.Decrease(sp, 1);
+    ++whole_free_segments_;
+  }
+  if (new_split > old_split) {
+    stats_.inactive_split_bytes.Increase(sp, new_split - old_split);
+  } else {
+    stats_.inactive_split_bytes.Decrease(sp, old_split - new_split);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -1215,6 +1346,7 @@ std::size_t CachingAllocator::ReleaseCachedSegments() {
 
 absl::Status CachingAllocator::EmptyCache() {
   MutexLock lock(&mu_);
+  EndUndo();
   ProcessPendingFrees(/*wait=*/true);
   HarvestStreams(nullptr, /*wait=*/true);
   ReleaseCachedSegments();
@@ -1223,6 +1355,7 @@ absl::Status CachingAllocator::EmptyCache() {
 
 absl::Status CachingAllocator::RecordStream(void* ptr, Stream stream) {
   MutexLock lock(&mu_);
+  EndUndo();
   Block* b = live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
   if (b == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "RecordStream"));
   if (stream == b->stream) return absl::OkStatus();
@@ -1247,6 +1380,7 @@ absl::Status CachingAllocator::SetBudget(std::size_t budget) {
         FormatBytes(kSmallBuffer), FormatBytes(device_->Capacity()), budget));
   }
   MutexLock lock(&mu_);
+  EndUndo();
   budget_ = budget;
   if (static_cast<std::size_t>(stats_.reserved_bytes.all().current) > budget_) {
     ProcessPendingFrees(/*wait=*/true);
@@ -1256,6 +1390,11 @@ absl::Status CachingAllocator::SetBudget(std::size_t budget) {
   return absl::OkStatus();
 }
 
+std::uint64_t CachingAllocator::fast_undo_count() const {
+  MutexLock lock(&mu_);
+  return redone_;
+}
+
 std::size_t CachingAllocator::budget() const {
   MutexLock lock(&mu_);
   return budget_;
@@ -1263,6 +1402,7 @@ std::size_t CachingAllocator::budget() const {
 
 absl::Status CachingAllocator::SetOwner(void* ptr, std::uint64_t owner) {
   MutexLock lock(&mu_);
+  EndUndo();
   Block* b = live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
   if (b == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "SetOwner"));
   b->owner = owner;
@@ -1271,6 +1411,7 @@ absl::Status CachingAllocator::SetOwner(void* ptr, std::uint64_t owner) {
 
 absl::StatusOr<std::size_t> CachingAllocator::BlockSize(const void* ptr) const {
   MutexLock lock(&mu_);
+  Settle();
   const Block* b = live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
   if (b == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "BlockSize"));
   return b->size;
@@ -1287,6 +1428,7 @@ bool CachingAllocator::ContainsAddress(const void* ptr) const {
 
 absl::StatusOr<std::size_t> CachingAllocator::AdjacentFreeBytes(const void* ptr) const {
   MutexLock lock(&mu_);
+  Settle();
   const Block* b = live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
   if (b == nullptr) return absl::InvalidArgumentError(DescribeBadPointer(ptr, "AdjacentFreeBytes"));
   std::size_t bytes = 0;
@@ -1345,11 +1487,13 @@ AllocatorStats CachingAllocator::StatsLocked() const {
 
 AllocatorStats CachingAllocator::GetStats() const {
   MutexLock lock(&mu_);
+  Settle();
   return StatsLocked();
 }
 
 void CachingAllocator::ResetPeakStats() {
   MutexLock lock(&mu_);
+  EndUndo();
   stats_.ResetPeaks();
   pending_stats_.count.ResetPeak(stats_.allocation);
   pending_stats_.bytes.ResetPeak(stats_.allocated_bytes);
@@ -1357,6 +1501,7 @@ void CachingAllocator::ResetPeakStats() {
 
 void CachingAllocator::ResetAccumulatedStats() {
   MutexLock lock(&mu_);
+  EndUndo();
   stats_.ResetAccumulated();
   pending_stats_.count.base = pending_stats_.count.current;
   pending_stats_.bytes.base = pending_stats_.bytes.current;
@@ -1374,6 +1519,7 @@ BlockState StateOf(bool allocated, bool pending_free) {
 
 Snapshot CachingAllocator::TakeSnapshot() const {
   MutexLock lock(&mu_);
+  Settle();
   Snapshot snap;
   snap.device = device_->Describe();
   snap.budget = budget_;
@@ -1426,6 +1572,7 @@ Snapshot CachingAllocator::TakeSnapshot() const {
 
 MemoryMap CachingAllocator::GetMemoryMap() const {
   MutexLock lock(&mu_);
+  Settle();
   MemoryMap map;
   map.segments.reserve(segments_.size());
   for (const auto& [addr, seg] : segments_) {

@@ -113,6 +113,13 @@ struct AllocatorOptions {
   // (the simulator's replays, which own their allocator). An uncontended lock
   // and unlock are two atomic operations per call.
   bool thread_safe = true;
+  // The undo fast path: an allocation freed by the very next call is set
+  // aside uncoalesced, and a request for the same size on the same stream
+  // that comes next takes it back at once. What every call returns and every
+  // observer sees is what the full path gives (the same addresses,
+  // statistics and snapshots: see Redo in caching_allocator.cc). false:
+  // always the full path, for comparisons.
+  bool fast_undo = true;
 };
 
 // What the allocator asks of the pressure handler.
@@ -202,6 +209,9 @@ class CachingAllocator {
   void ResetAccumulatedStats();
   Snapshot TakeSnapshot() const;
   MemoryMap GetMemoryMap() const;
+
+  // How many allocations the undo fast path served (AllocatorOptions::fast_undo).
+  std::uint64_t fast_undo_count() const;
 
   Device* device() const { return device_; }
   const AllocatorOptions& options() const { return options_; }
@@ -333,9 +343,24 @@ class CachingAllocator {
   Block* FindFreeBlock(Pool& pool, std::size_t size, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Fits(const Block* b, std::size_t size) const;
-  // Allocates from the free block `block`.
-  void* Commit(Block* block, std::size_t size, std::size_t requested, Stream stream,
-               std::uint64_t owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Allocates from the free block `block`; returns the block allocated.
+  Block* Commit(Block* block, std::size_t size, std::size_t requested, Stream stream,
+                std::uint64_t owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks a block (out of the free set, split off) allocated: fields, the
+  // live map, statistics, the trace.
+  Block* HandOut(Block* block, std::size_t requested, Stream stream, std::uint64_t owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The undo fast path (see Redo in the .cc). Whether putting the freed
+  // last allocation `b` back would only undo that allocation.
+  bool UndoesCleanly(const Block* b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the block set aside (undone_) out again, as the full path would.
+  Block* Redo(std::size_t requested, Stream stream, std::uint64_t owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts the block set aside into the free set, as its free would have.
+  void Settle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Settles, and forgets the last allocation: for every call that may change
+  // the allocator's state, and wherever the lock was given back meanwhile.
+  void EndUndo() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> AllocateSlow(Pool& pool, std::size_t size, std::size_t requested,
                                       Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Block* ReserveSegment(Pool& pool, std::size_t size, Stream stream)
@@ -387,6 +412,9 @@ class CachingAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns an inactive block to its pool, private to `stream`, coalesced.
   void ReturnBlock(Block* block, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReturnBlock's first part: the freed block's fields and counters, before
+  // it goes back into the free set.
+  void ResetFreed(Block* block, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts an inactive block (not in the free set) into it, merged with the
   // free neighbours it may merge with.
   void InsertCoalesced(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -398,6 +426,9 @@ class CachingAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds (+1) or removes (-1) a free block's share of the free-set counters.
   void CountFree(const Block* b, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free block of `seg` grows or shrinks: its split statistics change.
+  void CountResize(const Segment* seg, std::size_t old_size, std::size_t new_size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes pending frees whose events are done (all of them when `wait`).
   void ProcessPendingFrees(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes streams' freed blocks shared once events behind them complete: every
@@ -452,6 +483,15 @@ class CachingAllocator {
   std::vector<std::unique_ptr<Block[]>> block_chunks_ ABSL_GUARDED_BY(mu_);
   std::size_t block_chunk_size_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t next_free_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  // The undo fast path: the block the last call allocated from the free set
+  // directly (nullptr after any other call), its request's rounded size, and
+  // whether that allocation split a free block (whose rest follows it); and
+  // a block its free set aside, not yet in the free set.
+  Block* last_alloc_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::size_t last_alloc_size_ ABSL_GUARDED_BY(mu_) = 0;
+  bool last_alloc_split_ ABSL_GUARDED_BY(mu_) = false;
+  Block* undone_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::uint64_t redone_ ABSL_GUARDED_BY(mu_) = 0;
   // Bumped whenever memory becomes free, so a slow path that released the
   // lock knows whether someone else freed memory meanwhile.
   std::uint64_t free_epoch_ ABSL_GUARDED_BY(mu_) = 0;
