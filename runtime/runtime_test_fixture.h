@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "base/byte_pattern.h"
 #include "device/sim_device.h"
 #include "gtest/gtest.h"
 #include "runtime/runtime.h"
@@ -26,19 +27,6 @@ struct ScriptedChain {
   TensorId x, a, b, c, d, e;
 };
 
-// Deterministic contents: byte k of a tensor is a function of its tag and of
-// its inputs' bytes, so a recompute that read the wrong input, or a restore
-// that brought back the wrong bytes, shows as a mismatch.
-inline void Fill(unsigned char* out, std::size_t bytes, std::uint32_t tag,
-          const std::vector<const unsigned char*>& ins, const std::vector<std::size_t>& sizes) {
-  for (std::size_t k = 0; k < bytes; ++k) {
-    std::uint32_t v = tag * 2654435761u + static_cast<std::uint32_t>(k) * 40503u;
-    for (std::size_t j = 0; j < ins.size(); ++j) {
-      if (sizes[j] > 0) v += ins[j][k % sizes[j]] * (j + 3);
-    }
-    out[k] = static_cast<unsigned char>(v ^ (v >> 11));
-  }
-}
 
 class RuntimeTest : public ::testing::Test {
  protected:
@@ -78,7 +66,7 @@ class RuntimeTest : public ::testing::Test {
       sizes.push_back(sizes_.at(in));
       in_bytes.push_back(expected_.at(in).data());
     }
-    if (device->backed()) Fill(want.data(), bytes, tag, in_bytes, sizes);
+    if (device->backed()) WriteDerivedBytes(want.data(), bytes, tag, in_bytes, sizes);
     const bool backed = device->backed();
     // With check_in_closures_, a closure first checks the runtime's
     // invariants as they stand while it runs (the lock let go, mid-regeneration).
@@ -97,7 +85,7 @@ class RuntimeTest : public ::testing::Test {
             for (std::size_t j = 0; j < ins.size(); ++j) {
               in[j] = static_cast<const unsigned char*>(ins[j]);
             }
-            Fill(static_cast<unsigned char*>(args.output), bytes, tag, in, sizes);
+            WriteDerivedBytes(static_cast<unsigned char*>(args.output), bytes, tag, in, sizes);
           },
           cost_ns);
     };

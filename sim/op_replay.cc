@@ -1,10 +1,8 @@
 #include "sim/op_replay.h"
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -16,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/alloc_conf.h"
 #include "allocator/caching_allocator.h"
+#include "base/byte_pattern.h"
 #include "base/units.h"
 #include "device/sim_device.h"
 #include "policies/registry.h"
@@ -26,67 +25,6 @@
 
 namespace remat {
 namespace {
-
-// The bytes a call writes into one output: a pattern of the output's index,
-// plus each input's bytes (repeated where the input is shorter) times an odd
-// factor, so that any one wrong input byte changes the output. --verify
-// replays move every byte of every tensor, so this works on 8 and 16 bytes
-// at a time (GCC and Clang vector types) with no division.
-using Bytes16 = unsigned char __attribute__((vector_size(16)));
-
-void WriteOutput(unsigned char* out, std::size_t bytes, std::uint32_t tensor,
-                 const std::vector<const unsigned char*>& ins,
-                 const std::vector<std::size_t>& sizes) {
-  std::uint64_t x = (tensor + 1) * 0x9e3779b97f4a7c15ull;
-  std::size_t k = 0;
-  for (; k < bytes; k += sizeof x) {
-    x += 0x9e3779b97f4a7c15ull;  // splitmix64: a new word per 8 bytes
-    std::uint64_t w = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    w = (w ^ (w >> 27)) * 0x94d049bb133111ebull;
-    w ^= w >> 31;
-    std::memcpy(out + k, &w, std::min(sizeof w, bytes - k));
-  }
-  for (std::size_t j = 0; j < ins.size(); ++j) {
-    if (sizes[j] == 0) continue;
-    const auto factor = static_cast<unsigned char>(2 * j + 3);
-    for (std::size_t at = 0; at < bytes; at += sizes[j]) {
-      const std::size_t run = std::min(sizes[j], bytes - at);
-      const unsigned char* in = ins[j];
-      unsigned char* o = out + at;
-      std::size_t i = 0;
-      for (; i + sizeof(Bytes16) <= run; i += sizeof(Bytes16)) {
-        Bytes16 a, b;
-        std::memcpy(&a, o + i, sizeof a);
-        std::memcpy(&b, in + i, sizeof b);
-        a += b * factor;
-        std::memcpy(o + i, &a, sizeof a);
-      }
-      for (; i < run; ++i) o[i] = static_cast<unsigned char>(o[i] + in[i] * factor);
-    }
-  }
-}
-
-// A 64-bit checksum of a tensor's bytes: four independent lanes over 8-byte
-// words (so the multiplies overlap), the tail byte by byte, then the lanes
-// and the length folded together.
-std::uint64_t Checksum(const unsigned char* p, std::size_t bytes) {
-  constexpr std::uint64_t kPrime = 1099511628211ull;
-  std::uint64_t lane[4] = {1469598103934665603ull, 0x9e3779b97f4a7c15ull,
-                           0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull};
-  std::size_t k = 0;
-  for (; k + 32 <= bytes; k += 32) {
-    for (int i = 0; i < 4; ++i) {
-      std::uint64_t w;
-      std::memcpy(&w, p + k + 8 * i, sizeof w);
-      lane[i] = (lane[i] ^ w) * kPrime;
-      lane[i] ^= lane[i] >> 29;
-    }
-  }
-  std::uint64_t h = lane[0] ^ std::rotl(lane[1], 17) ^ std::rotl(lane[2], 31) ^
-                    std::rotl(lane[3], 47) ^ bytes;
-  for (; k < bytes; ++k) h = (h ^ p[k]) * kPrime;
-  return h * kPrime;
-}
 
 // Replays a trace through a runtime of its own. It tells the runtime each
 // tensor's next use where the policy wants it (the runtime then prefetches
@@ -365,8 +303,8 @@ class Replayer final : public RuntimeObserver {
         stream,
         [=] {
           auto* p = static_cast<unsigned char*>(out_ptr);
-          if (bytes != 0) WriteOutput(p, bytes, storage, ins, sizes);
-          const std::uint64_t sum = Checksum(p, bytes);
+          if (bytes != 0) WriteDerivedBytes(p, bytes, storage, ins, sizes);
+          const std::uint64_t sum = ByteChecksum(p, bytes);
           if (first) {
             (*checksums)[storage] = sum;
           } else {
@@ -388,7 +326,7 @@ class Replayer final : public RuntimeObserver {
     auto counters = counters_;
     (void)device_->LaunchHostFunc(stream, [=] {
       ++counters->verified;
-      if (Checksum(static_cast<const unsigned char*>(ptr), bytes) != (*checksums)[storage]) {
+      if (ByteChecksum(static_cast<const unsigned char*>(ptr), bytes) != (*checksums)[storage]) {
         ++counters->mismatches;
       }
     });
