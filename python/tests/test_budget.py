@@ -203,6 +203,55 @@ def test_the_offload_guard_keeps_the_quicker_plan(faster):
     b.close()
 
 
+@pytest.mark.parametrize("fastest", ["dtr-eq drop-only", "lru mixed", "hybrid mixed"])
+def test_a_list_of_policies_is_tried_and_the_quickest_plan_kept(fastest):
+    # Each policy's mixed and drop-only plans in turn, TRIAL_STEPS steps
+    # each, gradients bitwise equal to a plain step's throughout; the rest
+    # run with the plan whose timed steps were quickest.
+    policies = ["lru", "dtr-eq", "hybrid"]
+    b = remat.torch.budget(int(saved_bytes_of(models.gpt) * 0.4), policy=policies, offload=True,
+                           recompute=True)
+    plans = [f"{p} {kind}" for p in policies for kind in ("mixed", "drop-only")]
+    b._clock = _timed_by_plan(b, {plan: 1.0 if plan == fastest else 2.0 for plan in plans})
+    trial = len(plans) * remat.torch.budget.TRIAL_STEPS
+    figures = steps_under(b, models.gpt, trial + 2)
+    assert [f["plan"] for f in figures] == ["trial"] * trial + [fastest] * 2
+    # Each step ran the policy its plan names, offloading only in mixed plans
+    # (lru's offload here; a policy that prices copies may choose not to).
+    per_plan = remat.torch.budget.TRIAL_STEPS
+    for i, plan in enumerate(plans):
+        ran = figures[i * per_plan:(i + 1) * per_plan]
+        assert all(f["policy"] == plan.split()[0] for f in ran)
+        if plan.endswith("drop-only"):
+            assert all(f["offloads"] == 0 and f["drops"] > 0 for f in ran)
+        elif plan == "lru mixed":
+            assert all(f["offloads"] > 0 for f in ran)
+    assert all(f["policy"] == fastest.split()[0] for f in figures[trial:])
+    assert sorted(figures[-1]["plan_trial_seconds"]) == sorted(plans)
+    b.close()
+
+
+def test_a_tie_keeps_the_plan_tried_first():
+    b = remat.torch.budget(int(saved_bytes_of(models.mlp) * 0.5), policy=["dtr", "lru"])
+    b._clock = _timed_by_plan(b, {"dtr drop-only": 1.0, "lru drop-only": 1.0})
+    figures = steps_under(b, models.mlp, 2 * remat.torch.budget.TRIAL_STEPS + 1)
+    assert figures[-1]["plan"] == "dtr drop-only" and figures[-1]["policy"] == "dtr"
+    b.close()
+
+
+@pytest.mark.parametrize("policy", ["", [], ["dtr", ""], ["dtr", "dtr"], 3, [None]])
+def test_a_bad_list_of_policies_is_refused(policy):
+    with pytest.raises(ValueError, match="policy must be"):
+        remat.torch.budget("1GiB", policy=policy)
+
+
+@pytest.mark.parametrize("policy", ["no-such-policy", ["dtr", "no-such-policy"],
+                                    ["dtr", "lru:no_such_key=1"]])
+def test_an_unknown_policy_is_refused_before_any_step(policy):
+    with pytest.raises(ValueError, match="no-such-policy|no_such_key"):
+        remat.torch.budget("1GiB", policy=policy)
+
+
 def test_the_offload_guard_can_be_turned_off_and_a_failed_step_is_not_timed():
     b = remat.torch.budget("1GiB", offload=True, recompute=True, offload_guard=False)
     with b:

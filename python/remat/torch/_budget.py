@@ -1026,7 +1026,13 @@ class budget:
 
     budget: bytes (int) or a size string ("2GiB", "512MiB").
     policy: a remat eviction-policy spec ("dtr", "dtr-eq", "lru", "largest",
-        "dtr:staleness_exp=2", ...).
+        "dtr:staleness_exp=2", ...), or a list of them to try: the first
+        steps are then a trial of each (as the offload guard's below, for
+        each policy in turn), and the budget keeps the policy, and plan,
+        whose quickest timed step was quickest (`stats["policy"]`). A
+        policy's best plan depends on the model, the budget and the link
+        (`remat sweep` shows it offline); the trial finds it online, at
+        TRIAL_STEPS steps per plan tried.
     offload / recompute: allow offloading to host memory / dropping for
         recompute (at least one).
     offload_guard: with both allowed, allowing offload must not make the
@@ -1035,7 +1041,8 @@ class budget:
         offloads), then as many with drops only (the first of each learns,
         the others are timed), and it keeps the plan whose quickest timed
         step was quicker (`stats["plan"]`: "trial", then "mixed" or
-        "drop-only"). False: mixed plans throughout.
+        "drop-only"; with several policies, the policy's spec and the plan,
+        as "dtr-eq drop-only"). False: mixed plans throughout.
     copy_ahead: with offload allowed, once the budget has bound the runtime
         copies the next tensor its policy would offload to host memory
         while it is still resident (on CUDA on a side stream), so that its
@@ -1057,8 +1064,12 @@ class budget:
         self.budget_bytes = parse_size(budget)
         if self.budget_bytes == 0:
             raise ValueError("a budget of 0 bytes holds nothing; give bytes or a size like '2GiB'")
-        if not isinstance(policy, str) or not policy:
-            raise ValueError(f"policy must be a policy spec such as 'dtr', not {policy!r}")
+        policies = [policy] if isinstance(policy, str) else list(policy) \
+            if isinstance(policy, (list, tuple)) else None
+        if not policies or not all(isinstance(p, str) and p for p in policies) or \
+                len(set(policies)) != len(policies):
+            raise ValueError(f"policy must be a policy spec such as 'dtr', or a list of "
+                             f"different ones to try, not {policy!r}")
         if not offload and not recompute:
             raise ValueError("with neither offload nor recompute allowed, nothing could leave "
                              "the budget: allow at least one")
@@ -1067,15 +1078,26 @@ class budget:
             kw["tflops"] = tflops
         if hbm_gbps is not None:
             kw["hbm_gbps"] = hbm_gbps
-        self._policy = policy
         self._recompute = bool(recompute)
         self._copy_ahead = bool(copy_ahead)
         self._allow_nondeterministic = bool(allow_nondeterministic)
         self._cost_model = CostModel(**kw)
         if offload and recompute:
-            self._first_plan = "trial" if offload_guard else "mixed"
+            kinds = [("mixed", True), ("drop-only", False)] if offload_guard else [("mixed", True)]
         else:
-            self._first_plan = "drop-only" if recompute else "offload-only"
+            kinds = [("drop-only", False)] if recompute else [("offload-only", True)]
+        # The plans: name -> (policy spec, offload allowed), in the order
+        # tried (a tie keeps the earlier: the first policy's own choice).
+        self._plans = {}
+        for p in policies:
+            for kind, with_offload in kinds:
+                name = kind if len(policies) == 1 else f"{p} {kind}"
+                self._plans[name] = (p, with_offload)
+        self._first_plan = "trial" if len(self._plans) > 1 else next(iter(self._plans))
+        # A spec the runtime refuses is an error now, not steps later when
+        # its turn in the trial comes.
+        for p in policies:
+            _Session(self.budget_bytes, p, offload, recompute).close()
         self._clock = time.perf_counter
         self._sessions = {}           # plan -> _Session
         self._start_over()
@@ -1088,9 +1110,8 @@ class budget:
         """As new: no step run, no runtime, the trial (if any) to come."""
         self._plan = self._first_plan
         # The trial: (plan, timed) per step, and each plan's timed steps.
-        self._trial = [(plan, i > 0) for plan in ("mixed", "drop-only")
-                       for i in range(self.TRIAL_STEPS)]
-        self._trial_times = {"mixed": [], "drop-only": []}
+        self._trial = [(plan, i > 0) for plan in self._plans for i in range(self.TRIAL_STEPS)]
+        self._trial_times = {plan: [] for plan in self._plans}
         self._step_plan = None
         self._step_start = None
         self._steps = 0
@@ -1113,12 +1134,12 @@ class budget:
             raise RuntimeError("remat.torch.budget contexts do not nest: one budget covers "
                                "the whole step")
         plan, timed = self._plan_now()
-        offload = plan != "drop-only"
+        policy, offload = self._plans[plan]
         session = self._sessions.get(plan)
         if session is None:
-            session = self._sessions[plan] = _Session(self.budget_bytes, self._policy, offload,
+            session = self._sessions[plan] = _Session(self.budget_bytes, policy, offload,
                                                       self._recompute, self._copy_ahead)
-        engine = Engine(self.budget_bytes, self._policy, offload, self._recompute,
+        engine = Engine(self.budget_bytes, policy, offload, self._recompute,
                         self._allow_nondeterministic, self._cost_model, self._copy_ahead)
         engine.open(session)
         self._engine = engine
@@ -1156,6 +1177,7 @@ class budget:
         stats = dict(self._engine.stats)
         stats["step"] = self._steps
         stats["plan"] = self._plan_shown()
+        stats["policy"] = self._plans[self._step_plan][0]
         if self._plan == "trial" and ok:
             plan, timed = self._trial.pop(0)
             if timed:
@@ -1170,11 +1192,10 @@ class budget:
         return all(self._trial_times.values()) and not self._trial
 
     def _decide(self):
-        """Keeps the plan whose quickest timed step was quicker (mixed on a
-        tie: the policy's own choice) and lets the other's runtime go."""
-        mixed = min(self._trial_times["mixed"])
-        drop_only = min(self._trial_times["drop-only"])
-        self._plan = "drop-only" if drop_only < mixed else "mixed"
+        """Keeps the plan whose quickest timed step was quickest (on a tie,
+        the one tried first: mixed before drop-only, the first policy before
+        the others) and lets the others' runtimes go."""
+        self._plan = min(self._plans, key=lambda plan: min(self._trial_times[plan]))
         for plan in [p for p in self._sessions if p != self._plan]:
             self._sessions.pop(plan).close()
 
@@ -1183,6 +1204,7 @@ class budget:
         stats = self._engine.read_stats()
         stats["step"] = self._steps + 1
         stats["plan"] = self._plan_shown()
+        stats["policy"] = self._plans[self._step_plan][0]
         return stats
 
     def close(self):
