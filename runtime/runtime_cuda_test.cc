@@ -39,8 +39,9 @@ class RuntimeCudaTest : public ::testing::Test {
     for (void* p : host_) EXPECT_TRUE(device_->FreeHost(p).ok());
   }
 
-  void Start(std::size_t budget, RuntimeOptions options) {
-    auto alloc = CachingAllocator::Create(device_.get(), {.budget = budget});
+  void Start(std::size_t budget, RuntimeOptions options, bool expandable = false) {
+    auto alloc = CachingAllocator::Create(device_.get(),
+                                          {.budget = budget, .expandable_segments = expandable});
     ASSERT_TRUE(alloc.ok()) << alloc.status();
     allocator_ = std::move(alloc).value();
     auto rt = Runtime::Create(allocator_.get(), std::move(options));
@@ -123,6 +124,44 @@ TEST_F(RuntimeCudaTest, OffloadedTensorsComeBackByteForByte) {
   }
   const RuntimeStats stats = runtime_->stats();
   EXPECT_GE(stats.restored_bytes, kTensors * kBytes);
+  for (TensorId id : ids) ASSERT_TRUE(runtime_->Free(id).ok());
+  ASSERT_TRUE(device_->Synchronize().ok());
+  EXPECT_EQ(allocator_->GetStats().allocated_bytes.all().current, 0);
+}
+
+// keep_addresses on the driver's virtual memory: an offload unmaps the pages
+// under the tensor and keeps the range; the restore maps fresh pages at the
+// same address. A pointer taken before the offload (a framework's data_ptr)
+// reads the same bytes after.
+TEST_F(RuntimeCudaTest, KeptAddressesSurviveOffloadAndRestore) {
+  if (device_->PageSize() == 0) GTEST_SKIP() << device_->Describe() << " has no virtual memory";
+  constexpr std::size_t kBytes = 16 * kMiB;
+  constexpr int kTensors = 6;  // 96 MiB of tensors under a 40 MiB budget
+  Start(40 * kMiB, {.policy = "lru", .enable_drop = false, .keep_addresses = true},
+        /*expandable=*/true);
+  std::vector<TensorId> ids;
+  std::vector<void*> ptrs;
+  std::vector<const void*> patterns;
+  for (int i = 0; i < kTensors; ++i) {
+    patterns.push_back(Pattern(kBytes, 100 + i));
+    auto guard = runtime_->Create(kBytes, {.allow_offload = true}, stream_);
+    ASSERT_TRUE(guard.ok()) << guard.status();
+    ASSERT_TRUE(device_->CopyAsync(guard->ptr(), patterns.back(), kBytes,
+                                   CopyKind::kHostToDevice, stream_).ok());
+    ids.push_back(guard->id());
+    ptrs.push_back(guard->ptr());
+  }
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < kTensors; ++i) {
+      auto guard = runtime_->Acquire(ids[i], stream_);
+      ASSERT_TRUE(guard.ok()) << guard.status();
+      EXPECT_EQ(guard->ptr(), ptrs[i]) << "tensor " << i << " moved";
+      EXPECT_TRUE(DeviceHolds(ptrs[i], patterns[i], kBytes)) << "tensor " << i;
+    }
+  }
+  const RuntimeStats stats = runtime_->stats();
+  EXPECT_GT(stats.kept_addresses, 0u);
+  EXPECT_EQ(stats.moved_restores, 0u);
   for (TensorId id : ids) ASSERT_TRUE(runtime_->Free(id).ok());
   ASSERT_TRUE(device_->Synchronize().ok());
   EXPECT_EQ(allocator_->GetStats().allocated_bytes.all().current, 0);
