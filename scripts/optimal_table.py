@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Each policy's gap to the drop-only lower bound (remat.optimal), as a Markdown table.
+"""Each policy's gap to the lower bound (remat.optimal), as a Markdown table.
 
     PYTHONPATH=python .venv/bin/python scripts/optimal_table.py TRACE [TRACE ...]
         [--ratios 0.5,0.7,0.9] [--time-limit 60] [--remat build/bin/remat]
+        [--offload --link-gbps 25]
 
 For each trace and ratio: the bound (the program's optimum, or the solver's
 proven bound at its time limit, marked ~), then each policy's overhead under
 `remat sim --no-swap --accounting live` and its distance above the bound.
-Needs scipy.
+With --offload: the bound of runs that may also offload, and each policy's
+`remat sim --accounting live` run with offload allowed over that link (hybrid
+among them). Needs scipy.
 """
 
 import argparse
@@ -20,6 +23,7 @@ from remat import optimal
 
 POLICIES = ["lru", "largest", "dtr", "dtr-eq", "dtr-local", "msps", "megengine", "window",
             "belady"]
+OFFLOAD_POLICIES = ["lru", "dtr", "dtr-eq", "msps", "megengine", "window", "hybrid"]
 
 
 def main():
@@ -29,19 +33,31 @@ def main():
     parser.add_argument("--ratios", default="0.5,0.7,0.9")
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--remat", default=os.path.join(here, "..", "build", "bin", "remat"))
+    parser.add_argument("--offload", action="store_true")
+    parser.add_argument("--link-gbps", type=float, default=25.0)
+    parser.add_argument("--link-latency-ns", type=int, default=2000)
     args = parser.parse_args()
     ratios = [float(r) for r in args.ratios.split(",")]
-    print("| trace | ratio | bound | " + " | ".join(POLICIES) + " |")
-    print("| --- | --- | --- | " + " | ".join("---" for _ in POLICIES) + " |")
+    if args.offload:
+        policies = OFFLOAD_POLICIES
+        mode = ["--link-gbps", str(args.link_gbps),
+                "--link-latency-us", str(args.link_latency_ns / 1000)]
+        link = {"link_gbps": args.link_gbps, "link_latency_ns": args.link_latency_ns}
+    else:
+        policies = POLICIES
+        mode = ["--no-swap"]
+        link = {}
+    print("| trace | ratio | bound | " + " | ".join(policies) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in policies) + " |")
     for path in args.traces:
         trace = optimal.read_trace(path)
         for ratio in ratios:
             cells = []
             budget = None
-            for policy in POLICIES:
+            for policy in policies:
                 run = subprocess.run([args.remat, "sim", path, "--policy", policy,
                                       "--budget-ratio", str(ratio), "--accounting", "live",
-                                      "--no-swap", "--json"], capture_output=True, text=True)
+                                      *mode, "--json"], capture_output=True, text=True)
                 if run.returncode not in (0, 3):
                     cells.append("error")
                     continue
@@ -50,7 +66,7 @@ def main():
                 cells.append(sim["overhead"] if sim["status"] == "ok" else sim["status"])
             if budget is None:
                 continue
-            bound = optimal.recompute_bound(trace, budget, args.time_limit)
+            bound = optimal.recompute_bound(trace, budget, args.time_limit, **link)
             if bound["status"] != "ok":
                 shown = bound["status"]
                 low = None

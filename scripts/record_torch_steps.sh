@@ -12,6 +12,18 @@
 #                               over 128 steps, linear head over 256 tokens),
 #                               batch 32
 #
+# and three small ones, a few dozen to a few hundred calls, for remat.optimal's
+# bounds (python -m remat.optimal builds its program for steps of that size):
+#
+#   mlp_small_l4_h256_t512.jsonl   the MLP of capture_torch_trace.py: 4 blocks of
+#                                  Linear(256, 1024)-GELU-Linear(1024, 256), 512 rows
+#   lstm_tiny_h64_s8_b8_v64.jsonl  the LSTM below at 1 layer, 64 units, 8 steps,
+#                                  batch 8, 64 tokens
+#   gpt_tiny_l1_d32_s16_b2_v64.jsonl
+#                                  remat.torch.models.gpt: one decoder layer
+#                                  with dropout (0.1), width 32, 16 tokens,
+#                                  batch 2, 64-token vocabulary
+#
 # The LSTM's vocabulary is small on purpose: the log-softmax backward holds
 # three tensors of seq x batch x vocab floats at once, which with 10000 tokens
 # come, with the parameters, to 67% of the step's peak (304 of 453 MB at seq
@@ -40,3 +52,18 @@ mkdir -p "$out"
   -o "$out/densenet121_b8.jsonl"
 "${capture[@]}" --model lstm --layers 2 --hidden 512 --seq 128 --batch 32 --vocab 256 \
   -o "$out/lstm_l2_h512_s128_b32_v256.jsonl"
+"${capture[@]}" --model mlp --layers 4 --hidden 256 --batch 8 --seq 64 \
+  -o "$out/mlp_small_l4_h256_t512.jsonl"
+"${capture[@]}" --model lstm --layers 1 --hidden 64 --seq 8 --batch 8 --vocab 64 \
+  -o "$out/lstm_tiny_h64_s8_b8_v64.jsonl"
+PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$python" - \
+  "$out/gpt_tiny_l1_d32_s16_b2_v64.jsonl" <<'EOF'
+import sys
+
+import remat.torch
+from remat.torch import models
+
+_, step = models.gpt(0, batch=2, seq=16, layers=1, d=32, vocab=64)
+n = remat.torch.record(lambda: step().backward(), sys.argv[1], overwrite=True)
+print(f"wrote {n} records to {sys.argv[1]}")
+EOF

@@ -6,7 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 remat=${1:-build/bin/remat}
-traces=("examples/traces/chain_100.jsonl:64" "examples/traces/transformer_small.jsonl:256")
+traces=("examples/traces/chain_100.jsonl:64" "examples/traces/transformer_small.jsonl:256"
+        "examples/traces/gpt_tiny_l1_d32_s16_b2_v64.jsonl:1"
+        "examples/traces/lstm_tiny_h64_s8_b8_v64.jsonl:1")
 failures=0
 for entry in "${traces[@]}"; do
   trace=${entry%%:*}

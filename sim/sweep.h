@@ -67,7 +67,7 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
 std::string SweepCsv(const SweepResult& result);
 // Overhead by ratio (rows) and policy (columns); the best of each row marked
 // with *; failed runs show their status. With `bounds` (a cell per ratio),
-// a last column "bound" shows them (remat.optimal's drop-only lower bound).
+// a last column "bound" shows them (remat.optimal's lower bound).
 std::string SweepTable(const SweepResult& result,
                        const std::map<double, std::string>* bounds = nullptr);
 // What the sweep shows, in a sentence or two: the smallest budget some policy

@@ -29,8 +29,32 @@ lower bound on every run's recompute time. When the solver stops at its time
 limit, the bound is its proven dual bound, still a lower bound; `exact` says
 whether the optimum of the program was reached. The bound is not a plan: the
 program drops memory the simulator would count (temporaries inside a stage),
-so no run may reach it. Offloads are outside the program: the bound is for
-runs that only drop.
+so no run may reach it.
+
+With `--offload` (a link of `--link-gbps` each way and `--link-latency-ns`
+per copy, as `remat sim`'s), the bound is for runs that may also offload
+(`remat sim --accounting live`, offload allowed): a storage may instead be
+copied back in a stage (I[t, s] = 1), which makes it there as a recompute
+would, and counts it through the stage's call if it is still there after.
+
+- One engine copies host to device, one copy at a time: every copy back the
+  program makes for stages up to t (latency + bytes / rate each) has run by
+  the time stage t's call starts. Stage t's call starts after the calls
+  before it, the recomputes up to it, and the waits W[u] (u <= t) the program
+  adds where the copies need the time; the waits count in the bound.
+- A copy back holds its memory from its start. The bytes copied back for
+  stages t and later that the link could not have carried since stage t-1's
+  call ended were on the device during that call (H[t]), and count in its
+  memory.
+- One engine copies device to host: every storage copied back was copied out
+  once before, within the run.
+
+Every run with offloads maps onto this program: a copy back (on access or a
+prefetch) is counted in the first stage after it that needs the storage.
+Pinned host memory, the copy out's memory, the latency of the copies that
+hold memory early, and the order of the copies out on their engine are left
+out, and a copy's bytes count as if they could be split: it stays a lower
+bound, a looser one where those matter.
 """
 
 import argparse
@@ -133,16 +157,24 @@ def read_trace(path):
 MAX_VARIABLES = 400_000
 
 
-def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARIABLES):
-    """The least recompute time (ns) any drop-only run under a live budget of
-    `budget_bytes` must add to the trace's compute; a dict with the figures.
-    A program of more than `max_variables` is not built: status "too_large",
-    with the trivial bound (nothing recomputed)."""
+def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARIABLES,
+                    link_gbps=None, link_latency_ns=0):
+    """The least time (ns) any drop-only run under a live budget of
+    `budget_bytes` must add to the trace's compute (`recompute_ns`); a dict
+    with the figures. With `link_gbps` (each way, 1e9 bytes/s) the runs may
+    also offload, over a link with `link_latency_ns` per copy: the added time
+    is then recomputes and waits for copies. A program of more than
+    `max_variables` is not built: status "too_large", with the trivial bound
+    (nothing added)."""
     import numpy as np
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
     started = time.monotonic()
+    offload = link_gbps is not None
+    if offload and not (link_gbps > 0 and link_latency_ns >= 0):
+        raise ValueError("the link needs a rate above 0 and a latency of 0 or more")
+    kind_of_run = "run" if offload else "drop-only run"
     n_stages = len(trace.stages)
     n_storages = len(trace.storage_bytes)
     sizes = trace.storage_bytes
@@ -173,14 +205,16 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
         floor = own + trace.constant_live[t]
         if floor > budget_bytes:
             return {"status": "infeasible", "exact": True, "recompute_ns": None,
-                    "message": f"no drop-only run fits: stage {t} (a {trace.stages[t][0]}) "
+                    "message": f"no {kind_of_run} fits: stage {t} (a {trace.stages[t][0]}) "
                                f"needs {floor} bytes at once with the constants live then",
                     "variables": 0, "constraints": 0, "seconds": time.monotonic() - started}
 
     # Its size, before building it: one S and (nearly) one K per storage and
     # stage it may be needed in, one R per stage and earlier call.
-    estimate = 2 * sum(max(0, last_need[s] - trace.producer[s])
-                       for s in range(n_storages) if not trace.constant[s])
+    estimate = (3 if offload else 2) * sum(max(0, last_need[s] - trace.producer[s])
+                                           for s in range(n_storages) if not trace.constant[s])
+    if offload:
+        estimate += n_storages + 3 * n_stages
     for t in range(n_stages):
         for k in range(t):
             kind, _, _, outputs = trace.stages[k]
@@ -197,9 +231,9 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
                            "given is the trivial one (nothing recomputed)",
                 "variables": 0, "constraints": 0, "seconds": time.monotonic() - started}
 
-    columns = []  # (kind, t, index)
+    columns = []  # kinds: S, R, K (as above); I, O, W, Z, Q (with offload)
     cost = []
-    col_s, col_r, col_k = {}, {}, {}
+    col_s, col_r, col_k, col_i = {}, {}, {}, {}
 
     def add(kind, key, c):
         columns.append(kind)
@@ -220,6 +254,23 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
     for (t, s) in list(col_s):
         if (t + 1, s) in col_s:
             col_k[(t, s)] = add("K", (t, s), 0.0)
+    if offload:
+        # I[t, s]: s copied back for stage t. O[s]: s copied out once. W[t]:
+        # the wait before stage t's call; Z[t]: when that call starts; Q[t]:
+        # the host-to-device engine's work for stages up to t; H[t]: bytes
+        # copied back for stages t and later that are on the device during
+        # stage t-1's call (see below).
+        for s in droppable:
+            for t in range(trace.producer[s] + 1, last_need[s] + 1):
+                col_i[(t, s)] = add("I", (t, s), 0.0)
+        col_o = {s: add("O", s, 0.0) for s in droppable}
+        col_w = [add("W", t, 1.0) for t in range(n_stages)]
+        col_z = [add("Z", t, 0.0) for t in range(n_stages)]
+        col_q = [add("Q", t, 0.0) for t in range(n_stages)]
+        col_h = [add("H", t, 0.0) for t in range(n_stages)]
+
+    def copy_ns(s):
+        return link_latency_ns + math.floor(sizes[s] / link_gbps)
 
     rows, cols, vals, lo, hi = [], [], [], [], []
 
@@ -239,6 +290,8 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
             terms.append((col_s[(t, s)], 1.0))
         if (t, trace.producer[s]) in col_r:
             terms.append((col_r[(t, trace.producer[s])], 1.0))
+        if (t, s) in col_i:
+            terms.append((col_i[(t, s)], 1.0))
         return terms
 
     for t, (_, _, inputs, outputs) in enumerate(trace.stages):
@@ -253,6 +306,8 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
                 c = col_k.get((t, s))
                 if c is not None and s not in group:
                     kept.append((c, float(sizes[s])))
+            if offload and t + 1 < n_stages:
+                kept.append((col_h[t + 1], 1.0))
             own = sum(sizes[s] for s in group)
             constraint(kept, -math.inf, float(budget_bytes - own - trace.constant_live[t]))
     for (t, k), c in col_r.items():
@@ -269,19 +324,76 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
         terms = [(c, 1.0), (col_s[(t, s)], -1.0), (col_s[(t + 1, s)], -1.0)]
         if (t, trace.producer[s]) in col_r:
             terms.append((col_r[(t, trace.producer[s])], 1.0))
+        if (t, s) in col_i:
+            terms.append((col_i[(t, s)], 1.0))
+            # Copied back for stage t and still there at stage t+1: there
+            # through stage t's call too.
+            constraint([(c, 1.0), (col_i[(t, s)], -1.0), (col_s[(t + 1, s)], -1.0)],
+                       -1.0, math.inf)
         constraint(terms, -1.0, math.inf)
+
+    if offload:
+        copies_in = [[] for _ in range(n_stages)]
+        copies_for = {}
+        for key in col_i:
+            copies_for.setdefault(key[0], []).append(key)
+        recomputes_in = [[] for _ in range(n_stages)]
+        for (t, k), c in col_r.items():
+            recomputes_in[t].append((c, -float(trace.stages[k][1])))
+        for (t, s), c in col_i.items():
+            copies_in[t].append((c, -float(copy_ns(s))))
+            constraint([(col_o[s], 1.0), (c, -1.0)], 0.0, math.inf)  # out before back
+        for t in range(n_stages):
+            # Z[t] = Z[t-1] + cost of call t-1 + recomputes in t + W[t]
+            terms = [(col_z[t], 1.0), (col_w[t], -1.0)]
+            terms += recomputes_in[t]
+            if t > 0:
+                terms.append((col_z[t - 1], -1.0))
+            before = float(trace.stages[t - 1][1]) if t > 0 else 0.0
+            constraint(terms, before, before)
+            # Q[t] >= Q[t-1] + the copies back for stage t; Q[t] <= Z[t]
+            terms = [(col_q[t], 1.0)] + copies_in[t]
+            if t > 0:
+                terms.append((col_q[t - 1], -1.0))
+            constraint(terms, 0.0, math.inf)
+            constraint([(col_q[t], 1.0), (col_z[t], -1.0)], -math.inf, 0.0)
+        # A copy back takes memory from when it starts. Those for stages t..u
+        # that start after stage t-1's call ends (at E[t-1] = Z[t-1] + c[t-1])
+        # run one at a time and end by Z[u], so at most link_gbps * (Z[u] -
+        # E[t-1]) of their bytes do; the rest started earlier, and are on the
+        # device (copying or copied, not yet read) during stage t-1's call:
+        # H[t] >= bytes[t] - rate (Z[t] - E[t-1]), and
+        # H[t] >= bytes[t] + H[t+1] - rate (E[t] - E[t-1]).
+        rate = float(link_gbps)
+        for t in range(n_stages):
+            ends_before = float(trace.stages[t - 1][1]) if t > 0 else 0.0  # c[t-1]
+            copied = [(c, -float(sizes[s])) for c, s in
+                      ((col_i[key], key[1]) for key in copies_for.get(t, ()))]
+            here = [(col_h[t], 1.0), (col_z[t], rate)] + copied
+            if t > 0:
+                here.append((col_z[t - 1], -rate))
+            constraint(here, rate * ends_before, math.inf)
+            if t + 1 < n_stages:
+                constraint(here + [(col_h[t + 1], -1.0)],
+                           rate * (ends_before - float(trace.stages[t][1])), math.inf)
+        # Every storage copied back was copied out before its last copy back
+        # ended, on the other engine, within the run.
+        constraint([(c, float(copy_ns(s))) for s, c in col_o.items()] + [(col_z[-1], -1.0)],
+                   -math.inf, 0.0)
 
     n = len(columns)
     a = coo_matrix((vals, (rows, cols)), shape=(len(lo), n)).tocsr()
-    integrality = np.array([0 if kind == "K" else 1 for kind in columns])
-    result = milp(c=np.array(cost), integrality=integrality, bounds=Bounds(0, 1),
+    continuous = ("K", "W", "Z", "Q", "H")
+    integrality = np.array([0 if kind in continuous else 1 for kind in columns])
+    upper = np.array([math.inf if kind in ("W", "Z", "Q", "H") else 1.0 for kind in columns])
+    result = milp(c=np.array(cost), integrality=integrality, bounds=Bounds(0, upper),
                   constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
                   options={"time_limit": float(time_limit), "disp": False, "mip_rel_gap": 0.0})
     seconds = time.monotonic() - started
     figures = {"variables": n, "constraints": len(lo), "seconds": seconds}
     if result.status == 2:
         return dict(figures, status="infeasible", exact=True, recompute_ns=None,
-                    message="no drop-only plan fits the budget")
+                    message=f"no {'' if offload else 'drop-only '}plan fits the budget")
     bound = getattr(result, "mip_dual_bound", None)
     if result.status == 0:
         # Optimal within the solver's tolerances: the proven (dual) bound is
@@ -300,7 +412,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m remat.optimal",
         description="A lower bound on the time of any drop-only run of an op trace under a "
-                    "live budget (remat sim --no-swap --accounting live).")
+                    "live budget (remat sim --no-swap --accounting live), or with --offload of "
+                    "any run that may also offload (remat sim --accounting live).")
     parser.add_argument("trace")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--budget-ratio", type=float,
@@ -311,8 +424,18 @@ def main(argv=None):
     group.add_argument("--budget", type=str, help="the budget in bytes (or 2GiB, ...)")
     parser.add_argument("--time-limit", type=float, default=60.0,
                         help="seconds for the solver (then its proven bound is reported)")
+    parser.add_argument("--offload", action="store_true",
+                        help="bound runs that may also offload, over the link below")
+    parser.add_argument("--link-gbps", type=float, default=25.0,
+                        help="with --offload: each direction's rate, 1e9 bytes/s (as remat sim's)")
+    parser.add_argument("--link-latency-ns", type=int, default=2000,
+                        help="with --offload: the time each copy adds (as remat sim's)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.offload and not (args.link_gbps > 0 and args.link_latency_ns >= 0):
+        print("remat.optimal: --link-gbps must be above 0 and --link-latency-ns 0 or more",
+              file=sys.stderr)
+        return 2
     try:
         trace = read_trace(args.trace)
     except (OSError, ValueError) as e:
@@ -331,11 +454,13 @@ def main(argv=None):
             print(f"remat.optimal: {e}", file=sys.stderr)
             return 2
     try:
-        figures = recompute_bound(trace, budget, args.time_limit)
+        figures = recompute_bound(trace, budget, args.time_limit,
+                                  link_gbps=args.link_gbps if args.offload else None,
+                                  link_latency_ns=args.link_latency_ns)
     except ImportError:
         print("remat.optimal: needs scipy (pip install scipy)", file=sys.stderr)
         return 2
-    out = {"trace": args.trace, "budget_bytes": budget,
+    out = {"trace": args.trace, "budget_bytes": budget, "offload": args.offload,
            "peak_live_bytes": trace.peak_live_bytes, "compute_ns": trace.compute_ns}
     out.update(figures)
     if figures["recompute_ns"] is not None and trace.compute_ns > 0:  # (too_large: 1.0)
@@ -345,13 +470,16 @@ def main(argv=None):
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"bound of {args.trace} under {budget} bytes live ({out['status']})")
+        runs = (f"runs that may offload at {args.link_gbps:g} GB/s each way" if args.offload
+                else "drop-only runs")
+        print(f"bound of {args.trace} under {budget} bytes live, {runs} ({out['status']})")
         if out["overhead_bound"] is not None:
             kind = ("the program's optimum" if out["exact"]
                     else "the trivial bound" if out["status"] == "too_large"
                     else "the solver's proven bound")
+            added = "recompute and waits" if args.offload else "recompute"
             print(f"  overhead >= {out['overhead_bound']:.4f} ({kind}; "
-                  f"recompute >= {out['recompute_ns'] / 1e6:.3f} ms of "
+                  f"{added} >= {out['recompute_ns'] / 1e6:.3f} ms of "
                   f"{trace.compute_ns / 1e6:.3f} ms compute)")
         if out.get("message"):
             print(f"  {out['message']}")

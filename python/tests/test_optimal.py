@@ -1,4 +1,4 @@
-"""remat.optimal: the drop-only lower bound. Needs scipy (skipped without);
+"""remat.optimal: the lower bound, drop-only and with offloads. Needs scipy (skipped without);
 the comparison with the simulator needs the remat tool (REMAT_BINARY, or
 build/bin/remat)."""
 import json
@@ -34,11 +34,13 @@ def call(name, inputs, out, nbytes, cost):
             "outputs": [{"id": out, "bytes": nbytes}], "cost_ns": cost}
 
 
-def run_sim(binary, path, policy, budget):
-    """remat sim's JSON, drop-only under a live budget: ("--budget", "201")
-    or ("--budget-ratio", "0.5")."""
+def run_sim(binary, path, policy, budget, link_gbps=None, extra=()):
+    """remat sim's JSON under a live budget: ("--budget", "201") or
+    ("--budget-ratio", "0.5"); drop-only, or with `link_gbps` offload allowed
+    over that link (2 us a copy)."""
+    mode = ["--no-swap"] if link_gbps is None else ["--link-gbps", str(link_gbps), *extra]
     out = subprocess.run([binary, "sim", path, "--policy", policy, *budget,
-                          "--accounting", "live", "--no-swap", "--json"],
+                          "--accounting", "live", *mode, "--json"],
                          capture_output=True, text=True)
     assert out.returncode in (0, 3), out.stderr
     return json.loads(out.stdout)
@@ -170,12 +172,13 @@ def test_the_sweep_shows_the_bound_beside_the_policies(tmp_path):
         bound = float(cells[3].lstrip("~"))
         for cell in cells[1:3]:
             assert float(cell.rstrip("*")) >= bound - 5e-4, line
-    # Not a bound on runs that offload, nor under a reserved budget: refused.
+    assert "no drop-only run can take less" in out.stdout
+    # Not a bound under a reserved budget: refused.
     refused = subprocess.run([binary, "sweep", "--model", "chain:n=12", "--ratios", "0.7",
                               "--bound", "--out", str(tmp_path / "r")],
                              capture_output=True, text=True, env=env)
     assert refused.returncode == 2
-    assert "--accounting live --no-swap" in refused.stderr
+    assert "--accounting live" in refused.stderr
 
 
 def test_a_read_of_a_released_tensor_is_refused(tmp_path):
@@ -204,3 +207,117 @@ def test_the_command_line(tmp_path, capsys):
     assert "no drop-only run fits" in capsys.readouterr().out
     assert optimal.main([path, "--budget-ratio", "0"]) == 2
     assert optimal.main([str(tmp_path / "missing.jsonl"), "--budget-ratio", "0.5"]) == 2
+
+
+def test_a_copy_back_costs_only_the_wait_it_cannot_hide(tmp_path):
+    # One of a (1,000 ns to recompute) and b (5,000 ns) must go while c is
+    # made. A copy back holds memory from its start, so it cannot overlap h
+    # (no byte to spare then) but can overlap k (2,000 ns, with room for one
+    # of them). At 1 GB/s (1,000 ns) it hides behind k: nothing added. At 0.4
+    # GB/s (2,500 ns) the run waits 500 ns, less than a recompute. At 0.1
+    # GB/s, recomputing a is cheaper.
+    path = write(tmp_path, [
+        {"op": "constant", "id": "x", "bytes": 1},
+        call("f", ["x"], "a", 1000, 1000),
+        call("g", ["x"], "b", 1000, 5000),
+        call("h", ["x"], "c", 1000, 30),
+        {"op": "release", "id": "c"},
+        call("k", ["x"], "d", 0, 2000),
+        {"op": "release", "id": "d"},
+        {"op": "use", "ids": ["a"]},
+        {"op": "use", "ids": ["b"]},
+    ])
+    trace = optimal.read_trace(path)
+    drop_only = optimal.recompute_bound(trace, 2001)
+    assert drop_only["recompute_ns"] == pytest.approx(1000)
+
+    def added(gbps, latency_ns=0):
+        bound = optimal.recompute_bound(trace, 2001, link_gbps=gbps, link_latency_ns=latency_ns)
+        assert bound["status"] == "ok" and bound["exact"], bound
+        return bound["recompute_ns"]
+
+    assert added(1) == pytest.approx(0)
+    assert added(0.4) == pytest.approx(500)
+    # (The bound counts a copy's bytes where it holds memory, not its
+    # latency: a latency can only raise the wait.)
+    assert added(0.4, latency_ns=100) >= 500 - 1e-6
+    assert added(0.1) == pytest.approx(1000)
+    # Where nothing fits, nothing fits with a link either.
+    assert optimal.recompute_bound(trace, 1000, link_gbps=1)["status"] == "infeasible"
+    with pytest.raises(ValueError, match="rate above 0"):
+        optimal.recompute_bound(trace, 2001, link_gbps=0)
+
+
+@pytest.mark.parametrize("model", ["chain:n=8",
+                                   "gpt2:layers=1,hidden=64,heads=2,seq=64,batch=2,vocab=100"])
+def test_no_run_with_offloads_beats_the_offload_bound(tmp_path, model):
+    binary = remat_binary()
+    path = str(tmp_path / "m.jsonl")
+    subprocess.run([binary, "gen", model, "-o", path], check=True, capture_output=True)
+    trace = optimal.read_trace(path)
+    ran = offloaded = 0
+    for gbps in (25, 2):
+        for ratio in (0.5, 0.8):
+            # Mixed runs (the cheaper of mixed and drop-only, as remat sim
+            # keeps), mixed runs as planned, and runs that only offload.
+            sims = {}
+            for extra in ((), ("--no-offload-guard",), ("--no-recompute",)):
+                for p in ("lru", "dtr", "msps", "hybrid"):
+                    sims[(p,) + extra] = run_sim(binary, path, p, ("--budget-ratio", str(ratio)),
+                                                 link_gbps=gbps, extra=extra)
+            budget = next(iter(sims.values()))["budget_bytes"]
+            # (At the time limit, the solver's proven bound: still a bound.)
+            bound = optimal.recompute_bound(trace, budget, time_limit=4, link_gbps=gbps,
+                                            link_latency_ns=2000)
+            drop_only = optimal.recompute_bound(trace, budget, time_limit=4)
+            if drop_only["status"] == "ok" and drop_only["exact"]:
+                # More plans: never a higher bound than drop-only's.
+                assert bound["status"] == "ok"
+                assert bound["recompute_ns"] <= drop_only["recompute_ns"] + 1e-6
+            for policy, sim in sims.items():
+                if sim["status"] != "ok":
+                    continue
+                ran += 1
+                offloaded += sim["offloaded_bytes"] > 0
+                assert bound["status"] == "ok", (policy, ratio, gbps)
+                assert sim["time_ns"] >= trace.compute_ns + bound["recompute_ns"] - 1e-6, \
+                    (policy, ratio, gbps, sim["time_ns"], bound)
+    assert ran > 0 and offloaded > 0
+
+
+def test_the_sweep_shows_the_offload_bound_where_runs_may_offload(tmp_path):
+    binary = remat_binary()
+    env = dict(os.environ, REMAT_PYTHON=sys.executable)
+    out = subprocess.run([binary, "sweep", "--model", "chain:n=8", "--ratios", "0.6,0.8",
+                          "--policies", "dtr,hybrid", "--accounting", "live", "--link-gbps", "2",
+                          "--bound", "--bound-time-limit", "5", "--no-plot",
+                          "--out", str(tmp_path / "s")],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1].split() == ["ratio", "dtr", "hybrid", "bound"]
+    for line in lines[2:4]:
+        cells = line.split()
+        bound = float(cells[3].lstrip("~"))
+        for cell in cells[1:3]:
+            if cell[0].isdigit():
+                assert float(cell.rstrip("*")) >= bound - 5e-4, line
+    assert "no run, dropping or offloading, can take less" in out.stdout
+    assert "--offload" in out.stdout
+
+
+def test_the_command_line_with_offloads(tmp_path, capsys):
+    path = write(tmp_path, [
+        {"op": "constant", "id": "x", "bytes": 1},
+        call("f", ["x"], "a", 100, 10),
+        call("g", ["x"], "b", 100, 50),
+        call("h", ["x"], "c", 100, 30),
+        {"op": "use", "ids": ["a", "b"]},
+    ])
+    assert optimal.main([path, "--budget", "301", "--offload", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["offload"] is True and out["status"] == "ok"
+    assert optimal.main([path, "--budget", "301", "--offload", "--link-gbps", "0"]) == 2
+    assert "--link-gbps" in capsys.readouterr().err
+    assert optimal.main([path, "--budget", "301", "--offload"]) == 0
+    assert "runs that may offload at 25 GB/s" in capsys.readouterr().out

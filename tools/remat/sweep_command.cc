@@ -103,12 +103,14 @@ std::string BoundCell(const std::string& text) {
   return "error";
 }
 
-// remat.optimal's drop-only lower bound at each ratio's budget, as table
-// cells: "1.133" (the program's optimum), "~1.221" (the solver's proven bound
-// at its time limit), "infeasible" (no drop-only run fits), "too large" (the
-// program is not built) or "error" (why: --out's bound_errors.txt).
+// remat.optimal's lower bound at each ratio's budget, as table cells:
+// "1.133" (the program's optimum), "~1.221" (the solver's proven bound at its
+// time limit), "infeasible" (no run fits), "too large" (the program is not
+// built) or "error" (why: --out's bound_errors.txt). With `link`, the bound
+// of runs that may also offload over it; without, of drop-only runs.
 std::map<double, std::string> Bounds(const std::string& trace_path, const SweepResult& result,
-                                     double time_limit, const std::string& out_dir) {
+                                     const LinkFlags* link, double time_limit,
+                                     const std::string& out_dir) {
   // REMAT_PYTHON, else the source tree's .venv (where the README installs
   // scipy), else python3.
   std::string python = std::getenv("REMAT_PYTHON") != nullptr ? std::getenv("REMAT_PYTHON") : "";
@@ -122,13 +124,17 @@ std::map<double, std::string> Bounds(const std::string& trace_path, const SweepR
   const std::string python_path =
       std::string(REMAT_PYTHON_DIR) + (path != nullptr && *path ? std::string(":") + path : "");
   const std::string errors = out_dir + "/bound_errors.txt";
+  const std::string offload =
+      link == nullptr ? ""
+                      : absl::StrFormat(" --offload --link-gbps %.17g --link-latency-ns %d",
+                                        link->gbps, link->latency_ns());
   std::map<double, std::string> cells;
   for (const SweepRow& row : result.rows) {
     if (cells.contains(row.ratio)) continue;
     const std::string command = absl::StrFormat(
-        "PYTHONPATH=%s %s -m remat.optimal %s --budget %d --time-limit %g --json 2>>%s",
-        ShellQuoted(python_path), ShellQuoted(python),
-        ShellQuoted(trace_path), row.budget, time_limit, ShellQuoted(errors));
+        "PYTHONPATH=%s %s -m remat.optimal %s --budget %d --time-limit %g%s --json 2>>%s",
+        ShellQuoted(python_path), ShellQuoted(python), ShellQuoted(trace_path), row.budget,
+        time_limit, offload, ShellQuoted(errors));
     std::string text;
     if (FILE* pipe = popen(command.c_str(), "r"); pipe != nullptr) {
       char buf[4096];
@@ -170,11 +176,11 @@ int RunSweepCommand(const SweepFlags& f) {
   }
   absl::StatusOr<std::vector<double>> ratios = ParseRatios(f.ratios);
   if (!ratios.ok()) return ReportError("sweep", ratios.status());
-  if (f.bound && (f.accounting != "live" || !f.no_swap)) {
-    // A bound on drop-only runs under a live budget: a run that offloads,
-    // or one the allocator's segments constrain, is not bounded by it.
-    std::cerr << "remat sweep: --bound is a lower bound for drop-only runs under a live budget: "
-                 "use it with --accounting live --no-swap\n";
+  if (f.bound && f.accounting != "live") {
+    // A bound for runs under a live budget: one the allocator's segments
+    // constrain is not bounded by it.
+    std::cerr << "remat sweep: --bound is a lower bound for runs under a live budget: "
+                 "use it with --accounting live\n";
     return kExitUsage;
   }
   absl::StatusOr<OpTrace> trace;
@@ -251,12 +257,14 @@ int RunSweepCommand(const SweepFlags& f) {
         return ReportError("sweep", s);
       }
     }
-    bounds = Bounds(bound_trace, *result, f.bound_time_limit, f.out_dir);
+    bounds = Bounds(bound_trace, *result, f.no_swap ? nullptr : &f.link, f.bound_time_limit,
+                    f.out_dir);
   }
   std::cout << SweepTable(*result, f.bound ? &bounds : nullptr);
   if (f.bound) {
-    std::cout << "bound: no drop-only run can take less (python -m remat.optimal; ~: the "
-                 "solver's proven bound at its time limit)";
+    std::cout << "bound: no " << (f.no_swap ? "drop-only run" : "run, dropping or offloading,")
+              << " can take less (python -m remat.optimal" << (f.no_swap ? "" : " --offload")
+              << "; ~: the solver's proven bound at its time limit)";
     if (std::filesystem::exists(f.out_dir + "/bound_errors.txt", ec)) {
       std::cout << "; errors in " << f.out_dir << "/bound_errors.txt";
     }
@@ -332,8 +340,9 @@ Subcommand AddSweepCommand(CLI::App& remat) {
       ->type_name("DIR");
   cmd->add_flag("--no-plot", flags->no_plot, "Skip the plot");
   cmd->add_flag("--bound", flags->bound,
-                "Add a column: the least time any drop-only run could take at each budget "
-                "(python -m remat.optimal, needs scipy; with --accounting live --no-swap)");
+                "Add a column: the least time any run could take at each budget, drop-only "
+                "with --no-swap, else dropping or offloading over the link (python -m "
+                "remat.optimal, needs scipy; with --accounting live)");
   cmd->add_option("--bound-time-limit", flags->bound_time_limit,
                   "Seconds the solver may take per ratio (then its proven bound is shown)")
       ->capture_default_str()
