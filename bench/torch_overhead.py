@@ -10,10 +10,13 @@ taking turns, on one thread:
 - budget: inside remat.torch.budget with a budget nothing reaches (every
   forward call recorded, every saved activation handed to the runtime and
   brought back, nothing dropped);
-- the same budget, entered each step (the steady state of a training loop).
+- the same budget, entered each step (the steady state of a training loop);
+- the same with pause_gc=False: Python's garbage collector left running.
 
-Prints the median step time of each and the budget's extra microseconds per
-forward call, over plain and over the pass-through floor.
+Prints the median and the mean step time of each (the mean counts the rare
+full collections of the garbage collector, which the median hides) and the
+budget's extra microseconds per forward call, over plain and over the
+pass-through floor.
 
     PYTHONPATH=python REMAT_LIBRARY=build/lib/libremat.so \\
         .venv/bin/python bench/torch_overhead.py [--steps 100] [--ops 300]
@@ -52,6 +55,7 @@ def main():
         x.sum().backward()
 
     budget = remat.torch.budget(1 << 40, policy="dtr-eq")
+    budget_gc = remat.torch.budget(1 << 40, policy="dtr-eq", pause_gc=False)
 
     def mode_step():
         with PassThrough():
@@ -61,7 +65,12 @@ def main():
         with budget:
             step()
 
-    ways = {"plain": step, "pass-through mode": mode_step, "budget": budget_step}
+    def budget_gc_step():
+        with budget_gc:
+            step()
+
+    ways = {"plain": step, "pass-through mode": mode_step, "budget": budget_step,
+            "budget, gc running": budget_gc_step}
     times = {name: [] for name in ways}
     for f in ways.values():  # warm up: first dispatches import and cache
         for _ in range(3):
@@ -72,15 +81,19 @@ def main():
             f()
             times[name].append(time.perf_counter() - start)
     median = {name: statistics.median(ts) for name, ts in times.items()}
+    mean = {name: statistics.fmean(ts) for name, ts in times.items()}
     calls = 3 * layers
     print(f"{calls} forward calls per step, {args.steps} steps each, one thread, "
           f"torch {torch.__version__}")
-    for name, t in median.items():
-        print(f"  {name:18s} {t * 1e3:8.2f} ms per step")
-    extra = (median["budget"] - median["plain"]) / calls * 1e6
-    over_floor = (median["budget"] - median["pass-through mode"]) / calls * 1e6
-    print(f"  budget: {extra:.1f} us per forward call over plain, "
-          f"{over_floor:.1f} us over the pass-through mode")
+    for name in ways:
+        print(f"  {name:20s} {median[name] * 1e3:8.2f} ms per step (median), "
+              f"{mean[name] * 1e3:8.2f} ms (mean)")
+    for name in ("budget", "budget, gc running"):
+        for what, t in (("median", median), ("mean", mean)):
+            extra = (t[name] - t["plain"]) / calls * 1e6
+            over_floor = (t[name] - t["pass-through mode"]) / calls * 1e6
+            print(f"  {name}, {what}: {extra:.1f} us per forward call over plain, "
+                  f"{over_floor:.1f} us over the pass-through mode")
     print(f"  saved tensors per step: {budget.stats['saved_tensors']}, "
           f"drops: {budget.stats['drops']}")
 

@@ -33,6 +33,7 @@ and on CUDA no kernel PyTorch marks nondeterministic unless the user allows
 it. Other storages may still be offloaded.
 """
 import ctypes
+import gc
 import threading
 import time
 import weakref
@@ -61,6 +62,29 @@ _COLLECTIVES = {"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional
 # The budget open on each thread (they do not nest).
 _active = {}
 
+# Automatic garbage collection, paused while any budget with pause_gc is open
+# (on any thread), and as it was before once none is.
+_gc_lock = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
+def _pause_gc():
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+
+
+def _resume_gc():
+    global _gc_pauses
+    with _gc_lock:
+        _gc_pauses -= 1
+        if _gc_pauses == 0 and _gc_was_enabled:
+            gc.enable()
+
 
 class BudgetTooSmall(RuntimeError):
     """The budget cannot hold what must be resident at once."""
@@ -73,6 +97,18 @@ def _below_python_dispatch():
     """A context in which ATen calls skip the Python dispatch key (every
     TorchDispatchMode): for remat's own calls on plain tensors."""
     return torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY)
+
+
+_id_arrays = {}
+
+
+def _id_array(n):
+    """ctypes' array type of n tensor ids, made once (each new array type is
+    a reference cycle for the garbage collector)."""
+    kind = _id_arrays.get(n)
+    if kind is None:
+        kind = _id_arrays[n] = ctypes.c_uint64 * n
+    return kind
 
 
 def _tag(name):
@@ -91,18 +127,85 @@ def _key(t):
 _SIMPLE = (torch.Tensor, int, float, bool)
 
 
+class _FlatSpec:
+    """How to rebuild (args, kwargs) of the usual shape from their leaves:
+    each positional argument a leaf (-1) or a list or tuple of leaves
+    (type, count); each keyword argument a leaf."""
+    __slots__ = ("args", "keys")
+
+    def __init__(self, args, keys):
+        self.args = args
+        self.keys = keys
+
+    def unflatten(self, leaves):
+        args = []
+        i = 0
+        for shape in self.args:
+            if shape == -1:
+                args.append(leaves[i])
+                i += 1
+            else:
+                kind, n = shape
+                args.append(kind(leaves[i:i + n]))
+                i += n
+        return args, dict(zip(self.keys, leaves[i:]))
+
+
 def _flatten_call(args, kwargs):
-    """(leaves, spec) of a call's (args, kwargs); spec None for the common
-    case of positional tensors and numbers only, flattened without pytree
-    (a third of the recording's time otherwise)."""
+    """(leaves, spec) of a call's (args, kwargs): spec None for positional
+    tensors and numbers only, a _FlatSpec for the usual shapes (a list of
+    tensors, keyword arguments), else pytree's. The first two are flattened
+    without pytree: it took a third of the recording's time, and its
+    flatten leaves a reference cycle per call for the garbage collector."""
     if not kwargs and all(isinstance(a, _SIMPLE) for a in args):
         return list(args), None
-    return tree_flatten((args, kwargs))
+    leaves = []
+    shapes = []
+    for a in args:
+        kind = type(a)
+        if kind is list or kind is tuple:
+            if not all(type(x) not in (list, tuple, dict) for x in a):
+                return tree_flatten((args, kwargs))
+            leaves.extend(a)
+            shapes.append((kind, len(a)))
+        elif kind is dict:
+            return tree_flatten((args, kwargs))
+        else:
+            leaves.append(a)
+            shapes.append(-1)
+    for v in kwargs.values():
+        if type(v) in (list, tuple, dict):
+            return tree_flatten((args, kwargs))
+        leaves.append(v)
+    return leaves, _FlatSpec(tuple(shapes), tuple(kwargs))
+
+
+def _leaf_count(a):
+    """How many leaves one argument flattens to (as _flatten_call counts)."""
+    kind = type(a)
+    if kind is list or kind is tuple:
+        if all(type(x) not in (list, tuple, dict) for x in a):
+            return len(a)
+    elif kind is not dict:
+        return 1
+    return len(tree_flatten(a)[0])
+
+
+def _unflatten_call(leaves, spec):
+    if spec is None:
+        return leaves, {}
+    if type(spec) is _FlatSpec:
+        return spec.unflatten(leaves)
+    return tree_unflatten(leaves, spec)
 
 
 def _flatten_result(result):
+    kind = type(result)
     if isinstance(result, torch.Tensor):
         return [result]
+    if (kind is tuple or kind is list) and \
+            all(type(x) not in (list, tuple, dict) for x in result):
+        return list(result)
     return tree_flatten(result)[0]
 
 
@@ -224,8 +327,9 @@ def _op_info(func):
     return info
 
 
-def _written_indices(func, args, kwargs, flat_len):
-    """Positions, in the flattened (args, kwargs), of tensors the call writes."""
+def _written_indices(func, args, kwargs, flat_len, spec):
+    """Positions, in the flattened (args, kwargs) (flattened as `spec` says),
+    of tensors the call writes."""
     schema = func._schema
     written_names = set()
     written_pos = set()
@@ -244,13 +348,15 @@ def _written_indices(func, args, kwargs, flat_len):
     # Flatten each argument alone to find where it lands.
     out = []
     pos = 0
+    count = (lambda a: len(tree_flatten(a)[0])) if spec is not None and \
+        type(spec) is not _FlatSpec else _leaf_count
     for i, a in enumerate(args):
-        n = len(tree_flatten(a)[0])
+        n = count(a)
         if i in written_pos:
             out.extend(range(pos, pos + n))
         pos += n
     for name, v in kwargs.items():
-        n = len(tree_flatten(v)[0])
+        n = count(v)
         if name in written_names:
             out.extend(range(pos, pos + n))
         pos += n
@@ -424,10 +530,20 @@ class Engine:
                 raise error
         finally:
             self.session.engine = None
+            # The step's records go by reference counting as the step ends:
+            # a call and the storages it made refer to each other, so the
+            # links go first (else each step would leave thousands of
+            # objects in cycles for the garbage collector to find).
             for s in self.by_index:
                 s.tensor = None
                 s.host = None
                 s.ahead = None
+                s.producer = None
+                s.writers = None
+                s.readers = None
+            self.by_index = []
+            self.registered = []
+            self.groups = []
             self.storages.clear()
             self.by_id.clear()
             self.runtime = None
@@ -569,7 +685,7 @@ class Engine:
             rng = (torch.get_rng_state(),
                    {d: torch.cuda.get_rng_state(d) for d in cuda_devices},
                    [(g, g.get_state()) for g in gens])
-        written = _written_indices(func, args, kwargs, len(flat)) if info.writes else []
+        written = _written_indices(func, args, kwargs, len(flat), spec) if info.writes else []
         refs = []
         for i, a in enumerate(flat):
             refs.append(_Ref(self._storage_of(a), a) if _has_storage(a) else a)
@@ -735,7 +851,7 @@ class Engine:
                                                     ctypes.byref(tid), None)
         else:
             opts = _capi.CallOptions()
-            ids = (ctypes.c_uint64 * max(1, len(inputs)))(*[i.id for i in inputs])
+            ids = _id_array(max(1, len(inputs)))(*[i.id for i in inputs])
             opts.inputs = ids
             opts.num_inputs = len(inputs)
             opts.compute_ns = max(1, cost)
@@ -988,10 +1104,7 @@ class Engine:
             if i in call.written and (rebuild is None or r.storage is not rebuild[0]):
                 v = v.clone()
             args.append(v)
-        if call.spec is None:
-            a, kw = args, {}
-        else:
-            a, kw = tree_unflatten(args, call.spec)
+        a, kw = _unflatten_call(args, call.spec)
         self.counts["recomputed_calls"] += 1
         if call.rng is None:
             return call.func(*a, **kw)
@@ -1052,6 +1165,15 @@ class budget:
     allow_nondeterministic: on CUDA, let kernels PyTorch marks as not
         bitwise deterministic be recomputed too.
     tflops, hbm_gbps: the device rates recompute costs are estimated at.
+    pause_gc: Python's automatic garbage collection waits while the context
+        is open (on any thread; as it was once no budget is open). The
+        recording makes a few objects per ATen call that live for the step:
+        collections in the middle of a step find them all alive, and move
+        them to the generation whose full collections cost a tenth of a
+        second or more in a process with torch loaded (a fifth of the
+        budget's own time per step, bench/torch_overhead.py). The step's
+        records go by reference counting when it ends; a cycle the step's
+        own code makes waits for the first collection after it.
     """
 
     # Steps of each plan in the offload guard's trial: one that learns the
@@ -1060,7 +1182,7 @@ class budget:
 
     def __init__(self, budget, policy="dtr", offload=False, recompute=True,
                  allow_nondeterministic=False, tflops=None, hbm_gbps=None,
-                 offload_guard=True, copy_ahead=False):
+                 offload_guard=True, copy_ahead=False, pause_gc=True):
         self.budget_bytes = parse_size(budget)
         if self.budget_bytes == 0:
             raise ValueError("a budget of 0 bytes holds nothing; give bytes or a size like '2GiB'")
@@ -1080,6 +1202,8 @@ class budget:
             kw["hbm_gbps"] = hbm_gbps
         self._recompute = bool(recompute)
         self._copy_ahead = bool(copy_ahead)
+        self._pause_gc = bool(pause_gc)
+        self._gc_paused = False
         self._allow_nondeterministic = bool(allow_nondeterministic)
         self._cost_model = CostModel(**kw)
         if offload and recompute:
@@ -1133,6 +1257,21 @@ class budget:
         if _active.get(threading.get_ident()) is not None:
             raise RuntimeError("remat.torch.budget contexts do not nest: one budget covers "
                                "the whole step")
+        if self._pause_gc:
+            _pause_gc()
+            self._gc_paused = True
+        try:
+            return self._enter()
+        except BaseException:
+            self._resume_gc()
+            raise
+
+    def _resume_gc(self):
+        if self._gc_paused:
+            self._gc_paused = False
+            _resume_gc()
+
+    def _enter(self):
         plan, timed = self._plan_now()
         policy, offload = self._plans[plan]
         session = self._sessions.get(plan)
@@ -1163,7 +1302,10 @@ class budget:
                 try:
                     self._engine.close()
                 finally:
-                    self._end_step(ok=exc_type is None)
+                    try:
+                        self._end_step(ok=exc_type is None)
+                    finally:
+                        self._resume_gc()
         return False
 
     def _time(self):

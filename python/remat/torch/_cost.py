@@ -11,6 +11,9 @@ try:
     _SHAPES_WRAPPER_CODE = _shape_wrapper(lambda *a, **k: 0).__code__
 except (ImportError, AttributeError):  # pragma: no cover: another torch
     _SHAPES_WRAPPER_CODE = None
+_ADDMM = torch.ops.aten.addmm
+# mm's formula on shapes (addmm's counts as mm's), where torch has it so.
+_MM_SHAPES = getattr(flop_registry.get(torch.ops.aten.mm), "__wrapped__", None)
 
 COSTS = ("model", "measured")
 # The device `--cost model` describes (as `remat gen`'s defaults).
@@ -71,13 +74,21 @@ class CostModel:
             return 0
         shapes_formula = getattr(formula, "__wrapped__", None)
         if shapes_formula is not None and _SHAPES_WRAPPER_CODE is not None and \
-                getattr(formula, "__code__", None) is _SHAPES_WRAPPER_CODE and not kwargs and \
-                isinstance(result, torch.Tensor) and all(isinstance(a, _SIMPLE) for a in args):
+                getattr(formula, "__code__", None) is _SHAPES_WRAPPER_CODE and \
+                isinstance(result, torch.Tensor) and all(isinstance(a, _SIMPLE) for a in args) \
+                and all(isinstance(v, _SIMPLE) for v in kwargs.values()):
+            if func.overloadpacket is _ADDMM and _MM_SHAPES is not None and len(args) >= 3:
+                # torch's addmm formula calls mm's wrapped formula, which
+                # walks the shapes with pytree again: mm's on the shapes.
+                return _MM_SHAPES(args[1].shape, args[2].shape, out_shape=result.shape)
             # Inside torch's shape wrapper, the formula proper takes shapes:
             # handing it them directly skips the pytree walk the wrapper makes
-            # to find them (most of the cost of a matmul's recording).
+            # to find them (most of the cost of a matmul's recording, and a
+            # reference cycle per call for the garbage collector).
             return shapes_formula(*[a.shape if isinstance(a, torch.Tensor) else a for a in args],
-                                  out_shape=result.shape)
+                                  out_shape=result.shape,
+                                  **{k: v.shape if isinstance(v, torch.Tensor) else v
+                                     for k, v in kwargs.items()})
         return formula(*args, **kwargs, out_val=result)
 
     @staticmethod
