@@ -45,7 +45,8 @@ would, and counts it through the stage's call if it is still there after.
 - A copy back holds its memory from its start. The bytes copied back for
   stages t and later that the link could not have carried since stage t-1's
   call ended were on the device during that call (H[t]), and count in its
-  memory.
+  memory (for a use, which reads its tensors one at a time, beside what it
+  keeps rather than beside each read).
 - One engine copies device to host: every storage copied back was copied out
   once before, within the run.
 
@@ -214,7 +215,7 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
     estimate = (3 if offload else 2) * sum(max(0, last_need[s] - trace.producer[s])
                                            for s in range(n_storages) if not trace.constant[s])
     if offload:
-        estimate += n_storages + 3 * n_stages
+        estimate += n_storages + 4 * n_stages
     for t in range(n_stages):
         for k in range(t):
             kind, _, _, outputs = trace.stages[k]
@@ -231,7 +232,7 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
                            "given is the trivial one (nothing recomputed)",
                 "variables": 0, "constraints": 0, "seconds": time.monotonic() - started}
 
-    columns = []  # kinds: S, R, K (as above); I, O, W, Z, Q (with offload)
+    columns = []  # kinds: S, R, K (as above); I, O, W, Z, Q, H (with offload)
     cost = []
     col_s, col_r, col_k, col_i = {}, {}, {}, {}
 
@@ -306,10 +307,18 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
                 c = col_k.get((t, s))
                 if c is not None and s not in group:
                     kept.append((c, float(sizes[s])))
-            if offload and t + 1 < n_stages:
+            # A call holds its group while copies for later stages run; a
+            # use reads its tensors one at a time, so those copies are
+            # counted once, beside what is kept (below), not with each read.
+            if offload and t + 1 < n_stages and trace.stages[t][0] == "call":
                 kept.append((col_h[t + 1], 1.0))
             own = sum(sizes[s] for s in group)
             constraint(kept, -math.inf, float(budget_bytes - own - trace.constant_live[t]))
+        if offload and t + 1 < n_stages and trace.stages[t][0] == "use":
+            kept = [(c, float(sizes[s])) for s in droppable
+                    if (c := col_k.get((t, s))) is not None]
+            constraint(kept + [(col_h[t + 1], 1.0)], -math.inf,
+                       float(budget_bytes - trace.constant_live[t]))
     for (t, k), c in col_r.items():
         for s in trace.stages[k][2]:
             if trace.constant[s] or sizes[s] == 0:

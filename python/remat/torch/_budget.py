@@ -1173,7 +1173,9 @@ class budget:
         second or more in a process with torch loaded (a fifth of the
         budget's own time per step, bench/torch_overhead.py). The step's
         records go by reference counting when it ends; a cycle the step's
-        own code makes waits for the first collection after it.
+        own code makes waits for the first collection after it. A context
+        never left (a generator suspended inside it and dropped) leaves the
+        collector paused: leave every budget you enter, or pass False.
     """
 
     # Steps of each plan in the offload guard's trial: one that learns the
