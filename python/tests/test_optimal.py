@@ -46,6 +46,22 @@ def run_sim(binary, path, policy, budget, link_gbps=None, extra=()):
     return json.loads(out.stdout)
 
 
+def assert_sweep_cells_above_the_bound(stdout, policies, finished_at_least=1):
+    """The sweep's table (two ratios): a bound column after the policies',
+    and every finished run's cell at or above it."""
+    lines = stdout.splitlines()
+    assert lines[1].split() == ["ratio", *policies, "bound"]
+    finished = 0
+    for line in lines[2:4]:
+        cells = line.split()
+        bound = float(cells[-1].lstrip("~"))
+        for cell in cells[1:-1]:
+            if cell[0].isdigit():
+                finished += 1
+                assert float(cell.rstrip("*")) >= bound - 5e-4, line
+    assert finished >= finished_at_least, stdout
+
+
 def test_the_bound_is_the_cheapest_recompute_on_a_hand_made_step(tmp_path):
     # a (cost 10) and b (cost 50) are both read at the end; c needs room for
     # itself while only one of them can stay: dropping a is the cheaper.
@@ -165,13 +181,7 @@ def test_the_sweep_shows_the_bound_beside_the_policies(tmp_path):
                           "--bound", "--no-plot", "--out", str(tmp_path / "s")],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert lines[1].split() == ["ratio", "lru", "dtr", "bound"]
-    for line in lines[2:4]:
-        cells = line.split()
-        bound = float(cells[3].lstrip("~"))
-        for cell in cells[1:3]:
-            assert float(cell.rstrip("*")) >= bound - 5e-4, line
+    assert_sweep_cells_above_the_bound(out.stdout, ["lru", "dtr"], finished_at_least=4)
     assert "no drop-only run can take less" in out.stdout
     # Not a bound under a reserved budget: refused.
     refused = subprocess.run([binary, "sweep", "--model", "chain:n=12", "--ratios", "0.7",
@@ -294,14 +304,7 @@ def test_the_sweep_shows_the_offload_bound_where_runs_may_offload(tmp_path):
                           "--out", str(tmp_path / "s")],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert lines[1].split() == ["ratio", "dtr", "hybrid", "bound"]
-    for line in lines[2:4]:
-        cells = line.split()
-        bound = float(cells[3].lstrip("~"))
-        for cell in cells[1:3]:
-            if cell[0].isdigit():
-                assert float(cell.rstrip("*")) >= bound - 5e-4, line
+    assert_sweep_cells_above_the_bound(out.stdout, ["dtr", "hybrid"])
     assert "no run, dropping or offloading, can take less" in out.stdout
     assert "--offload" in out.stdout
 
