@@ -127,6 +127,11 @@ def _key(t):
 _SIMPLE = (torch.Tensor, int, float, bool)
 
 
+def _is_flat(seq):
+    """A list or tuple holding no list, tuple or dict (its items are leaves)."""
+    return all(type(x) not in (list, tuple, dict) for x in seq)
+
+
 class _FlatSpec:
     """How to rebuild (args, kwargs) of the usual shape from their leaves:
     each positional argument a leaf (-1) or a list or tuple of leaves
@@ -164,7 +169,7 @@ def _flatten_call(args, kwargs):
     for a in args:
         kind = type(a)
         if kind is list or kind is tuple:
-            if not all(type(x) not in (list, tuple, dict) for x in a):
+            if not _is_flat(a):
                 return tree_flatten((args, kwargs))
             leaves.extend(a)
             shapes.append((kind, len(a)))
@@ -184,7 +189,7 @@ def _leaf_count(a):
     """How many leaves one argument flattens to (as _flatten_call counts)."""
     kind = type(a)
     if kind is list or kind is tuple:
-        if all(type(x) not in (list, tuple, dict) for x in a):
+        if _is_flat(a):
             return len(a)
     elif kind is not dict:
         return 1
@@ -203,8 +208,7 @@ def _flatten_result(result):
     kind = type(result)
     if isinstance(result, torch.Tensor):
         return [result]
-    if (kind is tuple or kind is list) and \
-            all(type(x) not in (list, tuple, dict) for x in result):
+    if (kind is tuple or kind is list) and _is_flat(result):
         return list(result)
     return tree_flatten(result)[0]
 
