@@ -72,7 +72,10 @@ struct TensorEvent {
   TensorId tensor = 0;  // the storage's first tensor
   std::size_t bytes = 0;
   Stream stream;             // kOffloaded, kRestored, kRecomputed: where the work went
-  bool pressure = false;     // kDropped, kOffloaded: a policy's choice under pressure
+  // kDropped, kOffloaded: an eviction (a policy's choice under pressure, or
+  // the owner's through Runtime::Evict, which `directed` says), not a release.
+  bool pressure = false;
+  bool directed = false;
   bool prefetch = false;     // kRestored: ahead of use, on the copy stream
   bool ahead = false;        // kOffloaded: the copy was made ahead (kCopiedAhead)
   std::int64_t cost_ns = 0;  // kRecomputed: the run's estimated cost (its first output only)

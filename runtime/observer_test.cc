@@ -123,6 +123,30 @@ TEST_F(ObserverTest, ADroppedTensorIsToldCreatedDroppedRecomputedAndCollected) {
   EXPECT_EQ(evicted, stats.drops + stats.offloads);
 }
 
+TEST_F(ObserverTest, TheOwnersEvictionsAreToldAsDirected) {
+  Make({.policy = "lru"});
+  const TensorId a = Make1({}, false, false);
+  const TensorId b = Make1({a}, true, false);
+  const TensorId c = Make1({a}, false, true);
+  ASSERT_TRUE(*runtime_->Evict(b, policies::EvictAction::kDrop));
+  ASSERT_TRUE(*runtime_->Evict(c, policies::EvictAction::kOffload));
+  ASSERT_THAT(recorder_.KindsOf(b), ElementsAre(Kind::kCreated, Kind::kDropped));
+  ASSERT_THAT(recorder_.KindsOf(c), ElementsAre(Kind::kCreated, Kind::kOffloaded));
+  for (TensorId id : {b, c}) {
+    EXPECT_TRUE(recorder_.Of(id)[1].pressure);  // an eviction, not a release
+    EXPECT_TRUE(recorder_.Of(id)[1].directed);
+  }
+  EXPECT_TRUE(recorder_.pressures.empty());
+  // A release afterwards is not directed.
+  ASSERT_TRUE(runtime_->Acquire(b).ok());
+  ASSERT_TRUE(runtime_->Free(b).ok());
+  for (const TensorEvent& e : recorder_.events) {
+    if (e.kind != Kind::kDropped && e.kind != Kind::kOffloaded) {
+      EXPECT_FALSE(e.directed);
+    }
+  }
+}
+
 TEST_F(ObserverTest, AnOffloadedTensorIsToldWhereEachCopyWent) {
   Make({.policy = "lru", .enable_drop = false, .live_budget = 2 * kMiB});
   const TensorId a = Make1({}, false, true);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "base/log.h"
+#include "base/units.h"
 #include "base/status_macros.h"
 #include "policies/registry.h"
 #include "runtime/runtime_internal.h"
@@ -32,6 +33,7 @@ const char* TensorEventName(TensorEvent::Kind kind) {
 void Runtime::Tell(const Storage* s, TensorEvent event) {
   event.tensor = s->FirstId();
   event.bytes = s->bytes;
+  event.directed = directing_ && event.pressure;
   options_.observer->OnTensor(event);
 }
 
@@ -437,6 +439,35 @@ absl::Status Runtime::Prefetch(TensorId id, Stream stream) {
   Storage* s = LiveOrNull(id);
   if (s == nullptr) return NotLive(id);
   return PrefetchStorage(s, stream);
+}
+
+absl::StatusOr<bool> Runtime::Evict(TensorId id, policies::EvictAction action, Stream stream) {
+  Lock lock(this);
+  Storage* s = LiveOrNull(id);
+  if (s == nullptr) return NotLive(id);
+  SettleCopies(s);
+  if (s->state != TensorState::kResident) return false;
+  const bool drop = action == policies::EvictAction::kDrop;
+  if (s->pins > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("tensor %d is in use (pinned%s): it cannot be evicted now", id,
+                        s->regen_owner != nullptr ? ", being regenerated" : ""));
+  }
+  if (drop ? !s->may_drop : !s->may_offload) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("tensor %d may not be %s", id, drop ? "dropped" : "offloaded"));
+  }
+  directing_ = true;
+  const bool done = drop ? DropStorage(s, stream, /*pressure=*/true) : OffloadStorage(s, stream);
+  directing_ = false;
+  if (!done) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "tensor %d could not be offloaded: the pinned host pool has no room for %s", id,
+        FormatBytes(s->bytes)));
+  }
+  if (drop) ++stats_.drops;
+  ++stats_.directed_evictions;
+  return true;
 }
 
 absl::Status Runtime::Free(TensorId id) {

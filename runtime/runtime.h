@@ -213,7 +213,8 @@ struct RuntimeStats {
   std::uint64_t covering_runs = 0;  // pressure events met by a covering run (retry_in_one_place)
   std::uint64_t candidates_shown = 0;  // candidates handed to the policy, over all events
   std::int64_t choose_wall_ns = 0;     // host time spent building candidates and choosing
-  std::uint64_t drops = 0;           // evictions under pressure that dropped
+  std::uint64_t drops = 0;           // evictions that dropped (pressure's and Evict's)
+  std::uint64_t directed_evictions = 0;  // drops and offloads asked for by Evict
   std::uint64_t released_drops = 0;  // freed by the owner, bytes dropped, kept for a closure
   std::uint64_t offloads = 0;
   std::uint64_t recomputes = 0;
@@ -317,6 +318,17 @@ class Runtime {
   absl::StatusOr<Guard> Acquire(TensorId id, Stream stream = kDefaultStream);
   // Starts copying an offloaded tensor back ahead of its use.
   absl::Status Prefetch(TensorId id, Stream stream = kDefaultStream);
+  // Evicts the tensor's storage now, by `action`, as a pressure event would:
+  // the owner knows it will not need it for a while (a plan made ahead, as
+  // `remat.optimal --plan-out` writes; a framework's own checkpointing
+  // choice). true: evicted; false: it was not resident (dropped, on the host
+  // or on its way there or back), and nothing changed. FailedPrecondition
+  // when it is pinned, being regenerated, or does not allow `action`;
+  // ResourceExhausted when the host pool has no room for an offload. Counted
+  // in stats() as a pressure event's evictions are, and in
+  // directed_evictions; the observer is told with `directed` set.
+  absl::StatusOr<bool> Evict(TensorId id, policies::EvictAction action,
+                             Stream stream = kDefaultStream);
   // The owner drops its reference. Pinned tensors are freed when unpinned.
   absl::Status Free(TensorId id);
   // Tells policies when the tensor will next be used (NowNs's clock;
@@ -659,6 +671,9 @@ class Runtime {
   std::int64_t pressure_gap_ns_ ABSL_GUARDED_BY(mu_) = 0;
   // Estimated compute of the calls made and recomputed so far (NowNs).
   std::int64_t work_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  // While Evict(TensorId, ...) carries out the owner's eviction: the
+  // observer's events say `directed`.
+  bool directing_ ABSL_GUARDED_BY(mu_) = false;
   // Bumped (and waiters woken) when a regeneration ends.
   std::atomic<std::uint64_t> regen_epoch_{0};
   int regen_waiters_ ABSL_GUARDED_BY(mu_) = 0;

@@ -399,6 +399,74 @@ TEST_F(RuntimeTest, RegeneratingDiamondsCostsEachTensorOnce) {
   EXPECT_EQ(runtime_->stats().resident_bytes, kMiB);
 }
 
+// The owner's own eviction (Runtime::Evict): the tensor goes now, with no
+// pressure event, and comes back byte for byte on its next use.
+TEST_F(RuntimeTest, TheOwnerEvictsATensorAndItComesBackOnItsNextUse) {
+  Make(64 * kMiB, {.policy = "lru"});
+  TensorId x = Produce(2 * kMiB, {}, false, false);
+  TensorId y = Produce(2 * kMiB, {x}, true, false);
+  TensorId z = Produce(3 * kMiB, {x}, false, true);
+  TensorId v = *runtime_->CreateView(y);
+  const std::uint64_t resident = runtime_->stats().resident_bytes;
+  absl::StatusOr<bool> dropped = runtime_->Evict(v, policies::EvictAction::kDrop);
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_TRUE(*dropped);
+  EXPECT_EQ(StateOf(y), TensorState::kDropped);  // a view's eviction is its storage's
+  absl::StatusOr<bool> offloaded = runtime_->Evict(z, policies::EvictAction::kOffload);
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status();
+  EXPECT_TRUE(*offloaded);
+  EXPECT_EQ(runtime_->stats().resident_bytes, resident - 5 * kMiB);
+  RuntimeStats st = runtime_->stats();
+  EXPECT_EQ(st.pressure_events, 0u);
+  EXPECT_EQ(st.drops, 1u);
+  EXPECT_EQ(st.offloads, 1u);
+  EXPECT_EQ(st.directed_evictions, 2u);
+  // Already gone: nothing changes, and it says so.
+  absl::StatusOr<bool> again = runtime_->Evict(y, policies::EvictAction::kDrop);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(*again);
+  EXPECT_EQ(runtime_->stats().directed_evictions, 2u);
+  CheckInvariants();
+  Check(y);
+  Check(z);
+  st = runtime_->stats();
+  EXPECT_EQ(st.recomputes, 1u);
+  EXPECT_EQ(st.restored_bytes, 3 * kMiB);
+  CheckInvariants();
+}
+
+TEST_F(RuntimeTest, AnEvictionTheTensorDoesNotAllowIsRefusedAndChangesNothing) {
+  Make(64 * kMiB, {.policy = "lru", .host_pool_bytes = kMiB});
+  TensorId x = Produce(2 * kMiB, {}, false, false);      // an input: neither
+  TensorId y = Produce(2 * kMiB, {x}, true, false);      // drop only
+  TensorId z = Produce(2 * kMiB, {x}, false, true);      // offload only, over the host pool
+  EXPECT_EQ(runtime_->Evict(x, policies::EvictAction::kDrop).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(runtime_->Evict(x, policies::EvictAction::kOffload).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(runtime_->Evict(y, policies::EvictAction::kOffload).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(runtime_->Evict(z, policies::EvictAction::kOffload).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  {
+    absl::StatusOr<Guard> pinned = runtime_->Acquire(y);
+    ASSERT_TRUE(pinned.ok());
+    absl::StatusOr<bool> refused = runtime_->Evict(y, policies::EvictAction::kDrop);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(refused.status().message().find("pinned"), std::string::npos)
+        << refused.status();
+  }
+  EXPECT_EQ(runtime_->Evict(12345, policies::EvictAction::kDrop).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(runtime_->Free(y).ok());
+  EXPECT_EQ(runtime_->Evict(y, policies::EvictAction::kDrop).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  for (TensorId id : {x, z}) EXPECT_EQ(StateOf(id), TensorState::kResident);
+  const RuntimeStats st = runtime_->stats();
+  EXPECT_EQ(st.drops + st.offloads + st.directed_evictions, 0u);
+  CheckInvariants();
+}
+
 TEST_F(RuntimeTest, PinnedHostPoolExhaustionFallsBackToDropping) {
   Make(8 * kMiB, {.policy = "lru", .host_pool_bytes = kMiB});
   TensorId a = Produce(4 * kMiB, {}, true, true, /*cost_ns=*/10'000'000);  // prefers offload

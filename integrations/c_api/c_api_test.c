@@ -504,6 +504,82 @@ static void test_dropped_tensors_come_back_with_their_bytes(void) {
   for (i = 0; i <= CHAIN; ++i) free(want[i]);
 }
 
+/* The caller's own eviction: a tensor dropped on request comes back with its
+ * bytes; what it does not allow, a pinned tensor and bad arguments are
+ * refused and change nothing. */
+static void test_the_caller_evicts_a_tensor(void) {
+  const size_t bytes = (size_t)MIB;
+  remat_allocator* a = make_allocator(GIB, 0, 1);
+  remat_runtime* rt = NULL;
+  remat_runtime_stats rstats;
+  remat_tensor_options topts;
+  remat_tensor_state state;
+  uint64_t x = 0;
+  uint64_t y = 0;
+  unsigned char* want_x = (unsigned char*)malloc(bytes);
+  unsigned char* want_y = (unsigned char*)malloc(bytes);
+  void* x_ptr = NULL;
+  void* y_ptr = NULL;
+  int destroyed = 0;
+  int runs = 0;
+  int evicted = -1;
+  kernel x_kernel = {NULL, 1, NULL, NULL};
+  kernel* k = NULL;
+  CHECK(a != NULL && want_x != NULL && want_y != NULL);
+  x_kernel.allocator = a;
+  k = new_kernel(a, 2, &destroyed, &runs);
+  CHECK_OK(remat_runtime_create(a, "lru", &rt));
+  fill(want_x, NULL, bytes, 1);
+  fill(want_y, want_x, bytes, 2);
+  CHECK_OK(remat_tensor_create(rt, bytes, NULL, 0, &x, &x_ptr));
+  CHECK(recompute(&x_kernel, NULL, 0, x_ptr, bytes, 0) == 0);
+  CHECK_OK(remat_tensor_options_init(&topts));
+  topts.inputs = &x;
+  topts.num_inputs = 1;
+  topts.allow_drop = 1;
+  topts.recompute = recompute;
+  topts.user_data = k;
+  topts.destroy = destroy_kernel;
+  CHECK_OK(remat_tensor_create(rt, bytes, &topts, 0, &y, &y_ptr));
+  CHECK(recompute(k, &x_ptr, 1, y_ptr, bytes, 0) == 0);
+  /* Pinned (made and not yet released): refused. */
+  CHECK_STATUS(remat_tensor_evict(rt, y, REMAT_EVICT_DROP, 0, &evicted),
+               REMAT_FAILED_PRECONDITION);
+  CHECK_ERROR_HAS("pinned");
+  CHECK(evicted == -1);
+  CHECK_OK(remat_tensor_release(rt, y));
+  CHECK_OK(remat_tensor_release(rt, x));
+  CHECK_STATUS(remat_tensor_evict(rt, x, REMAT_EVICT_DROP, 0, NULL), REMAT_FAILED_PRECONDITION);
+  CHECK_STATUS(remat_tensor_evict(rt, y, REMAT_EVICT_OFFLOAD, 0, NULL),
+               REMAT_FAILED_PRECONDITION);
+  CHECK_STATUS(remat_tensor_evict(rt, y, (remat_evict_action)7, 0, NULL), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_tensor_evict(rt, 999999, REMAT_EVICT_DROP, 0, NULL), REMAT_NOT_FOUND);
+  CHECK_STATUS(remat_tensor_evict(NULL, y, REMAT_EVICT_DROP, 0, NULL), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_tensor_get_state(rt, y, &state));
+  CHECK(state == REMAT_TENSOR_RESIDENT);
+
+  CHECK_OK(remat_tensor_evict(rt, y, REMAT_EVICT_DROP, 0, &evicted));
+  CHECK(evicted == 1);
+  CHECK_OK(remat_tensor_get_state(rt, y, &state));
+  CHECK(state == REMAT_TENSOR_DROPPED);
+  CHECK_OK(remat_tensor_evict(rt, y, REMAT_EVICT_DROP, 0, &evicted));
+  CHECK(evicted == 0);  /* already gone */
+  CHECK_OK(remat_runtime_get_stats(rt, &rstats));
+  CHECK(rstats.drops == 1 && rstats.pressure_events == 0);
+  CHECK_OK(remat_tensor_acquire(rt, y, 0, &y_ptr));
+  CHECK_OK(remat_stream_synchronize(a, 0));
+  CHECK(memcmp(y_ptr, want_y, bytes) == 0);
+  CHECK(runs == 2);  /* made once, regenerated once */
+  CHECK_OK(remat_tensor_release(rt, y));
+  CHECK_OK(remat_tensor_free(rt, y));
+  CHECK_OK(remat_tensor_free(rt, x));
+  CHECK(destroyed == 1);
+  CHECK_OK(remat_runtime_destroy(rt));
+  CHECK_OK(remat_allocator_destroy(a));
+  free(want_x);
+  free(want_y);
+}
+
 /* Offloaded to host and back, with a prefetch, bytes intact. */
 static void test_offloaded_tensor_comes_back_with_its_bytes(void) {
   const size_t bytes = 2 * (size_t)MIB;
@@ -1248,6 +1324,7 @@ int main(void) {
        test_dropped_tensors_come_back_with_their_bytes},
       {"offloaded_tensor_comes_back_with_its_bytes", test_offloaded_tensor_comes_back_with_its_bytes},
       {"copies_made_ahead", test_copies_made_ahead},
+      {"the_caller_evicts_a_tensor", test_the_caller_evicts_a_tensor},
       {"failing_callback_reaches_acquire", test_failing_callback_reaches_acquire},
       {"release_and_free_errors", test_release_and_free_errors},
       {"user_data_destroyed_once", test_user_data_destroyed_once},

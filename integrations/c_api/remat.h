@@ -240,6 +240,8 @@ typedef struct remat_event {
   uint64_t stream;   /* OFFLOADED, RESTORED, RECOMPUTED, COPIED_AHEAD: the stream the
                       * work went on (order a copy of your own after it) */
   int ahead;         /* OFFLOADED: no copy now, the one made ahead holds the bytes */
+  int directed;      /* DROPPED, OFFLOADED: asked for by remat_tensor_evict (pressure is
+                      * then set too: an eviction, not a release) */
 } remat_event;
 
 /* Called with the runtime's lock held, on the thread whose call caused the
@@ -375,6 +377,24 @@ REMAT_API remat_status remat_tensor_free(remat_runtime* runtime, uint64_t id);
 REMAT_API remat_status remat_tensor_prefetch(remat_runtime* runtime, uint64_t id, uint64_t stream);
 REMAT_API remat_status remat_tensor_get_state(remat_runtime* runtime, uint64_t id,
                                               remat_tensor_state* out);
+
+typedef enum remat_evict_action {
+  REMAT_EVICT_DROP = 0,     /* free its bytes; its callback regenerates them */
+  REMAT_EVICT_OFFLOAD = 1,  /* copy it to pinned host memory and back on use */
+  REMAT_EVICT_ACTION_MAX_ENUM = 0x7FFFFFFF
+} remat_evict_action;
+
+/* Evicts the tensor's storage now, as pressure would, because the caller
+ * knows it will not need it for a while (a plan made ahead, a checkpointing
+ * choice of its own). The next acquire brings it back. *evicted_out (may be
+ * NULL): 1 when evicted now, 0 when it was not resident (dropped, on the host
+ * or on its way), which changes nothing. REMAT_FAILED_PRECONDITION when it
+ * is pinned or does not allow `action`; REMAT_RESOURCE_EXHAUSTED when the
+ * host pool has no room for an offload; REMAT_INVALID_ARGUMENT for an
+ * unknown action. The block goes back to the allocator on `stream`. */
+REMAT_API remat_status remat_tensor_evict(remat_runtime* runtime, uint64_t id,
+                                          remat_evict_action action, uint64_t stream,
+                                          int* evicted_out);
 
 typedef struct remat_runtime_stats {
   uint64_t tensors_created;

@@ -191,6 +191,7 @@ class CallbackObserver final : public remat::RuntimeObserver {
     out.cost_ns = e.cost_ns;
     out.stream = static_cast<std::uint64_t>(e.stream.handle);
     out.ahead = e.ahead ? 1 : 0;
+    out.directed = e.directed ? 1 : 0;
     fn_(user_data_, &out);
   }
 
@@ -909,6 +910,27 @@ remat_status remat_tensor_prefetch(remat_runtime* runtime, uint64_t id, uint64_t
     if (runtime == nullptr) return NullArgument(fn, "runtime");
     if (remat_status st = CheckStream(runtime->owner, fn, stream); st != REMAT_OK) return st;
     return FromStatus(fn, runtime->runtime->Prefetch(id, ToStream(stream)));
+  });
+}
+
+remat_status remat_tensor_evict(remat_runtime* runtime, uint64_t id, remat_evict_action action,
+                                uint64_t stream, int* evicted_out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    if (action != REMAT_EVICT_DROP && action != REMAT_EVICT_OFFLOAD) {
+      return FromStatus(fn, absl::InvalidArgumentError(absl::StrFormat(
+                                "unknown action %d (REMAT_EVICT_DROP or REMAT_EVICT_OFFLOAD)",
+                                static_cast<int>(action))));
+    }
+    if (remat_status st = CheckStream(runtime->owner, fn, stream); st != REMAT_OK) return st;
+    absl::StatusOr<bool> evicted = runtime->runtime->Evict(
+        id, action == REMAT_EVICT_DROP ? remat::policies::EvictAction::kDrop
+                                       : remat::policies::EvictAction::kOffload,
+        ToStream(stream));
+    if (!evicted.ok()) return FromStatus(fn, evicted.status());
+    if (evicted_out != nullptr) *evicted_out = *evicted ? 1 : 0;
+    return REMAT_OK;
   });
 }
 

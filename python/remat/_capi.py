@@ -80,7 +80,8 @@ class CallOptions(ctypes.Structure):
 class Event(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("tensor", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
                 ("pressure", ctypes.c_int), ("prefetch", ctypes.c_int),
-                ("cost_ns", ctypes.c_int64), ("stream", ctypes.c_uint64), ("ahead", ctypes.c_int)]
+                ("cost_ns", ctypes.c_int64), ("stream", ctypes.c_uint64), ("ahead", ctypes.c_int),
+                ("directed", ctypes.c_int)]
 
 
 EVENT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(Event))
@@ -168,6 +169,8 @@ def lib():
         "remat_tensor_release": (ctypes.c_int, [vp, u64]),
         "remat_tensor_free": (ctypes.c_int, [vp, u64]),
         "remat_tensor_prefetch": (ctypes.c_int, [vp, u64, u64]),
+        "remat_tensor_evict": (ctypes.c_int, [vp, u64, ctypes.c_int, u64,
+                                              ctypes.POINTER(ctypes.c_int)]),
         "remat_tensor_get_state": (ctypes.c_int, [vp, u64, ctypes.POINTER(ctypes.c_int)]),
         "remat_runtime_get_stats": (ctypes.c_int, [vp, ctypes.POINTER(RuntimeStats)]),
     }
