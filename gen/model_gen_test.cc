@@ -74,6 +74,8 @@ std::uint64_t LiveAtPhase(const OpTrace& t, const std::string& phase) {
         break;
       }
       case OpKind::kUse:
+      case OpKind::kEvict:
+      case OpKind::kPrefetch:
         break;
     }
   }

@@ -81,6 +81,7 @@ class Replayer final : public RuntimeObserver {
     rt.custom_policy = std::move(*policy);
     hints_ = options_.future == Future::kKnown &&
              (rt.custom_policy->needs().next_use || rt.custom_policy->prefetch_window_ns() > 0);
+    budgeted_ = options_.budget != 0 || options_.live_budget != 0;
     timeline_ = options_.timeline;
     if (timeline_ != nullptr) {
       rt.observer = this;
@@ -142,6 +143,7 @@ class Replayer final : public RuntimeObserver {
     report_.offloaded_bytes = rs.offloaded_bytes - before.offloaded_bytes;
     report_.restored_bytes = rs.restored_bytes - before.restored_bytes;
     report_.evictions = rs.drops + rs.offloads - before.drops - before.offloads;
+    report_.directed_evictions = rs.directed_evictions - before.directed_evictions;
     report_.pressure_events = rs.pressure_events - before.pressure_events;
     report_.covering_runs = rs.covering_runs - before.covering_runs;
     report_.copies_ahead = rs.copies_ahead - before.copies_ahead;
@@ -356,8 +358,27 @@ class Replayer final : public RuntimeObserver {
       }
       case OpKind::kCall:
         return Call(r, compute);
+      case OpKind::kEvict:
+        return budgeted_ ? DirectedEvict(r, compute) : absl::OkStatus();
+      case OpKind::kPrefetch:
+        return budgeted_ ? runtime_->Prefetch(ids_[r.inputs[0]], compute) : absl::OkStatus();
     }
     return absl::OkStatus();
+  }
+
+  // An evict record: carried out where the storage is on the device and the
+  // run allows the action (with --no-swap an offload is skipped, as is a drop
+  // with --no-recompute, and an offload the host memory has no room for).
+  absl::Status DirectedEvict(const OpRecord& r, Stream compute) {
+    const auto action = r.offload ? policies::EvictAction::kOffload : policies::EvictAction::kDrop;
+    absl::StatusOr<bool> evicted = runtime_->Evict(ids_[r.inputs[0]], action, compute);
+    if (evicted.ok() && *evicted) return absl::OkStatus();
+    if (evicted.ok() || absl::IsFailedPrecondition(evicted.status()) ||
+        absl::IsResourceExhausted(evicted.status())) {
+      if (reporting_) ++report_.skipped_evicts;
+      return absl::OkStatus();
+    }
+    return evicted.status();
   }
 
   absl::Status Call(const OpRecord& r, Stream compute) {
@@ -611,6 +632,9 @@ class Replayer final : public RuntimeObserver {
   Runtime* runtime_ = nullptr;
   std::vector<TensorId> ids_;  // trace tensor -> runtime tensor
   bool hints_ = false;
+  // Under a budget: the trace's evict and prefetch records are carried out
+  // (without one, the replay is the reference run, and skips them).
+  bool budgeted_ = false;
   std::vector<std::int64_t> cum_cost_;  // compute before each record
   // Per record: (tensor it touched, the next record reading its storage).
   std::vector<absl::InlinedVector<std::pair<std::uint32_t, std::uint32_t>, 4>> next_read_;

@@ -170,6 +170,11 @@ struct OpReplayReport {
   std::uint64_t restored_bytes = 0;
   std::int64_t stall_ns = 0;  // time the compute stream spent neither computing nor recomputing
   std::uint64_t evictions = 0;
+  // Of those, asked for by the trace's evict records; and the evict records
+  // skipped (the storage was not on the device, or the run does not allow
+  // the action).
+  std::uint64_t directed_evictions = 0;
+  std::uint64_t skipped_evicts = 0;
   std::uint64_t pressure_events = 0;   // times the runtime asked the policy for a plan
   std::uint64_t covering_runs = 0;     // of those, met by a covering run (retry_in_one_place)
   // copy_ahead: copies out made ahead, the offloads that used one, and their bytes.

@@ -54,6 +54,68 @@ TEST(OpReplayTest, ACallOfThreeOutputsIsRecomputedOnceAndChargedOnce) {
   }
 }
 
+TEST(OpReplayTest, TheTracesEvictRecordsAreCarriedOutAndItsPrefetchesHideTheCopy) {
+  // a is dropped and b offloaded by the trace itself before `big`, so `big`
+  // fits with no pressure event; b comes back by the prefetch, a by a
+  // recompute. Where the run does not allow the offload, the record is
+  // skipped and the policy meets the pressure.
+  constexpr std::string_view kTrace = R"(
+{"op":"constant","id":"x","bytes":1048576}
+{"op":"call","name":"f","inputs":["x"],"outputs":[{"id":"a","bytes":4194304}],"cost_ns":50000}
+{"op":"call","name":"g","inputs":["a"],"outputs":[{"id":"b","bytes":4194304}],"cost_ns":10000}
+{"op":"evict","id":"a","action":"drop"}
+{"op":"evict","id":"b","action":"offload"}
+{"op":"evict","id":"a","action":"drop"}
+{"op":"call","name":"big","inputs":["x"],"outputs":[{"id":"y","bytes":8388608}],"cost_ns":1000000}
+{"op":"release","id":"y"}
+{"op":"prefetch","id":"b"}
+{"op":"call","name":"small","inputs":["x"],"outputs":[{"id":"z","bytes":1024}],"cost_ns":1000000}
+{"op":"use","ids":["a","b"]}
+)";
+  absl::StatusOr<OpTrace> trace = ParseOpTrace(kTrace, "planned.jsonl");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  for (bool verify : {false, true}) {
+    SCOPED_TRACE(verify ? "verify" : "plain");
+    OpReplayOptions options;
+    options.policy = "lru";
+    options.live_budget = 12 * kMiB;
+    options.verify = verify;
+    options.offload_guard = false;
+    const OpReplayReport r = Replay(*trace, options);
+    EXPECT_EQ(r.status, "ok") << r.message;
+    EXPECT_EQ(r.pressure_events, 0u);
+    EXPECT_EQ(r.directed_evictions, 2u);
+    EXPECT_EQ(r.skipped_evicts, 1u);  // a, a second time: already gone
+    EXPECT_EQ(r.evictions, 2u);
+    EXPECT_EQ(r.recomputed_ops, 1u);
+    EXPECT_EQ(r.recompute_ns, 50000);
+    EXPECT_EQ(r.restored_bytes, 4 * kMiB);
+    EXPECT_EQ(r.mismatches, 0u);
+    if (!verify) {
+      // The compute stream waited for the copy out (the block it frees goes
+      // back to the allocator behind it); the copy back ran behind `small`.
+      const std::int64_t copy_ns = 2000 + (4 * kMiB) / 25;  // 2 us + 4 MiB at 25 GB/s
+      EXPECT_EQ(r.stall_ns, copy_ns);
+      EXPECT_EQ(r.time_ns, r.compute_ns + r.recompute_ns + copy_ns);
+    }
+  }
+  OpReplayOptions drops_only;
+  drops_only.policy = "lru";
+  drops_only.live_budget = 12 * kMiB;
+  drops_only.enable_offload = false;
+  const OpReplayReport r = Replay(*trace, drops_only);
+  EXPECT_EQ(r.status, "ok") << r.message;
+  EXPECT_EQ(r.directed_evictions, 1u);
+  EXPECT_EQ(r.skipped_evicts, 2u);
+  EXPECT_GT(r.pressure_events, 0u);
+  EXPECT_EQ(r.restored_bytes, 0u);
+  // Without a budget the replay is the reference run: the records are skipped.
+  OpReplayOptions unlimited;
+  const OpReplayReport u = Replay(*trace, unlimited);
+  EXPECT_EQ(u.evictions, 0u);
+  EXPECT_EQ(u.time_ns, u.compute_ns);
+}
+
 TEST(OpReplayTest, EveryPolicyEndsEveryRunWithinItsStepBound) {
   // Tight budgets, where policies thrash or run out: each run still ends,
   // within the bound on its runtime's steps (pressure events and recomputes).

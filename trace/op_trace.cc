@@ -55,12 +55,14 @@ enum class Key : std::uint8_t {
   kOutputs,
   kCostNs,
   kAliasOf,
+  kAction,
   kCount,
   kUnknown = kCount,
 };
 
 constexpr std::string_view kKeyNames[] = {"op",     "id",      "ids",     "name",    "bytes",
-                                          "inputs", "outputs", "cost_ns", "alias_of"};
+                                          "inputs", "outputs", "cost_ns", "alias_of",
+                                          "action"};
 
 Key KeyOf(std::string_view key) {
   switch (key.size()) {
@@ -73,7 +75,7 @@ Key KeyOf(std::string_view key) {
     case 5:
       return key == "bytes" ? Key::kBytes : Key::kUnknown;
     case 6:
-      return key == "inputs" ? Key::kInputs : Key::kUnknown;
+      return key == "inputs" ? Key::kInputs : key == "action" ? Key::kAction : Key::kUnknown;
     case 7:
       return key == "outputs" ? Key::kOutputs : key == "cost_ns" ? Key::kCostNs : Key::kUnknown;
     case 8:
@@ -209,12 +211,18 @@ class TraceBuilder {
       NoteWorkingSet(record);
     } else if (record.kind == OpKind::kConstant) {
       ++trace_.constants;
+    } else if (record.kind == OpKind::kEvict) {
+      ++trace_.evicts;
+    } else if (record.kind == OpKind::kPrefetch) {
+      ++trace_.prefetches;
     }
     if (live_bytes_ > trace_.peak_live_bytes) {
       trace_.peak_live_bytes = live_bytes_;
       trace_.peak_record = static_cast<std::uint32_t>(trace_.records.size() - 1);
     }
   }
+
+  const OpTensor& tensor(std::uint32_t index) const { return trace_.tensors[index]; }
 
   std::uint32_t Intern(std::string_view name) {
     auto it = name_index_.find(AbslView(name));
@@ -473,6 +481,38 @@ absl::Status ParseRelease(const Fields& obj, std::uint32_t line, TraceBuilder& b
   return absl::OkStatus();
 }
 
+// evict and prefetch: a live tensor that is not a constant, and for evict how.
+absl::Status ParseEvictOrPrefetch(const Fields& obj, std::uint32_t line, TraceBuilder& b,
+                                  OpKind kind) {
+  const std::string_view op = OpKindName(kind);
+  std::string_view id;
+  if (FieldError e = GetString(obj, Key::kId, &id); e != FieldError::kNone) {
+    return b.Error(line, "%s: %s", op, Describe(e, obj, Key::kId, kString));
+  }
+  bool offload = false;
+  if (kind == OpKind::kEvict) {
+    std::string_view action;
+    if (FieldError e = GetString(obj, Key::kAction, &action); e != FieldError::kNone) {
+      return b.Error(line, "evict: %s", Describe(e, obj, Key::kAction, kString));
+    }
+    if (action != "drop" && action != "offload") {
+      return b.Error(line, "evict: action %s (expected drop or offload)", Quote(action));
+    }
+    offload = action == "offload";
+  }
+  absl::StatusOr<std::uint32_t> t =
+      b.Live(line, id, [op] { return absl::StrCat(AbslView(op), " of"); });
+  if (!t.ok()) return t.status();
+  if (b.tensor(*t).constant) {
+    return b.Error(line, "%s of %s, a constant (constants stay on the device)", op, Quote(id));
+  }
+  OpRecord& record = b.Begin(kind, line);
+  record.inputs.push_back(*t);
+  record.offload = offload;
+  b.End();
+  return absl::OkStatus();
+}
+
 absl::Status ParsePhase(const Fields& obj, std::uint32_t line, TraceBuilder& b) {
   std::string_view name;
   if (FieldError e = GetString(obj, Key::kName, &name); e != FieldError::kNone) {
@@ -506,7 +546,11 @@ absl::Status ParseLine(simdjson::dom::parser& parser, const char* data, std::siz
   if (op == "use") return ParseUse(obj, line, b);
   if (op == "constant") return ParseConstant(obj, line, b);
   if (op == "phase") return ParsePhase(obj, line, b);
-  return b.Error(line, "unknown op %s (expected constant, call, use, release or phase)", Quote(op));
+  if (op == "evict") return ParseEvictOrPrefetch(obj, line, b, OpKind::kEvict);
+  if (op == "prefetch") return ParseEvictOrPrefetch(obj, line, b, OpKind::kPrefetch);
+  return b.Error(line,
+                 "unknown op %s (expected constant, call, use, release, phase, evict or prefetch)",
+                 Quote(op));
 }
 
 bool IsBlank(const char* data, std::size_t size) {
@@ -558,6 +602,10 @@ std::string_view OpKindName(OpKind kind) {
       return "release";
     case OpKind::kPhase:
       return "phase";
+    case OpKind::kEvict:
+      return "evict";
+    case OpKind::kPrefetch:
+      return "prefetch";
   }
   return "?";
 }

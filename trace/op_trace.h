@@ -10,6 +10,8 @@
 //   {"op":"use","ids":["x1","v1"]}
 //   {"op":"release","id":"x1"}
 //   {"op":"phase","name":"backward"}
+//   {"op":"evict","id":"x1","action":"drop"}
+//   {"op":"prefetch","id":"x1"}
 //
 // - `constant` defines an input or parameter: resident, never evicted.
 // - `call` runs op `name` on `inputs` (ids, possibly repeated, possibly none)
@@ -23,9 +25,20 @@
 // - `release` drops the program's last reference to a tensor, constants
 //   included. A storage lives until its root and all its views are released.
 // - `phase` is a marker ("forward", "backward", ...).
+// - `evict` asks for the live tensor's storage to leave the device now, by
+//   `action` ("drop" or "offload"), as the program's own choice rather than a
+//   policy's (a plan made ahead: `python -m remat.optimal --plan-out`). Its
+//   next use brings it back as after any eviction. Constants cannot be
+//   evicted. A replay under a budget carries it out where the storage is
+//   resident and the run allows the action (Runtime::Evict), and skips it
+//   otherwise; one without a budget (the reference run) skips it, as it
+//   skips prefetches.
+// - `prefetch` starts copying an offloaded tensor back ahead of its next use
+//   (a no-op where it is not on the host).
 //
 // Required fields: `op`; `id` and `bytes` (constant); `name`, `inputs`,
-// `outputs` and `cost_ns` (call); `ids` (use); `id` (release); `name` (phase).
+// `outputs` and `cost_ns` (call); `ids` (use); `id` (release, prefetch);
+// `name` (phase); `id` and `action` (evict).
 // Ids are non-empty strings, each defined once in the whole trace (never
 // reused, even after a release); bytes and costs are non-negative integers.
 // Where an object repeats a key, the first one counts.
@@ -49,9 +62,10 @@
 
 namespace remat {
 
-enum class OpKind : std::uint8_t { kConstant, kCall, kUse, kRelease, kPhase };
+enum class OpKind : std::uint8_t { kConstant, kCall, kUse, kRelease, kPhase, kEvict, kPrefetch };
 
-// "constant", "call", "use", "release", "phase": the `op` field's spelling.
+// "constant", "call", "use", "release", "phase", "evict", "prefetch": the
+// `op` field's spelling.
 std::string_view OpKindName(OpKind kind);
 
 // A missing index: a record without a name, a tensor never released, a root's alias_of.
@@ -78,8 +92,10 @@ struct OpRecord {
   std::uint32_t line = 0;           // 1-based line in the trace
   std::uint32_t name = kNoOpIndex;  // index into OpTrace::names: a call's op or a phase's name
   std::int64_t cost_ns = 0;         // calls only
+  bool offload = false;             // evict records: "offload" (else "drop")
   // Tensor indices. A call reads `inputs` and defines `outputs`; a constant
-  // defines its one output; a use reads `inputs`; a release drops its one input.
+  // defines its one output; a use reads `inputs`; a release drops its one
+  // input; an evict or a prefetch names its one input.
   // (Most records have a few of each: these keep up to 4 without allocating.)
   absl::InlinedVector<std::uint32_t, 4> inputs;
   absl::InlinedVector<std::uint32_t, 4> outputs;
@@ -94,6 +110,8 @@ struct OpTrace {
   std::uint64_t calls = 0;
   std::uint64_t constants = 0;
   std::uint64_t views = 0;
+  std::uint64_t evicts = 0;      // evict records
+  std::uint64_t prefetches = 0;  // prefetch records
   std::uint64_t total_cost_ns = 0;   // sum over calls
   std::uint64_t constant_bytes = 0;  // sum over constants
   // Peak of the sum of live storage bytes, constants included, running the

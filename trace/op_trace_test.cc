@@ -134,6 +134,36 @@ TEST(OpTraceTest, KindNamesAreTheOpSpellings) {
   EXPECT_EQ(OpKindName(OpKind::kUse), "use");
   EXPECT_EQ(OpKindName(OpKind::kRelease), "release");
   EXPECT_EQ(OpKindName(OpKind::kPhase), "phase");
+  EXPECT_EQ(OpKindName(OpKind::kEvict), "evict");
+  EXPECT_EQ(OpKindName(OpKind::kPrefetch), "prefetch");
+}
+
+TEST(OpTraceTest, EvictAndPrefetchRecordsNameALiveTensor) {
+  absl::StatusOr<OpTrace> trace = ParseOpTrace(
+      R"({"op":"constant","id":"w","bytes":8}
+{"op":"call","name":"mm","inputs":["w"],"outputs":[{"id":"x","bytes":16}],"cost_ns":5}
+{"op":"call","name":"view","inputs":["x"],"outputs":[{"id":"v","alias_of":"x"}],"cost_ns":0}
+{"op":"evict","id":"v","action":"offload"}
+{"op":"prefetch","id":"x"}
+{"op":"evict","id":"x","action":"drop"}
+{"op":"use","ids":["x"]}
+)",
+      "e.jsonl");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->records.size(), 7u);
+  const OpRecord& offload = trace->records[3];
+  EXPECT_EQ(offload.kind, OpKind::kEvict);
+  EXPECT_TRUE(offload.offload);
+  ASSERT_EQ(offload.inputs.size(), 1u);
+  EXPECT_EQ(trace->tensors[offload.inputs[0]].id, "v");
+  EXPECT_EQ(trace->records[4].kind, OpKind::kPrefetch);
+  EXPECT_EQ(trace->records[5].kind, OpKind::kEvict);
+  EXPECT_FALSE(trace->records[5].offload);
+  EXPECT_EQ(trace->evicts, 2u);
+  EXPECT_EQ(trace->prefetches, 1u);
+  // They change no figure of the trace as written.
+  EXPECT_EQ(trace->calls, 2u);
+  EXPECT_EQ(trace->peak_live_bytes, 24u);
 }
 
 TEST(OpTraceTest, ViewsOfViewsShareTheRootStorage) {
@@ -275,7 +305,8 @@ TEST(OpTraceTest, ErrorsNameTheTraceAndLine) {
       {"missing op", R"({"id":"a","bytes":8})", "t.jsonl:3: missing 'op'"},
       {"op not a string", R"({"op":1})", "t.jsonl:3: 'op' must be a string, found 1"},
       {"unknown op", R"({"op":"free","id":"w"})",
-       "t.jsonl:3: unknown op 'free' (expected constant, call, use, release or phase)"},
+       "t.jsonl:3: unknown op 'free' (expected constant, call, use, release, phase, evict or "
+       "prefetch)"},
       {"unknown id",
        R"({"op":"call","name":"mm","inputs":["w","x9"],"outputs":[{"id":"y","bytes":1}],"cost_ns":1})",
        "t.jsonl:3: call 'mm' reads 'x9', which no earlier line defines"},
@@ -374,6 +405,19 @@ TEST(OpTraceTest, ErrorsNameTheTraceAndLine) {
       {"use without ids", R"({"op":"use"})", "t.jsonl:3: use: missing 'ids'"},
       {"release without id", R"({"op":"release"})", "t.jsonl:3: release: missing 'id'"},
       {"phase without name", R"({"op":"phase"})", "t.jsonl:3: phase: missing 'name'"},
+      {"evict without action", R"({"op":"evict","id":"x1"})", "t.jsonl:3: evict: missing 'action'"},
+      {"evict without id", R"({"op":"evict","action":"drop"})", "t.jsonl:3: evict: missing 'id'"},
+      {"evict by an unknown action", R"({"op":"evict","id":"x1","action":"burn"})",
+       "t.jsonl:3: evict: action 'burn' (expected drop or offload)"},
+      {"evict of a constant", R"({"op":"evict","id":"w","action":"offload"})",
+       "t.jsonl:3: evict of 'w', a constant (constants stay on the device)"},
+      {"evict of a released tensor",
+       "{\"op\":\"release\",\"id\":\"x1\"}\n{\"op\":\"evict\",\"id\":\"x1\",\"action\":\"drop\"}",
+       "t.jsonl:4: evict of 'x1', which was released at line 3"},
+      {"prefetch of an unknown tensor", R"({"op":"prefetch","id":"x7"})",
+       "t.jsonl:3: prefetch of 'x7', which no earlier line defines"},
+      {"prefetch id not a string", R"({"op":"prefetch","id":7})",
+       "t.jsonl:3: prefetch: 'id' must be a string, found 7"},
       {"phase name not a string", R"({"op":"phase","name":2})",
        "t.jsonl:3: phase: 'name' must be a string, found 2"},
   };

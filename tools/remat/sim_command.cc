@@ -167,6 +167,11 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
                                : std::string("ok"));
   }
   std::cout << absl::StrFormat("  evictions        %d\n", r.evictions);
+  if (r.directed_evictions > 0 || r.skipped_evicts > 0) {
+    std::cout << absl::StrFormat(
+        "  trace's evicts   %d carried out, %d skipped (not on the device, or not allowed)\n",
+        r.directed_evictions, r.skipped_evicts);
+  }
   if (r.pressure_events > 0) {
     std::cout << absl::StrFormat(
         "  decisions        %d, %.0f candidates and %.2f us each on average\n", r.pressure_events,
@@ -241,6 +246,8 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("restored_bytes").Uint(r.restored_bytes);
   w.Key("stall_ns").Int(r.stall_ns);
   w.Key("evictions").Uint(r.evictions);
+  w.Key("directed_evictions").Uint(r.directed_evictions);
+  w.Key("skipped_evicts").Uint(r.skipped_evicts);
   w.Key("pressure_events").Uint(r.pressure_events);
   w.Key("covering_runs").Uint(r.covering_runs);
   w.Key("copies_ahead").Uint(r.copies_ahead);
