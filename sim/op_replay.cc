@@ -361,8 +361,21 @@ class Replayer final : public RuntimeObserver {
       case OpKind::kEvict:
         return budgeted_ ? DirectedEvict(r, compute) : absl::OkStatus();
       case OpKind::kPrefetch:
-        return budgeted_ ? runtime_->Prefetch(ids_[r.inputs[0]], compute) : absl::OkStatus();
+        return budgeted_ ? BringBack(r, compute) : absl::OkStatus();
     }
+    return absl::OkStatus();
+  }
+
+  // A prefetch record: an offloaded tensor's copy back starts on the
+  // prefetch stream; a dropped one is recomputed now, on the compute stream.
+  absl::Status BringBack(const OpRecord& r, Stream compute) {
+    const TensorId id = ids_[r.inputs[0]];
+    absl::StatusOr<TensorState> state = runtime_->State(id);
+    if (!state.ok()) return state.status();
+    if (*state != TensorState::kDropped) return runtime_->Prefetch(id, compute);
+    absl::StatusOr<Guard> g = runtime_->Acquire(id, compute);
+    if (!g.ok()) return g.status();
+    Verify(compute, r.inputs[0], g->ptr());
     return absl::OkStatus();
   }
 

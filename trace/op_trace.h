@@ -33,8 +33,9 @@
 //   resident and the run allows the action (Runtime::Evict), and skips it
 //   otherwise; one without a budget (the reference run) skips it, as it
 //   skips prefetches.
-// - `prefetch` starts copying an offloaded tensor back ahead of its next use
-//   (a no-op where it is not on the host).
+// - `prefetch` brings a tensor back ahead of its next use: an offloaded one
+//   starts its copy back, a dropped one is recomputed then (a no-op where it
+//   is resident).
 //
 // Required fields: `op`; `id` and `bytes` (constant); `name`, `inputs`,
 // `outputs` and `cost_ns` (call); `ids` (use); `id` (release, prefetch);
