@@ -561,7 +561,8 @@ class Replayer final : public RuntimeObserver {
         if (timeline_ != nullptr) {
           // (A copy made ahead was drawn then.)
           if (!e.ahead) AddCopyOut(e, s, SimTimeline::Kind::kOffload);
-          timeline_->Add({Frontier(), 0, e.bytes, s, SimTimeline::Kind::kEvictOffload});
+          timeline_->Add(
+              {Frontier(), 0, e.bytes, s, SimTimeline::Kind::kEvictOffload, e.directed});
         }
         break;
       case TensorEvent::Kind::kCopiedAhead:
@@ -585,7 +586,8 @@ class Replayer final : public RuntimeObserver {
         if (timeline_ != nullptr) {
           timeline_->Add(
               {Frontier(), 0, e.bytes, s,
-               e.pressure ? SimTimeline::Kind::kEvictDrop : SimTimeline::Kind::kReleasedDrop});
+               e.pressure ? SimTimeline::Kind::kEvictDrop : SimTimeline::Kind::kReleasedDrop,
+               e.directed});
         }
         break;
       case TensorEvent::Kind::kRecomputed:

@@ -133,6 +133,7 @@ void WriteEntry(const OpTrace& trace, const SimTimeline::Entry& e, JsonWriter& w
     if (e.index < trace.records.size()) w.Key("line").Uint(trace.records[e.index].line);
   } else {
     if (tensor != nullptr) w.Key("tensor").String(tensor->id);
+    if (e.directed) w.Key("directed").Bool(true);
     if (e.kind != Kind::kRecompute) w.Key("bytes").Uint(e.bytes);
   }
   w.EndObject();

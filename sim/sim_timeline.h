@@ -36,7 +36,8 @@
 //   prefetch stream (4) cat "copy": "prefetch" (host to device ahead of use),
 //                       on the other copy engine: it may overlap offloads.
 //   evictions (3)       instants: "offload" and "drop" (cat "eviction": the
-//                       policy's evictions under pressure, as many as the
+//                       policy's evictions under pressure, and the trace's
+//                       own with args.directed, as many as the
 //                       report's evictions) and "released drop" (cat
 //                       "release": a tensor its program released, its bytes
 //                       dropped but kept recomputable for a closure that reads
@@ -90,6 +91,7 @@ class SimTimeline {
     std::uint64_t bytes = 0;  // copies and instants
     std::uint32_t index = kNoOpIndex;
     Kind kind = Kind::kCompute;
+    bool directed = false;  // kEvictOffload, kEvictDrop: the trace's evict record asked for it
   };
   struct Sample {
     std::int64_t ts_ns = 0;

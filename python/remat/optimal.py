@@ -12,7 +12,9 @@ stages: stage t runs the trace's t-th call (or use) and may first recompute
 any earlier call.
 
 - R[t, k] = 1: call k is recomputed in stage t (all its outputs, its cost once).
-- S[t, s] = 1: storage s is resident when stage t starts.
+- S[t, s] = 1: storage s is resident when stage t starts; never after the
+  release of its last tensor (the runtime drops a released storage's bytes
+  then, and again once a recompute that brought it back ends).
 - A call (run or recomputed) needs each input resident at the start of its
   stage or recomputed earlier in it; a storage resident at the end of a stage
   was resident at its start or made in it.
@@ -61,6 +63,7 @@ bound, a looser one where those matter.
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -76,6 +79,13 @@ class Trace:
         self.constant_live = []   # constant bytes live at each stage
         self.peak_live_bytes = 0
         self.compute_ns = 0
+        self.records = []         # (line text, op, record) in file order, blank lines left out
+        self.storage_of = {}      # tensor id -> storage (ids are never reused)
+        # The first stage after the release of a storage's last tensor (None
+        # while live): from then on the runtime never holds it between
+        # stages (a closure may still read it: its bytes are dropped at the
+        # release, and again after any recompute brings it back).
+        self.released_at = []
 
 
 def read_trace(path):
@@ -85,71 +95,84 @@ def read_trace(path):
     root = {}          # tensor id -> storage index
     handles = {}       # storage -> tensors over it not yet released
     released = set()   # tensor ids
+    where = [path]     # "path:line" of the record being read, for messages
     live = 0
     constants_live = 0
+
+    def storage_of(tid):
+        if tid in released:
+            raise ValueError(f"{where[0]}: '{tid}' was released")
+        if tid not in root:
+            raise ValueError(f"{where[0]}: unknown tensor '{tid}'")
+        return root[tid]
+
+    def define(tid, nbytes, producer, constant):
+        s = len(trace.storage_bytes)
+        root[tid] = s
+        trace.storage_of[tid] = s
+        handles[s] = 1
+        trace.storage_bytes.append(int(nbytes))
+        trace.producer.append(producer)
+        trace.constant.append(constant)
+        trace.released_at.append(None)
+        return s
+
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            where[0] = f"{path}:{line_no}"
             try:
                 rec = json.loads(line)
                 op = rec["op"]
             except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{line_no}: not an op record ({e})") from None
-
-            def storage_of(tid):
-                if tid in released:
-                    raise ValueError(f"{path}:{line_no}: '{tid}' was released")
-                if tid not in root:
-                    raise ValueError(f"{path}:{line_no}: unknown tensor '{tid}'")
-                return root[tid]
-
-            def define(tid, nbytes, producer, constant):
-                s = len(trace.storage_bytes)
-                root[tid] = s
-                handles[s] = 1
-                trace.storage_bytes.append(int(nbytes))
-                trace.producer.append(producer)
-                trace.constant.append(constant)
-                return s
-
-            if op == "constant":
-                s = define(rec["id"], rec["bytes"], -1, True)
-                live += trace.storage_bytes[s]
-                constants_live += trace.storage_bytes[s]
-                trace.peak_live_bytes = max(trace.peak_live_bytes, live)
-            elif op == "call":
-                stage = len(trace.stages)
-                inputs = sorted({storage_of(t) for t in rec["inputs"]})
-                outputs = []
-                for out in rec["outputs"]:
-                    if "alias_of" in out:
-                        base = storage_of(out["alias_of"])
-                        root[out["id"]] = base
-                        handles[base] += 1
-                    else:
-                        s = define(out["id"], out["bytes"], stage, False)
-                        outputs.append(s)
-                        live += trace.storage_bytes[s]
-                trace.peak_live_bytes = max(trace.peak_live_bytes, live)
-                cost = int(rec["cost_ns"])
-                trace.compute_ns += cost
-                trace.stages.append(("call", cost, inputs, outputs))
-                trace.constant_live.append(constants_live)
-            elif op == "use":
-                inputs = sorted({storage_of(t) for t in rec["ids"]})
-                trace.stages.append(("use", 0, inputs, []))
-                trace.constant_live.append(constants_live)
-            elif op == "release":
-                s = storage_of(rec["id"])
-                released.add(rec["id"])
-                handles[s] -= 1
-                if handles[s] == 0:
-                    live -= trace.storage_bytes[s]
-                    if trace.constant[s]:
-                        constants_live -= trace.storage_bytes[s]
-            elif op != "phase":
-                raise ValueError(f"{path}:{line_no}: unknown op '{op}'")
+                raise ValueError(f"{where[0]}: not an op record ({e})") from None
+            trace.records.append((line.rstrip("\r\n"), op, rec))
+            try:
+                if op == "constant":
+                    s = define(rec["id"], rec["bytes"], -1, True)
+                    live += trace.storage_bytes[s]
+                    constants_live += trace.storage_bytes[s]
+                    trace.peak_live_bytes = max(trace.peak_live_bytes, live)
+                elif op == "call":
+                    stage = len(trace.stages)
+                    inputs = sorted({storage_of(t) for t in rec["inputs"]})
+                    outputs = []
+                    for out in rec["outputs"]:
+                        if "alias_of" in out:
+                            base = storage_of(out["alias_of"])
+                            root[out["id"]] = base
+                            trace.storage_of[out["id"]] = base
+                            handles[base] += 1
+                        else:
+                            s = define(out["id"], out["bytes"], stage, False)
+                            outputs.append(s)
+                            live += trace.storage_bytes[s]
+                    trace.peak_live_bytes = max(trace.peak_live_bytes, live)
+                    cost = int(rec["cost_ns"])
+                    trace.compute_ns += cost
+                    trace.stages.append(("call", cost, inputs, outputs))
+                    trace.constant_live.append(constants_live)
+                elif op == "use":
+                    inputs = sorted({storage_of(t) for t in rec["ids"]})
+                    trace.stages.append(("use", 0, inputs, []))
+                    trace.constant_live.append(constants_live)
+                elif op == "release":
+                    s = storage_of(rec["id"])
+                    released.add(rec["id"])
+                    handles[s] -= 1
+                    if handles[s] == 0:
+                        trace.released_at[s] = len(trace.stages)
+                        live -= trace.storage_bytes[s]
+                        if trace.constant[s]:
+                            constants_live -= trace.storage_bytes[s]
+                elif op in ("evict", "prefetch"):
+                    storage_of(rec["id"])  # a plan's records: they change no stage
+                elif op != "phase":
+                    raise ValueError(f"{where[0]}: unknown op '{op}'")
+            except (KeyError, TypeError) as e:
+                raise ValueError(f"{where[0]}: a {op} record without a field it needs, or "
+                                 f"with one of the wrong type ({e!r})") from None
     if not trace.stages:
         raise ValueError(f"{path}: the trace has no calls")
     return trace
@@ -158,15 +181,170 @@ def read_trace(path):
 MAX_VARIABLES = 400_000
 
 
+class Solution:
+    """An integer point of the program: which storages are resident at the
+    start of each stage, which calls are recomputed in which stage, which
+    storages are copied back for which stage, and what it adds (ns)."""
+
+    def __init__(self, keep, recompute, copy_in, time_ns):
+        self.keep = keep            # {(t, s)}: S[t, s] = 1
+        self.recompute = recompute  # {(t, k)}: R[t, k] = 1
+        self.copy_in = copy_in      # {(t, s)}: I[t, s] = 1
+        self.time_ns = time_ns
+
+
+def write_plan(trace, solution, out, link_gbps=None, link_latency_ns=0):
+    """Writes the trace with the solution's choices as evict and prefetch
+    records (trace/op_trace.h) to the open text file `out`; returns how many
+    of each it wrote. Replayed under the same live budget (`remat sim
+    --accounting live`), the runtime carries them out: what the plan does not
+    keep for the next stage leaves the device once the stage no longer needs
+    it (offloaded where the plan copies it back later, else dropped); what
+    the plan recomputes ahead of a use is recomputed in its stage; what it
+    copies back is prefetched early enough to hide the copy behind the calls
+    before (as far as their time allows). The run's policy meets whatever
+    the plan did not count (the program leaves out the temporaries of a
+    stage's recomputes, and the runtime drops a released storage that the
+    plan would keep), so a replay may cost more than the solution: it is a
+    real run, an upper bound on the optimum where the solution's own figure
+    is a lower one."""
+    n_stages = len(trace.stages)
+    keep = solution.keep
+
+    def kept(t, s):
+        return (t, s) in keep
+
+    recomputed_at = [[] for _ in range(n_stages)]
+    for (t, k) in solution.recompute:
+        recomputed_at[t].append(k)
+    # The stages at which each storage comes back, and how.
+    returns = {}
+    for (t, k) in solution.recompute:
+        for s in trace.stages[k][3]:
+            returns.setdefault(s, []).append((t, "drop"))
+    for (t, s) in solution.copy_in:
+        returns.setdefault(s, []).append((t, "offload"))
+    for s in returns:
+        returns[s].sort()
+
+    def leaves(s, t):
+        """How s leaves after stage t: as it comes back next."""
+        for u, how in returns.get(s, ()):
+            if u > t:
+                return how, u
+        return "drop", None
+
+    prefetch_before = [[] for _ in range(n_stages + 1)]
+
+    def copy_ns(s):
+        return link_latency_ns + math.floor(trace.storage_bytes[s] / link_gbps)
+
+    def plan_prefetch(s, t, u):
+        """s leaves after stage t and is copied back for stage u: start the
+        copy before the latest stage v in (t, u] whose calls up to u hide it."""
+        v, hidden = u, 0
+        while v - 1 > t and hidden < copy_ns(s):
+            v -= 1
+            hidden += trace.stages[v][1]
+        prefetch_before[v].append((s, u))
+
+    coming = {}  # storage -> the stage a prefetch started for it is for
+    live_ids = {}  # storage -> its tensor ids not yet released, in order
+    on_device = set()  # what the plan may have on the device
+    counts = {"evict": 0, "prefetch": 0}
+
+    def emit(op, s, action=None):
+        ids = live_ids.get(s)
+        if not ids:
+            return
+        rec = {"op": op, "id": ids[0]}
+        if action is not None:
+            rec["action"] = action
+        out.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        counts[op] += 1
+
+    def evict(s, t):
+        how, u = leaves(s, t)
+        if how == "offload" and link_gbps is not None:
+            emit("evict", s, "offload")
+            plan_prefetch(s, t, u)
+        else:
+            emit("evict", s, "drop")
+        on_device.discard(s)
+
+    def goes(s, t):
+        """Whether s, on the device after stage t, leaves before t + 1."""
+        return not kept(t + 1, s) and coming.get(s, -1) <= t
+
+    def touched(t):
+        _, _, inputs, outputs = trace.stages[t]
+        return {s for s in list(inputs) + list(outputs)
+                if not trace.constant[s] and trace.storage_bytes[s] > 0}
+
+    t = -1
+    for text, op, rec in trace.records:
+        if op in ("evict", "prefetch"):
+            continue  # a plan already in the trace gives way to this one
+        if op in ("call", "use"):
+            t += 1
+            group = touched(t)
+            ks = sorted(recomputed_at[t])
+            read_by_recomputes = {s for k in ks for s in trace.stages[k][2]}
+            for s in sorted(on_device):
+                if s not in group and s not in read_by_recomputes and goes(s, t):
+                    evict(s, t - 1)
+            for s, u in prefetch_before[t]:
+                emit("prefetch", s)
+                on_device.add(s)
+                coming[s] = u
+            # The stage's recomputes, ancestors first, each by a prefetch of
+            # one of its outputs (dropped: recomputed then); what the rest of
+            # the stage no longer reads, and the next does not keep, goes
+            # as soon as it has been read.
+            for i, k in enumerate(ks):
+                outputs = trace.stages[k][3]
+                named = [s for s in outputs if live_ids.get(s)]
+                if named:
+                    emit("prefetch", named[0])
+                on_device.update(outputs)
+                later = {s for k2 in ks[i + 1:] for s in trace.stages[k2][2]}
+                for s in sorted(on_device & (set(outputs) | set(trace.stages[k][2]))):
+                    if s not in later and s not in group and goes(s, t):
+                        evict(s, t)
+        out.write(text + "\n")
+        if op == "constant":
+            live_ids[trace.storage_of[rec["id"]]] = [rec["id"]]
+        elif op == "call":
+            for o in rec["outputs"]:
+                live_ids.setdefault(trace.storage_of[o["id"]], []).append(o["id"])
+        elif op == "release":
+            s = trace.storage_of[rec["id"]]
+            live_ids[s].remove(rec["id"])
+            if not live_ids[s]:
+                on_device.discard(s)
+        if op in ("call", "use"):
+            on_device |= touched(t)
+            if t + 1 < n_stages:
+                for s in sorted(on_device):
+                    if goes(s, t):
+                        evict(s, t)
+    return counts
+
+
 def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARIABLES,
-                    link_gbps=None, link_latency_ns=0):
+                    link_gbps=None, link_latency_ns=0, want_plan=False, realizable=False):
     """The least time (ns) any drop-only run under a live budget of
     `budget_bytes` must add to the trace's compute (`recompute_ns`); a dict
     with the figures. With `link_gbps` (each way, 1e9 bytes/s) the runs may
     also offload, over a link with `link_latency_ns` per copy: the added time
     is then recomputes and waits for copies. A program of more than
     `max_variables` is not built: status "too_large", with the trivial bound
-    (nothing added)."""
+    (nothing added). With `want_plan`, where the solver found an integer
+    point, the dict's "solution" holds it (a Solution: write_plan turns it
+    into a trace a replay carries out). With `realizable`, the program also
+    counts what a plan's replay holds while it recomputes a stage's calls in
+    the trace's order: no longer a relaxation of every run (its optimum is
+    no bound), but a program whose plans replay as solved more often."""
     import numpy as np
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
@@ -243,7 +421,11 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
 
     droppable = [s for s in range(n_storages) if not trace.constant[s] and sizes[s] > 0]
     for s in droppable:
-        for t in range(trace.producer[s] + 1, last_need[s] + 1):
+        # Resident at a stage's start only while its program holds it.
+        last_kept = last_need[s]
+        if trace.released_at[s] is not None:
+            last_kept = min(last_kept, trace.released_at[s] - 1)
+        for t in range(trace.producer[s] + 1, last_kept + 1):
             col_s[(t, s)] = add("S", (t, s), 0.0)
     for t in range(n_stages):
         for k in range(t):
@@ -255,6 +437,21 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
     for (t, s) in list(col_s):
         if (t + 1, s) in col_s:
             col_k[(t, s)] = add("K", (t, s), 0.0)
+    # J[t, s]: s recomputed in stage t and kept for stage t+1 (there during
+    # stage t's call). A[t, s]: s, read by stage t's call, resident from the
+    # stage's start to its call (neither recomputed nor copied back in it).
+    # M[t]: the most bytes a recompute in stage t holds beyond those.
+    col_j, col_a, col_m = {}, {}, {}
+    for (t, k) in col_r:
+        for s in trace.stages[k][3]:
+            if (t + 1, s) in col_s:
+                col_j[(t, s)] = add("J", (t, s), 0.0)
+        if t not in col_m:
+            col_m[t] = add("M", t, 0.0)
+            if trace.stages[t][0] == "call":
+                for s in trace.stages[t][2]:
+                    if (t, s) in col_s:
+                        col_a[(t, s)] = add("A", (t, s), 0.0)
     if offload:
         # I[t, s]: s copied back for stage t. O[s]: s copied out once. W[t]:
         # the wait before stage t's call; Z[t]: when that call starts; Q[t]:
@@ -304,9 +501,11 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
         for group in at_once(t):
             kept = []
             for s in droppable:
-                c = col_k.get((t, s))
-                if c is not None and s not in group:
-                    kept.append((c, float(sizes[s])))
+                if s in group:
+                    continue
+                for c in (col_k.get((t, s)), col_j.get((t, s))):
+                    if c is not None:
+                        kept.append((c, float(sizes[s])))
             # A call holds its group while copies for later stages run; a
             # use reads its tensors one at a time, so those copies are
             # counted once, beside what is kept (below), not with each read.
@@ -340,6 +539,76 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
             constraint([(c, 1.0), (col_i[(t, s)], -1.0), (col_s[(t + 1, s)], -1.0)],
                        -1.0, math.inf)
         constraint(terms, -1.0, math.inf)
+    for (t, s), c in col_j.items():
+        # Recomputed in stage t (before its call: a run recomputes what a
+        # call reads while it gathers its inputs) and still there at stage
+        # t+1: there through stage t's call too.
+        constraint([(c, 1.0), (col_r[(t, trace.producer[s])], -1.0),
+                    (col_s[(t + 1, s)], -1.0)], -1.0, math.inf)
+    for (t, s), c in col_a.items():
+        terms = [(c, 1.0), (col_s[(t, s)], -1.0)]
+        if (t, trace.producer[s]) in col_r:
+            terms.append((col_r[(t, trace.producer[s])], 1.0))
+        if (t, s) in col_i:
+            terms.append((col_i[(t, s)], 1.0))
+        constraint(terms, 0.0, math.inf)
+    # A recompute in stage t holds its call's inputs and outputs while what is
+    # resident through the stage is there, and (before a call) the call's
+    # inputs that were there from the stage's start: M[t] is at least what a
+    # recompute adds to those, for each recompute in the stage.
+    if realizable:
+        j_at, r_at = {}, {}
+        for (t, s2), c in col_j.items():
+            j_at.setdefault(t, []).append((s2, c))
+        for (t, k) in col_r:
+            r_at.setdefault(t, []).append(k)
+    for (t, k), c in col_r.items():
+        read = set(trace.stages[t][2]) if trace.stages[t][0] == "call" else set()
+        own = set(trace.stages[k][2]) | set(trace.stages[k][3])
+        held = sum(sizes[s] for s in trace.stages[k][3])
+        terms = [(col_m[t], 1.0)]
+        for s in trace.stages[k][2]:
+            if trace.constant[s] or sizes[s] == 0:
+                continue
+            held += sizes[s]
+            there = col_a.get((t, s)) if s in read else col_k.get((t, s))
+            if there is not None:
+                terms.append((there, float(sizes[s])))  # counted below already
+        terms.append((c, -float(held)))
+        lower = 0.0
+        if realizable:
+            # A plan's replay recomputes a stage's calls in the order of the
+            # trace, and keeps what an earlier one made while the stage keeps
+            # it or its call reads it: counted here, where recompute k runs
+            # (M[t] >= ... + those - their bytes * (1 - R[t, k])).
+            extra = 0.0
+            counted = set()
+            for s2, cj in j_at.get(t, ()):
+                if trace.producer[s2] < k and s2 not in own:
+                    terms.append((cj, -float(sizes[s2])))
+                    extra += sizes[s2]
+                    counted.add(s2)
+            for k2 in r_at.get(t, ()):
+                if k2 >= k:
+                    continue
+                for s2 in trace.stages[k2][3]:
+                    if s2 in read and s2 not in own and s2 not in counted:
+                        terms.append((col_r[(t, k2)], -float(sizes[s2])))
+                        extra += sizes[s2]
+            if extra:
+                terms.append((c, -extra))
+                lower = -extra
+        constraint(terms, lower, math.inf)
+    for t, m in col_m.items():
+        read = set(trace.stages[t][2]) if trace.stages[t][0] == "call" else set()
+        terms = [(m, 1.0)]
+        for s in droppable:
+            if s in read:
+                if (t, s) in col_a:
+                    terms.append((col_a[(t, s)], float(sizes[s])))
+            elif (t, s) in col_k:
+                terms.append((col_k[(t, s)], float(sizes[s])))
+        constraint(terms, -math.inf, float(budget_bytes - trace.constant_live[t]))
 
     if offload:
         copies_in = [[] for _ in range(n_stages)]
@@ -392,14 +661,22 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
 
     n = len(columns)
     a = coo_matrix((vals, (rows, cols)), shape=(len(lo), n)).tocsr()
-    continuous = ("K", "W", "Z", "Q", "H")
+    continuous = ("K", "J", "A", "M", "W", "Z", "Q", "H")
     integrality = np.array([0 if kind in continuous else 1 for kind in columns])
-    upper = np.array([math.inf if kind in ("W", "Z", "Q", "H") else 1.0 for kind in columns])
+    upper = np.array([math.inf if kind in ("M", "W", "Z", "Q", "H") else 1.0
+                      for kind in columns])
     result = milp(c=np.array(cost), integrality=integrality, bounds=Bounds(0, upper),
                   constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
                   options={"time_limit": float(time_limit), "disp": False, "mip_rel_gap": 0.0})
     seconds = time.monotonic() - started
     figures = {"variables": n, "constraints": len(lo), "seconds": seconds}
+    if want_plan and getattr(result, "x", None) is not None:
+        x = result.x
+        figures["solution"] = Solution(
+            keep={key for key, c in col_s.items() if x[c] > 0.5},
+            recompute={key for key, c in col_r.items() if x[c] > 0.5},
+            copy_in={key for key, c in col_i.items() if x[c] > 0.5},
+            time_ns=float(result.fun))
     if result.status == 2:
         return dict(figures, status="infeasible", exact=True, recompute_ns=None,
                     message=f"no {'' if offload else 'drop-only '}plan fits the budget")
@@ -439,8 +716,16 @@ def main(argv=None):
                         help="with --offload: each direction's rate, 1e9 bytes/s (as remat sim's)")
     parser.add_argument("--link-latency-ns", type=int, default=2000,
                         help="with --offload: the time each copy adds (as remat sim's)")
+    parser.add_argument("--plan-out", metavar="PATH",
+                        help="also write the solver's plan: the trace with evict and prefetch "
+                             "records that carry it out (remat sim PATH --accounting live "
+                             "--budget BYTES replays it); PATH must not exist")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.plan_out is not None and os.path.lexists(args.plan_out):
+        print(f"remat.optimal: {args.plan_out} exists: give --plan-out a new path (nothing is "
+              "overwritten)", file=sys.stderr)
+        return 2
     if args.offload and not (args.link_gbps > 0 and args.link_latency_ns >= 0):
         print("remat.optimal: --link-gbps must be above 0 and --link-latency-ns 0 or more",
               file=sys.stderr)
@@ -463,15 +748,43 @@ def main(argv=None):
             print(f"remat.optimal: {e}", file=sys.stderr)
             return 2
     try:
-        figures = recompute_bound(trace, budget, args.time_limit,
-                                  link_gbps=args.link_gbps if args.offload else None,
+        link = args.link_gbps if args.offload else None
+        figures = recompute_bound(trace, budget, args.time_limit, link_gbps=link,
                                   link_latency_ns=args.link_latency_ns)
+        planned = None
+        if args.plan_out is not None and figures["status"] == "ok":
+            planned = recompute_bound(trace, budget, args.time_limit, link_gbps=link,
+                                      link_latency_ns=args.link_latency_ns, want_plan=True,
+                                      realizable=True)
     except ImportError:
         print("remat.optimal: needs scipy (pip install scipy)", file=sys.stderr)
         return 2
     out = {"trace": args.trace, "budget_bytes": budget, "offload": args.offload,
            "peak_live_bytes": trace.peak_live_bytes, "compute_ns": trace.compute_ns}
+    solution = planned.get("solution") if planned is not None else None
     out.update(figures)
+    if args.plan_out is not None:
+        out["plan"] = None
+        if solution is None:
+            out["plan_message"] = ("no plan: " + (planned.get("message", "the solver found "
+                                                             "no integer point")
+                                                 if planned is not None
+                                                 else "the bound's program was not solved"))
+        else:
+            try:
+                with open(args.plan_out, "x", encoding="utf-8") as f:
+                    counts = write_plan(trace, solution, f,
+                                        link_gbps=args.link_gbps if args.offload else None,
+                                        link_latency_ns=args.link_latency_ns)
+            except OSError as e:
+                print(f"remat.optimal: {e}", file=sys.stderr)
+                return 2
+            out["plan"] = args.plan_out
+            out["plan_evicts"] = counts["evict"]
+            out["plan_prefetches"] = counts["prefetch"]
+            out["plan_exact"] = planned["exact"]
+            if trace.compute_ns > 0:
+                out["plan_overhead"] = (trace.compute_ns + solution.time_ns) / trace.compute_ns
     if figures["recompute_ns"] is not None and trace.compute_ns > 0:  # (too_large: 1.0)
         out["overhead_bound"] = (trace.compute_ns + figures["recompute_ns"]) / trace.compute_ns
     else:
@@ -492,6 +805,15 @@ def main(argv=None):
                   f"{trace.compute_ns / 1e6:.3f} ms compute)")
         if out.get("message"):
             print(f"  {out['message']}")
+        if args.plan_out is not None:
+            if out["plan"] is None:
+                print(f"  {out['plan_message']}")
+            else:
+                print(f"  plan: {out['plan']} ({out['plan_evicts']} evicts, "
+                      f"{out['plan_prefetches']} prefetches; planned overhead "
+                      f"{out.get('plan_overhead', 1.0):.4f}; replay it with remat sim "
+                      f"{out['plan']} --accounting live --budget {budget}"
+                      f"{'' if args.offload else ' --no-swap'})")
         if out["variables"]:
             print(f"  {out['variables']} variables, {out['constraints']} constraints, "
                   f"{out['seconds']:.1f} s")
