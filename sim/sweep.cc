@@ -85,13 +85,10 @@ absl::StatusOr<std::vector<double>> ParseRatios(std::string_view text) {
   return ratios;
 }
 
-absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& options) {
-  if (options.ratios.empty() || options.policies.empty()) {
-    return absl::InvalidArgumentError("a sweep needs at least one ratio and one policy");
-  }
-  for (const policies::PolicySpec& spec : options.policies) {
-    if (!spec.ok()) return spec.status();
-  }
+namespace {
+
+// The replay options every budgeted run of a sweep shares.
+OpReplayOptions BaseOptions(const SweepOptions& options) {
   OpReplayOptions base;
   base.link_gbps = options.link_gbps;
   base.link_latency_ns = options.link_latency_ns;
@@ -105,6 +102,32 @@ absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& o
   base.thrash_limit = options.thrash_limit;
   base.max_split_size = options.max_split_size;
   base.alloc_conf = options.alloc_conf;
+  return base;
+}
+
+}  // namespace
+
+absl::StatusOr<OpReplayReport> ReplayPlan(const OpTrace& planned, const SweepOptions& options,
+                                          std::uint64_t budget,
+                                          const policies::PolicySpec& fallback) {
+  if (!fallback.ok()) return fallback.status();
+  OpReplayOptions o = BaseOptions(options);
+  o.policy = fallback;
+  o.thrash_limit = std::max(o.thrash_limit, kPlanThrashLimit);
+  MemoryBudget{budget, options.live ? Accounting::kLive : Accounting::kReserved}.ApplyTo(o);
+  absl::StatusOr<OpReplayReport> report = ReplayOpTrace(planned, o);
+  if (report.ok()) report->budget_bytes = budget;
+  return report;
+}
+
+absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& options) {
+  if (options.ratios.empty() || options.policies.empty()) {
+    return absl::InvalidArgumentError("a sweep needs at least one ratio and one policy");
+  }
+  for (const policies::PolicySpec& spec : options.policies) {
+    if (!spec.ok()) return spec.status();
+  }
+  const OpReplayOptions base = BaseOptions(options);
   SweepResult result;
   result.trace = trace.name;
   result.live = options.live;
@@ -208,7 +231,8 @@ std::string SweepCsv(const SweepResult& result) {
   return csv;
 }
 
-std::string SweepTable(const SweepResult& result, const std::map<double, std::string>* bounds) {
+std::string SweepTable(const SweepResult& result, const std::map<double, std::string>* bounds,
+                       const std::map<double, std::string>* plans) {
   std::vector<std::string> policies;
   std::vector<double> ratios;
   for (const SweepRow& row : result.rows) {
@@ -226,6 +250,7 @@ std::string SweepTable(const SweepResult& result, const std::map<double, std::st
                                     result.live ? "live" : "reserved");
   absl::StrAppendFormat(&out, "%-7s", "ratio");
   for (const std::string& p : policies) absl::StrAppendFormat(&out, "%*s", width, p);
+  if (plans != nullptr) absl::StrAppendFormat(&out, "%*s", width, "plan");
   if (bounds != nullptr) absl::StrAppendFormat(&out, "%*s", width, "bound");
   out += "\n";
   for (double ratio : ratios) {
@@ -244,6 +269,10 @@ std::string SweepTable(const SweepResult& result, const std::map<double, std::st
                 : row.report.status + " ";
         absl::StrAppendFormat(&out, "%*s", width, cell);
       }
+    }
+    if (plans != nullptr) {
+      auto it = plans->find(ratio);
+      absl::StrAppendFormat(&out, "%*s", width, it == plans->end() ? "-" : it->second + " ");
     }
     if (bounds != nullptr) {
       auto it = bounds->find(ratio);

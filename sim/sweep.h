@@ -63,13 +63,28 @@ absl::StatusOr<std::vector<double>> ParseRatios(std::string_view text);
 // Every policy spec must be ok (a bad one is its error, before anything runs).
 absl::StatusOr<SweepResult> RunSweep(const OpTrace& trace, const SweepOptions& options);
 
+// A replayed plan may recompute ahead of the calls that pay for it: its
+// thrash limit is at least this (the plan is finite; the limit only stops a
+// policy's cascade where the plan did not hold).
+inline constexpr double kPlanThrashLimit = 100;
+
+// Replays `planned` (an op trace whose evict and prefetch records carry out a
+// plan: python -m remat.optimal --plan-out) under `budget` bytes in the
+// sweep's accounting, with the sweep's settings; `fallback` meets any
+// pressure the plan did not foresee.
+absl::StatusOr<OpReplayReport> ReplayPlan(const OpTrace& planned, const SweepOptions& options,
+                                          std::uint64_t budget,
+                                          const policies::PolicySpec& fallback);
+
 // One row per run: trace, policy, accounting, ratio, then `remat sim --json`'s fields.
 std::string SweepCsv(const SweepResult& result);
 // Overhead by ratio (rows) and policy (columns); the best of each row marked
-// with *; failed runs show their status. With `bounds` (a cell per ratio),
-// a last column "bound" shows them (remat.optimal's lower bound).
+// with *; failed runs show their status. With `plans` (a cell per ratio), a
+// column "plan" shows them (the solver's plan, replayed: a real run); with
+// `bounds`, a last column "bound" (remat.optimal's lower bound).
 std::string SweepTable(const SweepResult& result,
-                       const std::map<double, std::string>* bounds = nullptr);
+                       const std::map<double, std::string>* bounds = nullptr,
+                       const std::map<double, std::string>* plans = nullptr);
 // What the sweep shows, in a sentence or two: the smallest budget some policy
 // ran in, with the best policy there and its cost in time, and the best at
 // about half the memory; or that nothing ran.

@@ -766,10 +766,11 @@ def main(argv=None):
     if args.plan_out is not None:
         out["plan"] = None
         if solution is None:
-            out["plan_message"] = ("no plan: " + (planned.get("message", "the solver found "
-                                                             "no integer point")
-                                                 if planned is not None
-                                                 else "the bound's program was not solved"))
+            if planned is None:
+                why = "the bound's program was not solved"
+            else:
+                why = planned.get("message", "the solver found no integer point")
+            out["plan_message"] = "no plan: " + why
         else:
             try:
                 with open(args.plan_out, "x", encoding="utf-8") as f:

@@ -82,6 +82,9 @@ std::string ShellQuoted(const std::string& s) {
   return out + "'";
 }
 
+// What a replayed plan's pressure falls back on.
+const policies::PolicySpec kPlanFallback("dtr");
+
 // The table cell for one JSON report of remat.optimal (see Bounds).
 std::string BoundCell(const std::string& text) {
   simdjson::dom::parser parser;
@@ -108,9 +111,16 @@ std::string BoundCell(const std::string& text) {
 // time limit), "infeasible" (no run fits), "too large" (the program is not
 // built) or "error" (why: --out's bound_errors.txt). With `link`, the bound
 // of runs that may also offload over it; without, of drop-only runs.
+// Each ratio's plan is written to PlanPath(out_dir, ratio), and its path
+// put in `plans` where the solver gave one.
+std::string PlanPath(const std::string& out_dir, double ratio) {
+  return absl::StrFormat("%s/plan_%g.jsonl", out_dir, ratio);
+}
+
 std::map<double, std::string> Bounds(const std::string& trace_path, const SweepResult& result,
                                      const LinkFlags* link, double time_limit,
-                                     const std::string& out_dir) {
+                                     const std::string& out_dir,
+                                     std::map<double, std::string>* plans) {
   // REMAT_PYTHON, else the source tree's .venv (where the README installs
   // scipy), else python3.
   std::string python = std::getenv("REMAT_PYTHON") != nullptr ? std::getenv("REMAT_PYTHON") : "";
@@ -131,10 +141,15 @@ std::map<double, std::string> Bounds(const std::string& trace_path, const SweepR
   std::map<double, std::string> cells;
   for (const SweepRow& row : result.rows) {
     if (cells.contains(row.ratio)) continue;
+    // The sweep's own output from an earlier run (never the trace: checked).
+    const std::string plan = PlanPath(out_dir, row.ratio);
+    std::error_code removed_ec;
+    std::filesystem::remove(plan, removed_ec);
     const std::string command = absl::StrFormat(
-        "PYTHONPATH=%s %s -m remat.optimal %s --budget %d --time-limit %g%s --json 2>>%s",
+        "PYTHONPATH=%s %s -m remat.optimal %s --budget %d --time-limit %g%s --plan-out %s "
+        "--json 2>>%s",
         ShellQuoted(python_path), ShellQuoted(python), ShellQuoted(trace_path), row.budget,
-        time_limit, offload, ShellQuoted(errors));
+        time_limit, offload, ShellQuoted(plan), ShellQuoted(errors));
     std::string text;
     if (FILE* pipe = popen(command.c_str(), "r"); pipe != nullptr) {
       char buf[4096];
@@ -142,6 +157,8 @@ std::map<double, std::string> Bounds(const std::string& trace_path, const SweepR
       pclose(pipe);
     }
     cells[row.ratio] = BoundCell(text);
+    std::error_code exists_ec;
+    if (std::filesystem::exists(plan, exists_ec)) (*plans)[row.ratio] = plan;
   }
   std::error_code ec;
   if (std::filesystem::exists(errors, ec) && std::filesystem::file_size(errors, ec) == 0) {
@@ -201,12 +218,17 @@ int RunSweepCommand(const SweepFlags& f) {
     return kExitUsage;
   }
   // The trace may sit in the output directory: it is never overwritten.
-  if (absl::Status s = CheckOutputPaths({{"the trace", f.trace_path}},
-                                        {{"--out's results.csv", f.out_dir + "/results.csv"},
-                                         {"--out's overhead.png", f.out_dir + "/overhead.png"},
-                                         {"--out's plot_overhead.py",
-                                          f.out_dir + "/plot_overhead.py"}});
-      !s.ok()) {
+  std::vector<NamedPath> outputs = {
+      {"--out's results.csv", f.out_dir + "/results.csv"},
+      {"--out's overhead.png", f.out_dir + "/overhead.png"},
+      {"--out's plot_overhead.py", f.out_dir + "/plot_overhead.py"}};
+  if (f.bound) {
+    for (double ratio : *ratios) {
+      outputs.emplace_back("--out's plan at " + absl::StrFormat("%g", ratio),
+                           PlanPath(f.out_dir, ratio));
+    }
+  }
+  if (absl::Status s = CheckOutputPaths({{"the trace", f.trace_path}}, outputs); !s.ok()) {
     return ReportError("sweep", s);
   }
 
@@ -249,6 +271,7 @@ int RunSweepCommand(const SweepFlags& f) {
     return ReportError("sweep", s);
   }
   std::map<double, std::string> bounds;
+  std::map<double, std::string> plans;
   if (f.bound) {
     std::string bound_trace = f.trace_path;
     if (!f.model.empty()) {  // remat.optimal reads a file: the generated trace goes in --out
@@ -257,11 +280,33 @@ int RunSweepCommand(const SweepFlags& f) {
         return ReportError("sweep", s);
       }
     }
+    std::map<double, std::string> plan_paths;
     bounds = Bounds(bound_trace, *result, f.no_swap ? nullptr : &f.link, f.bound_time_limit,
-                    f.out_dir);
+                    f.out_dir, &plan_paths);
+    for (const auto& [ratio, path] : plan_paths) {
+      absl::StatusOr<OpTrace> planned = ReadOpTrace(path);
+      if (!planned.ok()) return ReportError("sweep", planned.status());
+      std::uint64_t budget = 0;
+      for (const SweepRow& row : result->rows) {
+        if (row.ratio == ratio) budget = row.budget;
+      }
+      absl::StatusOr<OpReplayReport> run = ReplayPlan(*planned, o, budget, kPlanFallback);
+      if (!run.ok()) return ReportError("sweep", run.status());
+      plans[ratio] = run->status != "ok"
+                         ? run->status
+                         : absl::StrFormat("%.3f", static_cast<double>(run->time_ns) /
+                                                       static_cast<double>(result->baseline.time_ns));
+    }
+    for (const auto& [ratio, cell] : bounds) {
+      if (!plans.contains(ratio)) plans[ratio] = "-";
+    }
   }
-  std::cout << SweepTable(*result, f.bound ? &bounds : nullptr);
+  std::cout << SweepTable(*result, f.bound ? &bounds : nullptr, f.bound ? &plans : nullptr);
   if (f.bound) {
+    std::cout << "plan: the solver's plan (" << f.out_dir
+              << "/plan_RATIO.jsonl), replayed with policy " << kPlanFallback.given()
+              << " where it did not foresee the pressure: a real run, so the optimum lies "
+                 "between it and the bound (-: no plan)\n";
     std::cout << "bound: no " << (f.no_swap ? "drop-only run" : "run, dropping or offloading,")
               << " can take less (python -m remat.optimal" << (f.no_swap ? "" : " --offload")
               << "; ~: the solver's proven bound at its time limit)";
