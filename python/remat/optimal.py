@@ -61,6 +61,7 @@ bound, a looser one where those matter.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -179,6 +180,25 @@ def read_trace(path):
 
 
 MAX_VARIABLES = 400_000
+
+
+@contextlib.contextmanager
+def _solver_prints_to_stderr():
+    """The solver's own prints (HiGHS writes some to the process's standard
+    output whatever its options say) go to standard error: standard output
+    carries the --json report alone."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        yield  # no file descriptor 1 to guard (an embedding host)
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 class Solution:
@@ -665,9 +685,11 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
     integrality = np.array([0 if kind in continuous else 1 for kind in columns])
     upper = np.array([math.inf if kind in ("M", "W", "Z", "Q", "H") else 1.0
                       for kind in columns])
-    result = milp(c=np.array(cost), integrality=integrality, bounds=Bounds(0, upper),
-                  constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
-                  options={"time_limit": float(time_limit), "disp": False, "mip_rel_gap": 0.0})
+    with _solver_prints_to_stderr():
+        result = milp(c=np.array(cost), integrality=integrality, bounds=Bounds(0, upper),
+                      constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
+                      options={"time_limit": float(time_limit), "disp": False,
+                               "mip_rel_gap": 0.0})
     seconds = time.monotonic() - started
     figures = {"variables": n, "constraints": len(lo), "seconds": seconds}
     if want_plan and getattr(result, "x", None) is not None:

@@ -37,8 +37,9 @@ def call(name, inputs, out, nbytes, cost):
 def run_sim(binary, path, policy, budget, link_gbps=None, extra=()):
     """remat sim's JSON under a live budget: ("--budget", "201") or
     ("--budget-ratio", "0.5"); drop-only, or with `link_gbps` offload allowed
-    over that link (2 us a copy)."""
-    mode = ["--no-swap"] if link_gbps is None else ["--link-gbps", str(link_gbps), *extra]
+    over that link (2 us a copy); `extra`: more of remat sim's flags."""
+    mode = ["--no-swap"] if link_gbps is None else ["--link-gbps", str(link_gbps)]
+    mode += list(extra)
     out = subprocess.run([binary, "sim", path, "--policy", policy, *budget,
                           "--accounting", "live", *mode, "--json"],
                          capture_output=True, text=True)
@@ -47,10 +48,11 @@ def run_sim(binary, path, policy, budget, link_gbps=None, extra=()):
 
 
 def assert_sweep_cells_above_the_bound(stdout, policies, finished_at_least=1):
-    """The sweep's table (two ratios): a bound column after the policies',
-    and every finished run's cell at or above it."""
+    """The sweep's table (two ratios): plan and bound columns after the
+    policies', and every finished run's cell, the plan's included, at or
+    above the bound."""
     lines = stdout.splitlines()
-    assert lines[1].split() == ["ratio", *policies, "bound"]
+    assert lines[1].split() == ["ratio", *policies, "plan", "bound"]
     finished = 0
     for line in lines[2:4]:
         cells = line.split()
@@ -60,6 +62,23 @@ def assert_sweep_cells_above_the_bound(stdout, policies, finished_at_least=1):
                 finished += 1
                 assert float(cell.rstrip("*")) >= bound - 5e-4, line
     assert finished >= finished_at_least, stdout
+
+
+def plan_and_replay(binary, path, budget, tmp_path, offload_link=None):
+    """remat.optimal's plan for a live budget of `budget` bytes, and remat
+    sim's report of its replay (drop-only, or offloading over the link)."""
+    plan = str(tmp_path / f"plan_{budget}.jsonl")
+    args = [path, "--budget", str(budget), "--plan-out", plan, "--json"]
+    if offload_link is not None:
+        args += ["--offload", "--link-gbps", str(offload_link)]
+    out = subprocess.run([sys.executable, "-m", "remat.optimal", *args], capture_output=True,
+                         text=True, cwd=os.path.join(ROOT, "python"))
+    assert out.returncode == 0, out.stderr
+    solved = json.loads(out.stdout)
+    assert solved["plan"] == plan
+    run = run_sim(binary, plan, "dtr", ("--budget", str(budget)), link_gbps=offload_link,
+                  extra=("--thrash-limit", "100"))
+    return solved, run
 
 
 def test_the_bound_is_the_cheapest_recompute_on_a_hand_made_step(tmp_path):
@@ -115,6 +134,51 @@ def test_a_recompute_needs_its_inputs_back_first(tmp_path):
         sim = run_sim(binary, path, policy, ("--budget", "201"))
         assert sim["status"] == "ok", (policy, sim.get("message"))
         assert sim["recompute_ns"] >= 30, policy
+    # The solver's plan, replayed, does just that: b goes, and a and b come
+    # back for k; nothing is left to the policy.
+    solved, run = plan_and_replay(binary, path, 201, tmp_path)
+    assert solved["plan_overhead"] == pytest.approx(solved["overhead_bound"])
+    assert run["status"] == "ok", run.get("message")
+    assert run["recompute_ns"] == 30
+    assert run["pressure_events"] == 0
+    assert run["directed_evictions"] >= 1
+
+
+def test_a_plan_is_written_as_evict_and_prefetch_records_and_never_over_a_file(tmp_path):
+    path = write(tmp_path, [
+        {"op": "constant", "id": "x", "bytes": 1},
+        call("f", ["x"], "a", 100, 10),
+        call("g", ["a"], "b", 100, 20),
+        call("h", ["b"], "c", 100, 40),
+        {"op": "release", "id": "a"},
+        call("e", ["x"], "e", 100, 1),
+        {"op": "use", "ids": ["c", "e"]},
+        {"op": "release", "id": "c"},
+        {"op": "release", "id": "e"},
+        call("k", ["b"], "d", 100, 5),
+    ])
+    plan = tmp_path / "plan.jsonl"
+    assert optimal.main([path, "--budget", "201", "--plan-out", str(plan), "--json"]) == 0
+    original = [json.loads(line) for line in open(path)]
+    planned = [json.loads(line) for line in plan.read_text().splitlines()]
+    # The trace's own records, in order, with the plan's between them.
+    assert [r for r in planned if r["op"] not in ("evict", "prefetch")] == original
+    evicts = [r for r in planned if r["op"] == "evict"]
+    assert {"op": "evict", "id": "b", "action": "drop"} in evicts
+    # b is brought back (recomputed) in k's stage, before k.
+    k_at = next(i for i, r in enumerate(planned) if r.get("name") == "k")
+    assert {"op": "prefetch", "id": "b"} in planned[:k_at]
+    # A planned trace reads as its trace: the same bound.
+    again = optimal.recompute_bound(optimal.read_trace(str(plan)), 201)
+    assert again["recompute_ns"] == pytest.approx(30)
+    # Never over an existing file.
+    before = plan.read_text()
+    assert optimal.main([path, "--budget", "201", "--plan-out", str(plan)]) == 2
+    assert plan.read_text() == before
+    # No plan where nothing fits: said, and no file.
+    missing = tmp_path / "none.jsonl"
+    assert optimal.main([path, "--budget", "150", "--plan-out", str(missing)]) == 3
+    assert not missing.exists()
 
 
 @pytest.mark.parametrize("model", ["chain:n=12",
@@ -140,7 +204,28 @@ def test_no_policy_beats_the_bound(tmp_path, model):
             assert bound["status"] == "ok", (policy, ratio)
             assert sim["time_ns"] >= trace.compute_ns + bound["recompute_ns"] - 1e-6, \
                 (policy, ratio, sim["time_ns"], bound)
+        if bound["status"] == "ok":
+            # The plan is a real run: it finishes, at or above the bound.
+            _, run = plan_and_replay(binary, path, any_sim["budget_bytes"], tmp_path)
+            assert run["status"] == "ok", (ratio, run.get("message"))
+            assert run["time_ns"] >= trace.compute_ns + bound["recompute_ns"] - 1e-6, ratio
     assert ran > 0
+
+
+def test_the_plan_of_a_recorded_step_is_the_optimum_where_it_meets_the_bound(tmp_path):
+    # The MLP step recorded from PyTorch, at 0.7 of its peak: the plan,
+    # replayed, costs what the bound says no run can beat (so it is the
+    # optimum), and less than dtr's 1.84 (bench/results).
+    binary = remat_binary()
+    path = os.path.join(ROOT, "examples", "traces", "mlp_small_l4_h256_t512.jsonl")
+    trace = optimal.read_trace(path)
+    budget = int(0.7 * trace.peak_live_bytes)
+    solved, run = plan_and_replay(binary, path, budget, tmp_path)
+    assert solved["exact"]
+    assert run["status"] == "ok", run.get("message")
+    assert run["overhead"] == pytest.approx(solved["overhead_bound"], rel=1e-3)
+    dtr = run_sim(binary, path, "dtr", ("--budget", str(budget)))
+    assert dtr["status"] != "ok" or dtr["overhead"] > run["overhead"]
 
 
 def test_a_use_reads_its_tensors_one_at_a_time(tmp_path):
