@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Each policy's gap to the lower bound (remat.optimal), as a Markdown table.
+"""Each policy's gap to the lower bound (remat.optimal), beside the solver's plan, as a
+Markdown table.
 
     PYTHONPATH=python .venv/bin/python scripts/optimal_table.py TRACE [TRACE ...]
         [--ratios 0.5,0.7,0.9] [--time-limit 60] [--remat build/bin/remat]
         [--offload --link-gbps 25]
 
 For each trace and ratio: the bound (the program's optimum, or the solver's
-proven bound at its time limit, marked ~), then each policy's overhead under
-`remat sim --no-swap --accounting live` and its distance above the bound.
+proven bound at its time limit, marked ~), the solver's plan replayed (`remat
+sim` of `remat.optimal --plan-out`'s trace: a real run, so the optimum lies
+between it and the bound), then each policy's overhead under `remat sim
+--no-swap --accounting live` and its distance above the bound.
 With --offload: the bound of runs that may also offload, and each policy's
 `remat sim --accounting live` run with offload allowed over that link (hybrid
 among them). Needs scipy.
@@ -18,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 from remat import optimal
 
@@ -47,8 +51,8 @@ def main():
         policies = POLICIES
         mode = ["--no-swap"]
         link = {}
-    print("| trace | ratio | bound | " + " | ".join(policies) + " |")
-    print("| --- | --- | --- | " + " | ".join("---" for _ in policies) + " |")
+    print("| trace | ratio | bound | plan | " + " | ".join(policies) + " |")
+    print("| --- | --- | --- | --- | " + " | ".join("---" for _ in policies) + " |")
     for path in args.traces:
         trace = optimal.read_trace(path)
         for ratio in ratios:
@@ -73,6 +77,10 @@ def main():
             else:
                 low = (trace.compute_ns + bound["recompute_ns"]) / trace.compute_ns
                 shown = f"{'' if bound['exact'] else '~'}{low:.3f}"
+            plan = "-"
+            if bound["status"] == "ok":
+                plan = replay_plan(args, trace, budget, link, mode)
+            cells.insert(0, plan)
             row = []
             for c in cells:
                 if isinstance(c, float):
@@ -83,6 +91,26 @@ def main():
             print(f"| {os.path.basename(path)} | {ratio} | {shown} | " + " | ".join(row) + " |",
                   flush=True)
     return 0
+
+
+def replay_plan(args, trace, budget, link, mode):
+    """The solver's plan at `budget`, replayed by remat sim: its overhead, or
+    its status ("-" where the solver gave no plan)."""
+    planned = optimal.recompute_bound(trace, budget, args.time_limit, want_plan=True,
+                                      realizable=True, **link)
+    if planned.get("solution") is None:
+        return "-"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "plan.jsonl")
+        with open(path, "x", encoding="utf-8") as f:
+            optimal.write_plan(trace, planned["solution"], f, offload=bool(link))
+        run = subprocess.run([args.remat, "sim", path, "--policy", "dtr", "--budget", str(budget),
+                              "--accounting", "live", "--thrash-limit", "100", *mode, "--json"],
+                             capture_output=True, text=True)
+    if run.returncode not in (0, 3):
+        return "error"
+    sim = json.loads(run.stdout)
+    return sim["overhead"] if sim["status"] == "ok" else sim["status"]
 
 
 if __name__ == "__main__":

@@ -213,21 +213,20 @@ class Solution:
         self.time_ns = time_ns
 
 
-def write_plan(trace, solution, out, link_gbps=None, link_latency_ns=0):
+def write_plan(trace, solution, out, offload=False):
     """Writes the trace with the solution's choices as evict and prefetch
     records (trace/op_trace.h) to the open text file `out`; returns how many
     of each it wrote. Replayed under the same live budget (`remat sim
     --accounting live`), the runtime carries them out: what the plan does not
     keep for the next stage leaves the device once the stage no longer needs
-    it (offloaded where the plan copies it back later, else dropped); what
-    the plan recomputes ahead of a use is recomputed in its stage; what it
-    copies back is prefetched early enough to hide the copy behind the calls
-    before (as far as their time allows). The run's policy meets whatever
-    the plan did not count (the program leaves out the temporaries of a
-    stage's recomputes, and the runtime drops a released storage that the
-    plan would keep), so a replay may cost more than the solution: it is a
-    real run, an upper bound on the optimum where the solution's own figure
-    is a lower one."""
+    it (with `offload`, offloaded where the plan copies it back later; else
+    dropped); what the plan recomputes in a stage is recomputed there, in the
+    trace's order, and what it no longer needs goes as soon as it has been
+    read; what it copies back for a stage is prefetched as the stage before
+    starts. The run's policy meets whatever pressure the plan did not
+    foresee, so a replay may cost more than the solution (a released storage
+    that several of a stage's recomputes read is regenerated for each, for
+    one): it is a real run, and so an upper bound on the optimum."""
     n_stages = len(trace.stages)
     keep = solution.keep
 
@@ -256,17 +255,11 @@ def write_plan(trace, solution, out, link_gbps=None, link_latency_ns=0):
 
     prefetch_before = [[] for _ in range(n_stages + 1)]
 
-    def copy_ns(s):
-        return link_latency_ns + math.floor(trace.storage_bytes[s] / link_gbps)
-
     def plan_prefetch(s, t, u):
-        """s leaves after stage t and is copied back for stage u: start the
-        copy before the latest stage v in (t, u] whose calls up to u hide it."""
-        v, hidden = u, 0
-        while v - 1 > t and hidden < copy_ns(s):
-            v -= 1
-            hidden += trace.stages[v][1]
-        prefetch_before[v].append((s, u))
+        """s leaves after stage t and is copied back for stage u: the copy
+        starts before stage u-1 (the stage before, as the program counts it),
+        or right away when that is stage t."""
+        prefetch_before[max(t + 1, u - 1)].append((s, u))
 
     coming = {}  # storage -> the stage a prefetch started for it is for
     live_ids = {}  # storage -> its tensor ids not yet released, in order
@@ -285,7 +278,7 @@ def write_plan(trace, solution, out, link_gbps=None, link_latency_ns=0):
 
     def evict(s, t):
         how, u = leaves(s, t)
-        if how == "offload" and link_gbps is not None:
+        if how == "offload" and offload:
             emit("evict", s, "offload")
             plan_prefetch(s, t, u)
         else:
@@ -479,8 +472,12 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
         # copied back for stages t and later that are on the device during
         # stage t-1's call (see below).
         for s in droppable:
+            # (A plan's replay waits for the copy out that a copy back
+            # implies: the compute stream reuses the block only after it.)
+            out_ns = float(link_latency_ns + math.floor(sizes[s] / link_gbps)) if realizable \
+                else 0.0
             for t in range(trace.producer[s] + 1, last_need[s] + 1):
-                col_i[(t, s)] = add("I", (t, s), 0.0)
+                col_i[(t, s)] = add("I", (t, s), out_ns)
         col_o = {s: add("O", s, 0.0) for s in droppable}
         col_w = [add("W", t, 1.0) for t in range(n_stages)]
         col_z = [add("Z", t, 0.0) for t in range(n_stages)]
@@ -531,6 +528,9 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
             # counted once, beside what is kept (below), not with each read.
             if offload and t + 1 < n_stages and trace.stages[t][0] == "call":
                 kept.append((col_h[t + 1], 1.0))
+                if realizable:
+                    kept += [(c, float(sizes[s])) for s in droppable if s not in group
+                             and (c := col_i.get((t + 1, s))) is not None]
             own = sum(sizes[s] for s in group)
             constraint(kept, -math.inf, float(budget_bytes - own - trace.constant_live[t]))
         if offload and t + 1 < n_stages and trace.stages[t][0] == "use":
@@ -655,6 +655,11 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
                 terms.append((col_q[t - 1], -1.0))
             constraint(terms, 0.0, math.inf)
             constraint([(col_q[t], 1.0), (col_z[t], -1.0)], -math.inf, 0.0)
+            if realizable and t > 0 and copies_in[t]:
+                # A plan's replay starts stage t's copies back as stage t-1
+                # starts, not earlier (they are on the device from then).
+                constraint([(col_z[t], 1.0), (col_z[t - 1], -1.0)] + copies_in[t], 0.0,
+                           math.inf)
         # A copy back takes memory from when it starts. Those for stages t..u
         # that start after stage t-1's call ends (at E[t-1] = Z[t-1] + c[t-1])
         # run one at a time and end by Z[u], so at most link_gbps * (Z[u] -
@@ -796,9 +801,7 @@ def main(argv=None):
         else:
             try:
                 with open(args.plan_out, "x", encoding="utf-8") as f:
-                    counts = write_plan(trace, solution, f,
-                                        link_gbps=args.link_gbps if args.offload else None,
-                                        link_latency_ns=args.link_latency_ns)
+                    counts = write_plan(trace, solution, f, offload=args.offload)
             except OSError as e:
                 print(f"remat.optimal: {e}", file=sys.stderr)
                 return 2
