@@ -70,6 +70,11 @@ TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
   EXPECT_THAT(with, HasSubstr("window    bound\n"));
   EXPECT_THAT(with, HasSubstr("~1.234 \n"));
   EXPECT_THAT(with, HasSubstr("-\n"));
+  // With plans too: the plan's column comes before the bound's.
+  const std::map<double, std::string> plans = {{0.4, "1.300"}};
+  const std::string both = SweepTable(*r, &bounds, &plans);
+  EXPECT_THAT(both, HasSubstr("window     plan    bound\n"));
+  EXPECT_THAT(both, HasSubstr("1.300   ~1.234 \n"));
   const std::string csv = SweepCsv(*r);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7);
   EXPECT_THAT(csv, HasSubstr("\"window\",reserved,0.4,"));
@@ -96,6 +101,38 @@ TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
   const std::string odd = SweepPlotScript("/tmp/PNG/CSV.csv", "/tmp/PNG/o.png", "/tmp/PNG/p.py");
   EXPECT_THAT(odd, HasSubstr("open('/tmp/PNG/CSV.csv')"));
   EXPECT_THAT(odd, HasSubstr("savefig('/tmp/PNG/o.png'"));
+}
+
+TEST(SweepTest, APlanIsReplayedWithTheSweepsSettingsAndItsEvictsCarriedOut) {
+  // a is dropped by the plan before b is made; the fallback policy sees no
+  // pressure. The plan recomputes a twice before the use, more than the
+  // compute before it: the plan's thrash limit lets it.
+  absl::StatusOr<OpTrace> planned = ParseOpTrace(R"(
+{"op":"constant","id":"x","bytes":1048576}
+{"op":"call","name":"f","inputs":["x"],"outputs":[{"id":"a","bytes":4194304}],"cost_ns":100}
+{"op":"evict","id":"a","action":"drop"}
+{"op":"call","name":"g","inputs":["x"],"outputs":[{"id":"b","bytes":4194304}],"cost_ns":10}
+{"op":"release","id":"b"}
+{"op":"prefetch","id":"a"}
+{"op":"evict","id":"a","action":"drop"}
+{"op":"prefetch","id":"a"}
+{"op":"use","ids":["a"]}
+)",
+                                                 "plan.jsonl");
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  SweepOptions o;
+  o.live = true;
+  o.enable_offload = false;
+  absl::StatusOr<OpReplayReport> run =
+      ReplayPlan(*planned, o, 6 * kMiB, policies::PolicySpec("lru"));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->status, "ok") << run->message;
+  EXPECT_EQ(run->budget_bytes, 6 * kMiB);
+  EXPECT_EQ(run->directed_evictions, 2u);
+  EXPECT_EQ(run->pressure_events, 0u);
+  EXPECT_EQ(run->recompute_ns, 200);  // more than the 110 ns of compute before it
+  EXPECT_EQ(run->policy, "lru");
+  EXPECT_FALSE(ReplayPlan(*planned, o, 6 * kMiB, policies::PolicySpec("nope")).ok());
 }
 
 TEST(SweepTest, TheFutureAskedForReachesEveryBudgetedRun) {
