@@ -619,6 +619,25 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
                 terms.append((c, -extra))
                 lower = -extra
         constraint(terms, lower, math.inf)
+    if realizable:
+        # A plan's replay brings back each recompute of a stage that makes a
+        # live tensor by a regeneration of its own, and the runtime lets a
+        # released storage go again after each: read by n of them, it is
+        # recomputed n times (X[t, s] >= n - 1 more).
+        readers = {}
+        for (t, k), c in col_r.items():
+            if not any(trace.released_at[o] is None or trace.released_at[o] > t
+                       for o in trace.stages[k][3]):
+                continue  # regenerated inside another's regeneration
+            for s in trace.stages[k][2]:
+                if trace.constant[s] or sizes[s] == 0:
+                    continue
+                if trace.released_at[s] is not None and trace.released_at[s] <= t:
+                    readers.setdefault((t, s), []).append(c)
+        for (t, s), cs in readers.items():
+            if len(cs) > 1:
+                x = add("X", (t, s), float(trace.stages[trace.producer[s]][1]))
+                constraint([(x, 1.0)] + [(c, -1.0) for c in cs], -1.0, math.inf)
     for t, m in col_m.items():
         read = set(trace.stages[t][2]) if trace.stages[t][0] == "call" else set()
         terms = [(m, 1.0)]
@@ -686,9 +705,9 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
 
     n = len(columns)
     a = coo_matrix((vals, (rows, cols)), shape=(len(lo), n)).tocsr()
-    continuous = ("K", "J", "A", "M", "W", "Z", "Q", "H")
+    continuous = ("K", "J", "A", "M", "X", "W", "Z", "Q", "H")
     integrality = np.array([0 if kind in continuous else 1 for kind in columns])
-    upper = np.array([math.inf if kind in ("M", "W", "Z", "Q", "H") else 1.0
+    upper = np.array([math.inf if kind in ("M", "X", "W", "Z", "Q", "H") else 1.0
                       for kind in columns])
     with _solver_prints_to_stderr():
         result = milp(c=np.array(cost), integrality=integrality, bounds=Bounds(0, upper),
