@@ -305,8 +305,10 @@ int RunSweepCommand(const SweepFlags& f) {
   if (f.bound) {
     std::cout << "plan: the solver's plan (" << f.out_dir
               << "/plan_RATIO.jsonl), replayed with policy " << kPlanFallback.given()
-              << " where it did not foresee the pressure: a real run, so the optimum lies "
-                 "between it and the bound (-: no plan)\n";
+              << " where it did not foresee the pressure, and a thrash limit of at least "
+              << kPlanThrashLimit
+              << " (a plan may recompute ahead of the calls that pay for it): a real run, so "
+                 "the optimum lies between it and the bound (-: no plan)\n";
     std::cout << "bound: no " << (f.no_swap ? "drop-only run" : "run, dropping or offloading,")
               << " can take less (python -m remat.optimal" << (f.no_swap ? "" : " --offload")
               << "; ~: the solver's proven bound at its time limit)";
