@@ -446,7 +446,8 @@ absl::StatusOr<bool> Runtime::Evict(TensorId id, policies::EvictAction action, S
   Storage* s = LiveOrNull(id);
   if (s == nullptr) return NotLive(id);
   SettleCopies(s);
-  if (s->state != TensorState::kResident) return false;
+  // (An empty storage frees nothing: as pressure, it leaves it be.)
+  if (s->state != TensorState::kResident || s->bytes == 0) return false;
   const bool drop = action == policies::EvictAction::kDrop;
   if (s->pins > 0) {
     return absl::FailedPreconditionError(
@@ -462,8 +463,9 @@ absl::StatusOr<bool> Runtime::Evict(TensorId id, policies::EvictAction action, S
   directing_ = false;
   if (!done) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "tensor %d could not be offloaded: the pinned host pool has no room for %s", id,
-        FormatBytes(s->bytes)));
+        "tensor %d could not be offloaded: the pinned host pool has no room for %s, or the "
+        "copy out failed (logged)",
+        id, FormatBytes(s->bytes)));
   }
   if (drop) ++stats_.drops;
   ++stats_.directed_evictions;

@@ -322,9 +322,11 @@ class Runtime {
   // the owner knows it will not need it for a while (a plan made ahead, as
   // `remat.optimal --plan-out` writes; a framework's own checkpointing
   // choice). true: evicted; false: it was not resident (dropped, on the host
-  // or on its way there or back), and nothing changed. FailedPrecondition
-  // when it is pinned, being regenerated, or does not allow `action`;
-  // ResourceExhausted when the host pool has no room for an offload. Counted
+  // or on its way there or back) or holds no bytes, and nothing changed.
+  // FailedPrecondition when it is pinned, being regenerated, or does not
+  // allow `action`; ResourceExhausted when the host pool has no room for an
+  // offload (the copies made ahead, which such an offload lets go first, are
+  // gone then) or the copy out failed. Counted
   // in stats() as a pressure event's evictions are, and in
   // directed_evictions; the observer is told with `directed` set.
   absl::StatusOr<bool> Evict(TensorId id, policies::EvictAction action,

@@ -421,6 +421,12 @@ TEST_F(RuntimeTest, TheOwnerEvictsATensorAndItComesBackOnItsNextUse) {
   EXPECT_EQ(st.drops, 1u);
   EXPECT_EQ(st.offloads, 1u);
   EXPECT_EQ(st.directed_evictions, 2u);
+  // An empty tensor frees nothing: left be, as pressure leaves it.
+  TensorId empty = Produce(0, {x}, true, false);
+  absl::StatusOr<bool> nothing = runtime_->Evict(empty, policies::EvictAction::kDrop);
+  ASSERT_TRUE(nothing.ok()) << nothing.status();
+  EXPECT_FALSE(*nothing);
+  EXPECT_EQ(StateOf(empty), TensorState::kResident);
   // Already gone: nothing changes, and it says so.
   absl::StatusOr<bool> again = runtime_->Evict(y, policies::EvictAction::kDrop);
   ASSERT_TRUE(again.ok()) << again.status();

@@ -503,8 +503,9 @@ absl::Status ParseEvictOrPrefetch(const Fields& obj, std::uint32_t line, TraceBu
   absl::StatusOr<std::uint32_t> t =
       b.Live(line, id, [op] { return absl::StrCat(AbslView(op), " of"); });
   if (!t.ok()) return t.status();
-  if (b.tensor(*t).constant) {
-    return b.Error(line, "%s of %s, a constant (constants stay on the device)", op, Quote(id));
+  if (b.tensor(b.tensor(*t).storage).constant) {
+    return b.Error(line, "%s of %s, %s (constants stay on the device)", op, Quote(id),
+                   b.tensor(*t).is_view() ? "a view of a constant" : "a constant");
   }
   OpRecord& record = b.Begin(kind, line);
   record.inputs.push_back(*t);

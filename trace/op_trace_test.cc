@@ -414,6 +414,10 @@ TEST(OpTraceTest, ErrorsNameTheTraceAndLine) {
       {"evict of a released tensor",
        "{\"op\":\"release\",\"id\":\"x1\"}\n{\"op\":\"evict\",\"id\":\"x1\",\"action\":\"drop\"}",
        "t.jsonl:4: evict of 'x1', which was released at line 3"},
+      {"evict of a view of a constant",
+       "{\"op\":\"call\",\"name\":\"t\",\"inputs\":[\"w\"],\"outputs\":[{\"id\":\"wt\","
+       "\"alias_of\":\"w\"}],\"cost_ns\":0}\n{\"op\":\"evict\",\"id\":\"wt\",\"action\":\"drop\"}",
+       "t.jsonl:4: evict of 'wt', a view of a constant (constants stay on the device)"},
       {"prefetch of an unknown tensor", R"({"op":"prefetch","id":"x7"})",
        "t.jsonl:3: prefetch of 'x7', which no earlier line defines"},
       {"prefetch id not a string", R"({"op":"prefetch","id":7})",

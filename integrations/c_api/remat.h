@@ -65,7 +65,7 @@ REMAT_API const char* remat_version(void);
  * (libremat.so.MAJOR.MINOR), so a program built against another header does
  * not load the new library by accident. A program that loads the library by
  * path should check remat_abi_version() == REMAT_ABI_VERSION first. */
-#define REMAT_ABI_VERSION 4
+#define REMAT_ABI_VERSION 5
 REMAT_API int remat_abi_version(void);
 /* Frees a string this library returned (remat_snapshot_json). NULL is fine. */
 REMAT_API void remat_string_free(char* str);

@@ -294,6 +294,13 @@ def write_plan(trace, solution, out, offload=False):
         return {s for s in list(inputs) + list(outputs)
                 if not trace.constant[s] and trace.storage_bytes[s] > 0}
 
+    # The storages whose last tensor the trace releases between stage t and
+    # stage t + 1.
+    released_after = [set() for _ in range(n_stages)]
+    for s, at in enumerate(trace.released_at):
+        if at is not None and 0 < at <= n_stages:
+            released_after[at - 1].add(s)
+
     t = -1
     for text, op, rec in trace.records:
         if op in ("evict", "prefetch"):
@@ -311,18 +318,25 @@ def write_plan(trace, solution, out, offload=False):
                 on_device.add(s)
                 coming[s] = u
             # The stage's recomputes, ancestors first, each by a prefetch of
-            # one of its outputs (dropped: recomputed then); what the rest of
-            # the stage no longer reads, and the next does not keep, goes
-            # as soon as it has been read.
+            # one of its live outputs (dropped: recomputed then). A call with
+            # no live output, or with a released one that a later recompute
+            # reads, is left to a later regeneration that needs it (the
+            # runtime lets a released storage go again after each): its
+            # inputs stay until the stage ends. What the rest of the stage
+            # no longer reads, and the next does not keep, goes as soon as
+            # it has been read.
+            waiting = set()  # inputs of recomputes left to a later regeneration
             for i, k in enumerate(ks):
-                outputs = trace.stages[k][3]
-                named = [s for s in outputs if live_ids.get(s)]
-                if named:
-                    emit("prefetch", named[0])
-                on_device.update(outputs)
+                outputs = [s for s in trace.stages[k][3] if trace.storage_bytes[s] > 0]
                 later = {s for k2 in ks[i + 1:] for s in trace.stages[k2][2]}
+                named = [s for s in outputs if live_ids.get(s)]
+                if named and not any(not live_ids.get(s) and s in later for s in outputs):
+                    emit("prefetch", named[0])
+                else:
+                    waiting.update(trace.stages[k][2])
+                on_device.update(outputs)
                 for s in sorted(on_device & (set(outputs) | set(trace.stages[k][2]))):
-                    if s not in later and s not in group and goes(s, t):
+                    if s not in later and s not in group and s not in waiting and goes(s, t):
                         evict(s, t)
         out.write(text + "\n")
         if op == "constant":
@@ -339,7 +353,8 @@ def write_plan(trace, solution, out, offload=False):
             on_device |= touched(t)
             if t + 1 < n_stages:
                 for s in sorted(on_device):
-                    if goes(s, t):
+                    # (What the trace releases before the next stage goes then.)
+                    if goes(s, t) and s not in released_after[t]:
                         evict(s, t)
     return counts
 
@@ -390,6 +405,19 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
         if kind == "use":
             return [{s} for s in inputs if not trace.constant[s]] or [set()]
         return [{s for s in set(inputs) | set(outputs) if not trace.constant[s]}]
+
+    # The constants on the device at each stage. For a plan, also those
+    # released but still read by a call whose outputs may be recomputed (the
+    # runtime keeps a constant a closure reads).
+    const_live = list(trace.constant_live)
+    if realizable:
+        for c in range(n_storages):
+            if not trace.constant[c] or trace.released_at[c] is None:
+                continue
+            until = max((last_need[o] for _, _, inputs, outputs in trace.stages
+                         if c in inputs for o in outputs), default=-1)
+            for t in range(trace.released_at[c], min(until, n_stages - 1) + 1):
+                const_live[t] += sizes[c]
 
     # Where the budget cannot hold a stage's own call, nothing fits.
     for t in range(n_stages):
@@ -517,10 +545,13 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
             constraint(terms, 1.0, math.inf)  # (no terms: the trace reads a freed storage)
         for group in at_once(t):
             kept = []
+            # (A recompute that a use's later read brings on comes after its
+            # earlier reads: J counts at a call only.)
+            is_call = trace.stages[t][0] == "call"
             for s in droppable:
                 if s in group:
                     continue
-                for c in (col_k.get((t, s)), col_j.get((t, s))):
+                for c in (col_k.get((t, s)), col_j.get((t, s)) if is_call else None):
                     if c is not None:
                         kept.append((c, float(sizes[s])))
             # A call holds its group while copies for later stages run; a
@@ -532,12 +563,12 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
                     kept += [(c, float(sizes[s])) for s in droppable if s not in group
                              and (c := col_i.get((t + 1, s))) is not None]
             own = sum(sizes[s] for s in group)
-            constraint(kept, -math.inf, float(budget_bytes - own - trace.constant_live[t]))
+            constraint(kept, -math.inf, float(budget_bytes - own - const_live[t]))
         if offload and t + 1 < n_stages and trace.stages[t][0] == "use":
             kept = [(c, float(sizes[s])) for s in droppable
                     if (c := col_k.get((t, s))) is not None]
             constraint(kept + [(col_h[t + 1], 1.0)], -math.inf,
-                       float(budget_bytes - trace.constant_live[t]))
+                       float(budget_bytes - const_live[t]))
     for (t, k), c in col_r.items():
         for s in trace.stages[k][2]:
             if trace.constant[s] or sizes[s] == 0:
@@ -585,7 +616,13 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
     for (t, k), c in col_r.items():
         read = set(trace.stages[t][2]) if trace.stages[t][0] == "call" else set()
         own = set(trace.stages[k][2]) | set(trace.stages[k][3])
-        held = sum(sizes[s] for s in trace.stages[k][3])
+        # A run regenerates a call's lost outputs, but not one released that
+        # nothing reads (collected): of outputs all released, at least the
+        # one a reader needs.
+        outputs = trace.stages[k][3]
+        live_outputs = [sizes[s] for s in outputs
+                        if trace.released_at[s] is None or trace.released_at[s] > t]
+        held = sum(live_outputs) if live_outputs else min((sizes[s] for s in outputs), default=0)
         terms = [(col_m[t], 1.0)]
         for s in trace.stages[k][2]:
             if trace.constant[s] or sizes[s] == 0:
@@ -647,7 +684,7 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
                     terms.append((col_a[(t, s)], float(sizes[s])))
             elif (t, s) in col_k:
                 terms.append((col_k[(t, s)], float(sizes[s])))
-        constraint(terms, -math.inf, float(budget_bytes - trace.constant_live[t]))
+        constraint(terms, -math.inf, float(budget_bytes - const_live[t]))
 
     if offload:
         copies_in = [[] for _ in range(n_stages)]
@@ -857,7 +894,7 @@ def main(argv=None):
                 print(f"  plan: {out['plan']} ({out['plan_evicts']} evicts, "
                       f"{out['plan_prefetches']} prefetches; planned overhead "
                       f"{out.get('plan_overhead', 1.0):.4f}; replay it with remat sim "
-                      f"{out['plan']} --accounting live --budget {budget}"
+                      f"{out['plan']} --accounting live --budget {budget} --thrash-limit 100"
                       f"{'' if args.offload else ' --no-swap'})")
         if out["variables"]:
             print(f"  {out['variables']} variables, {out['constraints']} constraints, "

@@ -228,6 +228,94 @@ def test_the_plan_of_a_recorded_step_is_the_optimum_where_it_meets_the_bound(tmp
     assert dtr["status"] != "ok" or dtr["overhead"] > run["overhead"]
 
 
+@pytest.mark.parametrize("case", ["use", "released_output"])
+def test_steps_where_a_tighter_program_once_excluded_real_runs(tmp_path, case):
+    # A use reads its tensors one at a time: a recompute its second read
+    # brings on is not there during the first. A recompute regenerates no
+    # output released with nothing reading it. In both, runs pay 10 and 5 ns,
+    # and the bound must not be above that.
+    lines, budget, paid = {
+        "use": ([call("pa", [], "a", 150, 1000), call("pb", [], "b", 50, 10),
+                 call("pd", [], "d", 100, 1000), {"op": "use", "ids": ["a", "b"]},
+                 {"op": "release", "id": "a"}, {"op": "use", "ids": ["b", "d"]}], 250, 10),
+        "released_output": ([
+            {"op": "call", "name": "p", "inputs": [], "cost_ns": 5,
+             "outputs": [{"id": "o1", "bytes": 1000}, {"id": "o2", "bytes": 10}]},
+            {"op": "release", "id": "o1"}, call("q", [], "x", 500, 1000),
+            call("s", [], "z", 595, 1000), {"op": "release", "id": "z"},
+            {"op": "use", "ids": ["x", "o2"]}, {"op": "use", "ids": ["x"]}], 1100, 5),
+    }[case]
+    path = write(tmp_path, lines)
+    bound = optimal.recompute_bound(optimal.read_trace(path), budget)
+    assert bound["status"] == "ok" and bound["exact"]
+    assert bound["recompute_ns"] == pytest.approx(paid)
+    binary = remat_binary()
+    sim = run_sim(binary, path, "dtr", ("--budget", str(budget)))
+    assert sim["status"] == "ok" and sim["recompute_ns"] == paid
+
+
+def random_step(rng):
+    """A small random step: calls of one or two outputs (now and then a view),
+    uses, releases, perhaps a constant."""
+    recs, live, n = [], [], 0
+    if rng.random() < 0.5:
+        recs.append({"op": "constant", "id": "w", "bytes": rng.choice([10, 30])})
+        live.append("w")
+    for i in range(rng.randint(4, 9)):
+        if rng.random() < 0.2 and len(live) >= 2:
+            recs.append({"op": "use", "ids": rng.sample(live, min(len(live), 3))})
+        else:
+            inputs = rng.sample(live, min(len(live), rng.randint(0, 2)))
+            outputs = []
+            for _ in range(1 if rng.random() < 0.7 else 2):
+                n += 1
+                outputs.append({"id": f"t{n}", "bytes": rng.choice([0, 10, 20, 50, 100])})
+            bases = [x for x in inputs if x != "w"]
+            if bases and rng.random() < 0.15:
+                n += 1
+                outputs.append({"id": f"t{n}", "alias_of": bases[0]})
+            recs.append({"op": "call", "name": f"c{i}", "inputs": inputs, "outputs": outputs,
+                         "cost_ns": rng.choice([1, 5, 10, 100, 1000])})
+            live += [o["id"] for o in outputs]
+        if live and rng.random() < 0.4:
+            gone = rng.choice(live)
+            recs.append({"op": "release", "id": gone})
+            live.remove(gone)
+    if [x for x in live if x != "w"]:
+        recs.append({"op": "use", "ids": [x for x in live if x != "w"][:3]})
+    return recs
+
+
+def test_on_random_steps_no_run_is_below_the_bound_and_every_plan_replays(tmp_path):
+    import random
+    binary = remat_binary()
+    rng = random.Random(17)
+    checked = planned = 0
+    for case in range(30):
+        path = write(tmp_path, random_step(rng))
+        trace = optimal.read_trace(path)
+        for ratio in (0.5, 0.8):
+            budget = max(1, int(ratio * trace.peak_live_bytes))
+            bound = optimal.recompute_bound(trace, budget, time_limit=10)
+            runs = {p: run_sim(binary, path, p, ("--budget", str(budget)),
+                               extra=("--thrash-limit", "100"))
+                    for p in ("dtr", "lru", "largest")}
+            for policy, run in runs.items():
+                if run["status"] != "ok":
+                    continue
+                assert bound["status"] == "ok", (case, ratio, policy, bound)
+                assert run["recompute_ns"] >= bound["recompute_ns"] - 1e-6, \
+                    (case, ratio, policy, run["recompute_ns"], bound)
+                checked += 1
+            if bound["status"] == "ok":
+                (tmp_path / f"plan_{budget}.jsonl").unlink(missing_ok=True)
+                _, run = plan_and_replay(binary, path, budget, tmp_path)
+                assert run["status"] == "ok", (case, ratio, run.get("message"))
+                assert run["recompute_ns"] >= bound["recompute_ns"] - 1e-6, (case, ratio)
+                planned += 1
+    assert checked > 50 and planned > 20, (checked, planned)
+
+
 def test_a_use_reads_its_tensors_one_at_a_time(tmp_path):
     # As the simulator does: a use of a and b needs room for one of them at a
     # time (each read brings it back), not both.

@@ -114,7 +114,7 @@ std::string BoundCell(const std::string& text) {
 // Each ratio's plan is written to PlanPath(out_dir, ratio), and its path
 // put in `plans` where the solver gave one.
 std::string PlanPath(const std::string& out_dir, double ratio) {
-  return absl::StrFormat("%s/plan_%g.jsonl", out_dir, ratio);
+  return absl::StrFormat("%s/plan_%.9g.jsonl", out_dir, ratio);
 }
 
 std::map<double, std::string> Bounds(const std::string& trace_path, const SweepResult& result,
@@ -284,14 +284,22 @@ int RunSweepCommand(const SweepFlags& f) {
     bounds = Bounds(bound_trace, *result, f.no_swap ? nullptr : &f.link, f.bound_time_limit,
                     f.out_dir, &plan_paths);
     for (const auto& [ratio, path] : plan_paths) {
+      // A plan that cannot be read or replayed is a cell that says so (and
+      // why, on standard error), not the end of the table.
       absl::StatusOr<OpTrace> planned = ReadOpTrace(path);
-      if (!planned.ok()) return ReportError("sweep", planned.status());
       std::uint64_t budget = 0;
       for (const SweepRow& row : result->rows) {
         if (row.ratio == ratio) budget = row.budget;
       }
-      absl::StatusOr<OpReplayReport> run = ReplayPlan(*planned, o, budget, kPlanFallback);
-      if (!run.ok()) return ReportError("sweep", run.status());
+      absl::StatusOr<OpReplayReport> run =
+          planned.ok() ? ReplayPlan(*planned, o, budget, kPlanFallback)
+                       : absl::StatusOr<OpReplayReport>(planned.status());
+      if (!run.ok()) {
+        std::cerr << "remat sweep: the plan at " << ratio << ": " << run.status().message()
+                  << "\n";
+        plans[ratio] = "error";
+        continue;
+      }
       plans[ratio] = run->status != "ok"
                          ? run->status
                          : absl::StrFormat("%.3f", static_cast<double>(run->time_ns) /
@@ -387,9 +395,11 @@ Subcommand AddSweepCommand(CLI::App& remat) {
       ->type_name("DIR");
   cmd->add_flag("--no-plot", flags->no_plot, "Skip the plot");
   cmd->add_flag("--bound", flags->bound,
-                "Add a column: the least time any run could take at each budget, drop-only "
-                "with --no-swap, else dropping or offloading over the link (python -m "
-                "remat.optimal, needs scipy; with --accounting live)");
+                "Add two columns: the solver's plan replayed (written to --out's "
+                "plan_RATIO.jsonl, replacing an earlier sweep's) and the least time any run "
+                "could take at each budget, drop-only with --no-swap, else dropping or "
+                "offloading over the link (python -m remat.optimal, needs scipy; with "
+                "--accounting live)");
   cmd->add_option("--bound-time-limit", flags->bound_time_limit,
                   "Seconds the solver may take per ratio (then its proven bound is shown)")
       ->capture_default_str()
