@@ -27,7 +27,8 @@ for t in "${targets[@]}"; do
   case $t in
     rmm_log_fuzzer) cp -n tests/fuzz/corpus/rmm_log/* "$dir/corpus/" ;;
     op_trace_fuzzer)
-      for f in examples/traces/*.jsonl; do head -n 40 "$f" >"$dir/corpus/$(basename "$f")"; done ;;
+      for f in examples/traces/*.jsonl; do head -n 40 "$f" >"$dir/corpus/$(basename "$f")"; done
+      cp -n tests/fuzz/corpus/op_trace/* "$dir/corpus/" ;;
   esac
   echo "== $t for $minutes min"
   if "./build-fuzz/bin/$t" -max_total_time=$((minutes * 60)) -rss_limit_mb=4096 \
