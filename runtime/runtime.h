@@ -326,9 +326,9 @@ class Runtime {
   // FailedPrecondition when it is pinned, being regenerated, or does not
   // allow `action`; ResourceExhausted when the host pool has no room for an
   // offload (the copies made ahead, which such an offload lets go first, are
-  // gone then) or the copy out failed. Counted
-  // in stats() as a pressure event's evictions are, and in
-  // directed_evictions; the observer is told with `directed` set.
+  // gone then) or the copy out failed. Counted in stats() as a pressure
+  // event's evictions are, and in directed_evictions; the observer is told
+  // with `directed` set.
   absl::StatusOr<bool> Evict(TensorId id, policies::EvictAction action,
                              Stream stream = kDefaultStream);
   // The owner drops its reference. Pinned tensors are freed when unpinned.

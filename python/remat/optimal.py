@@ -88,6 +88,10 @@ class Trace:
         # release, and again after any recompute brings it back).
         self.released_at = []
 
+    def live_at(self, s, t):
+        """Whether storage s still has a tensor its program holds at stage t."""
+        return self.released_at[s] is None or self.released_at[s] > t
+
 
 def read_trace(path):
     """Parses the op trace at `path` (trace/op_trace.h's format). Raises
@@ -451,6 +455,14 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
                            "given is the trivial one (nothing recomputed)",
                 "variables": 0, "constraints": 0, "seconds": time.monotonic() - started}
 
+    def copy_ns(s):
+        return link_latency_ns + math.floor(sizes[s] / link_gbps)
+
+    # What stage t's call reads (a use reads its tensors one at a time, so
+    # none of them is there for the whole stage).
+    call_reads = [set(inputs) if kind == "call" else set()
+                  for kind, _, inputs, _ in trace.stages]
+
     columns = []  # kinds: S, R, K (as above); I, O, W, Z, Q, H (with offload)
     cost = []
     col_s, col_r, col_k, col_i = {}, {}, {}, {}
@@ -502,8 +514,7 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
         for s in droppable:
             # (A plan's replay waits for the copy out that a copy back
             # implies: the compute stream reuses the block only after it.)
-            out_ns = float(link_latency_ns + math.floor(sizes[s] / link_gbps)) if realizable \
-                else 0.0
+            out_ns = float(copy_ns(s)) if realizable else 0.0
             for t in range(trace.producer[s] + 1, last_need[s] + 1):
                 col_i[(t, s)] = add("I", (t, s), out_ns)
         col_o = {s: add("O", s, 0.0) for s in droppable}
@@ -511,9 +522,6 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
         col_z = [add("Z", t, 0.0) for t in range(n_stages)]
         col_q = [add("Q", t, 0.0) for t in range(n_stages)]
         col_h = [add("H", t, 0.0) for t in range(n_stages)]
-
-    def copy_ns(s):
-        return link_latency_ns + math.floor(sizes[s] / link_gbps)
 
     rows, cols, vals, lo, hi = [], [], [], [], []
 
@@ -614,14 +622,13 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
         for (t, k) in col_r:
             r_at.setdefault(t, []).append(k)
     for (t, k), c in col_r.items():
-        read = set(trace.stages[t][2]) if trace.stages[t][0] == "call" else set()
+        read = call_reads[t]
         own = set(trace.stages[k][2]) | set(trace.stages[k][3])
         # A run regenerates a call's lost outputs, but not one released that
         # nothing reads (collected): of outputs all released, at least the
         # one a reader needs.
         outputs = trace.stages[k][3]
-        live_outputs = [sizes[s] for s in outputs
-                        if trace.released_at[s] is None or trace.released_at[s] > t]
+        live_outputs = [sizes[s] for s in outputs if trace.live_at(s, t)]
         held = sum(live_outputs) if live_outputs else min((sizes[s] for s in outputs), default=0)
         terms = [(col_m[t], 1.0)]
         for s in trace.stages[k][2]:
@@ -663,20 +670,19 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
         # recomputed n times (X[t, s] >= n - 1 more).
         readers = {}
         for (t, k), c in col_r.items():
-            if not any(trace.released_at[o] is None or trace.released_at[o] > t
-                       for o in trace.stages[k][3]):
+            if not any(trace.live_at(o, t) for o in trace.stages[k][3]):
                 continue  # regenerated inside another's regeneration
             for s in trace.stages[k][2]:
                 if trace.constant[s] or sizes[s] == 0:
                     continue
-                if trace.released_at[s] is not None and trace.released_at[s] <= t:
+                if not trace.live_at(s, t):
                     readers.setdefault((t, s), []).append(c)
         for (t, s), cs in readers.items():
             if len(cs) > 1:
                 x = add("X", (t, s), float(trace.stages[trace.producer[s]][1]))
                 constraint([(x, 1.0)] + [(c, -1.0) for c in cs], -1.0, math.inf)
     for t, m in col_m.items():
-        read = set(trace.stages[t][2]) if trace.stages[t][0] == "call" else set()
+        read = call_reads[t]
         terms = [(m, 1.0)]
         for s in droppable:
             if s in read:

@@ -106,23 +106,27 @@ def test_the_bound_is_the_cheapest_recompute_on_a_hand_made_step(tmp_path):
     assert none["status"] == "infeasible" and none["recompute_ns"] is None
 
 
+# b is read again by k at the end; a, its input, is released long before.
+B_COMES_BACK_THROUGH_A = [
+    {"op": "constant", "id": "x", "bytes": 1},
+    call("f", ["x"], "a", 100, 10),
+    call("g", ["a"], "b", 100, 20),
+    call("h", ["b"], "c", 100, 40),
+    {"op": "release", "id": "a"},
+    call("e", ["x"], "e", 100, 1),
+    {"op": "use", "ids": ["c", "e"]},
+    {"op": "release", "id": "c"},
+    {"op": "release", "id": "e"},
+    call("k", ["b"], "d", 100, 5),
+]
+
+
 def test_a_recompute_needs_its_inputs_back_first(tmp_path):
     # b is read again by k at the end, but while e is made, with c kept for
     # the use, there is no room for it: it goes (c would cost 40), and coming
     # back needs a, released long ago, which must come back first: 20 + 10.
     # The simulator's policies pay at least that.
-    path = write(tmp_path, [
-        {"op": "constant", "id": "x", "bytes": 1},
-        call("f", ["x"], "a", 100, 10),
-        call("g", ["a"], "b", 100, 20),
-        call("h", ["b"], "c", 100, 40),
-        {"op": "release", "id": "a"},
-        call("e", ["x"], "e", 100, 1),
-        {"op": "use", "ids": ["c", "e"]},
-        {"op": "release", "id": "c"},
-        {"op": "release", "id": "e"},
-        call("k", ["b"], "d", 100, 5),
-    ])
+    path = write(tmp_path, B_COMES_BACK_THROUGH_A)
     trace = optimal.read_trace(path)
     bound = optimal.recompute_bound(trace, 201)
     assert bound["status"] == "ok" and bound["exact"]
@@ -145,18 +149,7 @@ def test_a_recompute_needs_its_inputs_back_first(tmp_path):
 
 
 def test_a_plan_is_written_as_evict_and_prefetch_records_and_never_over_a_file(tmp_path):
-    path = write(tmp_path, [
-        {"op": "constant", "id": "x", "bytes": 1},
-        call("f", ["x"], "a", 100, 10),
-        call("g", ["a"], "b", 100, 20),
-        call("h", ["b"], "c", 100, 40),
-        {"op": "release", "id": "a"},
-        call("e", ["x"], "e", 100, 1),
-        {"op": "use", "ids": ["c", "e"]},
-        {"op": "release", "id": "c"},
-        {"op": "release", "id": "e"},
-        call("k", ["b"], "d", 100, 5),
-    ])
+    path = write(tmp_path, B_COMES_BACK_THROUGH_A)
     plan = tmp_path / "plan.jsonl"
     assert optimal.main([path, "--budget", "201", "--plan-out", str(plan), "--json"]) == 0
     original = [json.loads(line) for line in open(path)]

@@ -305,9 +305,6 @@ int RunSweepCommand(const SweepFlags& f) {
                          : absl::StrFormat("%.3f", static_cast<double>(run->time_ns) /
                                                        static_cast<double>(result->baseline.time_ns));
     }
-    for (const auto& [ratio, cell] : bounds) {
-      if (!plans.contains(ratio)) plans[ratio] = "-";
-    }
   }
   std::cout << SweepTable(*result, f.bound ? &bounds : nullptr, f.bound ? &plans : nullptr);
   if (f.bound) {
