@@ -472,6 +472,15 @@ absl::StatusOr<bool> Runtime::Evict(TensorId id, policies::EvictAction action, S
   return true;
 }
 
+absl::StatusOr<std::size_t> Runtime::EvictBytes(std::size_t bytes, Stream stream)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // The caller's allocator may ask from inside a closure or an observer's
+  // event, with this thread holding the lock already.
+  if (tls_held_runtime == this) return EvictBytesLocked(bytes, stream);
+  Lock lock(this);
+  return EvictBytesLocked(bytes, stream);
+}
+
 absl::Status Runtime::Free(TensorId id) {
   Lock lock(this);
   Tensor* t = tensors_.Find(id);

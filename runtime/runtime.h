@@ -331,6 +331,15 @@ class Runtime {
   // with `directed` set.
   absl::StatusOr<bool> Evict(TensorId id, policies::EvictAction action,
                              Stream stream = kDefaultStream);
+  // Pressure from outside: memory the runtime does not allocate is short (a
+  // framework's allocator could not serve a request, and its tensors include
+  // the ones registered here). The policy evicts, as at any pressure event,
+  // until `bytes` of resident storage are freed or nothing more can go.
+  // Returns the bytes freed (0: nothing could be evicted, and nothing
+  // changed). Counted as pressure events; the observer's events are not
+  // `directed`. InvalidArgument for 0 bytes. May be called from inside a
+  // recompute closure.
+  absl::StatusOr<std::size_t> EvictBytes(std::size_t bytes, Stream stream = kDefaultStream);
   // The owner drops its reference. Pinned tensors are freed when unpinned.
   absl::Status Free(TensorId id);
   // Tells policies when the tensor will next be used (NowNs's clock;
@@ -498,7 +507,12 @@ class Runtime {
   // keep_addresses: gives up the pages under an offloaded storage's block and
   // keeps the block; false when it cannot (the caller hands the block back).
   bool KeepAddress(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool Evict(const PressureRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One pressure event: the policy's plan for `request`, carried out. True
+  // when it evicted something; *freed_out (may be null) gets the bytes freed.
+  bool Evict(const PressureRequest& request, std::size_t* freed_out = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::size_t> EvictBytesLocked(std::size_t bytes, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // For a plan that would make no room (retry_in_one_place): replaces it
   // with the cheaper of the cheapest covering run and the shortest prefix of
   // the policy's ranking that makes room; false (plan unchanged) when neither

@@ -120,7 +120,7 @@ void Runtime::FillContext(policies::PressureContext& ctx, std::size_t bytes, Str
   }
 }
 
-bool Runtime::Evict(const PressureRequest& request) {
+bool Runtime::Evict(const PressureRequest& request, std::size_t* freed_out) {
   if (StepLimitReached()) return false;  // AllocateDevice says why
   ++stats_.pressure_events;
   const auto choose_start = std::chrono::steady_clock::now();
@@ -223,7 +223,25 @@ bool Runtime::Evict(const PressureRequest& request) {
                                    .freed_bytes = freed,
                                    .satisfied = progress});
   }
+  if (freed_out != nullptr) *freed_out = freed;
   return progress;
+}
+
+absl::StatusOr<std::size_t> Runtime::EvictBytesLocked(std::size_t bytes, Stream stream) {
+  if (bytes == 0) {
+    return absl::InvalidArgumentError("evicting 0 bytes asks for nothing: name the bytes needed");
+  }
+  std::size_t freed = 0;
+  while (freed < bytes) {
+    const std::size_t live = stats_.resident_bytes + pending_live_bytes_;
+    // Bytes, not a place: the caller's memory is not ours to map.
+    const PressureRequest request{bytes - freed, stream, options_.live_budget, live, live,
+                                  /*contiguous=*/false};
+    std::size_t now = 0;
+    if (!Evict(request, &now) || now == 0) break;
+    freed += now;
+  }
+  return freed;
 }
 
 bool Runtime::MakeRoomInOnePlace(const policies::PressureContext& ctx, policies::Plan& plan) {

@@ -441,6 +441,75 @@ TEST_F(RuntimeTest, TheOwnerEvictsATensorAndItComesBackOnItsNextUse) {
   CheckInvariants();
 }
 
+// Pressure from outside the runtime (EvictBytes): a framework's allocator
+// could not serve a request. The policy evicts until the bytes are freed, or
+// says 0 when nothing can go; what it evicted comes back byte for byte.
+TEST_F(RuntimeTest, OutsidePressureEvictsByThePolicyUntilTheBytesAreFreed) {
+  Make(64 * kMiB, {.policy = "lru"});
+  TensorId x = Produce(2 * kMiB, {}, false, false);  // an input: it stays
+  TensorId a = Produce(2 * kMiB, {x}, true, false);
+  TensorId b = Produce(3 * kMiB, {x}, false, true);
+  TensorId c = Produce(2 * kMiB, {x}, true, false);
+  EXPECT_EQ(runtime_->EvictBytes(0).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::uint64_t resident = runtime_->stats().resident_bytes;
+  absl::StatusOr<std::size_t> freed = runtime_->EvictBytes(4 * kMiB);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  // lru: a, then b (the least recently used first), 5 MiB for the 4 asked.
+  EXPECT_EQ(*freed, 5 * kMiB);
+  EXPECT_EQ(StateOf(a), TensorState::kDropped);
+  EXPECT_NE(StateOf(b), TensorState::kResident);
+  EXPECT_EQ(StateOf(c), TensorState::kResident);
+  EXPECT_EQ(runtime_->stats().resident_bytes, resident - 5 * kMiB);
+  // More than there is: all that can go goes, and the figure says how much.
+  freed = runtime_->EvictBytes(64 * kMiB);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, 2 * kMiB);
+  EXPECT_EQ(StateOf(x), TensorState::kResident);
+  freed = runtime_->EvictBytes(kMiB);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, 0u);
+  const RuntimeStats st = runtime_->stats();
+  EXPECT_GE(st.pressure_events, 2u);
+  EXPECT_EQ(st.directed_evictions, 0u);
+  CheckInvariants();
+  Check(a);
+  Check(b);
+  Check(c);
+  CheckInvariants();
+}
+
+// A recompute that runs out of the framework's memory asks from inside its
+// closure: the runtime's lock is not held there, and what the closure reads
+// is pinned, so only the others go.
+TEST_F(RuntimeTest, OutsidePressureMayComeFromInsideAClosure) {
+  Make(64 * kMiB, {.policy = "lru", .enable_offload = false});
+  TensorId a = Produce(2 * kMiB, {}, true, false);
+  TensorId other = Produce(2 * kMiB, {}, true, false);
+  Runtime* rt = runtime_.get();
+  std::size_t freed_inside = 0;
+  TensorOptions options;
+  options.inputs = {a};
+  options.allow_drop = true;
+  options.recompute = [rt, &freed_inside](const RecomputeArgs&) -> absl::Status {
+    absl::StatusOr<std::size_t> freed = rt->EvictBytes(8 * kMiB);
+    if (!freed.ok()) return freed.status();
+    freed_inside = *freed;
+    return absl::OkStatus();
+  };
+  auto b = runtime_->Create(4 * kMiB, std::move(options));
+  ASSERT_TRUE(b.ok());
+  const TensorId b_id = b->id();
+  b->Release();
+  ASSERT_TRUE(runtime_->Evict(b_id, policies::EvictAction::kDrop).ok());
+  auto g = runtime_->Acquire(b_id);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(freed_inside, 2 * kMiB);  // `other` alone: a and b are in use
+  EXPECT_EQ(StateOf(other), TensorState::kDropped);
+  EXPECT_EQ(StateOf(a), TensorState::kResident);
+  g->Release();
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+}
+
 TEST_F(RuntimeTest, AnEvictionTheTensorDoesNotAllowIsRefusedAndChangesNothing) {
   Make(64 * kMiB, {.policy = "lru", .host_pool_bytes = kMiB});
   TensorId x = Produce(2 * kMiB, {}, false, false);      // an input: neither

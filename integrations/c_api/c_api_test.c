@@ -523,6 +523,7 @@ static void test_the_caller_evicts_a_tensor(void) {
   int destroyed = 0;
   int runs = 0;
   int evicted = -1;
+  uint64_t freed = 7;
   kernel x_kernel = {NULL, 1, NULL, NULL};
   kernel* k = NULL;
   CHECK(a != NULL && want_x != NULL && want_y != NULL);
@@ -570,6 +571,26 @@ static void test_the_caller_evicts_a_tensor(void) {
   CHECK_OK(remat_stream_synchronize(a, 0));
   CHECK(memcmp(y_ptr, want_y, bytes) == 0);
   CHECK(runs == 2);  /* made once, regenerated once */
+  CHECK_OK(remat_tensor_release(rt, y));
+
+  /* Pressure from outside: the policy frees what it can, here y alone. */
+  CHECK_STATUS(remat_runtime_evict_bytes(rt, 0, 0, &freed), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_runtime_evict_bytes(NULL, 1, 0, &freed), REMAT_INVALID_ARGUMENT);
+  CHECK(freed == 7);
+  CHECK_OK(remat_runtime_evict_bytes(rt, 1, 0, &freed));
+  CHECK(freed == bytes);
+  CHECK_OK(remat_tensor_get_state(rt, y, &state));
+  CHECK(state == REMAT_TENSOR_DROPPED);
+  CHECK_OK(remat_runtime_evict_bytes(rt, 1, 0, &freed));
+  CHECK(freed == 0);  /* nothing more can go: x has no way back */
+  CHECK_OK(remat_tensor_get_state(rt, x, &state));
+  CHECK(state == REMAT_TENSOR_RESIDENT);
+  CHECK_OK(remat_runtime_get_stats(rt, &rstats));
+  CHECK(rstats.drops == 2 && rstats.pressure_events >= 1);
+  CHECK_OK(remat_tensor_acquire(rt, y, 0, &y_ptr));
+  CHECK_OK(remat_stream_synchronize(a, 0));
+  CHECK(memcmp(y_ptr, want_y, bytes) == 0);
+  CHECK(runs == 3);
   CHECK_OK(remat_tensor_release(rt, y));
   CHECK_OK(remat_tensor_free(rt, y));
   CHECK_OK(remat_tensor_free(rt, x));

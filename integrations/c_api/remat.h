@@ -396,6 +396,17 @@ REMAT_API remat_status remat_tensor_evict(remat_runtime* runtime, uint64_t id,
                                           remat_evict_action action, uint64_t stream,
                                           int* evicted_out);
 
+/* Pressure from outside: memory the runtime does not allocate is short (a
+ * framework's allocator could not serve a request, and the framework's
+ * tensors include the ones registered here). The policy evicts, as at any
+ * pressure event, until `bytes` of resident tensor storage are freed or
+ * nothing more can go; the observer hears each eviction (not `directed`).
+ * *freed_out (may be NULL): the bytes freed, 0 when nothing could be evicted
+ * (and nothing changed). REMAT_INVALID_ARGUMENT for 0 bytes. May be called
+ * from inside a recompute callback or an event callback. */
+REMAT_API remat_status remat_runtime_evict_bytes(remat_runtime* runtime, uint64_t bytes,
+                                                 uint64_t stream, uint64_t* freed_out);
+
 typedef struct remat_runtime_stats {
   uint64_t tensors_created;
   uint64_t live_tensors;

@@ -934,6 +934,20 @@ remat_status remat_tensor_evict(remat_runtime* runtime, uint64_t id, remat_evict
   });
 }
 
+remat_status remat_runtime_evict_bytes(remat_runtime* runtime, uint64_t bytes, uint64_t stream,
+                                       uint64_t* freed_out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    if (remat_status st = CheckStream(runtime->owner, fn, stream); st != REMAT_OK) return st;
+    absl::StatusOr<std::size_t> freed =
+        runtime->runtime->EvictBytes(static_cast<std::size_t>(bytes), ToStream(stream));
+    if (!freed.ok()) return FromStatus(fn, freed.status());
+    if (freed_out != nullptr) *freed_out = *freed;
+    return REMAT_OK;
+  });
+}
+
 remat_status remat_tensor_get_state(remat_runtime* runtime, uint64_t id, remat_tensor_state* out) {
   const char* const fn = __func__;
   return Call(fn, [&] {

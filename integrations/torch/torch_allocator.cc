@@ -10,7 +10,9 @@
 //
 // Besides malloc and free, the optional hooks a pluggable allocator can have
 // (PyTorch's set_init_fn, set_reset_fn, set_memory_fraction_fn and
-// set_record_stream_fn take these signatures), and a snapshot on request.
+// set_record_stream_fn take these signatures), a snapshot on request, and
+// what remat.torch.budget needs to let this allocator's pressure drive its
+// evictions: a budget in bytes, a pressure callback, and the peak's reset.
 // Everything not named remat_* stays hidden (version script).
 #include <cstddef>
 #include <cstdint>
@@ -136,6 +138,92 @@ REMAT_EXPORT int remat_torch_write_snapshot(int device, const char* path) {
                                 : a.status();
         SetLastError(s);
         return s.ok() ? 0 : -1;
+      },
+      -1);
+}
+
+// Caps `device`'s reserved bytes at `bytes` (0: the device's capacity, no
+// cap). Below what is reserved, the cache is released; what stays allocated
+// stays. 0 on success; -1 (and remat_torch_last_error) on a budget under the
+// smallest segment or over the device.
+REMAT_EXPORT int remat_torch_set_budget(int device, std::uint64_t bytes) {
+  return Guarded(
+      [&]() -> int {
+        absl::StatusOr<remat::CachingAllocator*> a = Allocators::Process().For(device);
+        absl::Status s = a.status();
+        if (a.ok()) {
+          s = (*a)->SetBudget(bytes == 0 ? (*a)->device()->Capacity()
+                                         : static_cast<std::size_t>(bytes));
+        }
+        SetLastError(s);
+        return s.ok() ? 0 : -1;
+      },
+      -1);
+}
+
+REMAT_EXPORT int remat_torch_get_budget(int device, std::uint64_t* out) {
+  return Guarded(
+      [&]() -> int {
+        absl::StatusOr<remat::CachingAllocator*> a = Allocators::Process().For(device);
+        SetLastError(a.status());
+        if (!a.ok() || out == nullptr) return -1;
+        *out = (*a)->budget();
+        return 0;
+      },
+      -1);
+}
+
+// The peaks remat_torch_memory_stats reports start again from now.
+REMAT_EXPORT int remat_torch_reset_peak_stats(int device) {
+  return Guarded(
+      [&]() -> int {
+        absl::StatusOr<remat::CachingAllocator*> a = Allocators::Process().For(device);
+        SetLastError(a.status());
+        if (!a.ok()) return -1;
+        (*a)->ResetPeakStats();
+        return 0;
+      },
+      -1);
+}
+
+// What a pressure callback is told: the request that does not fit (rounded
+// as the allocator rounds it) and the device's budget, reserved and
+// allocated bytes.
+struct remat_torch_pressure {
+  std::uint64_t bytes;
+  std::uint64_t budget;
+  std::uint64_t reserved;
+  std::uint64_t allocated;
+  int device;
+};
+using remat_torch_pressure_fn = int (*)(void* user, const remat_torch_pressure* pressure);
+
+// Called when `device` cannot serve a request within its budget, after its
+// cache is released: the callback frees what it can (freeing through
+// remat_free is allowed; it runs on the allocating thread, without the
+// allocator's lock) and returns nonzero when it freed something, and the
+// allocator tries again; 0 ends the tries (PyTorch then raises its out of
+// memory error). NULL removes the callback. 0 on success, -1 on an unknown
+// device.
+REMAT_EXPORT int remat_torch_set_pressure_fn(int device, remat_torch_pressure_fn fn, void* user) {
+  return Guarded(
+      [&]() -> int {
+        absl::StatusOr<remat::CachingAllocator*> a = Allocators::Process().For(device);
+        SetLastError(a.status());
+        if (!a.ok()) return -1;
+        if (fn == nullptr) {
+          (*a)->SetPressureHandler(nullptr);
+          return 0;
+        }
+        (*a)->SetPressureHandler([fn, user, device](const remat::PressureRequest& r) {
+          const remat_torch_pressure p{r.bytes, r.budget, r.reserved, r.allocated, device};
+          try {
+            return fn(user, &p) != 0;
+          } catch (...) {  // a C callback should not throw; one that does frees nothing
+            return false;
+          }
+        });
+        return 0;
       },
       -1);
 }

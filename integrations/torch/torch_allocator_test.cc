@@ -21,6 +21,15 @@ using RecordStream = void (*)(void*, void*);
 using Stats = int (*)(int, std::uint64_t*);
 using Snapshot = int (*)(int, const char*);
 using LastError = const char* (*)();
+using SetBudget = int (*)(int, std::uint64_t);
+using GetBudget = int (*)(int, std::uint64_t*);
+using ResetPeak = int (*)(int);
+struct Pressure {
+  std::uint64_t bytes, budget, reserved, allocated;
+  int device;
+};
+using PressureFn = int (*)(void*, const Pressure*);
+using SetPressureFn = int (*)(int, PressureFn, void*);
 
 class TorchAllocatorTest : public ::testing::Test {
  protected:
@@ -95,6 +104,71 @@ TEST_F(TorchAllocatorTest, TheOptionalHooksWork) {
   ASSERT_EQ(snapshot(0, path.c_str()), 0) << last_error();
   EXPECT_TRUE(std::filesystem::exists(path));
   EXPECT_EQ(snapshot(0, "/nonexistent-dir/s.pickle"), -1);
+}
+
+// remat.torch.budget's way in: a budget in bytes, and a callback that frees
+// memory when a request does not fit.
+TEST_F(TorchAllocatorTest, APressureCallbackFreesRoomAndTheRequestIsServed) {
+  ASSERT_NE(lib_, nullptr) << dlerror();
+  auto remat_malloc = Get<Malloc>("remat_malloc");
+  auto remat_free = Get<Free>("remat_free");
+  auto set_budget = Get<SetBudget>("remat_torch_set_budget");
+  auto get_budget = Get<GetBudget>("remat_torch_get_budget");
+  auto reset_peak = Get<ResetPeak>("remat_torch_reset_peak_stats");
+  auto set_pressure = Get<SetPressureFn>("remat_torch_set_pressure_fn");
+  auto stats = Get<Stats>("remat_torch_memory_stats");
+  auto last_error = Get<LastError>("remat_torch_last_error");
+  ASSERT_TRUE(set_budget && get_budget && reset_peak && set_pressure && stats);
+  std::uint64_t was = 0;
+  ASSERT_EQ(get_budget(0, &was), 0) << last_error();
+  EXPECT_EQ(set_budget(0, 1024), -1);  // under the smallest segment
+  EXPECT_THAT(last_error(), HasSubstr("budget must be between"));
+  std::uint64_t now = 0;
+  ASSERT_EQ(get_budget(0, &now), 0);
+  EXPECT_EQ(now, was);  // refused: unchanged
+  ASSERT_EQ(set_budget(0, 24 << 20), 0) << last_error();
+  ASSERT_EQ(get_budget(0, &now), 0);
+  EXPECT_EQ(now, 24u << 20);
+
+  struct Held {
+    Free free;
+    void* ptr;
+    int calls;
+    Pressure last;
+  } held{remat_free, remat_malloc(16 << 20, 0, nullptr), 0, {}};
+  ASSERT_NE(held.ptr, nullptr) << last_error();
+  auto callback = [](void* user, const Pressure* p) -> int {
+    auto* h = static_cast<Held*>(user);
+    ++h->calls;
+    h->last = *p;
+    if (h->ptr == nullptr) return 0;  // nothing left to give
+    h->free(h->ptr, 0, p->device, nullptr);
+    h->ptr = nullptr;
+    return 1;
+  };
+  // Without a callback the request does not fit.
+  EXPECT_EQ(remat_malloc(16 << 20, 0, nullptr), nullptr);
+  ASSERT_EQ(set_pressure(0, callback, &held), 0);
+  void* p = remat_malloc(16 << 20, 0, nullptr);
+  ASSERT_NE(p, nullptr) << last_error();
+  EXPECT_EQ(held.calls, 1);
+  EXPECT_EQ(held.last.bytes, 16u << 20);
+  EXPECT_EQ(held.last.budget, 24u << 20);
+  EXPECT_EQ(held.last.allocated, 16u << 20);
+  EXPECT_EQ(held.last.device, 0);
+  // Nothing more to free: the callback says so and the request fails.
+  EXPECT_EQ(remat_malloc(16 << 20, 0, nullptr), nullptr);
+  EXPECT_EQ(held.calls, 2);
+  ASSERT_EQ(set_pressure(0, nullptr, nullptr), 0);  // removed
+  EXPECT_EQ(remat_malloc(16 << 20, 0, nullptr), nullptr);
+  EXPECT_EQ(held.calls, 2);
+  EXPECT_EQ(set_pressure(-1, callback, &held), -1);
+  remat_free(p, 16 << 20, 0, nullptr);
+  ASSERT_EQ(reset_peak(0), 0);
+  std::uint64_t s[4] = {};
+  ASSERT_EQ(stats(0, s), 0);
+  EXPECT_EQ(s[1], 0u);  // the peak allocated starts again from now
+  ASSERT_EQ(set_budget(0, was), 0) << last_error();
 }
 
 TEST_F(TorchAllocatorTest, OnlyRematSymbolsAreExported) {
