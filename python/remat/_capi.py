@@ -172,6 +172,7 @@ def lib():
         "remat_tensor_evict": (ctypes.c_int, [vp, u64, ctypes.c_int, u64,
                                               ctypes.POINTER(ctypes.c_int)]),
         "remat_tensor_get_state": (ctypes.c_int, [vp, u64, ctypes.POINTER(ctypes.c_int)]),
+        "remat_runtime_evict_bytes": (ctypes.c_int, [vp, u64, u64, ctypes.POINTER(u64)]),
         "remat_runtime_get_stats": (ctypes.c_int, [vp, ctypes.POINTER(RuntimeStats)]),
     }
     for name, (restype, argtypes) in sigs.items():

@@ -44,7 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from remat import _capi, parse_size
-from remat.torch import _cost
+from remat.torch import _allocator, _cost
 from remat.torch._cost import CostModel
 
 # Calls whose outputs do not read the arguments they write into when they run
@@ -388,7 +388,8 @@ class _Session:
     from each step what the next will do. Its callbacks go to the step now
     running."""
 
-    def __init__(self, budget_bytes, policy, offload, recompute, copy_ahead=False):
+    def __init__(self, budget_bytes, policy, offload, recompute, copy_ahead=False,
+                 live_budget=True):
         self.lib = _capi.lib()
         self.engine = None
         self.allocator = None
@@ -412,7 +413,10 @@ class _Session:
         ro.policy = policy.encode()
         ro.enable_drop = 1 if recompute else 0
         ro.enable_offload = 1 if offload else 0
-        ro.live_budget = budget_bytes
+        # With the allocator's pressure driving evictions, the runtime keeps
+        # no budget of its own: it evicts when the allocator asks.
+        ro.live_budget = budget_bytes if live_budget else 0
+        self.live_budget = live_budget
         ro.host_pool_bytes = 16 << 40
         ro.learn_next_use = 1
         ro.copy_ahead = 1 if (offload and copy_ahead) else 0
@@ -461,8 +465,18 @@ class Engine:
     """The state of one step under a budget (one `with`)."""
 
     def __init__(self, budget_bytes, policy, offload, recompute, allow_nondeterministic,
-                 cost_model, copy_ahead=False):
+                 cost_model, copy_ahead=False, allocator=None, device=0):
         self.budget_bytes = budget_bytes
+        # remat's allocator (libremat_torch.so) whose pressure drives the
+        # evictions, capped at the budget on `device` while the step runs;
+        # None: the runtime's live budget over the saved bytes does.
+        self.allocator = allocator
+        self.device = device
+        self.listening = False
+        self.pressure_fn = None
+        self.pressure_error = None    # an exception raised inside the pressure callback
+        self.device_stats = None
+        self.allocator_pressure = 0
         self.policy = policy
         self.offload = offload
         self.copy_ahead = copy_ahead
@@ -503,6 +517,69 @@ class Engine:
         self.runtime = session.runtime
         self.start = session.raw_stats()
         session.engine = self
+        if self.allocator is not None:
+            try:
+                self._listen()
+            except BaseException:
+                session.engine = None
+                raise
+
+    def _listen(self):
+        """Caps remat's allocator at the budget and takes its pressure."""
+        a, d = self.allocator, self.device
+        other = _allocator._listening.get(d)
+        if other is not None and not other.closed:
+            raise RuntimeError(f"another remat.torch.budget takes device {d}'s memory pressure "
+                               "now: one budget per device at a time")
+        held = a.memory_stats(d)["allocated"]
+        if held >= self.budget_bytes:
+            raise BudgetTooSmall(
+                f"remat.torch.budget({self.budget_bytes} bytes) counts what the GPU holds "
+                f"(remat's allocator serves PyTorch), and device {d} holds {held} bytes "
+                "before the step begins (parameters, gradients, optimizer state, inputs): "
+                "nothing would be left for the step")
+        self.old_budget = a.budget(d)
+        a.set_budget(d, self.budget_bytes)
+        a.reset_peak(d)
+        self.pressure_fn = _allocator.PRESSURE_FN(self._on_pressure)
+        a.set_pressure_fn(d, self.pressure_fn)
+        _allocator._listening[d] = self
+        self.listening = True
+
+    def _stop_listening(self):
+        if not self.listening:
+            return
+        self.listening = False
+        a, d = self.allocator, self.device
+        a.set_pressure_fn(d, None)
+        if _allocator._listening.get(d) is self:
+            del _allocator._listening[d]
+        self.device_stats = a.memory_stats(d)
+        a.set_budget(d, self.old_budget)
+
+    def _on_pressure(self, _user, pressure):
+        """remat's allocator cannot serve a request within the budget, its
+        cache released: the runtime evicts saved activations by its policy,
+        the bytes the request lacks (all of it, where the budget has room
+        that is not in one place). Nonzero: something went."""
+        try:
+            if self.closed or self.runtime is None:
+                return 0
+            p = pressure.contents
+            over = p.allocated + p.bytes - p.budget
+            need = over if p.allocated + p.bytes > p.budget else p.bytes
+            self.allocator_pressure += 1
+            freed = ctypes.c_uint64()
+            status = self.lib.remat_runtime_evict_bytes(self.runtime, max(1, need), 0,
+                                                        ctypes.byref(freed))
+            if status != _capi.OK:
+                raise _capi.RematError(status, self.lib.remat_last_error().decode())
+            self._drain()  # the offloads' copies out; a drop let its tensor go already
+            return 1 if freed.value else 0
+        except BaseException as e:  # noqa: BLE001: the step raises it on its way out
+            if self.pressure_error is None:
+                self.pressure_error = e
+            return 0
 
     def close(self):
         """Ends the step: everything it holds goes, and the runtime learns
@@ -533,6 +610,7 @@ class Engine:
             if error is not None:
                 raise error
         finally:
+            self._stop_listening()
             self.session.engine = None
             # The step's records go by reference counting as the step ends:
             # a call and the storages it made refer to each other, so the
@@ -576,6 +654,21 @@ class Engine:
             "ahead_offloads": step["ahead_offloads"],
             "step": st.steps_ended + (0 if self.closed else 1),
             **self.counts,
+            **self._device_figures(),
+        }
+
+    def _device_figures(self):
+        if self.allocator is None:
+            return {"pressure": "saved"}
+        figures = self.device_stats if self.device_stats is not None else \
+            self.allocator.memory_stats(self.device)
+        return {
+            "pressure": "allocator",
+            # What remat's allocator held on the device over the step: all
+            # of the process's memory there, not the saved bytes alone.
+            "device_peak_bytes": figures["peak_reserved"],
+            "device_peak_allocated_bytes": figures["peak_allocated"],
+            "allocator_pressure_events": self.allocator_pressure,
         }
 
     def _on_event(self, _user, event_p):
@@ -617,18 +710,24 @@ class Engine:
                 self.internal = was
 
     def _copy_out(self, t):
-        base = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-            t.untyped_storage(), 0, (t.untyped_storage().nbytes() // t.element_size(),), (1,))
-        if t.device.type == "cuda":
-            if self.side_stream is None:
-                self.side_stream = torch.cuda.Stream(t.device)
-            host = torch.empty(base.shape, dtype=t.dtype, pin_memory=True)
-            self.side_stream.wait_stream(torch.cuda.current_stream(t.device))
-            with torch.cuda.stream(self.side_stream):
-                host.copy_(base, non_blocking=True)
-            base.record_stream(self.side_stream)
+        # The whole storage, flat (no allocation: it may run inside the
+        # allocator's pressure callback).
+        base = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+        if t.device.type != "cuda":
+            return base.clone()
+        host = torch.empty(base.shape, dtype=t.dtype, pin_memory=True)
+        if self.allocator is not None and not self.allocator.records_streams:
+            # This PyTorch cannot tell remat's allocator of a use on another
+            # stream: the copy runs on the step's own, and is waited for.
+            host.copy_(base)
             return host
-        return base.clone()
+        if self.side_stream is None:
+            self.side_stream = torch.cuda.Stream(t.device)
+        self.side_stream.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(self.side_stream):
+            host.copy_(base, non_blocking=True)
+        base.record_stream(self.side_stream)
+        return host
 
     def _copy_in(self, host, device):
         if device.type == "cuda":
@@ -1168,6 +1267,18 @@ class budget:
         step is not measured yet (the simulator's is, see the README).
     allow_nondeterministic: on CUDA, let kernels PyTorch marks as not
         bitwise deterministic be recomputed too.
+    pressure: what the budget counts, and so what drives the evictions.
+        "saved": the resident saved activations (the runtime's own budget,
+        with any allocator). "allocator": everything remat's allocator holds
+        on the GPU for the process (parameters, gradients, optimizer state,
+        temporaries and saved activations): libremat_torch.so must be
+        PyTorch's CUDA allocator (remat.torch.use_allocator()); it is capped
+        at the budget while the `with` is open, and when a request does not
+        fit, its pressure makes the runtime evict, by its policy, what the
+        request lacks. "auto" (default): "allocator" where use_allocator()
+        was called, else "saved". stats then add device_peak_bytes (what the
+        allocator reserved at most over the step) and
+        allocator_pressure_events.
     tflops, hbm_gbps: the device rates recompute costs are estimated at.
     pause_gc: Python's automatic garbage collection waits while the context
         is open (on any thread; as it was once no budget is open). The
@@ -1188,8 +1299,11 @@ class budget:
 
     def __init__(self, budget, policy="dtr", offload=False, recompute=True,
                  allow_nondeterministic=False, tflops=None, hbm_gbps=None,
-                 offload_guard=True, copy_ahead=False, pause_gc=True):
+                 offload_guard=True, copy_ahead=False, pause_gc=True, pressure="auto"):
         self.budget_bytes = parse_size(budget)
+        if pressure not in ("auto", "saved", "allocator"):
+            raise ValueError(f"pressure must be 'auto', 'saved' or 'allocator', not {pressure!r}")
+        self._pressure = pressure
         if self.budget_bytes == 0:
             raise ValueError("a budget of 0 bytes holds nothing; give bytes or a size like '2GiB'")
         policies = [policy] if isinstance(policy, str) else list(policy) \
@@ -1277,15 +1391,32 @@ class budget:
             self._gc_paused = False
             _resume_gc()
 
+    def _allocator(self):
+        """remat's allocator whose pressure drives this step, or None."""
+        allocator = _allocator.current()
+        if self._pressure == "allocator" and allocator is None:
+            raise RuntimeError("pressure='allocator' needs remat's allocator as PyTorch's: call "
+                               "remat.torch.use_allocator() before the first CUDA allocation")
+        return allocator if self._pressure != "saved" else None
+
     def _enter(self):
         plan, timed = self._plan_now()
         policy, offload = self._plans[plan]
+        allocator = self._allocator()
         session = self._sessions.get(plan)
+        if session is not None and session.live_budget != (allocator is None):
+            self._sessions.pop(plan).close()  # use_allocator() came since: start afresh
+            session = None
         if session is None:
             session = self._sessions[plan] = _Session(self.budget_bytes, policy, offload,
-                                                      self._recompute, self._copy_ahead)
+                                                      self._recompute, self._copy_ahead,
+                                                      live_budget=allocator is None)
+        device = 0
+        if allocator is not None and torch.cuda.is_available():
+            device = torch.cuda.current_device()
         engine = Engine(self.budget_bytes, policy, offload, self._recompute,
-                        self._allow_nondeterministic, self._cost_model, self._copy_ahead)
+                        self._allow_nondeterministic, self._cost_model, self._copy_ahead,
+                        allocator=allocator, device=device)
         engine.open(session)
         self._engine = engine
         self._step_plan = plan
@@ -1312,6 +1443,18 @@ class budget:
                         self._end_step(ok=exc_type is None)
                     finally:
                         self._resume_gc()
+        engine = self._engine
+        if engine.pressure_error is not None and exc is not None:
+            raise engine.pressure_error from exc
+        if engine.allocator is not None and isinstance(exc, torch.OutOfMemoryError):
+            st = getattr(engine, "stats", None) or {}
+            raise BudgetTooSmall(
+                f"remat.torch.budget({self.budget_bytes} bytes) on device {engine.device}: a "
+                f"request did not fit after the runtime evicted all it could "
+                f"({st.get('drops', 0)} drops, {st.get('offloads', 0)} "
+                f"offloads at {engine.allocator_pressure} pressure events; what the backward "
+                "reads now, the parameters, gradients and optimizer state stay). Raise the "
+                f"budget. PyTorch said: {str(exc).splitlines()[0] if str(exc) else exc}") from exc
         return False
 
     def _time(self):
