@@ -31,8 +31,8 @@ def test_a_remat_row_is_measured_after_its_warm_up_under_one_budget(tiny, monkey
     made = []
     real = bench.row_budget
 
-    def counted(method, ratio, saved_bytes):
-        b = real(method, ratio, saved_bytes)
+    def counted(method, ratio, saved_bytes, device_bytes=None):
+        b = real(method, ratio, saved_bytes, device_bytes)
         if b is not None:
             made.append(b)
         return b

@@ -154,13 +154,14 @@ def grads(make, **kw):
     else:
         step().backward()
     torch.cuda.synchronize()
-    peak = a.memory_stats(0)["peak_reserved"]
+    peak = a.memory_stats(0)["peak_allocated"]
     g = [p.grad.clone() for p in model.parameters()]
     del model, step
     return g, stats, base, peak
 
 
-SIZE = {"mlp": dict(width=2048, depth=8, batch=2048), "gpt": dict()}
+SIZE = {"mlp": dict(width=2048, depth=8, batch=2048),
+        "gpt": dict(batch=8, seq=256, layers=4, d=256, vocab=1024)}
 for name, kw in (("mlp", dict(policy="dtr-eq")), ("gpt", dict(policy="dtr-eq")),
                  ("mlp", dict(policy="hybrid", offload=True))):
     make = getattr(models, name)
@@ -169,6 +170,8 @@ for name, kw in (("mlp", dict(policy="dtr-eq")), ("gpt", dict(policy="dtr-eq")),
     got, stats, _, _ = grads(make, budget=budget, **kw)
     assert stats["pressure"] == "allocator", stats
     assert stats["drops"] + stats["offloads"] > 0, stats
+    # The budget caps what the allocator reserves: the step ran in 60% of
+    # what the plain step needed beyond its parameters and inputs.
     assert stats["device_peak_bytes"] <= budget, (stats, budget)
     same = all(torch.equal(x, y) for x, y in zip(plain, got))
     print(f"{name} {kw['policy']}: plain peak {plain_peak} budget {budget} "

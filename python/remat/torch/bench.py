@@ -32,8 +32,16 @@ of the plain step's saved bytes; compiled numerics differ from eager, so its
 gradients are not expected to be bitwise equal). On CUDA the peak is the
 allocator's (torch.cuda.max_memory_allocated above the start).
 
+--remat-allocator (CUDA) makes remat's allocator PyTorch's for the whole run
+(remat.torch.use_allocator()): every row allocates through it, and the remat
+rows' budgets count what the GPU holds, their evictions driven by the
+allocator's pressure. A remat row's budget is then what the step holds before
+it starts (parameters, inputs) plus the ratio times the plain step's peak
+activation memory, and its "fits" runs get the plain x1 step's whole peak.
+
   python -m remat.torch.bench [--device cpu|cuda] [--models gpt,resnet,lstm]
-      [--ratios 0.3,0.5,0.7,0.9] [--repeat 3] [--compile] [--markdown out.md]
+      [--ratios 0.3,0.5,0.7,0.9] [--repeat 3] [--compile] [--remat-allocator]
+      [--markdown out.md]
 """
 import argparse
 import contextlib
@@ -89,14 +97,39 @@ class CudaPeak:
 
     def __enter__(self):
         torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self.base = torch.cuda.memory_allocated(self.device)
+        if _ALLOCATOR is not None:  # PyTorch keeps no figures for a pluggable allocator
+            _ALLOCATOR.reset_peak(self.device.index or 0)
+            self.base = _ALLOCATOR.memory_stats(self.device.index or 0)["allocated"]
+        else:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
         return self
 
     def __exit__(self, *exc):
         torch.cuda.synchronize(self.device)
-        self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
+        if _ALLOCATOR is not None:
+            top = _ALLOCATOR.memory_stats(self.device.index or 0)["peak_allocated"]
+        else:
+            top = torch.cuda.max_memory_allocated(self.device)
+        self.peak = top - self.base
         return False
+
+
+# remat's allocator, where --remat-allocator made it PyTorch's.
+_ALLOCATOR = None
+
+
+def held_before_step(name, device, scale=1):
+    """What remat's allocator holds once a step's model and inputs exist."""
+    maker, kw, batch_key = MODELS[name]
+    kw = dict(kw)
+    kw[batch_key] *= scale
+    torch.cuda.synchronize()
+    model, step = maker(0, device=device, **kw)
+    torch.cuda.synchronize()
+    held = _ALLOCATOR.memory_stats(torch.device(device).index or 0)["allocated"]
+    del model, step
+    return held
 
 
 MODELS = {
@@ -117,10 +150,14 @@ REMAT_MODES = {"remat-drop": dict(recompute=True, offload=False, policy="dtr-eq"
                "remat-hybrid": dict(recompute=True, offload=True, policy="hybrid")}
 
 
-def row_budget(method, ratio, saved_bytes):
-    """The budget a remat row's steps share, or None for the other methods."""
+def row_budget(method, ratio, saved_bytes, device_bytes=None):
+    """The budget a remat row's steps share, or None for the other methods:
+    ratio x the plain step's saved bytes, or with remat's allocator
+    `device_bytes` of the GPU."""
     if method not in REMAT_MODES:
         return None
+    if _ALLOCATOR is not None:
+        return remat.torch.budget(device_bytes, **REMAT_MODES[method])
     return remat.torch.budget(max(1, int(saved_bytes * ratio)), **REMAT_MODES[method])
 
 
@@ -132,9 +169,9 @@ def warm_up_steps(method):
     return trial + 1
 
 
-def warm(name, method, ratio, saved_bytes, device, scale=1):
+def warm(name, method, ratio, saved_bytes, device, scale=1, device_bytes=None):
     """A remat row's budget after its warm-up steps (None for other methods)."""
-    session = row_budget(method, ratio, saved_bytes)
+    session = row_budget(method, ratio, saved_bytes, device_bytes)
     if session is not None:
         try:
             for _ in range(warm_up_steps(method) if scale == 1 else 1):
@@ -215,10 +252,12 @@ def rows(names, ratios, repeat, device, out, compile_too=False):
     for name in names:
         saved = plain_saved_bytes(name, device)
         ref, cap, _, _, _ = one_step(name, "plain", None, saved, device)
+        held = held_before_step(name, device) if _ALLOCATOR is not None else 0
         for method, ratio in methods:
             session = None
+            device_bytes = held + int(cap * ratio) if ratio else None
             try:
-                session = warm(name, method, ratio, saved, device)
+                session = warm(name, method, ratio, saved, device, device_bytes=device_bytes)
                 grads, peak, _, stats, batch = one_step(name, method, ratio, saved, device,
                                                         session=session)
                 times = []
@@ -230,7 +269,8 @@ def rows(names, ratios, repeat, device, out, compile_too=False):
                 for scale in (4, 2, 1):
                     scaled = None
                     try:
-                        scaled = warm(name, method, ratio, saved, device, scale=scale)
+                        scaled = warm(name, method, ratio, saved, device, scale=scale,
+                                      device_bytes=held + cap)
                         _, p, _, _, b = one_step(name, method, ratio, saved, device, scale=scale,
                                                  session=scaled)
                     except remat.torch.BudgetTooSmall:
@@ -244,7 +284,9 @@ def rows(names, ratios, repeat, device, out, compile_too=False):
                 equal = grads.keys() == ref.keys() and all(torch.equal(grads[k], ref[k])
                                                            for k in ref)
                 ms = statistics.median(times) * 1e3
-                budget = f"{ratio:.1f} ({int(saved * ratio) >> 10} KiB)" if ratio else "-"
+                kib = (device_bytes if _ALLOCATOR is not None else int(saved * ratio)) >> 10 \
+                    if ratio else 0
+                budget = f"{ratio:.1f} ({kib} KiB)" if ratio else "-"
                 s = stats or {}
                 out.write(f"| {name} | {method} | {budget} | {peak / (1 << 20):.2f} | {ms:.1f} | "
                           f"{batch / (ms / 1e3):.0f} | {fits} | {s.get('plan', '-')} | "
@@ -274,6 +316,9 @@ def main(argv=None):
     parser.add_argument("--compile", action="store_true",
                         help="also torch.compile, plain and with activation_memory_budget at "
                              "each ratio (slow: one compile per row)")
+    parser.add_argument("--remat-allocator", action="store_true",
+                        help="(CUDA) remat's allocator as PyTorch's: budgets count what the GPU "
+                             "holds, and its pressure drives the evictions")
     parser.add_argument("--markdown", help="also write the table here (must not exist)")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
@@ -290,6 +335,11 @@ def main(argv=None):
         parser.error("--repeat: at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no GPU here")
+    if args.remat_allocator:
+        if args.device != "cuda":
+            parser.error("--remat-allocator: with --device cuda (it is PyTorch's CUDA allocator)")
+        global _ALLOCATOR
+        _ALLOCATOR = remat.torch.use_allocator()
     if args.markdown and os.path.exists(args.markdown):
         parser.error(f"--markdown {args.markdown} exists; nothing is overwritten")
 
