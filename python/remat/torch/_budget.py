@@ -379,8 +379,12 @@ class _Mode(TorchDispatchMode):
             # remat's own work, or the backward (which saves nothing new).
             if not engine.internal:
                 engine.calls_since_unpack += 1
-            return func(*args, **kwargs)
-        return engine.record(func, args, kwargs)
+            out = func(*args, **kwargs)
+        else:
+            out = engine.record(func, args, kwargs)
+        if engine.failed_request is not None:
+            engine.out_of_memory(func)
+        return out
 
 
 class _Session:
@@ -477,6 +481,11 @@ class Engine:
         self.pressure_error = None    # an exception raised inside the pressure callback
         self.device_stats = None
         self.allocator_pressure = 0
+        # A request remat's allocator could not serve, nothing left to evict:
+        # (bytes, allocated, budget). PyTorch's pluggable allocator does not
+        # check for the NULL it then gets (the tensor is made without
+        # memory), so the call that made it raises BudgetTooSmall.
+        self.failed_request = None
         self.policy = policy
         self.offload = offload
         self.copy_ahead = copy_ahead
@@ -539,7 +548,13 @@ class Engine:
                 "before the step begins (parameters, gradients, optimizer state, inputs): "
                 "nothing would be left for the step")
         self.old_budget = a.budget(d)
-        a.set_budget(d, self.budget_bytes)
+        # A budget beyond the device caps nothing: the device's capacity.
+        a.set_budget(d, 0)
+        try:
+            a.set_budget(d, min(self.budget_bytes, a.budget(d)))
+        except BaseException:
+            a.set_budget(d, self.old_budget)
+            raise
         a.reset_peak(d)
         self.pressure_fn = _allocator.PRESSURE_FN(self._on_pressure)
         a.set_pressure_fn(d, self.pressure_fn)
@@ -556,6 +571,18 @@ class Engine:
             del _allocator._listening[d]
         self.device_stats = a.memory_stats(d)
         a.set_budget(d, self.old_budget)
+
+    def out_of_memory(self, func):
+        """Raises BudgetTooSmall for the request that could not be served."""
+        nbytes, allocated, budget = self.failed_request
+        self.failed_request = None
+        st = self.read_stats()
+        raise BudgetTooSmall(
+            f"remat.torch.budget({budget} bytes) on device {self.device}: {func} asked remat's "
+            f"allocator for {nbytes} bytes with {allocated} allocated, and the runtime had "
+            f"nothing left to evict ({st['drops']} drops and {st['offloads']} offloads in this "
+            "step; what the backward reads now, the parameters, gradients and optimizer state "
+            "stay). Raise the budget.")
 
     def _on_pressure(self, _user, pressure):
         """remat's allocator cannot serve a request within the budget, its
@@ -575,6 +602,8 @@ class Engine:
             if status != _capi.OK:
                 raise _capi.RematError(status, self.lib.remat_last_error().decode())
             self._drain()  # the offloads' copies out; a drop let its tensor go already
+            if not freed.value:
+                self.failed_request = (p.bytes, p.allocated, p.budget)
             return 1 if freed.value else 0
         except BaseException as e:  # noqa: BLE001: the step raises it on its way out
             if self.pressure_error is None:

@@ -192,12 +192,10 @@ def one_step(name, method, ratio, saved_bytes, device, scale=1, seed=0, metered=
     maker, kw, batch_key = MODELS[name]
     kw = dict(kw)
     kw[batch_key] *= scale
-    model, step = maker(seed, ckpt=(method == "checkpoint"), device=device, **kw)
     if method.startswith("compile"):
-        import torch._functorch.config as functorch_config
-        torch._dynamo.reset()
-        functorch_config.activation_memory_budget = ratio if ratio is not None else 1.0
-        step = torch.compile(step)
+        model, step = compiled(maker, kw, name, ratio, device, scale, seed)
+    else:
+        model, step = maker(seed, ckpt=(method == "checkpoint"), device=device, **kw)
     torch.manual_seed(seed + 1)
     _sync(device)
     if not metered:
@@ -227,6 +225,30 @@ def one_step(name, method, ratio, saved_bytes, device, scale=1, seed=0, metered=
     grads = {i: p.grad.detach().clone() for i, p in enumerate(model.parameters())
              if p.grad is not None}
     return grads, meter.peak if metered else None, seconds, stats, kw[batch_key]
+
+
+# The compiled step of the compile row being measured: (key, model, step).
+_COMPILED = []
+
+
+def compiled(maker, kw, name, ratio, device, scale, seed):
+    """The row's model and compiled step, compiled once per row and batch:
+    its first run (forward and backward) compiles, unmeasured, so that the
+    row meters and times steady steps, as for the other methods."""
+    import torch._functorch.config as functorch_config
+    key = (name, ratio, device, scale, seed)
+    if not _COMPILED or _COMPILED[0][0] != key:
+        _COMPILED.clear()
+        torch._dynamo.reset()
+        functorch_config.activation_memory_budget = ratio if ratio is not None else 1.0
+        model, step = maker(seed, device=device, **kw)
+        step = torch.compile(step)
+        torch.manual_seed(seed + 1)
+        step().backward()
+        _COMPILED.append((key, model, step))
+    _, model, step = _COMPILED[0]
+    model.zero_grad(set_to_none=True)
+    return model, step
 
 
 def plain_saved_bytes(name, device):
@@ -303,6 +325,7 @@ def rows(names, ratios, repeat, device, out, compile_too=False):
             finally:
                 if session is not None:
                     session.close()
+                _COMPILED.clear()
             out.flush()
 
 
