@@ -173,6 +173,19 @@ REMAT_EXPORT int remat_torch_get_budget(int device, std::uint64_t* out) {
       -1);
 }
 
+// Requests `device` could not serve, since the process began.
+REMAT_EXPORT int remat_torch_num_ooms(int device, std::uint64_t* out) {
+  return Guarded(
+      [&]() -> int {
+        absl::StatusOr<remat::CachingAllocator*> a = Allocators::Process().For(device);
+        SetLastError(a.status());
+        if (!a.ok() || out == nullptr) return -1;
+        *out = static_cast<std::uint64_t>((*a)->GetStats().num_ooms);
+        return 0;
+      },
+      -1);
+}
+
 // The peaks remat_torch_memory_stats reports start again from now.
 REMAT_EXPORT int remat_torch_reset_peak_stats(int device) {
   return Guarded(

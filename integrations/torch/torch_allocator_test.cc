@@ -24,6 +24,7 @@ using LastError = const char* (*)();
 using SetBudget = int (*)(int, std::uint64_t);
 using GetBudget = int (*)(int, std::uint64_t*);
 using ResetPeak = int (*)(int);
+using NumOoms = int (*)(int, std::uint64_t*);
 struct Pressure {
   std::uint64_t bytes, budget, reserved, allocated;
   int device;
@@ -116,9 +117,13 @@ TEST_F(TorchAllocatorTest, APressureCallbackFreesRoomAndTheRequestIsServed) {
   auto get_budget = Get<GetBudget>("remat_torch_get_budget");
   auto reset_peak = Get<ResetPeak>("remat_torch_reset_peak_stats");
   auto set_pressure = Get<SetPressureFn>("remat_torch_set_pressure_fn");
+  auto num_ooms = Get<NumOoms>("remat_torch_num_ooms");
   auto stats = Get<Stats>("remat_torch_memory_stats");
   auto last_error = Get<LastError>("remat_torch_last_error");
-  ASSERT_TRUE(set_budget && get_budget && reset_peak && set_pressure && stats);
+  ASSERT_TRUE(set_budget && get_budget && reset_peak && set_pressure && stats && num_ooms);
+  std::uint64_t ooms = 0;
+  ASSERT_EQ(num_ooms(0, &ooms), 0);
+  EXPECT_EQ(num_ooms(-1, &ooms), -1);
   std::uint64_t was = 0;
   ASSERT_EQ(get_budget(0, &was), 0) << last_error();
   EXPECT_EQ(set_budget(0, 1024), -1);  // under the smallest segment
@@ -156,9 +161,14 @@ TEST_F(TorchAllocatorTest, APressureCallbackFreesRoomAndTheRequestIsServed) {
   EXPECT_EQ(held.last.budget, 24u << 20);
   EXPECT_EQ(held.last.allocated, 16u << 20);
   EXPECT_EQ(held.last.device, 0);
+  std::uint64_t before = 0;
+  ASSERT_EQ(num_ooms(0, &before), 0);
   // Nothing more to free: the callback says so and the request fails.
   EXPECT_EQ(remat_malloc(16 << 20, 0, nullptr), nullptr);
   EXPECT_EQ(held.calls, 2);
+  std::uint64_t after = 0;
+  ASSERT_EQ(num_ooms(0, &after), 0);
+  EXPECT_EQ(after, before + 1);
   ASSERT_EQ(set_pressure(0, nullptr, nullptr), 0);  // removed
   EXPECT_EQ(remat_malloc(16 << 20, 0, nullptr), nullptr);
   EXPECT_EQ(held.calls, 2);

@@ -67,6 +67,7 @@ class Allocator:
             "remat_torch_set_budget": (i, [i, u64]),
             "remat_torch_get_budget": (i, [i, ctypes.POINTER(u64)]),
             "remat_torch_reset_peak_stats": (i, [i]),
+            "remat_torch_num_ooms": (i, [i, ctypes.POINTER(u64)]),
             "remat_torch_set_pressure_fn": (i, [i, PRESSURE_FN, ctypes.c_void_p]),
         }
         for name, (restype, argtypes) in sigs.items():
@@ -104,6 +105,13 @@ class Allocator:
 
     def reset_peak(self, device):
         self._check(self.so.remat_torch_reset_peak_stats(device), "remat_torch_reset_peak_stats")
+
+    def num_ooms(self, device):
+        """Requests the allocator could not serve, since the process began."""
+        out = ctypes.c_uint64()
+        self._check(self.so.remat_torch_num_ooms(device, ctypes.byref(out)),
+                    "remat_torch_num_ooms")
+        return out.value
 
     def set_pressure_fn(self, device, fn):
         """fn: a PRESSURE_FN (kept alive by the caller), or None to remove."""

@@ -383,7 +383,7 @@ class _Mode(TorchDispatchMode):
         else:
             out = engine.record(func, args, kwargs)
         if engine.failed_request is not None:
-            engine.out_of_memory(func)
+            engine.check_out_of_memory(func)
         return out
 
 
@@ -481,8 +481,9 @@ class Engine:
         self.pressure_error = None    # an exception raised inside the pressure callback
         self.device_stats = None
         self.allocator_pressure = 0
-        # A request remat's allocator could not serve, nothing left to evict:
-        # (bytes, allocated, budget). PyTorch's pluggable allocator does not
+        # A request the pressure callback could make no room for: (bytes,
+        # allocated, budget, the allocator's failures before it). PyTorch's
+        # pluggable allocator does not
         # check for the NULL it then gets (the tensor is made without
         # memory), so the call that made it raises BudgetTooSmall.
         self.failed_request = None
@@ -572,10 +573,14 @@ class Engine:
         self.device_stats = a.memory_stats(d)
         a.set_budget(d, self.old_budget)
 
-    def out_of_memory(self, func):
-        """Raises BudgetTooSmall for the request that could not be served."""
-        nbytes, allocated, budget = self.failed_request
+    def check_out_of_memory(self, func):
+        """Raises BudgetTooSmall where the request the pressure callback could
+        not make room for did fail (the allocator may have found room after
+        all: another thread's free)."""
+        nbytes, allocated, budget, ooms = self.failed_request
         self.failed_request = None
+        if self.allocator.num_ooms(self.device) == ooms:
+            return
         st = self.read_stats()
         raise BudgetTooSmall(
             f"remat.torch.budget({budget} bytes) on device {self.device}: {func} asked remat's "
@@ -602,8 +607,9 @@ class Engine:
             if status != _capi.OK:
                 raise _capi.RematError(status, self.lib.remat_last_error().decode())
             self._drain()  # the offloads' copies out; a drop let its tensor go already
-            if not freed.value:
-                self.failed_request = (p.bytes, p.allocated, p.budget)
+            if not freed.value and self.failed_request is None:
+                self.failed_request = (p.bytes, p.allocated, p.budget,
+                                       self.allocator.num_ooms(self.device))
             return 1 if freed.value else 0
         except BaseException as e:  # noqa: BLE001: the step raises it on its way out
             if self.pressure_error is None:
