@@ -86,6 +86,42 @@ class ObserverTest : public ::testing::Test {
   std::unique_ptr<Runtime> runtime_;
 };
 
+// An observer's event comes in the middle of a runtime operation: asking for
+// more evictions from there is refused, and the operation finishes as asked.
+TEST_F(ObserverTest, EvictBytesFromAnEventIsRefused) {
+  class Asker : public RuntimeObserver {
+   public:
+    void OnTensor(const TensorEvent& e) override {
+      if (e.kind == Kind::kDropped && runtime != nullptr) status = runtime->EvictBytes(kMiB).status();
+    }
+    Runtime* runtime = nullptr;
+    absl::Status status;
+  } asker;
+  auto device = std::move(SimDevice::Create({.capacity = 4 * kGiB})).value();
+  auto alloc = std::move(CachingAllocator::Create(device.get(), {})).value();
+  auto rt = Runtime::Create(alloc.get(), {.policy = "lru", .enable_offload = false,
+                                          .observer = &asker});
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  asker.runtime = rt->get();
+  SimDevice* d = device.get();
+  std::vector<TensorId> ids;
+  for (int i = 0; i < 3; ++i) {
+    TensorOptions o;
+    o.allow_drop = true;
+    o.recompute = [d](const RecomputeArgs& args) { return d->Occupy(args.stream, 10); };
+    auto g = (*rt)->Create(kMiB, std::move(o));
+    ASSERT_TRUE(g.ok()) << g.status();
+    ids.push_back(g->id());
+  }
+  absl::StatusOr<std::size_t> freed = (*rt)->EvictBytes(kMiB);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, kMiB);  // one, as asked: the event's nested request did nothing
+  EXPECT_EQ(asker.status.code(), absl::StatusCode::kFailedPrecondition) << asker.status;
+  EXPECT_EQ((*rt)->stats().drops, 1u);
+  EXPECT_TRUE((*rt)->CheckInvariants().ok());
+  asker.runtime = nullptr;
+}
+
 TEST_F(ObserverTest, ADroppedTensorIsToldCreatedDroppedRecomputedAndCollected) {
   Make({.policy = "lru", .enable_offload = false, .live_budget = 3 * kMiB});
   const TensorId a = Make1({}, false, false);

@@ -474,9 +474,14 @@ absl::StatusOr<bool> Runtime::Evict(TensorId id, policies::EvictAction action, S
 
 absl::StatusOr<std::size_t> Runtime::EvictBytes(std::size_t bytes, Stream stream)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  // The caller's allocator may ask from inside a closure or an observer's
-  // event, with this thread holding the lock already.
-  if (tls_held_runtime == this) return EvictBytesLocked(bytes, stream);
+  // Not from an observer's event: the runtime is in the middle of an
+  // operation there (a pressure event's plan, say), which a nested eviction
+  // would disturb. (A closure runs without the lock: it may ask.)
+  if (tls_held_runtime == this) {
+    return absl::FailedPreconditionError(
+        "EvictBytes from inside the runtime (an observer's event): the runtime is in the "
+        "middle of an operation");
+  }
   Lock lock(this);
   return EvictBytesLocked(bytes, stream);
 }

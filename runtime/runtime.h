@@ -337,8 +337,10 @@ class Runtime {
   // until `bytes` of resident storage are freed or nothing more can go.
   // Returns the bytes freed (0: nothing could be evicted, and nothing
   // changed). Counted as pressure events; the observer's events are not
-  // `directed`. InvalidArgument for 0 bytes. May be called from inside a
-  // recompute closure.
+  // `directed`. InvalidArgument for 0 bytes; FailedPrecondition from inside
+  // an observer's event (the runtime is mid-operation there); the step
+  // limit's error once it is reached. May be called from inside a recompute
+  // closure (it runs without the runtime's lock).
   absl::StatusOr<std::size_t> EvictBytes(std::size_t bytes, Stream stream = kDefaultStream);
   // The owner drops its reference. Pinned tensors are freed when unpinned.
   absl::Status Free(TensorId id);

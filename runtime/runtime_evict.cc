@@ -241,6 +241,7 @@ absl::StatusOr<std::size_t> Runtime::EvictBytesLocked(std::size_t bytes, Stream 
     if (!Evict(request, &now) || now == 0) break;
     freed += now;
   }
+  if (freed == 0 && StepLimitReached()) return StepLimitError();
   return freed;
 }
 

@@ -402,8 +402,9 @@ REMAT_API remat_status remat_tensor_evict(remat_runtime* runtime, uint64_t id,
  * pressure event, until `bytes` of resident tensor storage are freed or
  * nothing more can go; the observer hears each eviction (not `directed`).
  * *freed_out (may be NULL): the bytes freed, 0 when nothing could be evicted
- * (and nothing changed). REMAT_INVALID_ARGUMENT for 0 bytes. May be called
- * from inside a recompute callback or an event callback. */
+ * (and nothing changed). REMAT_INVALID_ARGUMENT for 0 bytes;
+ * REMAT_FAILED_PRECONDITION from an event callback (which must not call this
+ * API). May be called from inside a recompute callback. */
 REMAT_API remat_status remat_runtime_evict_bytes(remat_runtime* runtime, uint64_t bytes,
                                                  uint64_t stream, uint64_t* freed_out);
 

@@ -215,9 +215,11 @@ using remat_torch_pressure_fn = int (*)(void* user, const remat_torch_pressure* 
 // cache is released: the callback frees what it can (freeing through
 // remat_free is allowed; it runs on the allocating thread, without the
 // allocator's lock) and returns nonzero when it freed something, and the
-// allocator tries again; 0 ends the tries (PyTorch then raises its out of
-// memory error). NULL removes the callback. 0 on success, -1 on an unknown
-// device.
+// allocator tries again; 0 ends the tries unless another thread freed memory
+// meanwhile (the request then fails: NULL, which PyTorch 2.11's pluggable
+// allocator does not check). NULL removes the callback. 0 on success; -1 on
+// an unknown device, or with REMAT_TRACE set (its lock is held across the
+// allocation, so a callback's free would wait on it).
 REMAT_EXPORT int remat_torch_set_pressure_fn(int device, remat_torch_pressure_fn fn, void* user) {
   return Guarded(
       [&]() -> int {
@@ -227,6 +229,16 @@ REMAT_EXPORT int remat_torch_set_pressure_fn(int device, remat_torch_pressure_fn
         if (fn == nullptr) {
           (*a)->SetPressureHandler(nullptr);
           return 0;
+        }
+        // The trace writes a call and its record under one lock, held across
+        // the allocation: a callback freeing through remat_free would wait
+        // on it.
+        const absl::StatusOr<remat::env::Config>& config = Allocators::Process().config();
+        if (config.ok() && !config->trace_path.empty()) {
+          SetLastError(absl::FailedPreconditionError(
+              "REMAT_TRACE is set: a pressure callback cannot run while allocations are "
+              "traced (unset REMAT_TRACE)"));
+          return -1;
         }
         (*a)->SetPressureHandler([fn, user, device](const remat::PressureRequest& r) {
           const remat_torch_pressure p{r.bytes, r.budget, r.reserved, r.allocated, device};

@@ -74,13 +74,10 @@ def grads(make, budget=None, request=0, **kw):
         inside = run.live_stats()
         if request:
             # The next call would raise BudgetTooSmall for it (below); this
-            # request was the test's own, not the step's, so the step goes on.
-            assert run._engine.failed_request[0] == request
-            run._engine.failed_request = None
-            # Room the callback could not make, found after all: no error.
-            run._engine.failed_request = (1, 0, 0, a.num_ooms(0))
-            torch.ones(1).add_(1)
-            assert run._engine.failed_request is None
+            # request was the test's own, not the step's, so the step goes on
+            # (its failure counted as seen).
+            assert run._engine.last_pressure[0] == request
+            run._engine.ooms = a.num_ooms(0)
         loss.backward()
         free(hold, 40 * MIB, 0, None)
     return [p.grad.clone() for p in model.parameters()], (run.stats, inside)
@@ -90,7 +87,7 @@ for name, kw in (("mlp", dict(policy="dtr")), ("gpt", dict(policy="dtr-eq")),
                  ("lstm", dict(policy="hybrid", offload=True))):
     make = getattr(models, name)
     plain, _ = grads(make)
-    got, (stats, inside) = grads(make, "64MiB", request=30 * MIB, pressure="auto", **kw)
+    got, (stats, inside) = grads(make, "64MiB", request=30 * MIB, pressure="allocator", **kw)
     assert stats["pressure"] == "allocator", stats
     assert stats["allocator_pressure_events"] >= 1, stats
     assert inside["drops"] + inside["offloads"] > 0, inside
@@ -129,6 +126,39 @@ except remat.torch.BudgetTooSmall as e:
 else:
     raise AssertionError("no BudgetTooSmall")
 free(hold, 40 * MIB, 0, None)
+# A request larger than the whole budget (no callback: nothing could help)
+# fails too, and raises the same way.
+hold = malloc(40 * MIB, 0, None)
+try:
+    with remat.torch.budget("64MiB", pressure="allocator") as run:
+        loss = step()
+        assert malloc(100 * MIB, 0, None) is None
+        loss.backward()
+except remat.torch.BudgetTooSmall as e:
+    assert "nothing left to evict" in str(e), e
+else:
+    raise AssertionError("no BudgetTooSmall")
+free(hold, 40 * MIB, 0, None)
+# An error inside the pressure callback reaches the step, and the allocator
+# is left as it was.
+hold = malloc(40 * MIB, 0, None)
+try:
+    with remat.torch.budget("64MiB", pressure="allocator") as run:
+        loss = step()
+        def broken(*args):
+            raise KeyError("broken on purpose")
+        run._engine._drain = broken  # runs in the callback, after the evictions
+        assert malloc(30 * MIB, 0, None) is None
+        torch.ones(1).add_(1)
+except KeyError as e:
+    assert "broken on purpose" in str(e), e
+else:
+    raise AssertionError("the callback's error was lost")
+free(hold, 40 * MIB, 0, None)
+assert a.budget(0) == 1 << 30 and not _allocator._listening
+# Attached but not PyTorch's allocator: "auto" keeps the saved-bytes budget.
+_, (stats, _) = grads(models.mlp, 1 << 40)
+assert stats["pressure"] == "saved", stats
 assert a.budget(0) == 1 << 30 and not _allocator._listening
 # A budget beyond the device caps nothing (the device's capacity).
 _, (stats, _) = grads(models.mlp, 1 << 50, pressure="allocator")
@@ -144,6 +174,29 @@ print("done")
 def test_allocator_pressure_makes_the_runtime_evict(tmp_path):
     out = _run(SIM, REMAT_TORCH_LIB=_torch_library(), REMAT_DEVICE="sim",
                REMAT_SIM_CAPACITY="1GiB")
+    assert "done" in out, out
+
+
+def test_a_traced_allocator_refuses_the_pressure_callback(tmp_path):
+    # REMAT_TRACE holds its lock across an allocation: a callback freeing
+    # through the allocator would wait on it, so the budget is refused.
+    out = _run("""
+import remat.torch
+from remat.torch import _allocator, models
+a = _allocator.attach(_allocator.find_library())
+was = a.budget(0)
+model, step = models.mlp(0)
+try:
+    with remat.torch.budget("64MiB", pressure="allocator"):
+        step().backward()
+except RuntimeError as e:
+    assert "REMAT_TRACE" in str(e), e
+else:
+    raise AssertionError("not refused")
+assert a.budget(0) == was and not _allocator._listening
+print("done")
+""", REMAT_TORCH_LIB=_torch_library(), REMAT_DEVICE="sim", REMAT_SIM_CAPACITY="1GiB",
+               REMAT_TRACE=str(tmp_path / "trace.csv"))
     assert "done" in out, out
 
 

@@ -219,7 +219,7 @@ class _Storage:
     __slots__ = ("index", "leaf", "producer", "writers", "version", "dtype", "nbytes",
                  "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
-                 "order", "ahead",
+                 "order", "ahead", "gen",
                  "__weakref__")
 
     def __init__(self, index, leaf, producer=None, dtype=None, nbytes=0, weak=None,
@@ -238,6 +238,7 @@ class _Storage:
         self.tensor = None            # a tensor over it while resident (held by remat)
         self.host = None              # its copy while offloaded
         self.ahead = None             # its copy made ahead while resident (copy_ahead)
+        self.gen = 0                  # its evictions so far (a copy in checks none came)
         self.handles = 0
         self.droppable = False
         self.why_kept = ""
@@ -375,15 +376,20 @@ class _Mode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         engine = self.engine
-        if engine.internal or torch._C._current_graph_task_id() != -1:
-            # remat's own work, or the backward (which saves nothing new).
-            if not engine.internal:
-                engine.calls_since_unpack += 1
-            out = func(*args, **kwargs)
-        else:
-            out = engine.record(func, args, kwargs)
-        if engine.failed_request is not None:
-            engine.check_out_of_memory(func)
+        try:
+            if engine.internal or torch._C._current_graph_task_id() != -1:
+                # remat's own work, or the backward (which saves nothing new).
+                if not engine.internal:
+                    engine.calls_since_unpack += 1
+                out = func(*args, **kwargs)
+            else:
+                out = engine.record(func, args, kwargs)
+        except BaseException as e:
+            if engine.listening:
+                engine.check_allocator(func, e)
+            raise
+        if engine.listening:
+            engine.check_allocator(func)
         return out
 
 
@@ -481,12 +487,14 @@ class Engine:
         self.pressure_error = None    # an exception raised inside the pressure callback
         self.device_stats = None
         self.allocator_pressure = 0
-        # A request the pressure callback could make no room for: (bytes,
-        # allocated, budget, the allocator's failures before it). PyTorch's
-        # pluggable allocator does not
-        # check for the NULL it then gets (the tensor is made without
-        # memory), so the call that made it raises BudgetTooSmall.
-        self.failed_request = None
+        # The allocator's failed requests so far (remat_torch_num_ooms), and
+        # the last pressure it reported: (bytes, allocated, budget). PyTorch's
+        # pluggable allocator does not check the NULL a failed request gets
+        # (the tensor is made without memory): the call that made it raises
+        # BudgetTooSmall instead.
+        self.ooms = 0
+        self.last_pressure = None
+        self.thread = None
         self.policy = policy
         self.offload = offload
         self.copy_ahead = copy_ahead
@@ -553,12 +561,14 @@ class Engine:
         a.set_budget(d, 0)
         try:
             a.set_budget(d, min(self.budget_bytes, a.budget(d)))
+            a.reset_peak(d)
+            self.ooms = a.num_ooms(d)
+            self.thread = threading.get_ident()
+            self.pressure_fn = _allocator.PRESSURE_FN(self._on_pressure)
+            a.set_pressure_fn(d, self.pressure_fn)
         except BaseException:
             a.set_budget(d, self.old_budget)
             raise
-        a.reset_peak(d)
-        self.pressure_fn = _allocator.PRESSURE_FN(self._on_pressure)
-        a.set_pressure_fn(d, self.pressure_fn)
         _allocator._listening[d] = self
         self.listening = True
 
@@ -567,27 +577,50 @@ class Engine:
             return
         self.listening = False
         a, d = self.allocator, self.device
-        a.set_pressure_fn(d, None)
-        if _allocator._listening.get(d) is self:
-            del _allocator._listening[d]
-        self.device_stats = a.memory_stats(d)
-        a.set_budget(d, self.old_budget)
+        try:
+            a.set_pressure_fn(d, None)
+            if _allocator._listening.get(d) is self:
+                del _allocator._listening[d]
+            self.device_stats = a.memory_stats(d)
+            self.device_stats["ooms"] = a.num_ooms(d)
+        finally:
+            a.set_budget(d, self.old_budget)
 
-    def check_out_of_memory(self, func):
-        """Raises BudgetTooSmall where the request the pressure callback could
-        not make room for did fail (the allocator may have found room after
-        all: another thread's free)."""
-        nbytes, allocated, budget, ooms = self.failed_request
-        self.failed_request = None
-        if self.allocator.num_ooms(self.device) == ooms:
-            return
+    def check_allocator(self, func, exc=None):
+        """After a call (`exc`: what it raised): raises what went wrong in
+        the allocator's pressure callback, or BudgetTooSmall where a request
+        failed (the call then holds a tensor without memory, or raised on
+        reading one)."""
+        if self.pressure_error is not None:
+            error, self.pressure_error = self.pressure_error, None
+            raise error from exc
+        ooms = self.allocator.num_ooms(self.device)
+        if ooms != self.ooms:
+            self.ooms = ooms
+            raise self._too_small(func) from exc
+
+    def _too_small(self, func):
         st = self.read_stats()
-        raise BudgetTooSmall(
-            f"remat.torch.budget({budget} bytes) on device {self.device}: {func} asked remat's "
-            f"allocator for {nbytes} bytes with {allocated} allocated, and the runtime had "
-            f"nothing left to evict ({st['drops']} drops and {st['offloads']} offloads in this "
-            "step; what the backward reads now, the parameters, gradients and optimizer state "
-            "stay). Raise the budget.")
+        asked = ""
+        if self.last_pressure is not None:
+            nbytes, allocated, _ = self.last_pressure
+            asked = f" for {nbytes} bytes with {allocated} allocated"
+        return BudgetTooSmall(
+            f"remat.torch.budget({self.budget_bytes} bytes) on device {self.device}: {func} "
+            f"asked remat's allocator{asked}, and the runtime had nothing left to evict "
+            f"({st['drops']} drops and {st['offloads']} offloads in this step; what the "
+            "backward reads now, the parameters, gradients and optimizer state stay). Raise "
+            "the budget.")
+
+    def exit_error(self):
+        """What the step's end must raise, if anything: an error of the
+        pressure callback, or BudgetTooSmall for a request that failed
+        where no call after it saw."""
+        if self.pressure_error is not None:
+            return self.pressure_error
+        if self.device_stats is not None and self.device_stats["ooms"] != self.ooms:
+            return self._too_small("the step")
+        return None
 
     def _on_pressure(self, _user, pressure):
         """remat's allocator cannot serve a request within the budget, its
@@ -597,7 +630,11 @@ class Engine:
         try:
             if self.closed or self.runtime is None:
                 return 0
+            if threading.get_ident() != self.thread and \
+                    torch._C._current_graph_task_id() == -1:
+                return 0  # another thread's request, not this step's (nor its backward's)
             p = pressure.contents
+            self.last_pressure = (p.bytes, p.allocated, p.budget)
             over = p.allocated + p.bytes - p.budget
             need = over if p.allocated + p.bytes > p.budget else p.bytes
             self.allocator_pressure += 1
@@ -607,9 +644,6 @@ class Engine:
             if status != _capi.OK:
                 raise _capi.RematError(status, self.lib.remat_last_error().decode())
             self._drain()  # the offloads' copies out; a drop let its tensor go already
-            if not freed.value and self.failed_request is None:
-                self.failed_request = (p.bytes, p.allocated, p.budget,
-                                       self.allocator.num_ooms(self.device))
             return 1 if freed.value else 0
         except BaseException as e:  # noqa: BLE001: the step raises it on its way out
             if self.pressure_error is None:
@@ -715,9 +749,11 @@ class Engine:
         if e.kind == _capi.EVENT_DROPPED or e.kind == _capi.EVENT_COLLECTED:
             s.tensor = None
             s.ahead = None
-            if e.kind == _capi.EVENT_COLLECTED:
-                s.host = None
+            s.host = None
+            s.gen += 1
         elif e.kind == _capi.EVENT_OFFLOADED or e.kind == _capi.EVENT_COPIED_AHEAD:
+            if e.kind == _capi.EVENT_OFFLOADED:
+                s.gen += 1
             self.pending.append((e.kind, s))
         elif e.kind == _capi.EVENT_RESTORED:
             self.restores += 1
@@ -739,8 +775,13 @@ class Engine:
                     s.ahead = None
                     s.tensor = None
                 elif kind == _capi.EVENT_RESTORED and s.host is not None:
-                    s.tensor = self._copy_in(s.host, s.device)
-                    s.host = None
+                    gen = s.gen
+                    t = self._copy_in(s.host, s.device)
+                    # Evicted again while the copy in asked for memory (the
+                    # allocator's pressure): the runtime's later events rule.
+                    if s.gen == gen:
+                        s.tensor = t
+                        s.host = None
             finally:
                 self.internal = was
 
@@ -1429,10 +1470,15 @@ class budget:
     def _allocator(self):
         """remat's allocator whose pressure drives this step, or None."""
         allocator = _allocator.current()
-        if self._pressure == "allocator" and allocator is None:
-            raise RuntimeError("pressure='allocator' needs remat's allocator as PyTorch's: call "
-                               "remat.torch.use_allocator() before the first CUDA allocation")
-        return allocator if self._pressure != "saved" else None
+        if self._pressure == "allocator":
+            if allocator is None:
+                raise RuntimeError("pressure='allocator' needs remat's allocator as PyTorch's: "
+                                   "call remat.torch.use_allocator() before the first CUDA "
+                                   "allocation")
+            return allocator
+        if self._pressure == "auto" and allocator is not None and allocator.installed:
+            return allocator
+        return None
 
     def _enter(self):
         plan, timed = self._plan_now()
@@ -1460,7 +1506,13 @@ class budget:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(engine.pack, engine.unpack)
         self._step_start = self._time() if timed else None
         self._mode.__enter__()
-        self._hooks.__enter__()
+        try:
+            self._hooks.__enter__()
+        except BaseException:
+            self._mode.__exit__(None, None, None)
+            _active.pop(threading.get_ident(), None)
+            engine.close()  # the allocator gets its budget back
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -1479,17 +1531,10 @@ class budget:
                     finally:
                         self._resume_gc()
         engine = self._engine
-        if engine.pressure_error is not None and exc is not None:
-            raise engine.pressure_error from exc
-        if engine.allocator is not None and isinstance(exc, torch.OutOfMemoryError):
-            st = getattr(engine, "stats", None) or {}
-            raise BudgetTooSmall(
-                f"remat.torch.budget({self.budget_bytes} bytes) on device {engine.device}: a "
-                f"request did not fit after the runtime evicted all it could "
-                f"({st.get('drops', 0)} drops, {st.get('offloads', 0)} "
-                f"offloads at {engine.allocator_pressure} pressure events; what the backward "
-                "reads now, the parameters, gradients and optimizer state stay). Raise the "
-                f"budget. PyTorch said: {str(exc).splitlines()[0] if str(exc) else exc}") from exc
+        if engine.allocator is not None and not isinstance(exc, BudgetTooSmall):
+            error = engine.exit_error()
+            if error is not None:
+                raise error from exc
         return False
 
     def _time(self):
