@@ -100,12 +100,13 @@ step torch_budget_tests 240 bash -c "torch_or_skip; python3 -c 'import pytest' |
 # The three figures on the GPU: with remat's allocator as PyTorch's, budgets
 # of what the GPU holds; then saved-bytes budgets beside checkpoint,
 # save_on_cpu and torch.compile (its activation_memory_budget).
-# BENCH_MODELS and BENCH_RATIOS narrow them for a short lease.
+# BENCH_MODELS and BENCH_RATIOS narrow them for a short lease (COMPILE_MODELS the
+# compile benchmark alone).
 step torch_budget_bench_allocator 240 bash -c "torch_or_skip; PYTHONPATH=python python3 -m remat.torch.bench \
   --device cuda --remat-allocator --models \${BENCH_MODELS:-gpt,resnet,lstm} --ratios \${BENCH_RATIOS:-0.3,0.5,0.7} --repeat 3 \
   --markdown '$out/torch_budget_cuda_allocator.md'"
 step torch_budget_bench 300 bash -c "torch_or_skip; PYTHONPATH=python python3 -m remat.torch.bench \
-  --device cuda --models \${BENCH_MODELS:-gpt,resnet,lstm} \
+  --device cuda --models \${COMPILE_MODELS:-\${BENCH_MODELS:-gpt,resnet,lstm}} \
   --ratios \${BENCH_RATIOS:-0.3,0.5,0.7} --repeat 3 --compile --markdown '$out/torch_budget_cuda.md'"
 step cuda_bench 120 "$build/bin/cuda_bench" --benchmark_min_time=0.2 \
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json

@@ -228,6 +228,7 @@ def grads(make, ratio=None, need=None, **kw):
     torch.manual_seed(1)
     torch.cuda.manual_seed(1)
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # remat_reset: what is reserved is what is allocated
     a.reset_peak(0)
     base = a.memory_stats(0)["allocated"]
     stats = None
