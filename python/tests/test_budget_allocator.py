@@ -98,6 +98,26 @@ for name, kw in (("mlp", dict(policy="dtr")), ("gpt", dict(policy="dtr-eq")),
     assert not _allocator._listening
     print(name, "ok", stats["drops"], stats["offloads"], stats["recomputes"])
 
+# One budget kept across steps (the runtime learns each step's next uses for
+# the next), pressure in every step: the gradients stay right each time.
+model, step = models.gpt(0)
+plain, _ = grads(models.gpt)
+kept = remat.torch.budget("64MiB", policy="dtr-eq", pressure="allocator")
+for i in range(3):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    with kept as run:
+        hold = malloc(40 * MIB, 0, None)
+        loss = step()
+        assert malloc(30 * MIB, 0, None) is None
+        run._engine.ooms = a.num_ooms(0)  # the test's own request
+        loss.backward()
+        free(hold, 40 * MIB, 0, None)
+    assert run.stats["drops"] > 0, run.stats
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), plain)), i
+assert run.stats["learned_next_uses"] > 0, run.stats
+kept.close()
+
 # A budget below what the GPU holds before the step: refused, naming it.
 hold = malloc(40 * MIB, 0, None)
 try:
