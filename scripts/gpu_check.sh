@@ -101,7 +101,8 @@ step torch_budget_tests 240 bash -c "torch_or_skip; python3 -c 'import pytest' |
 # of what the GPU holds; then saved-bytes budgets beside checkpoint,
 # save_on_cpu and torch.compile (its activation_memory_budget).
 # BENCH_MODELS and BENCH_RATIOS narrow them for a short lease (COMPILE_MODELS the
-# compile benchmark alone).
+# compile benchmark alone); BENCH_SIZE=small runs the CPU's small models (default
+# large: kernels, not Python, set the step time).
 # The allocator bench's GPT rows with every launch synchronous: an illegal
 # memory access seen once after remat-drop's steps under allocator pressure
 # (bench/results/gpu_h200_2026-12-04.md) is then reported at the kernel that
@@ -110,10 +111,10 @@ step torch_allocator_blocking 150 bash -c "torch_or_skip; CUDA_LAUNCH_BLOCKING=1
   python3 -X faulthandler -m remat.torch.bench --device cuda --remat-allocator --models gpt --ratios 0.5 \
   --repeat 1"
 step torch_budget_bench_allocator 240 bash -c "torch_or_skip; PYTHONPATH=python python3 -m remat.torch.bench \
-  --device cuda --remat-allocator --models \${BENCH_MODELS:-gpt,resnet,lstm} --ratios \${BENCH_RATIOS:-0.3,0.5,0.7} --repeat 3 \
+  --device cuda --size \${BENCH_SIZE:-large} --remat-allocator --models \${BENCH_MODELS:-gpt,resnet,lstm} --ratios \${BENCH_RATIOS:-0.3,0.5,0.7} --repeat 3 \
   --markdown '$out/torch_budget_cuda_allocator.md'"
 step torch_budget_bench 300 bash -c "torch_or_skip; PYTHONPATH=python python3 -m remat.torch.bench \
-  --device cuda --models \${COMPILE_MODELS:-\${BENCH_MODELS:-gpt,resnet,lstm}} \
+  --device cuda --size \${BENCH_SIZE:-large} --models \${COMPILE_MODELS:-\${BENCH_MODELS:-gpt,resnet,lstm}} \
   --ratios \${BENCH_RATIOS:-0.3,0.5,0.7} --repeat 3 --compile --markdown '$out/torch_budget_cuda.md'"
 step cuda_bench 120 "$build/bin/cuda_bench" --benchmark_min_time=0.2 \
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json

@@ -60,3 +60,13 @@ def test_warm_up_covers_the_offload_guards_trial():
     assert bench.warm_up_steps("remat-hybrid") == trial + 1
     assert bench.warm_up_steps("remat-drop") == 1
     assert bench.warm_up_steps("remat-offload") == 1
+
+
+def test_size_large_gives_the_gpu_sized_models(monkeypatch):
+    for name in bench.LARGE:
+        monkeypatch.setitem(bench.MODELS, name, bench.MODELS[name])
+    seen = {}
+    monkeypatch.setattr(bench, "rows", lambda names, *a, **k: seen.update(
+        {n: dict(bench.MODELS[n][1]) for n in names}))
+    bench.main(["--size", "large", "--models", "gpt,lstm"])
+    assert seen == {"gpt": bench.LARGE["gpt"], "lstm": bench.LARGE["lstm"]}

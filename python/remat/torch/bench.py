@@ -41,6 +41,7 @@ activation memory, and its "fits" runs get the plain x1 step's whole peak.
 
   python -m remat.torch.bench [--device cpu|cuda] [--models gpt,resnet,lstm]
       [--ratios 0.3,0.5,0.7,0.9] [--repeat 3] [--compile] [--remat-allocator]
+      [--size small|large]
       [--markdown out.md]
 """
 import argparse
@@ -137,6 +138,13 @@ MODELS = {
     "gpt": (models.gpt, dict(batch=8, seq=128, layers=4, d=128, vocab=512), "batch"),
     "resnet": (models.resnet, dict(batch=16, channels=32, blocks=4, image=32), "batch"),
     "lstm": (models.lstm, dict(batch=16, seq=64, hidden=128, layers=2, vocab=256), "batch"),
+}
+# --size large: steps whose kernels, not Python, set a GPU's step time (a
+# GPT-2-small-wide decoder at seq 512; a ResNet at 64x64; an LSTM of 1024).
+LARGE = {
+    "gpt": dict(batch=8, seq=512, layers=6, d=768, vocab=8192),
+    "resnet": dict(batch=64, channels=64, blocks=4, image=64),
+    "lstm": dict(batch=64, seq=128, hidden=1024, layers=2, vocab=8192),
 }
 
 
@@ -339,6 +347,8 @@ def main(argv=None):
     parser.add_argument("--compile", action="store_true",
                         help="also torch.compile, plain and with activation_memory_budget at "
                              "each ratio (slow: one compile per row)")
+    parser.add_argument("--size", choices=["small", "large"], default="small",
+                        help="the models' size: small (the CPU's, default) or large (a GPU's)")
     parser.add_argument("--remat-allocator", action="store_true",
                         help="(CUDA) remat's allocator as PyTorch's: budgets count what the GPU "
                              "holds, and its pressure drives the evictions")
@@ -358,6 +368,9 @@ def main(argv=None):
         parser.error("--repeat: at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no GPU here")
+    if args.size == "large":
+        for name, kw in LARGE.items():
+            MODELS[name] = (MODELS[name][0], dict(kw), MODELS[name][2])
     if args.remat_allocator:
         if args.device != "cuda":
             parser.error("--remat-allocator: with --device cuda (it is PyTorch's CUDA allocator)")
