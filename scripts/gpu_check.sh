@@ -108,7 +108,8 @@ step torch_budget_tests 240 bash -c "torch_or_skip; python3 -c 'import pytest' |
 # (bench/results/gpu_h200_2026-12-04.md) is then reported at the kernel that
 # makes it, with the Python stack that launched it.
 step torch_allocator_blocking 150 bash -c "torch_or_skip; CUDA_LAUNCH_BLOCKING=1 PYTHONPATH=python \
-  python3 -X faulthandler -m remat.torch.bench --device cuda --remat-allocator --models gpt --ratios 0.5 \
+  python3 -X faulthandler -m remat.torch.bench --device cuda --size small --remat-allocator \
+  --models gpt --ratios 0.5 \
   --repeat 1"
 step torch_budget_bench_allocator 240 bash -c "torch_or_skip; PYTHONPATH=python python3 -m remat.torch.bench \
   --device cuda --size \${BENCH_SIZE:-large} --remat-allocator --models \${BENCH_MODELS:-gpt,resnet,lstm} --ratios \${BENCH_RATIOS:-0.3,0.5,0.7} --repeat 3 \
