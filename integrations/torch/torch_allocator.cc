@@ -142,61 +142,60 @@ REMAT_EXPORT int remat_torch_write_snapshot(int device, const char* path) {
       -1);
 }
 
-// Caps `device`'s reserved bytes at `bytes` (0: the device's capacity, no
-// cap). Below what is reserved, the cache is released; what stays allocated
-// stays. 0 on success; -1 (and remat_torch_last_error) on a budget under the
-// smallest segment or over the device.
-REMAT_EXPORT int remat_torch_set_budget(int device, std::uint64_t bytes) {
+namespace {
+
+// The calls below that act on one device's allocator: `f(allocator)` runs
+// once the device's allocator exists; its status is the call's last error,
+// and 0 (OK) or -1 what it returns.
+template <typename F>
+int OnAllocator(int device, F f) noexcept {
   return Guarded(
       [&]() -> int {
         absl::StatusOr<remat::CachingAllocator*> a = Allocators::Process().For(device);
-        absl::Status s = a.status();
-        if (a.ok()) {
-          s = (*a)->SetBudget(bytes == 0 ? (*a)->device()->Capacity()
-                                         : static_cast<std::size_t>(bytes));
-        }
+        const absl::Status s = a.ok() ? f(**a) : a.status();
         SetLastError(s);
         return s.ok() ? 0 : -1;
       },
       -1);
 }
 
+absl::Status NoOut() { return absl::InvalidArgumentError("out is NULL"); }
+
+}  // namespace
+
+// Caps `device`'s reserved bytes at `bytes` (0: the device's capacity, no
+// cap). Below what is reserved, the cache is released; what stays allocated
+// stays. 0 on success; -1 (and remat_torch_last_error) on a budget under the
+// smallest segment or over the device.
+REMAT_EXPORT int remat_torch_set_budget(int device, std::uint64_t bytes) {
+  return OnAllocator(device, [&](remat::CachingAllocator& a) {
+    return a.SetBudget(bytes == 0 ? a.device()->Capacity() : static_cast<std::size_t>(bytes));
+  });
+}
+
 REMAT_EXPORT int remat_torch_get_budget(int device, std::uint64_t* out) {
-  return Guarded(
-      [&]() -> int {
-        absl::StatusOr<remat::CachingAllocator*> a = Allocators::Process().For(device);
-        SetLastError(a.status());
-        if (!a.ok() || out == nullptr) return -1;
-        *out = (*a)->budget();
-        return 0;
-      },
-      -1);
+  return OnAllocator(device, [&](remat::CachingAllocator& a) {
+    if (out == nullptr) return NoOut();
+    *out = a.budget();
+    return absl::OkStatus();
+  });
 }
 
 // Requests `device` could not serve, since the process began.
 REMAT_EXPORT int remat_torch_num_ooms(int device, std::uint64_t* out) {
-  return Guarded(
-      [&]() -> int {
-        absl::StatusOr<remat::CachingAllocator*> a = Allocators::Process().For(device);
-        SetLastError(a.status());
-        if (!a.ok() || out == nullptr) return -1;
-        *out = static_cast<std::uint64_t>((*a)->GetStats().num_ooms);
-        return 0;
-      },
-      -1);
+  return OnAllocator(device, [&](remat::CachingAllocator& a) {
+    if (out == nullptr) return NoOut();
+    *out = static_cast<std::uint64_t>(a.GetStats().num_ooms);
+    return absl::OkStatus();
+  });
 }
 
 // The peaks remat_torch_memory_stats reports start again from now.
 REMAT_EXPORT int remat_torch_reset_peak_stats(int device) {
-  return Guarded(
-      [&]() -> int {
-        absl::StatusOr<remat::CachingAllocator*> a = Allocators::Process().For(device);
-        SetLastError(a.status());
-        if (!a.ok()) return -1;
-        (*a)->ResetPeakStats();
-        return 0;
-      },
-      -1);
+  return OnAllocator(device, [](remat::CachingAllocator& a) {
+    a.ResetPeakStats();
+    return absl::OkStatus();
+  });
 }
 
 // What a pressure callback is told: the request that does not fit (rounded
@@ -221,36 +220,29 @@ using remat_torch_pressure_fn = int (*)(void* user, const remat_torch_pressure* 
 // an unknown device, or with REMAT_TRACE set (its lock is held across the
 // allocation, so a callback's free would wait on it).
 REMAT_EXPORT int remat_torch_set_pressure_fn(int device, remat_torch_pressure_fn fn, void* user) {
-  return Guarded(
-      [&]() -> int {
-        absl::StatusOr<remat::CachingAllocator*> a = Allocators::Process().For(device);
-        SetLastError(a.status());
-        if (!a.ok()) return -1;
-        if (fn == nullptr) {
-          (*a)->SetPressureHandler(nullptr);
-          return 0;
-        }
-        // The trace writes a call and its record under one lock, held across
-        // the allocation: a callback freeing through remat_free would wait
-        // on it.
-        const absl::StatusOr<remat::env::Config>& config = Allocators::Process().config();
-        if (config.ok() && !config->trace_path.empty()) {
-          SetLastError(absl::FailedPreconditionError(
-              "REMAT_TRACE is set: a pressure callback cannot run while allocations are "
-              "traced (unset REMAT_TRACE)"));
-          return -1;
-        }
-        (*a)->SetPressureHandler([fn, user, device](const remat::PressureRequest& r) {
-          const remat_torch_pressure p{r.bytes, r.budget, r.reserved, r.allocated, device};
-          try {
-            return fn(user, &p) != 0;
-          } catch (...) {  // a C callback should not throw; one that does frees nothing
-            return false;
-          }
-        });
-        return 0;
-      },
-      -1);
+  return OnAllocator(device, [&](remat::CachingAllocator& a) {
+    if (fn == nullptr) {
+      a.SetPressureHandler(nullptr);
+      return absl::OkStatus();
+    }
+    // The trace writes a call and its record under one lock, held across the
+    // allocation: a callback freeing through remat_free would wait on it.
+    const absl::StatusOr<remat::env::Config>& config = Allocators::Process().config();
+    if (config.ok() && !config->trace_path.empty()) {
+      return absl::FailedPreconditionError(
+          "REMAT_TRACE is set: a pressure callback cannot run while allocations are traced "
+          "(unset REMAT_TRACE)");
+    }
+    a.SetPressureHandler([fn, user, device](const remat::PressureRequest& r) {
+      const remat_torch_pressure p{r.bytes, r.budget, r.reserved, r.allocated, device};
+      try {
+        return fn(user, &p) != 0;
+      } catch (...) {  // a C callback should not throw; one that does frees nothing
+        return false;
+      }
+    });
+    return absl::OkStatus();
+  });
 }
 
 REMAT_EXPORT const char* remat_torch_last_error(void) { return remat::env::LastError(); }

@@ -124,6 +124,10 @@ TEST_F(TorchAllocatorTest, APressureCallbackFreesRoomAndTheRequestIsServed) {
   std::uint64_t ooms = 0;
   ASSERT_EQ(num_ooms(0, &ooms), 0);
   EXPECT_EQ(num_ooms(-1, &ooms), -1);
+  EXPECT_EQ(num_ooms(0, nullptr), -1);  // no place for the answer: said, nothing changes
+  EXPECT_THAT(last_error(), HasSubstr("out is NULL"));
+  EXPECT_EQ(get_budget(0, nullptr), -1);
+  EXPECT_THAT(last_error(), HasSubstr("out is NULL"));
   std::uint64_t was = 0;
   ASSERT_EQ(get_budget(0, &was), 0) << last_error();
   EXPECT_EQ(set_budget(0, 1024), -1);  // under the smallest segment

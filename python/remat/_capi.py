@@ -105,28 +105,28 @@ class RematError(RuntimeError):
         self.status = status
 
 
-def _candidates():
-    env = os.environ.get("REMAT_LIBRARY")
-    if env:
-        yield pathlib.Path(env)
+def _candidates(name, env):
+    path = os.environ.get(env)
+    if path:
+        yield pathlib.Path(path)
         return
     here = pathlib.Path(__file__).resolve().parent
-    yield here / "lib" / "libremat.so"            # an installed package
+    yield here / "lib" / name                         # an installed package
     root = here.parent.parent                         # a checkout: python/remat/..
     for build in ("build", "build-release"):
-        yield root / build / "lib" / "libremat.so"
+        yield root / build / "lib" / name
 
 
-def find_library():
-    """The path of libremat.so: $REMAT_LIBRARY, the package's own copy, or a
-    checkout's build/lib."""
+def find_library(name="libremat.so", env="REMAT_LIBRARY"):
+    """The path of one of remat's libraries (libremat.so by default): $env,
+    the package's own copy, or a checkout's build/lib."""
     tried = []
-    for path in _candidates():
+    for path in _candidates(name, env):
         if path.is_file():
             return str(path)
         tried.append(str(path))
-    raise ImportError("libremat.so not found (tried " + ", ".join(tried) +
-                      "); install the package with `pip install .` or set REMAT_LIBRARY")
+    raise ImportError(f"{name} not found (tried " + ", ".join(tried) +
+                      f"); install the package with `pip install .` or set {env}")
 
 
 _lib = None

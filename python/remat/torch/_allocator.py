@@ -15,9 +15,10 @@ call that asked.
 """
 import ctypes
 import os
-import pathlib
 
 import torch
+
+from remat import _capi
 
 
 class Pressure(ctypes.Structure):
@@ -31,29 +32,10 @@ class Pressure(ctypes.Structure):
 PRESSURE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Pressure))
 
 
-def _candidates():
-    env = os.environ.get("REMAT_TORCH_LIB")
-    if env:
-        yield pathlib.Path(env)
-        return
-    here = pathlib.Path(__file__).resolve().parent.parent
-    yield here / "lib" / "libremat_torch.so"          # an installed package
-    root = here.parent.parent                           # a checkout: python/remat/..
-    for build in ("build", "build-release"):
-        yield root / build / "lib" / "libremat_torch.so"
-
-
 def find_library():
     """The path of libremat_torch.so: $REMAT_TORCH_LIB, the package's own
     copy, or a checkout's build/lib."""
-    tried = []
-    for path in _candidates():
-        if path.is_file():
-            return str(path)
-        tried.append(str(path))
-    raise FileNotFoundError("libremat_torch.so not found (tried " + ", ".join(tried) +
-                            "); install the package with `pip install .` or set "
-                            "REMAT_TORCH_LIB")
+    return _capi.find_library("libremat_torch.so", "REMAT_TORCH_LIB")
 
 
 class Allocator:
@@ -96,11 +78,13 @@ class Allocator:
         return {"allocated": out[0], "peak_allocated": out[1], "reserved": out[2],
                 "peak_reserved": out[3]}
 
-    def budget(self, device):
+    def _u64(self, name, device):
         out = ctypes.c_uint64()
-        self._check(self.so.remat_torch_get_budget(device, ctypes.byref(out)),
-                    "remat_torch_get_budget")
+        self._check(getattr(self.so, name)(device, ctypes.byref(out)), name)
         return out.value
+
+    def budget(self, device):
+        return self._u64("remat_torch_get_budget", device)
 
     def set_budget(self, device, nbytes):
         self._check(self.so.remat_torch_set_budget(device, nbytes), "remat_torch_set_budget")
@@ -110,10 +94,7 @@ class Allocator:
 
     def num_ooms(self, device):
         """Requests the allocator could not serve, since the process began."""
-        out = ctypes.c_uint64()
-        self._check(self.so.remat_torch_num_ooms(device, ctypes.byref(out)),
-                    "remat_torch_num_ooms")
-        return out.value
+        return self._u64("remat_torch_num_ooms", device)
 
     def set_pressure_fn(self, device, fn):
         """fn: a PRESSURE_FN (kept alive by the caller), or None to remove."""

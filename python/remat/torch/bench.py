@@ -120,11 +120,9 @@ class CudaPeak:
 _ALLOCATOR = None
 
 
-def held_before_step(name, device, scale=1):
+def held_before_step(name, device):
     """What remat's allocator holds once a step's model and inputs exist."""
-    maker, kw, batch_key = MODELS[name]
-    kw = dict(kw)
-    kw[batch_key] *= scale
+    maker, kw, _ = MODELS[name]
     torch.cuda.synchronize()
     model, step = maker(0, device=device, **kw)
     torch.cuda.synchronize()
