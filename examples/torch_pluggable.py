@@ -27,7 +27,8 @@ def remat_stats(lib, device=0):
     out = (ctypes.c_uint64 * 4)()
     if lib.remat_torch_memory_stats(device, out) != 0:
         raise RuntimeError(lib.remat_torch_last_error().decode())
-    return {"allocated": out[0], "peak_allocated": out[1], "reserved": out[2], "peak_reserved": out[3]}
+    return {"allocated": out[0], "peak_allocated": out[1], "reserved": out[2],
+            "peak_reserved": out[3]}
 
 
 def train(steps, width, batch):
@@ -46,7 +47,8 @@ def train(steps, width, batch):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=["process", "mempool"], default="process")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--width", type=int, default=2048)
@@ -57,7 +59,11 @@ def main():
     if not os.path.exists(LIB):
         sys.exit(f"{LIB} not found: build remat first (./scripts/test.sh) or set REMAT_TORCH_LIB")
 
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(LIB, "remat_malloc", "remat_free")
+    # As the process's allocator, remat_malloc (it raises when it cannot serve
+    # a request); under a MemPool, PyTorch's caching allocator calls it and
+    # checks for NULL, releasing its own cache and retrying: remat_try_malloc.
+    symbol = "remat_malloc" if args.mode == "process" else "remat_try_malloc"
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(LIB, symbol, "remat_free")
     lib = ctypes.CDLL(LIB)
     lib.remat_torch_last_error.restype = ctypes.c_char_p
     if args.mode == "process":

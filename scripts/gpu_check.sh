@@ -10,9 +10,13 @@
 # tests: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build
 # Logs, JSON and a summary go to OUT_DIR (default gpu-out). Every step runs
 # under a time limit and the script goes on past a failure; its exit status is
-# the number of failed steps. Needs python3 with torch (and transformers for the
-# GPT-2 steps); without them those steps are reported as skipped.
-# GPU_CHECK_ONLY="step step..." runs only those steps.
+# the number of failed steps (and of steps GPU_CHECK_SECONDS left no time for).
+# Needs python3 with torch (and transformers for the GPT-2 steps); without them
+# those steps are reported as skipped.
+# GPU_CHECK_ONLY="step step..." runs only those steps. GPU_CHECK_SECONDS caps
+# the whole run: each step gets what is left of it (a step with under 10 s left
+# is skipped, and says so), so a short lease still gets the script's summary
+# and logs back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=$(realpath "${1:-build}")
@@ -23,12 +27,25 @@ if [[ -d .devlibs ]]; then export LD_LIBRARY_PATH=$PWD/.devlibs${LD_LIBRARY_PATH
 summary=$out/summary.txt
 : >"$summary"
 failed=0
+out_of_time=0
+if [[ ! ${GPU_CHECK_SECONDS:-1000000} =~ ^[0-9]+$ ]]; then
+  echo "GPU_CHECK_SECONDS must be a whole number of seconds, not '$GPU_CHECK_SECONDS'" >&2
+  exit 2
+fi
+deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-1000000}))
 
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2
   # GPU_CHECK_ONLY="a b": run only the steps named (a rerun of what failed).
   if [[ -n ${GPU_CHECK_ONLY:-} && " $GPU_CHECK_ONLY " != *" $name "* ]]; then return; fi
+  local left=$((deadline - SECONDS))
+  if ((left < 10)); then
+    printf '%-22s %-12s\n' "$name" "skip: GPU_CHECK_SECONDS spent" | tee -a "$summary"
+    out_of_time=$((out_of_time + 1))
+    return
+  fi
+  ((limit > left - 5)) && limit=$((left - 5))
   local start=$SECONDS
   timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$? took=$((SECONDS - start))
@@ -56,7 +73,7 @@ export -f have_torch torch_or_skip
 
 step cuda_device_test 90 "$build/bin/cuda_device_test" --gtest_brief=1
 step runtime_cuda_test 120 "$build/bin/runtime_cuda_test" --gtest_brief=1 --gtest_repeat=3
-grep -h "SKIPPED\|Skipped" "$out"/cuda_device_test.log "$out"/runtime_cuda_test.log | head -5
+grep -h "SKIPPED\|Skipped" "$out"/cuda_device_test.log "$out"/runtime_cuda_test.log 2>/dev/null | head -5
 
 # The preload shim under real CUDA: the runtime API probe and the driver API
 # probe, each with a budget the shim must enforce.
@@ -100,23 +117,30 @@ step torch_budget_tests 240 bash -c "torch_or_skip; python3 -c 'import pytest' |
 # The three figures on the GPU: with remat's allocator as PyTorch's, budgets
 # of what the GPU holds; then saved-bytes budgets beside checkpoint,
 # save_on_cpu and torch.compile (its activation_memory_budget).
-# BENCH_MODELS and BENCH_RATIOS narrow them for a short lease (COMPILE_MODELS the
-# compile benchmark alone); BENCH_SIZE=small runs the CPU's small models (default
-# large: kernels, not Python, set the step time).
-# The allocator bench's GPT rows with every launch synchronous: an illegal
-# memory access seen once after remat-drop's steps under allocator pressure
-# (bench/results/gpu_h200_2026-12-04.md) is then reported at the kernel that
-# makes it, with the Python stack that launched it.
-step torch_allocator_blocking 150 bash -c "torch_or_skip; CUDA_LAUNCH_BLOCKING=1 PYTHONPATH=python \
-  python3 -X faulthandler -m remat.torch.bench --device cuda --size small --remat-allocator \
-  --models gpt --ratios 0.5 \
-  --repeat 1"
+# BENCH_MODELS, BENCH_RATIOS and BENCH_METHODS (the bench's --methods; the
+# compile rows go to the compile benchmark only) narrow them for a short lease
+# (COMPILE_MODELS and COMPILE_METHODS the compile benchmark alone);
+# BENCH_SIZE=small runs the CPU's small models (default large: kernels, not
+# Python, set the step time).
+# The allocator bench's GPT rows up to remat-drop with every live tensor's
+# memory checked (still mapped?) at each step's end and after each pressure
+# callback; the first that is not is named with remat's allocator's last
+# events at its address. (It found the illegal memory access of
+# bench/results/gpu_h200_2026-12-04.md: an out-of-memory's NULL made a tensor
+# without memory, in the "fits" trial at x4; remat_malloc now raises.)
+step torch_allocator_probe 150 bash -c "torch_or_skip; REMAT_SNAPSHOT='$out/probe_snapshot.pickle' \
+  PYTHONPATH=python python3 scripts/torch_allocator_probe.py"
+alloc_methods=$(tr , '\n' <<<"${BENCH_METHODS:-}" | grep -v '^compile' | paste -sd, -)
+[[ -n ${BENCH_METHODS:-} && -z $alloc_methods ]] && alloc_methods=plain  # compile rows alone
 step torch_budget_bench_allocator 240 bash -c "torch_or_skip; PYTHONPATH=python python3 -m remat.torch.bench \
   --device cuda --size \${BENCH_SIZE:-large} --remat-allocator --models \${BENCH_MODELS:-gpt,resnet,lstm} --ratios \${BENCH_RATIOS:-0.3,0.5,0.7} --repeat 3 \
-  --markdown '$out/torch_budget_cuda_allocator.md'"
+  ${alloc_methods:+--methods $alloc_methods} --markdown '$out/torch_budget_cuda_allocator.md'"
+compile_methods=${COMPILE_METHODS:-${BENCH_METHODS:-}}
 step torch_budget_bench 300 bash -c "torch_or_skip; PYTHONPATH=python python3 -m remat.torch.bench \
   --device cuda --size \${BENCH_SIZE:-large} --models \${COMPILE_MODELS:-\${BENCH_MODELS:-gpt,resnet,lstm}} \
-  --ratios \${BENCH_RATIOS:-0.3,0.5,0.7} --repeat 3 --compile --markdown '$out/torch_budget_cuda.md'"
+  --ratios \${BENCH_RATIOS:-0.3,0.5,0.7} --repeat 3 --compile \
+  ${compile_methods:+--methods $compile_methods} \
+  --markdown '$out/torch_budget_cuda.md'"
 step cuda_bench 120 "$build/bin/cuda_bench" --benchmark_min_time=0.2 \
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json
 step gpt2_memory 90 bash -c "torch_or_skip; python3 bench/torch_gpt2_memory.py"
@@ -132,5 +156,5 @@ step capture_gpt2 240 bash -c "torch_or_skip; python3 tools/capture_torch_trace.
   --policy msps && for r in 0.3 0.5 0.7; do for p in msps dtr hybrid; do \
   '$build/bin/remat' sim '$out/gpt2_torch.jsonl' --budget-ratio \$r --policy \$p --json; done; done"
 
-echo "failed steps: $failed" | tee -a "$summary"
-exit "$failed"
+echo "failed steps: $failed; steps not run for lack of time: $out_of_time" | tee -a "$summary"
+exit $((failed + out_of_time))

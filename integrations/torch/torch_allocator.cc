@@ -5,8 +5,17 @@
 //
 // One CachingAllocator per device, created on first use and configured from
 // the environment (REMAT_BUDGET, REMAT_TRACE, REMAT_STATS, REMAT_SNAPSHOT,
-// REMAT_DEVICE=sim; see integrations/env/env_allocator.h). Out of memory
-// returns NULL, and remat_torch_last_error() says why.
+// REMAT_DEVICE=sim; see integrations/env/env_allocator.h).
+//
+// A request remat_malloc cannot serve raises a C++ exception (a
+// std::runtime_error whose message begins "CUDA out of memory." when the
+// budget or the device is full; PyTorch's own allocator throws its own
+// type): PyTorch turns it into a Python RuntimeError at the call that asked.
+// A NULL would not be checked (PyTorch 2.11 builds a tensor without memory,
+// and the kernel that writes it makes an illegal memory access, which ends
+// the process's use of the GPU). C callers, which cannot catch it, and
+// torch.cuda.MemPool (whose caching allocator checks for NULL and retries)
+// use remat_try_malloc: NULL, and remat_torch_last_error() says why.
 //
 // Besides malloc and free, the optional hooks a pluggable allocator can have
 // (PyTorch's set_init_fn, set_reset_fn, set_memory_fraction_fn and
@@ -16,6 +25,8 @@
 // Everything not named remat_* stays hidden (version script).
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "absl/status/status.h"
 #include "allocator/snapshot_pickle.h"
@@ -38,7 +49,8 @@ std::uint64_t StreamValue(void* stream) {
   return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(stream));
 }
 
-// No C++ exception may reach PyTorch's C caller.
+// No C++ exception may reach a C caller (remat_malloc throws on purpose,
+// after the call is done).
 template <typename F>
 auto Guarded(F f, decltype(f()) on_error) noexcept -> decltype(f()) {
   try {
@@ -51,14 +63,37 @@ auto Guarded(F f, decltype(f()) on_error) noexcept -> decltype(f()) {
 
 }  // namespace
 
+namespace {
+
+absl::StatusOr<void*> TryAllocate(std::size_t size, int device, void* stream) noexcept {
+  try {
+    absl::StatusOr<void*> p = Allocators::Process().Allocate(device, size, StreamValue(stream));
+    SetLastError(p.status());
+    return p;
+  } catch (...) {  // (the error is made here only: a served request allocates nothing more)
+    absl::Status s = absl::InternalError("remat: an unexpected C++ exception");
+    SetLastError(s);
+    return s;
+  }
+}
+
+}  // namespace
+
+REMAT_EXPORT void* remat_try_malloc(std::size_t size, int device, void* stream) {
+  absl::StatusOr<void*> p = TryAllocate(size, device, stream);
+  return p.ok() ? *p : nullptr;
+}
+
+// PyTorch's alloc_fn: throws where remat_try_malloc returns NULL (no lock is
+// held by then). Not for C callers: the exception would end the process.
 REMAT_EXPORT void* remat_malloc(std::size_t size, int device, void* stream) {
-  return Guarded(
-      [&]() -> void* {
-        absl::StatusOr<void*> p = Allocators::Process().Allocate(device, size, StreamValue(stream));
-        SetLastError(p.status());
-        return p.ok() ? *p : nullptr;
-      },
-      nullptr);
+  absl::StatusOr<void*> p = TryAllocate(size, device, stream);
+  if (p.ok()) return *p;
+  const std::string why(p.status().message());
+  // PyTorch's own words for it, which tools that shrink a batch on out of
+  // memory look for.
+  if (absl::IsResourceExhausted(p.status())) throw std::runtime_error("CUDA out of memory. " + why);
+  throw std::runtime_error("remat: " + why);
 }
 
 REMAT_EXPORT void remat_free(void* ptr, std::size_t size, int device, void* stream) {
@@ -215,8 +250,8 @@ using remat_torch_pressure_fn = int (*)(void* user, const remat_torch_pressure* 
 // remat_free is allowed; it runs on the allocating thread, without the
 // allocator's lock) and returns nonzero when it freed something, and the
 // allocator tries again; 0 ends the tries unless another thread freed memory
-// meanwhile (the request then fails: NULL, which PyTorch 2.11's pluggable
-// allocator does not check). NULL removes the callback. 0 on success; -1 on
+// meanwhile (the request then fails: remat_malloc throws). NULL removes the
+// callback. 0 on success; -1 on
 // an unknown device, or with REMAT_TRACE set (its lock is held across the
 // allocation, so a callback's free would wait on it).
 REMAT_EXPORT int remat_torch_set_pressure_fn(int device, remat_torch_pressure_fn fn, void* user) {

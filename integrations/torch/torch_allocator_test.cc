@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <string>
 
@@ -51,18 +52,20 @@ void* TorchAllocatorTest::lib_ = nullptr;
 TEST_F(TorchAllocatorTest, ServesMallocAndFreeWithPyTorchsSignatures) {
   ASSERT_NE(lib_, nullptr) << dlerror();
   auto remat_malloc = Get<Malloc>("remat_malloc");
+  auto try_malloc = Get<Malloc>("remat_try_malloc");
   auto remat_free = Get<Free>("remat_free");
   auto stats = Get<Stats>("remat_torch_memory_stats");
   auto last_error = Get<LastError>("remat_torch_last_error");
-  ASSERT_TRUE(remat_malloc && remat_free && stats && last_error);
+  ASSERT_TRUE(remat_malloc && try_malloc && remat_free && stats && last_error);
   void* stream = reinterpret_cast<void*>(0x1234);  // any stream PyTorch names
   void* p = remat_malloc(3 << 20, 0, stream);
   ASSERT_NE(p, nullptr) << last_error();
   std::uint64_t s[4] = {};
   ASSERT_EQ(stats(0, s), 0);
   EXPECT_EQ(s[0], 3u << 20);
-  // Out of memory: NULL, and the reason where the caller can read it.
-  EXPECT_EQ(remat_malloc(std::size_t{1} << 30, 0, stream), nullptr);
+  // Out of memory (remat_try_malloc, for C callers): NULL, and the reason
+  // where the caller can read it.
+  EXPECT_EQ(try_malloc(std::size_t{1} << 30, 0, stream), nullptr);
   EXPECT_THAT(last_error(), HasSubstr("out of memory"));
   remat_free(p, 3 << 20, 0, stream);
   EXPECT_STREQ(last_error(), "");
@@ -73,12 +76,45 @@ TEST_F(TorchAllocatorTest, ServesMallocAndFreeWithPyTorchsSignatures) {
   int foreign = 0;
   remat_free(&foreign, 4, 0, stream);
   EXPECT_THAT(last_error(), HasSubstr("not allocated by remat"));
-  EXPECT_EQ(remat_malloc(16, -1, stream), nullptr);  // no such device
+  EXPECT_EQ(try_malloc(16, -1, stream), nullptr);  // no such device
+}
+
+// PyTorch 2.11 does not check its alloc_fn's NULL: remat_malloc throws
+// instead, and PyTorch raises it in Python at the call that asked.
+TEST_F(TorchAllocatorTest, MallocThrowsWhereTryMallocReturnsNull) {
+  ASSERT_NE(lib_, nullptr) << dlerror();
+  auto remat_malloc = Get<Malloc>("remat_malloc");
+  auto remat_free = Get<Free>("remat_free");
+  auto stats = Get<Stats>("remat_torch_memory_stats");
+  ASSERT_TRUE(remat_malloc && remat_free && stats);
+  std::uint64_t before[4] = {};
+  ASSERT_EQ(stats(0, before), 0);
+  try {
+    remat_malloc(std::size_t{1} << 30, 0, nullptr);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::exception& e) {
+    // PyTorch's words, which tools that shrink a batch on out of memory match.
+    EXPECT_THAT(e.what(), ::testing::StartsWith("CUDA out of memory. "));
+  }
+  try {
+    remat_malloc(16, -1, nullptr);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), ::testing::StartsWith("remat: "));
+  }
+  std::uint64_t after[4] = {};
+  ASSERT_EQ(stats(0, after), 0);
+  EXPECT_EQ(after[0], before[0]);  // nothing allocated
+  EXPECT_EQ(remat_malloc(0, 0, nullptr), nullptr);  // zero bytes: no memory, no error
+  void* p = remat_malloc(1 << 20, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  remat_free(p, 1 << 20, 0, nullptr);
 }
 
 TEST_F(TorchAllocatorTest, TheOptionalHooksWork) {
   ASSERT_NE(lib_, nullptr) << dlerror();
   auto remat_malloc = Get<Malloc>("remat_malloc");
+  auto try_malloc = Get<Malloc>("remat_try_malloc");
   auto remat_free = Get<Free>("remat_free");
   auto reset = Get<Reset>("remat_reset");
   auto fraction = Get<Fraction>("remat_set_memory_fraction");
@@ -86,7 +122,7 @@ TEST_F(TorchAllocatorTest, TheOptionalHooksWork) {
   auto snapshot = Get<Snapshot>("remat_torch_write_snapshot");
   auto stats = Get<Stats>("remat_torch_memory_stats");
   auto last_error = Get<LastError>("remat_torch_last_error");
-  ASSERT_TRUE(reset && fraction && record && snapshot && stats && last_error);
+  ASSERT_TRUE(try_malloc && reset && fraction && record && snapshot && stats && last_error);
   void* p = remat_malloc(1 << 20, 0, nullptr);
   ASSERT_NE(p, nullptr);
   record(p, reinterpret_cast<void*>(0x99));
@@ -97,7 +133,7 @@ TEST_F(TorchAllocatorTest, TheOptionalHooksWork) {
   ASSERT_EQ(stats(0, s), 0);
   EXPECT_EQ(s[2], 0u);
   fraction(0.01, 0);  // 1% of 1 GiB
-  EXPECT_EQ(remat_malloc(20 << 20, 0, nullptr), nullptr);
+  EXPECT_EQ(try_malloc(20 << 20, 0, nullptr), nullptr);
   fraction(2.0, 0);
   EXPECT_THAT(last_error(), HasSubstr("not in (0, 1]"));
   fraction(1.0, 0);
@@ -112,6 +148,7 @@ TEST_F(TorchAllocatorTest, TheOptionalHooksWork) {
 TEST_F(TorchAllocatorTest, APressureCallbackFreesRoomAndTheRequestIsServed) {
   ASSERT_NE(lib_, nullptr) << dlerror();
   auto remat_malloc = Get<Malloc>("remat_malloc");
+  auto try_malloc = Get<Malloc>("remat_try_malloc");
   auto remat_free = Get<Free>("remat_free");
   auto set_budget = Get<SetBudget>("remat_torch_set_budget");
   auto get_budget = Get<GetBudget>("remat_torch_get_budget");
@@ -120,7 +157,8 @@ TEST_F(TorchAllocatorTest, APressureCallbackFreesRoomAndTheRequestIsServed) {
   auto num_ooms = Get<NumOoms>("remat_torch_num_ooms");
   auto stats = Get<Stats>("remat_torch_memory_stats");
   auto last_error = Get<LastError>("remat_torch_last_error");
-  ASSERT_TRUE(set_budget && get_budget && reset_peak && set_pressure && stats && num_ooms);
+  ASSERT_TRUE(try_malloc && set_budget && get_budget && reset_peak && set_pressure && stats &&
+              num_ooms);
   std::uint64_t ooms = 0;
   ASSERT_EQ(num_ooms(0, &ooms), 0);
   EXPECT_EQ(num_ooms(-1, &ooms), -1);
@@ -156,7 +194,7 @@ TEST_F(TorchAllocatorTest, APressureCallbackFreesRoomAndTheRequestIsServed) {
     return 1;
   };
   // Without a callback the request does not fit.
-  EXPECT_EQ(remat_malloc(16 << 20, 0, nullptr), nullptr);
+  EXPECT_EQ(try_malloc(16 << 20, 0, nullptr), nullptr);
   ASSERT_EQ(set_pressure(0, callback, &held), 0);
   void* p = remat_malloc(16 << 20, 0, nullptr);
   ASSERT_NE(p, nullptr) << last_error();
@@ -168,13 +206,13 @@ TEST_F(TorchAllocatorTest, APressureCallbackFreesRoomAndTheRequestIsServed) {
   std::uint64_t before = 0;
   ASSERT_EQ(num_ooms(0, &before), 0);
   // Nothing more to free: the callback says so and the request fails.
-  EXPECT_EQ(remat_malloc(16 << 20, 0, nullptr), nullptr);
+  EXPECT_EQ(try_malloc(16 << 20, 0, nullptr), nullptr);
   EXPECT_EQ(held.calls, 2);
   std::uint64_t after = 0;
   ASSERT_EQ(num_ooms(0, &after), 0);
   EXPECT_EQ(after, before + 1);
   ASSERT_EQ(set_pressure(0, nullptr, nullptr), 0);  // removed
-  EXPECT_EQ(remat_malloc(16 << 20, 0, nullptr), nullptr);
+  EXPECT_EQ(try_malloc(16 << 20, 0, nullptr), nullptr);
   EXPECT_EQ(held.calls, 2);
   EXPECT_EQ(set_pressure(-1, callback, &held), -1);
   remat_free(p, 16 << 20, 0, nullptr);
@@ -190,6 +228,7 @@ TEST_F(TorchAllocatorTest, OnlyRematSymbolsAreExported) {
   // Abseil and our C++ code stay inside.
   EXPECT_EQ(dlsym(lib_, "_ZN5remat3env10Allocators7ProcessEv"), nullptr);
   EXPECT_NE(dlsym(lib_, "remat_malloc"), nullptr);
+  EXPECT_NE(dlsym(lib_, "remat_try_malloc"), nullptr);
 }
 
 }  // namespace

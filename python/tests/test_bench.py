@@ -70,3 +70,23 @@ def test_size_large_gives_the_gpu_sized_models(monkeypatch):
         {n: dict(bench.MODELS[n][1]) for n in names}))
     bench.main(["--size", "large", "--models", "gpt,lstm"])
     assert seen == {"gpt": bench.LARGE["gpt"], "lstm": bench.LARGE["lstm"]}
+
+
+def test_methods_runs_only_the_rows_named(tiny):
+    out = io.StringIO()
+    bench.rows([tiny], [0.5], 1, "cpu", out, only=["checkpoint", "remat-drop"])
+    rows = table(out.getvalue())
+    assert [r["method"] for r in rows] == ["checkpoint", "remat-drop"]
+    assert all(r["grads equal"] == "yes" for r in rows)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--methods", "remat-dorp"], "unknown remat-dorp"),
+    (["--methods", ","], "(none given)"),
+    (["--methods", "compile-budget"], "need --compile"),
+])
+def test_methods_refuses_what_it_cannot_run(argv, says, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "rows", lambda *a, **k: pytest.fail("ran rows"))
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert says in capsys.readouterr().err

@@ -48,7 +48,7 @@ import remat.torch
 from remat.torch import _allocator, models
 
 a = _allocator.attach(_allocator.find_library())
-malloc = a.so.remat_malloc
+malloc = a.so.remat_try_malloc  # (remat_malloc raises, for PyTorch)
 malloc.restype = ctypes.c_void_p
 malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
 free = a.so.remat_free
@@ -277,6 +277,30 @@ for name, kw in (("mlp", dict(policy="dtr-eq")), ("gpt", dict(policy="dtr-eq")),
           f"offloads {stats['offloads']} pressure {stats['allocator_pressure_events']} "
           f"equal {same}")
     assert same, name
+
+# A budget too small for the step: BudgetTooSmall at the call that asked,
+# and the GPU still works (remat_malloc raises; a NULL would have become a
+# tensor without memory, and the kernel writing it an illegal memory access
+# that ends the process's use of the GPU).
+make = models.gpt
+plain, _, base, plain_peak, _ = grads(make)
+try:
+    grads(make, ratio=0.02, need=plain_peak - base, policy="dtr-eq")
+    raise AssertionError("a 2% budget was enough")
+except remat.torch.BudgetTooSmall as e:
+    print("too small:", str(e)[:120])
+    assert isinstance(e.__cause__, RuntimeError) and "CUDA out of memory." in str(e.__cause__), \
+        repr(e.__cause__)
+torch.cuda.synchronize()
+again, _, _, _, _ = grads(make)
+assert all(torch.equal(x, y) for x, y in zip(plain, again)), "the GPU after the failure"
+# Outside any budget, PyTorch raises it too, as with its own allocator.
+try:
+    torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    raise AssertionError("a petabyte was allocated")
+except RuntimeError as e:
+    assert "CUDA out of memory." in str(e) or "remat" in str(e), str(e)
+torch.cuda.synchronize()
 print("done")
 """
 
@@ -286,3 +310,42 @@ def test_allocator_pressure_on_cuda():
     out = _run(CUDA, REMAT_TORCH_LIB=_torch_library())
     print(out)
     assert "done" in out, out
+
+
+class _Counting:
+    """An allocator whose failure count the test sets."""
+
+    def __init__(self):
+        self.ooms = 0
+
+    def num_ooms(self, device):
+        return self.ooms
+
+
+def _engine_after_a_failed_request():
+    from types import SimpleNamespace
+    from remat.torch import _budget
+    allocator = _Counting()
+    engine = SimpleNamespace(pressure_error=None, allocator=allocator, device=0, ooms=0,
+                             _too_small=lambda func: _budget.BudgetTooSmall(f"{func}: small"))
+    allocator.ooms = 1  # a request failed during the call
+    return engine, _budget.Engine.check_allocator
+
+
+def test_an_out_of_memory_in_a_call_becomes_budget_too_small():
+    engine, check = _engine_after_a_failed_request()
+    oom = RuntimeError("CUDA out of memory. cannot allocate 8 MiB")
+    from remat.torch import BudgetTooSmall
+    with pytest.raises(BudgetTooSmall) as e:
+        check(engine, "aten.gelu", oom)
+    assert e.value.__cause__ is oom
+    assert engine.ooms == 1
+
+
+def test_another_error_in_the_call_is_not_hidden_behind_budget_too_small():
+    # A CUDA error (an illegal memory access, say) raised by a call during
+    # which a request also failed is the caller's to raise as it was.
+    engine, check = _engine_after_a_failed_request()
+    check(engine, "aten.gelu", RuntimeError("CUDA error: an illegal memory access"))
+    assert engine.ooms == 1  # counted as seen
+    check(engine, "aten.add", None)  # and not raised again at the next call

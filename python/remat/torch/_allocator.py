@@ -8,10 +8,10 @@ the step) rather than the saved bytes alone. The allocator is capped at the
 budget while the `with` is open; when a request does not fit it first
 releases its cache, then calls back into the budget, whose runtime evicts
 saved activations by its policy until the request fits or nothing more can
-go. The request then fails: PyTorch's pluggable allocator (2.11) does not
-check the NULL it gets and makes a tensor without memory, so the budget
-watches the allocator's count of failures and raises BudgetTooSmall at the
-call that asked.
+go. The request then fails: remat_malloc raises, PyTorch raises that at the
+call that asked (before any kernel could use a tensor without memory), and
+the budget, which watches the allocator's count of failures, raises
+BudgetTooSmall from it.
 """
 import ctypes
 import os

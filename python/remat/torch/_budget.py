@@ -115,6 +115,12 @@ def _tag(name):
     return getattr(torch.Tag, name, None)
 
 
+def _out_of_memory(exc):
+    """Whether `exc` is an allocator's out-of-memory error: remat_malloc's
+    ("CUDA out of memory. ..."), or torch.OutOfMemoryError."""
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc)
+
+
 def _has_storage(t):
     """A strided tensor with bytes of its own (what remat can hold)."""
     return _cost._has_storage(t) and t.layout == torch.strided
@@ -488,9 +494,8 @@ class Engine:
         self.device_stats = None
         self.allocator_pressure = 0
         # The allocator's failed requests so far (remat_torch_num_ooms), and
-        # the last pressure it reported: (bytes, allocated, budget). PyTorch's
-        # pluggable allocator does not check the NULL a failed request gets
-        # (the tensor is made without memory): the call that made it raises
+        # the last pressure it reported: (bytes, allocated, budget). The call
+        # whose request failed (remat_malloc raised in it) raises
         # BudgetTooSmall instead.
         self.ooms = 0
         self.last_pressure = None
@@ -589,15 +594,17 @@ class Engine:
     def check_allocator(self, func, exc=None):
         """After a call (`exc`: what it raised): raises what went wrong in
         the allocator's pressure callback, or BudgetTooSmall where a request
-        failed (the call then holds a tensor without memory, or raised on
-        reading one)."""
+        failed (the call raised it: remat_malloc throws). Another error the
+        call raised (a CUDA error, say) is not hidden behind BudgetTooSmall:
+        the caller raises it as it was."""
         if self.pressure_error is not None:
             error, self.pressure_error = self.pressure_error, None
             raise error from exc
         ooms = self.allocator.num_ooms(self.device)
         if ooms != self.ooms:
             self.ooms = ooms
-            raise self._too_small(func) from exc
+            if exc is None or _out_of_memory(exc):
+                raise self._too_small(func) from exc
 
     def _too_small(self, func):
         st = self.read_stats()

@@ -41,8 +41,11 @@ activation memory, and its "fits" runs get the plain x1 step's whole peak.
 
   python -m remat.torch.bench [--device cpu|cuda] [--models gpt,resnet,lstm]
       [--ratios 0.3,0.5,0.7,0.9] [--repeat 3] [--compile] [--remat-allocator]
-      [--size small|large]
+      [--size small|large] [--methods plain,remat-drop,...]
       [--markdown out.md]
+
+--methods runs only the rows named (the plain step is still run once, as the
+reference the gradients and budgets come from).
 """
 import argparse
 import contextlib
@@ -266,7 +269,13 @@ def plain_saved_bytes(name, device):
     return run.stats["peak_saved_bytes"]
 
 
-def rows(names, ratios, repeat, device, out, compile_too=False):
+METHODS = ("plain", "checkpoint", "save_on_cpu", "compile", "remat-drop", "remat-offload",
+           "remat-hybrid", "compile-budget")
+
+
+def rows(names, ratios, repeat, device, out, compile_too=False, only=None):
+    """The table's rows; `only`: the methods to run (default all; the
+    compile ones with `compile_too`)."""
     methods = [("plain", None), ("checkpoint", None), ("save_on_cpu", None)]
     if compile_too:
         methods.append(("compile", None))
@@ -274,6 +283,8 @@ def rows(names, ratios, repeat, device, out, compile_too=False):
         methods += [("remat-drop", r), ("remat-offload", r), ("remat-hybrid", r)]
         if compile_too:
             methods.append(("compile-budget", r))
+    if only is not None:
+        methods = [(m, r) for m, r in methods if m in only]
     header = ("| model | method | budget | peak activation MiB | step ms | samples/s | "
               "fits (batch) | plan | drops | recomputes | offloads | grads equal |")
     out.write(header + "\n" + "|---" * 12 + "|\n")
@@ -350,8 +361,18 @@ def main(argv=None):
     parser.add_argument("--remat-allocator", action="store_true",
                         help="(CUDA) remat's allocator as PyTorch's: budgets count what the GPU "
                              "holds, and its pressure drives the evictions")
+    parser.add_argument("--methods", help="only these rows, comma-separated: " + ",".join(METHODS))
     parser.add_argument("--markdown", help="also write the table here (must not exist)")
     args = parser.parse_args(argv)
+    only = None
+    if args.methods is not None:
+        only = [m for m in args.methods.split(",") if m]
+        unknown = [m for m in only if m not in METHODS]
+        if unknown or not only:
+            parser.error(f"--methods: unknown {', '.join(unknown) or '(none given)'}; known: "
+                         f"{', '.join(METHODS)}")
+        if not args.compile and any(m.startswith("compile") for m in only):
+            parser.error("--methods: the compile rows need --compile")
     names = [n for n in args.models.split(",") if n]
     for n in names:
         if n not in MODELS:
@@ -393,7 +414,8 @@ def main(argv=None):
     if md:
         files.append(md)
     try:
-        rows(names, ratios, args.repeat, args.device, Tee(*files), compile_too=args.compile)
+        rows(names, ratios, args.repeat, args.device, Tee(*files), compile_too=args.compile,
+             only=only)
     finally:
         if md:
             md.close()
