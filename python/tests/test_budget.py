@@ -420,6 +420,42 @@ def test_costs_count_the_flops_of_torchs_own_formulas():
     assert CostModel.flops(aten.tanh.default, (a,), {}, a.tanh()) == 0
 
 
+def test_a_calls_cost_is_worked_out_once_per_shape_and_argument():
+    from remat.torch._cost import CostModel
+    aten = torch.ops.aten
+    slow = dict(tflops=1e-6, hbm_gbps=1e-9, launch_ns=0)  # every byte shows
+    model = CostModel(**slow)
+    a, b = torch.randn(64, 128), torch.randn(128, 256)
+    x, w = torch.randn(2, 3, 16, 16), torch.randn(4, 3, 3, 3)
+    calls = [(aten.mm.default, (a, b), {}),
+             (aten.mm.default, (a[:8], b), {}),  # another shape
+             (aten.mm.default, (a.double(), b.double()), {}),  # another dtype: other bytes
+             (aten.convolution.default, (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+              {}),
+             (aten.convolution.default, (x, w, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1),
+              {}),  # another stride: other FLOPs
+             (aten.sum.dim_IntList, (a, [0]), {}),
+             (aten.sum.dim_IntList, (a, [1]), {"keepdim": True})]
+    want = []
+    for func, args, kwargs in calls:
+        result = func(*args, **kwargs)
+        out = [result]
+        fresh = CostModel(**slow).call_ns(func, args, kwargs, result, list(args) + list(kwargs.values()),
+                                    out)
+        want.append(fresh)
+        assert model.call_ns(func, args, kwargs, result, list(args), out) == fresh, func
+    assert len(set(want[:3])) == 3 and want[3] != want[4]
+    assert len(model._memo) == len(calls)
+    # Again, from the memo: the same answers, nothing new kept.
+    for (func, args, kwargs), fresh in zip(calls, want):
+        result = func(*args, **kwargs)
+        assert model.call_ns(func, args, kwargs, result, list(args), [result]) == fresh
+    assert len(model._memo) == len(calls)
+    # A dict argument is not a key: costed afresh each time.
+    assert model.call_ns(aten.mm.default, (a, b), {"x": {}}, a @ b, [a, b], [a @ b]) > 0
+    assert len(model._memo) == len(calls)
+
+
 def _grads_match(f, params, budget):
     for p in params:
         p.grad = None
