@@ -1,5 +1,6 @@
 """remat.torch.budget under DistributedDataParallel: two ranks (gloo, CPU),
 each with its own budget; every rank's gradients equal plain DDP's."""
+import datetime
 import os
 import sys
 
@@ -18,7 +19,7 @@ def _rank(rank, world, init_file, out_dir, python_path):
     import remat.torch
     from remat.torch import models
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
         results = {}
         for mode in ("plain", "remat"):
@@ -38,6 +39,11 @@ def _rank(rank, world, init_file, out_dir, python_path):
                 results["stats"] = run.stats
             results[mode] = [p.grad.clone() for p in model.parameters()]
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        # Both ranks done before either tears its group down: a peer that
+        # closes its sockets while the other's gloo threads still talk to
+        # it can abort that process ("terminate called without an active
+        # exception", seen once under load).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -1,6 +1,7 @@
 """remat.torch.budget under FSDP (fully_shard): two ranks (gloo, CPU), each
 layer and the model sharded, each rank with its own budget; every rank's
 gradient shards equal plain FSDP's bit for bit."""
+import datetime
 import os
 import sys
 
@@ -27,7 +28,7 @@ def _rank(rank, world, init_file, out_dir, python_path):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
         mesh = init_device_mesh("cpu", (world,))
         results = {}
@@ -49,6 +50,11 @@ def _rank(rank, world, init_file, out_dir, python_path):
                 results["stats"] = run.stats
             results[mode] = [p.grad.to_local().clone() for p in model.parameters()]
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        # Both ranks done before either tears its group down: a peer that
+        # closes its sockets while the other's gloo threads still talk to
+        # it can abort that process ("terminate called without an active
+        # exception", seen once under load).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
