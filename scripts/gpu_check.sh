@@ -17,6 +17,8 @@
 # the whole run: each step gets what is left of it (a step with under 10 s left
 # is skipped, and says so), so a short lease still gets the script's summary
 # and logs back.
+# GPU_CHECK_TAR=FILE packs OUT_DIR's logs and tables into FILE (.tar.gz) at the
+# end (snapshot pickles left out), for a machine that hands back few files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=$(realpath "${1:-build}")
@@ -157,4 +159,8 @@ step capture_gpt2 240 bash -c "torch_or_skip; python3 tools/capture_torch_trace.
   '$build/bin/remat' sim '$out/gpt2_torch.jsonl' --budget-ratio \$r --policy \$p --json; done; done"
 
 echo "failed steps: $failed; steps not run for lack of time: $out_of_time" | tee -a "$summary"
+if [[ -n ${GPU_CHECK_TAR:-} ]]; then
+  tar czf "$GPU_CHECK_TAR" --exclude='*.pickle' -C "$(dirname "$out")" "$(basename "$out")" &&
+    echo "packed into $GPU_CHECK_TAR"
+fi
 exit $((failed + out_of_time))
