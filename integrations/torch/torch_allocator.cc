@@ -61,10 +61,6 @@ auto Guarded(F f, decltype(f()) on_error) noexcept -> decltype(f()) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 absl::StatusOr<void*> TryAllocate(std::size_t size, int device, void* stream) noexcept {
   try {
     absl::StatusOr<void*> p = Allocators::Process().Allocate(device, size, StreamValue(stream));
@@ -251,9 +247,9 @@ using remat_torch_pressure_fn = int (*)(void* user, const remat_torch_pressure* 
 // allocator's lock) and returns nonzero when it freed something, and the
 // allocator tries again; 0 ends the tries unless another thread freed memory
 // meanwhile (the request then fails: remat_malloc throws). NULL removes the
-// callback. 0 on success; -1 on
-// an unknown device, or with REMAT_TRACE set (its lock is held across the
-// allocation, so a callback's free would wait on it).
+// callback. 0 on success; -1 on an unknown device, or with REMAT_TRACE set
+// (its lock is held across the allocation, so a callback's free would wait
+// on it).
 REMAT_EXPORT int remat_torch_set_pressure_fn(int device, remat_torch_pressure_fn fn, void* user) {
   return OnAllocator(device, [&](remat::CachingAllocator& a) {
     if (fn == nullptr) {

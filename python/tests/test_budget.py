@@ -440,8 +440,8 @@ def test_a_calls_cost_is_worked_out_once_per_shape_and_argument():
     for func, args, kwargs in calls:
         result = func(*args, **kwargs)
         out = [result]
-        fresh = CostModel(**slow).call_ns(func, args, kwargs, result, list(args) + list(kwargs.values()),
-                                    out)
+        flat = list(args) + list(kwargs.values())
+        fresh = CostModel(**slow).call_ns(func, args, kwargs, result, flat, out)
         want.append(fresh)
         assert model.call_ns(func, args, kwargs, result, list(args), out) == fresh, func
     assert len(set(want[:3])) == 3 and want[3] != want[4]
@@ -453,6 +453,9 @@ def test_a_calls_cost_is_worked_out_once_per_shape_and_argument():
     assert len(model._memo) == len(calls)
     # A dict argument is not a key: costed afresh each time.
     assert model.call_ns(aten.mm.default, (a, b), {"x": {}}, a @ b, [a, b], [a @ b]) > 0
+    assert len(model._memo) == len(calls)
+    # So is one whose value cannot be hashed (a list inside is a key; a set is not).
+    assert model.call_ns(aten.mm.default, (a, b), {"x": {1}}, a @ b, [a, b], [a @ b]) > 0
     assert len(model._memo) == len(calls)
 
 

@@ -130,9 +130,10 @@ else:
 assert a.budget(0) == 1 << 30
 free(hold, 40 * MIB, 0, None)
 
-# A request nothing can make room for: the next call raises BudgetTooSmall
-# (PyTorch's pluggable allocator would hand the NULL on as a tensor without
-# memory), and the allocator is left as it was.
+# A request nothing can make room for (asked here through remat_try_malloc,
+# so nothing raises at the request): the next call raises BudgetTooSmall, as
+# the budget watches the allocator's failure count, and the allocator is
+# left as it was.
 model, step = models.mlp(0)
 # A request larger than the whole budget (no callback: nothing could help)
 # fails too, and raises the same way.

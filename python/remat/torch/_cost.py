@@ -63,17 +63,15 @@ def _leaf_signature(a):
 
 
 def _signature(func, args, kwargs, flat_out):
-    """A key for a call's cost (None: the call is not memoized). Two calls
-    with one key cost the same: the formulas read the arguments' shapes,
-    dtypes and values, never their contents."""
+    """A key for a call's cost (None: a dict argument, not memoized). Two
+    calls with one key cost the same: the formulas read the arguments'
+    shapes, dtypes and values, never their contents."""
     try:
-        key = (func, tuple(_leaf_signature(a) for a in args),
-               tuple((k, _leaf_signature(v)) for k, v in kwargs.items()),
-               tuple((t.shape, t.dtype) for t in flat_out if isinstance(t, torch.Tensor)),
-               len(flat_out))
-        hash(key)
-        return key
-    except TypeError:  # an argument that cannot be a key: costed afresh
+        return (func, tuple(_leaf_signature(a) for a in args),
+                tuple((k, _leaf_signature(v)) for k, v in kwargs.items()),
+                tuple((t.shape, t.dtype) for t in flat_out if isinstance(t, torch.Tensor)),
+                len(flat_out))
+    except TypeError:
         return None
 
 
@@ -141,7 +139,10 @@ class CostModel:
         tensor arguments and results."""
         key = _signature(func, args, kwargs, flat_out)
         if key is not None:
-            ns = self._memo.get(key)
+            try:
+                ns = self._memo.get(key)
+            except TypeError:  # an argument that cannot be a key: costed afresh
+                key = ns = None
             if ns is not None:
                 return ns
         moved = self.moved([t for t in flat_in if isinstance(t, torch.Tensor)],
