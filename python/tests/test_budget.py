@@ -518,6 +518,25 @@ class TestEdgeCases:
         same, _ = _grads_match(f, [self.W], 5 * 8192)
         assert same
 
+    def test_an_alias_the_schema_does_not_mark_keeps_a_parameter_a_leaf(self):
+        # _unsafe_view's output shares its argument's storage without being
+        # marked a view. Seen first through it, the parameter's storage is
+        # still one made before the context: never dropped, never replayed.
+        def f():
+            w = torch.ops.aten._unsafe_view(self.W, (64, 64))
+            h = self.x @ w
+            return self.tail(h.sin() * w.sum())
+        same, stats = _grads_match(f, [self.W], 3 * 8192)
+        assert same and stats["drops"] > 0 and stats["saved_unmanaged"] > 0
+
+    def test_an_alias_of_an_activation_is_recomputed_through_it(self):
+        def f():
+            h = (self.x @ self.W).exp()
+            v = torch.ops.aten._unsafe_view(h, (32 * 64,))
+            return self.tail((v.sin() * 3).view(32, 64))
+        same, stats = _grads_match(f, [self.W], 3 * 8192)
+        assert same and stats["recomputes"] > 0
+
     def test_saved_again_after_being_let_go(self):
         def f():
             h = self.x @ self.W

@@ -121,13 +121,20 @@ def _out_of_memory(exc):
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc)
 
 
+def _storage(t):
+    """The untyped storage under t where t is a strided tensor with bytes of
+    its own (what remat can hold), else None."""
+    if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
+        return None
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def _has_storage(t):
     """A strided tensor with bytes of its own (what remat can hold)."""
-    return _cost._has_storage(t) and t.layout == torch.strided
-
-
-def _key(t):
-    return t.untyped_storage()._cdata
+    return _storage(t) is not None
 
 
 _SIMPLE = (torch.Tensor, int, float, bool)
@@ -846,22 +853,43 @@ class Engine:
 
     # --- recording the forward --------------------------------------------------------
 
-    def _storage_of(self, t):
-        """The _Storage under t; an unseen one is a leaf, and so is one under
-        a parameter (a leaf that requires grad), wherever it was made."""
-        key = _key(t)
-        s = self.storages.get(key)
-        if s is None:
-            s = _Storage(len(self.by_index), leaf=True, weak=StorageWeakRef(t.untyped_storage()))
-            self.storages[key] = s
-            self.by_index.append(s)
-        return s
+    def _refs(self, func, flat):
+        """A call's flattened arguments with each tensor as a _Ref (an unseen
+        storage becomes a leaf: made before the context, or by something
+        unrecorded); what its cost depends on (see _cost._signature: each
+        tensor's shape and dtype, every other argument's value); and why it
+        cannot be replayed, as far as its arguments say ("" if it can)."""
+        storages = self.storages
+        refs = []
+        sig = []
+        why_not = ""
+        for a in flat:
+            st = _storage(a)
+            if st is None:
+                refs.append(a)
+                sig.append((a.shape, a.dtype) if isinstance(a, torch.Tensor) else a)
+                continue
+            s = storages.get(st._cdata)
+            if s is None:
+                s = _Storage(len(self.by_index), leaf=True, weak=StorageWeakRef(st))
+                storages[st._cdata] = s
+                self.by_index.append(s)
+            r = _Ref(s, a)
+            refs.append(r)
+            sig.append((r.size, r.dtype))
+            if r.conj_or_neg or (not s.leaf and r.dtype != s.dtype):
+                why_not = f"{func} reads a view a replay would not rebuild (conj, neg or dtype)"
+        return refs, sig, why_not
 
     def record(self, func, args, kwargs):
-        flat, spec = _flatten_call(args, kwargs)
         info = _op_info(func)
-        rng = None
+        if info.is_view and not info.writes:
+            # A view's outputs share its argument's storage: a replay
+            # rebuilds views with as_strided, so there is nothing to keep.
+            return func(*args, **kwargs)
+        flat = spec = rng = None
         if info.random:
+            flat, spec = _flatten_call(args, kwargs)
             cuda_devices = {t.device for t in flat if isinstance(t, torch.Tensor)
                             and t.device.type == "cuda"}
             dev = kwargs.get("device")
@@ -871,34 +899,49 @@ class Engine:
             rng = (torch.get_rng_state(),
                    {d: torch.cuda.get_rng_state(d) for d in cuda_devices},
                    [(g, g.get_state()) for g in gens])
-        written = _written_indices(func, args, kwargs, len(flat), spec) if info.writes else []
-        refs = []
-        for i, a in enumerate(flat):
-            refs.append(_Ref(self._storage_of(a), a) if _has_storage(a) else a)
-        for i in written:
-            r = refs[i]
-            if not isinstance(r, _Ref):
-                continue
-            # A copy made ahead holds the bytes before this write: an offload
-            # copies them afresh. (Autograd's saved-tensor version check does
-            # not run with saved-tensor hooks: a write can come.)
-            r.storage.ahead = None
-            if r.storage.leaf and r.storage.readers:
-                self._keep_readers(r.storage)
-            elif r.storage.id is not None and not r.storage.pinned_forever and \
-                    self._overlaps(r.storage, r):
-                # A write into what a saved view reads: autograd will read the
-                # new bytes, so the live storage stays as it is.
-                self._pin_forever(r.storage)
-                r.storage.tensor = flat[i]
+        storages = self.storages
+        if not info.writes:
+            # It writes nothing, so its arguments are as they were before it:
+            # they are read after it, and only where it made a storage (many
+            # calls that make none are views under another name:
+            # _unsafe_view, an LSTM cell's unsafe_split).
+            written = []
+            result = func(*args, **kwargs)
+            flat_out = _flatten_result(result)
+            for t in flat_out:
+                st = _storage(t)
+                if st is not None and st._cdata not in storages:
+                    break
+            else:
+                return result
+            if flat is None:
+                flat, spec = _flatten_call(args, kwargs)
+            refs, sig, why_not = self._refs(func, flat)
+        else:
+            if flat is None:
+                flat, spec = _flatten_call(args, kwargs)
+            written = _written_indices(func, args, kwargs, len(flat), spec)
+            refs, sig, why_not = self._refs(func, flat)
+            for i in written:
+                r = refs[i]
+                if not isinstance(r, _Ref):
+                    continue
+                # A copy made ahead holds the bytes before this write: an
+                # offload copies them afresh. (Autograd's saved-tensor
+                # version check does not run with saved-tensor hooks: a write
+                # can come.)
+                r.storage.ahead = None
+                if r.storage.leaf and r.storage.readers:
+                    self._keep_readers(r.storage)
+                elif r.storage.id is not None and not r.storage.pinned_forever and \
+                        self._overlaps(r.storage, r):
+                    # A write into what a saved view reads: autograd will read
+                    # the new bytes, so the live storage stays as it is.
+                    self._pin_forever(r.storage)
+                    r.storage.tensor = flat[i]
+            result = func(*args, **kwargs)
+            flat_out = _flatten_result(result)
 
-        result = func(*args, **kwargs)
-
-        why_not = ""
-        for r in refs:
-            if isinstance(r, _Ref) and (r.conj_or_neg or (not r.storage.leaf and
-                                                          r.dtype != r.storage.dtype)):
-                why_not = f"{func} reads a view a replay would not rebuild (conj, neg or dtype)"
         if info.why_not:
             why_not = info.why_not
         elif (not self.allow_nondeterministic and info.nondeterministic and
@@ -909,9 +952,13 @@ class Engine:
             if isinstance(r, _Ref) and r.storage.leaf and not info.writes_unread:
                 why_not = why_not or f"{func} writes into a tensor made before the context"
         cost = 0
-        flat_out = _flatten_result(result)
         if not info.is_view:
-            cost = self.cost_model.call_ns(func, args, kwargs, result, flat, flat_out)
+            key = None
+            if spec is None or type(spec) is _FlatSpec:
+                key = (func, None if spec is None else (spec.args, spec.keys), tuple(sig),
+                       tuple((t.shape, t.dtype) if isinstance(t, torch.Tensor) else None
+                             for t in flat_out))
+            cost = self.cost_model.call_ns(func, args, kwargs, result, flat, flat_out, key=key)
         call = _Call(func, spec, refs, rng, cost, why_not, written)
         call.outputs = {}
         # Writes move the written storages to their next version.
@@ -921,15 +968,12 @@ class Engine:
                 r.storage.writers.append(call)
                 r.storage.version += 1
         for j, t in enumerate(flat_out):
-            if not _has_storage(t):
-                continue
-            key = _key(t)
-            if key in self.storages:
-                continue  # a view of, or the result written into, a known storage
+            st = _storage(t)
+            if st is None or st._cdata in storages:
+                continue  # no bytes of its own, or a view of (or written into) a known storage
             s = _Storage(len(self.by_index), leaf=False, producer=(call, j), dtype=t.dtype,
-                         nbytes=t.untyped_storage().nbytes(),
-                         weak=StorageWeakRef(t.untyped_storage()), tensor=t)
-            self.storages[key] = s
+                         nbytes=st.nbytes(), weak=StorageWeakRef(st), tensor=t)
+            storages[st._cdata] = s
             self.by_index.append(s)
             call.outputs[j] = s
         return result
@@ -937,12 +981,14 @@ class Engine:
     # --- saving -----------------------------------------------------------------------
 
     def pack(self, t):
-        if self.closed or self.internal or not _has_storage(t):
+        st = None if self.closed or self.internal else _storage(t)
+        if st is None:
             return t
-        self._free_dead()
+        if self.dead_handles:
+            self._free_dead()
         if self.pins:
             self._release_pins()  # a forward again: the last backward node has run
-        s = self.storages.get(_key(t))
+        s = self.storages.get(st._cdata)
         if s is None or s.leaf or t.dtype != s.dtype or s.nbytes == 0 or \
                 (t.is_leaf and t.requires_grad) or t.is_conj() or t.is_neg():
             # Made before the context, a parameter (wherever it was made), a
