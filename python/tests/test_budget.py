@@ -738,6 +738,75 @@ def test_double_backward_gradients_equal_under_a_budget(mode):
     assert stats["drops"] > 0 and stats["recomputes"] > 0
 
 
+BACKWARDS = {
+    "Tensor.backward": lambda loss, params: loss.backward(),
+    "autograd.backward": lambda loss, params: torch.autograd.backward([loss]),
+    "autograd.grad": lambda loss, params: [
+        setattr(p, "grad", g) for p, g in zip(params, torch.autograd.grad(loss, params))],
+}
+
+
+@pytest.mark.parametrize("how", list(BACKWARDS))
+def test_the_backward_runs_outside_the_recorder(how):
+    # The recorder (a dispatch mode) is set aside while the backward runs,
+    # whichever way it is started: it records nothing there.
+    plain, _, _, _ = run_step(models.gpt)
+    budget = int(saved_bytes_of(models.gpt) * 0.5)
+    model, step = models.gpt(0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    torch.manual_seed(1)
+    with remat.torch.budget(budget) as run:
+        BACKWARDS[how](step(), params)
+    assert run.stats["backwards_outside_recorder"] == 1
+    assert run.stats["drops"] > 0 and run.stats["recomputes"] > 0
+    assert_same_grads(plain, {n: p.grad for n, p in model.named_parameters()})
+
+
+def test_a_dispatch_mode_inside_the_budget_keeps_the_backward_in_the_recorder():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counting(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counting.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    plain, _, _, _ = run_step(models.gpt)
+    budget = int(saved_bytes_of(models.gpt) * 0.5)
+    model, step = models.gpt(0)
+    torch.manual_seed(1)
+    with remat.torch.budget(budget) as run:
+        with Counting():
+            step().backward()
+    # The user's mode sits above the recorder: it stays where it is, and it
+    # sees the backward's calls.
+    assert run.stats["backwards_outside_recorder"] == 0
+    assert Counting.calls > 0 and run.stats["recomputes"] > 0
+    assert_same_grads(plain, {n: p.grad for n, p in model.named_parameters()})
+
+
+def test_two_backwards_over_one_graph():
+    # retain_graph: the second backward unpacks the same saved tensors again,
+    # the first of them in the node that unpacked last in the first backward.
+    def both(make):
+        def step_twice(seed):
+            model, step = make(seed)
+
+            def twice():
+                loss = step()
+                loss.backward(retain_graph=True)
+                return loss
+            return model, twice
+        return step_twice
+    plain, _, _, _ = run_step(both(models.mlp))
+    budget = int(saved_bytes_of(models.mlp) * 0.4)
+    grads, _, stats, _ = run_step(both(models.mlp), budget)
+    assert_same_grads(plain, grads)
+    assert stats["backwards_outside_recorder"] == 2
+    assert stats["recomputes"] > 0 and stats["peak_saved_bytes"] <= budget
+
+
 def test_garbage_collection_waits_inside_and_is_as_before_after():
     import gc
     model, step = models.mlp(0)

@@ -40,7 +40,8 @@ import weakref
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from remat import _capi, parse_size
@@ -406,6 +407,35 @@ class _Mode(TorchDispatchMode):
         return out
 
 
+# What runs a backward from Python (Tensor.backward calls torch.autograd.backward).
+_BACKWARDS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+
+
+class _Backward(TorchFunctionMode):
+    """Runs a backward with the recorder set aside: a backward is not
+    recorded, and each of its calls through the recorder (a Python dispatch
+    mode) costs microseconds, a fifth of a small model's step. Set aside only
+    where the recorder is the innermost dispatch mode, and not while remat's
+    allocator drives the budget (the recorder watches each call for its
+    failed requests)."""
+
+    def __init__(self, engine, mode):
+        super().__init__()
+        self.engine = engine
+        self.mode = mode
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        if func in _BACKWARDS and not self.engine.listening:
+            depth = torch._C._len_torch_dispatch_stack()
+            if depth and torch._C._get_dispatch_stack_at(depth - 1) is self.mode:
+                self.engine.counts["backwards_outside_recorder"] += 1
+                with _pop_mode_temporarily():
+                    return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
 class _Session:
     """The runtime a budget keeps across its steps (each `with`): it learns
     from each step what the next will do. Its callbacks go to the step now
@@ -521,11 +551,12 @@ class Engine:
         self.registered = []          # saved storages in the order they were saved
         self.pins = []                # ids pinned for the backward node being run
         self.pin_node = None          # that node
+        self.pin_task = -1            # and its backward (autograd's graph task)
         self.pending = []             # (kind, storage) events to act on outside the lock
         self.dead_handles = []
         self.error = None             # an exception raised inside a callback
         self.counts = {"saved_tensors": 0, "saved_unmanaged": 0, "kept_not_replayable": 0,
-                       "recomputed_calls": 0}
+                       "recomputed_calls": 0, "backwards_outside_recorder": 0}
         self.lib = _capi.lib()
         self.session = None
         self.runtime = None
@@ -1188,10 +1219,15 @@ class Engine:
         s = h.storage
         # Pins last while the autograd node that unpacked them runs: the
         # engine unpacks a node's saved tensors just before applying it.
+        # (A node of another backward, or one that ran calls since it
+        # unpacked, which the recorder counts where it sees the backward.)
         node = torch._C._current_autograd_node()
-        if node is None or node is not self.pin_node or self.calls_since_unpack > 0:
+        task = torch._C._current_graph_task_id()
+        if node is None or node is not self.pin_node or task != self.pin_task or \
+                self.calls_since_unpack > 0:
             self._release_pins()  # the previous backward node has run
             self.pin_node = node  # held: a wrapper's id() could be reused
+            self.pin_task = task
         self.calls_since_unpack = 0
         self._free_dead()
         p = ctypes.c_void_p()
@@ -1476,6 +1512,7 @@ class budget:
         self._start_over()
         self._engine = None
         self._mode = None
+        self._backward = None
         self._hooks = None
         self.stats = None
 
@@ -1556,11 +1593,17 @@ class budget:
         self._step_plan = plan
         _active[threading.get_ident()] = self
         self._mode = _Mode(engine)
+        self._backward = _Backward(engine, self._mode)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(engine.pack, engine.unpack)
         self._step_start = self._time() if timed else None
         self._mode.__enter__()
         try:
-            self._hooks.__enter__()
+            self._backward.__enter__()
+            try:
+                self._hooks.__enter__()
+            except BaseException:
+                self._backward.__exit__(None, None, None)
+                raise
         except BaseException:
             self._mode.__exit__(None, None, None)
             _active.pop(threading.get_ident(), None)
@@ -1570,7 +1613,10 @@ class budget:
 
     def __exit__(self, exc_type, exc, tb):
         try:
-            self._hooks.__exit__(exc_type, exc, tb)
+            try:
+                self._hooks.__exit__(exc_type, exc, tb)
+            finally:
+                self._backward.__exit__(exc_type, exc, tb)
         finally:
             try:
                 self._mode.__exit__(exc_type, exc, tb)
