@@ -5,8 +5,9 @@ step, where per-op costs show most) is run forward and backward four ways,
 taking turns, on one thread:
 
 - plain: no remat;
-- pass-through mode: a TorchDispatchMode that only calls the op, the floor
-  of any recorder built on one (it also sees every backward op);
+- pass-through mode: a TorchDispatchMode that only calls the op, over the
+  forward (the budget sets its recorder aside for the backward): the floor
+  of any recorder built on one;
 - budget: inside remat.torch.budget with a budget nothing reaches (every
   forward call recorded, every saved activation handed to the runtime and
   brought back, nothing dropped);
@@ -20,6 +21,10 @@ pass-through floor.
 
     PYTHONPATH=python REMAT_LIBRARY=build/lib/libremat.so \\
         .venv/bin/python bench/torch_overhead.py [--steps 100] [--ops 300]
+
+--models gpt,mlp,lstm,resnet runs the package's models instead (at tiny
+sizes, where the per-call cost shows most: a GPT of 4 layers of width 16),
+plain and under a budget nothing reaches, taking turns.
 """
 import argparse
 import statistics
@@ -29,6 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import remat.torch
+from remat.torch import models
 
 
 class PassThrough(TorchDispatchMode):
@@ -36,30 +42,80 @@ class PassThrough(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# The package's models at sizes where the per-call cost shows most.
+TINY = {
+    "gpt": lambda: models.gpt(0, batch=1, seq=8, layers=4, d=16, vocab=32),
+    "mlp": lambda: models.mlp(0, width=16, depth=12, batch=4),
+    "lstm": lambda: models.lstm(0, vocab=16, hidden=16, seq=8, batch=2),
+    "resnet": lambda: models.resnet(0, batch=2, channels=4, blocks=2, image=8),
+}
+
+
+def run_models(names, steps):
+    print(f"{steps} steps each, plain and under a budget nothing reaches, taking turns; "
+          f"one thread, torch {torch.__version__}")
+    for name in names:
+        _, step = TINY[name]()
+        budget = remat.torch.budget(1 << 40, policy="dtr")
+
+        def plain():
+            step().backward()
+
+        def budgeted():
+            with budget:
+                step().backward()
+        times = {"plain": [], "budget": []}
+        for f in (plain, budgeted):
+            for _ in range(3):
+                f()
+        for _ in range(steps):
+            for way, f in (("plain", plain), ("budget", budgeted)):
+                start = time.perf_counter()
+                f()
+                times[way].append(time.perf_counter() - start)
+        p = statistics.median(times["plain"]) * 1e3
+        b = statistics.median(times["budget"]) * 1e3
+        print(f"  {name:7s} plain {p:6.2f} ms, budget {b:6.2f} ms (median): {b - p:6.2f} ms "
+              f"more, {budget.stats['saved_tensors']} saved tensors, "
+              f"drops {budget.stats['drops']}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=100, help="timed steps per way")
     parser.add_argument("--ops", type=int, default=300, help="forward ATen calls per step")
     parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--models", default=None,
+                        help=f"comma-separated, of {','.join(TINY)}: those models instead")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.models is not None:
+        names = [n for n in args.models.split(",") if n]
+        unknown = [n for n in names if n not in TINY]
+        if unknown or not names:
+            parser.error(f"--models: unknown {unknown or args.models!r}; known: {','.join(TINY)}")
+        return run_models(names, args.steps)
     torch.manual_seed(0)
     w = torch.randn(args.width, args.width, requires_grad=True)
     x0 = torch.randn(16, args.width)
     layers = max(1, args.ops // 3)
 
-    def step():
+    def forward():
         x = x0
         for _ in range(layers):
             x = torch.tanh(x @ w) * 1.01
-        x.sum().backward()
+        return x.sum()
+
+    def step():
+        forward().backward()
 
     budget = remat.torch.budget(1 << 40, policy="dtr-eq")
     budget_gc = remat.torch.budget(1 << 40, policy="dtr-eq", pause_gc=False)
 
     def mode_step():
         with PassThrough():
-            step()
+            loss = forward()
+        loss.backward()
 
     def budget_step():
         with budget:

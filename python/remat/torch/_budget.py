@@ -9,7 +9,10 @@ How it works. Inside the context two things watch the step:
   RNG state before a random call, and what it costs (FLOPs and bytes at a
   device's rates). Each new storage a call returns is known by the call and
   output index that made it; a call that writes into an argument (in place,
-  `out=`) moves that storage's content to its next version.
+  `out=`) moves that storage's content to its next version. Views, and calls
+  that neither write nor make a storage, pass through unrecorded (a replay
+  rebuilds views from the storage), and the backward runs with the recorder
+  set aside (_Backward).
 - saved_tensors_hooks see each tensor autograd saves for the backward. One
   whose storage a recorded call made is handed to remat's runtime (the C
   library, through its C ABI) as a tensor of that storage's bytes, and only a
