@@ -90,3 +90,30 @@ def test_methods_refuses_what_it_cannot_run(argv, says, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         bench.main(argv)
     assert says in capsys.readouterr().err
+
+
+def _overhead(*args):
+    """bench/torch_overhead.py run with `args`: (exit status, output)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root / "python") + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, str(root / "bench" / "torch_overhead.py"), *args],
+                         env=env, capture_output=True, text=True, timeout=600)
+    return out.returncode, out.stdout + out.stderr
+
+
+def test_the_overhead_benchmark_runs_its_chain_and_its_models():
+    status, text = _overhead("--steps", "2", "--ops", "9")
+    assert status == 0, text
+    assert "9 forward calls per step" in text and "us per forward call over plain" in text
+    status, text = _overhead("--models", "mlp,gpt", "--steps", "2")
+    assert status == 0, text
+    for name in ("mlp", "gpt"):
+        line = next(line for line in text.splitlines() if line.strip().startswith(name))
+        assert "saved tensors" in line and "drops 0" in line, line
+    status, text = _overhead("--models", "mlp,nope")
+    assert status != 0 and "unknown ['nope']" in text
