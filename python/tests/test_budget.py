@@ -1,6 +1,8 @@
 """remat.torch.budget on the CPU: gradients bitwise equal to a plain step's,
 the saved bytes within the budget, and drops or offloads that happened."""
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
@@ -784,6 +786,41 @@ def test_a_dispatch_mode_inside_the_budget_keeps_the_backward_in_the_recorder():
     assert run.stats["backwards_outside_recorder"] == 0
     assert Counting.calls > 0 and run.stats["recomputes"] > 0
     assert_same_grads(plain, {n: p.grad for n, p in model.named_parameters()})
+
+
+@pytest.mark.parametrize("user_mode", [False, True])
+def test_a_nodes_saved_tensors_stay_pinned_together(user_mode):
+    # MulBackward unpacks a and b (8 KiB each), with autograd's own calls in
+    # between: both stay resident while it runs, whether the backward runs
+    # outside the recorder or (a user's mode above it) through it.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(32, 64)
+
+    def step():
+        a = (x @ w).exp()
+        b = (x @ w * 0.5).exp()
+        (a * b).sum().backward()
+
+    step()
+    plain, w.grad = w.grad, None
+    inside = PassThrough if user_mode else contextlib.nullcontext
+    with pytest.raises(BudgetTooSmall, match="pinned"):
+        with remat.torch.budget(12 * 1024, policy="lru"):
+            with inside():
+                step()
+    w.grad = None
+    with remat.torch.budget(16 * 1024, policy="lru") as run:
+        with inside():
+            step()
+    assert torch.equal(plain, w.grad)
+    assert run.stats["peak_saved_bytes"] <= 16 * 1024
+    assert run.stats["backwards_outside_recorder"] == (0 if user_mode else 1)
 
 
 def test_two_backwards_over_one_graph():

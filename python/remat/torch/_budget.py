@@ -396,8 +396,6 @@ class _Mode(TorchDispatchMode):
         try:
             if engine.internal or torch._C._current_graph_task_id() != -1:
                 # remat's own work, or the backward (which saves nothing new).
-                if not engine.internal:
-                    engine.calls_since_unpack += 1
                 out = func(*args, **kwargs)
             else:
                 out = engine.record(func, args, kwargs)
@@ -420,7 +418,9 @@ class _Backward(TorchFunctionMode):
     mode) costs microseconds, a fifth of a small model's step. Set aside only
     where the recorder is the innermost dispatch mode, and not while remat's
     allocator drives the budget (the recorder watches each call for its
-    failed requests)."""
+    failed requests). Its price: every torch-level call inside the context
+    comes through here, a tensor's metadata reads included (about 1 us
+    each)."""
 
     def __init__(self, engine, mode):
         super().__init__()
@@ -550,7 +550,6 @@ class Engine:
         self.by_index = []            # index -> _Storage (the callback's user_data)
         self.by_id = {}               # runtime id -> _Storage
         self.internal = False
-        self.calls_since_unpack = 0
         self.registered = []          # saved storages in the order they were saved
         self.pins = []                # ids pinned for the backward node being run
         self.pin_node = None          # that node
@@ -1221,17 +1220,16 @@ class Engine:
                                "context ended: run the backward inside the `with`")
         s = h.storage
         # Pins last while the autograd node that unpacked them runs: the
-        # engine unpacks a node's saved tensors just before applying it.
-        # (A node of another backward, or one that ran calls since it
-        # unpacked, which the recorder counts where it sees the backward.)
+        # engine unpacks a node's saved tensors just before applying it, and
+        # they all stay until another node (or another backward: autograd's
+        # graph task) unpacks. The node's own calls between its unpacks (the
+        # detach after each) do not end them: the node still holds them.
         node = torch._C._current_autograd_node()
         task = torch._C._current_graph_task_id()
-        if node is None or node is not self.pin_node or task != self.pin_task or \
-                self.calls_since_unpack > 0:
+        if node is None or node is not self.pin_node or task != self.pin_task:
             self._release_pins()  # the previous backward node has run
             self.pin_node = node  # held: a wrapper's id() could be reused
             self.pin_task = task
-        self.calls_since_unpack = 0
         self._free_dead()
         p = ctypes.c_void_p()
         self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
