@@ -539,6 +539,47 @@ class TestEdgeCases:
         same, stats = _grads_match(f, [self.W], 3 * 8192)
         assert same and stats["recomputes"] > 0
 
+    # Writes autograd does not see (through an alias its version counter
+    # does not cover): a plain step reads the new bytes where a saved
+    # tensor is read, and a recompute must still rebuild what each call read.
+    @pytest.mark.parametrize("budget", [1 << 30, 6 * 8192, 4 * 8192, 3 * 8192])
+    def test_a_write_autograd_does_not_see_into_what_is_saved(self, budget):
+        def f():
+            h = (self.x @ self.W) + 1
+            s = h.sin()                                       # saves all of h
+            torch.ops.aten._unsafe_view(h, (32 * 64,)).mul_(2)
+            return self.tail(s + h)                           # s read h before the write
+        same, _ = _grads_match(f, [self.W], budget)
+        assert same
+
+    @pytest.mark.parametrize("budget", [1 << 30, 6 * 8192, 4 * 8192, 3 * 8192])
+    def test_a_write_autograd_does_not_see_beside_what_is_saved(self, budget):
+        def f():
+            h = (self.x @ self.W) + 1
+            s = h.sin()                                       # reads all of h
+            top = h[:16].exp()                                # saves h's first half only
+            torch.ops.aten._unsafe_view(h, (32 * 64,))[16 * 64:].mul_(2)
+            return self.tail(s + h) + top.sum()
+        same, stats = _grads_match(f, [self.W], budget)
+        assert same
+
+    def test_a_write_autograd_does_not_see_into_what_cannot_be_replayed_is_an_error(self):
+        # masked_select's output shape depends on the data: never replayed.
+        # What it held before the write is gone, and a recompute that reads
+        # it says so (a plain step would read the old bytes it still had).
+        mask = self.x > -10  # all of it
+
+        def f():
+            h = (self.x @ self.W).masked_select(mask).view(32, 64)
+            s = h.sin()
+            torch.ops.aten._unsafe_view(h, (32 * 64,)).mul_(2)
+            return self.tail(s * 2)                           # s * 2 recomputed from old h
+        f().backward()  # plain
+        with pytest.raises(RuntimeError, match="was written since, and its content cannot be "
+                                               "replayed"):
+            with remat.torch.budget(4 * 8192, policy="lru"):
+                f().backward()
+
     def test_saved_again_after_being_let_go(self):
         def f():
             h = self.x @ self.W

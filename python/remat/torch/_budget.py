@@ -236,7 +236,7 @@ class _Storage:
     __slots__ = ("index", "leaf", "producer", "writers", "version", "dtype", "nbytes",
                  "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
-                 "order", "ahead", "gen",
+                 "order", "ahead", "gen", "key", "tensor_version", "host_version",
                  "__weakref__")
 
     def __init__(self, index, leaf, producer=None, dtype=None, nbytes=0, weak=None,
@@ -253,6 +253,12 @@ class _Storage:
         self.id = None                # the runtime's tensor id once saved
         self.reg_version = None       # the content version the runtime holds
         self.tensor = None            # a tensor over it while resident (held by remat)
+        self.key = None               # the storage's key (Engine.storages)
+        # The content version `tensor` holds: the program's own storage
+        # follows every write (`version`); a copy (a recompute, a copy back
+        # from host memory) holds the version it was made of.
+        self.tensor_version = 0
+        self.host_version = 0         # the content version `host` holds
         self.host = None              # its copy while offloaded
         self.ahead = None             # its copy made ahead while resident (copy_ahead)
         self.gen = 0                  # its evictions so far (a copy in checks none came)
@@ -815,10 +821,15 @@ class Engine:
             try:
                 if kind == _capi.EVENT_COPIED_AHEAD and s.tensor is not None:
                     s.ahead = self._copy_out(s.tensor)  # it stays resident
+                    s.host_version = s.tensor_version
                 elif kind == _capi.EVENT_OFFLOADED and s.tensor is not None:
                     # The copy made ahead, if no write came since (record()
                     # lets it go on a write), else a copy now.
-                    s.host = s.ahead if s.ahead is not None else self._copy_out(s.tensor)
+                    if s.ahead is None:
+                        s.host = self._copy_out(s.tensor)
+                        s.host_version = s.tensor_version
+                    else:
+                        s.host = s.ahead  # (host_version: set when it was made)
                     s.ahead = None
                     s.tensor = None
                 elif kind == _capi.EVENT_RESTORED and s.host is not None:
@@ -828,6 +839,7 @@ class Engine:
                     # allocator's pressure): the runtime's later events rule.
                     if s.gen == gen:
                         s.tensor = t
+                        s.tensor_version = s.host_version
                         s.host = None
             finally:
                 self.internal = was
@@ -905,6 +917,7 @@ class Engine:
             s = storages.get(st._cdata)
             if s is None:
                 s = _Storage(len(self.by_index), leaf=True, weak=StorageWeakRef(st))
+                s.key = st._cdata
                 storages[st._cdata] = s
                 self.by_index.append(s)
             r = _Ref(s, a)
@@ -972,6 +985,7 @@ class Engine:
                     # the new bytes, so the live storage stays as it is.
                     self._pin_forever(r.storage)
                     r.storage.tensor = flat[i]
+                    r.storage.tensor_version = r.storage.version
             result = func(*args, **kwargs)
             flat_out = _flatten_result(result)
 
@@ -998,14 +1012,18 @@ class Engine:
         for i in written:
             r = refs[i]
             if isinstance(r, _Ref) and not r.storage.leaf:
-                r.storage.writers.append(call)
-                r.storage.version += 1
+                s = r.storage
+                s.writers.append(call)
+                s.version += 1
+                if s.tensor is not None and s.tensor.untyped_storage()._cdata == s.key:
+                    s.tensor_version = s.version  # remat holds the program's own storage
         for j, t in enumerate(flat_out):
             st = _storage(t)
             if st is None or st._cdata in storages:
                 continue  # no bytes of its own, or a view of (or written into) a known storage
             s = _Storage(len(self.by_index), leaf=False, producer=(call, j), dtype=t.dtype,
                          nbytes=st.nbytes(), weak=StorageWeakRef(st), tensor=t)
+            s.key = st._cdata
             storages[st._cdata] = s
             self.by_index.append(s)
             call.outputs[j] = s
@@ -1104,6 +1122,7 @@ class Engine:
         allow_offload = 1 if self.offload else 0
         tid = ctypes.c_uint64()
         s.tensor = t
+        s.tensor_version = s.version
         s.device = t.device
         s.reg_version = s.version
         call = s.producer[0]
@@ -1300,6 +1319,7 @@ class Engine:
                     if regenerate[i]:
                         s = group[i]
                         s.tensor = self._materialize(s, s.reg_version, memo, top=True)
+                        s.tensor_version = s.reg_version
             self._drain()
             return 0
         except BaseException as e:  # noqa: BLE001: carried to the caller
@@ -1317,17 +1337,26 @@ class Engine:
         if k in memo:
             return memo[k]
         managed = not top and s.id is not None and s.reg_version == version
-        if managed and s.tensor is not None:
+        if managed and s.tensor is not None and s.tensor_version == version:
             return s.tensor
-        if managed and not s.freed:
+        if managed and s.tensor is None and not s.freed:
             # Saved since this recompute's inputs were listed: the runtime brings it.
             p = ctypes.c_void_p()
             self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
             try:
                 self._drain()
-                return s.tensor
+                if s.tensor is not None and s.tensor_version == version:
+                    return s.tensor
             finally:
                 self.lib.remat_tensor_release(self.runtime, s.id)
+        if managed and not s.droppable:
+            # What remat holds was written since it was saved (through an
+            # alias autograd does not track, else it would be pinned), and
+            # what it held before cannot be replayed.
+            raise RuntimeError(
+                f"remat cannot recompute what storage {s.index} held when it was saved (made by "
+                f"{s.producer[0].func}): it was written since, and its content cannot be "
+                f"replayed ({s.why_kept})")
         t0 = s.tensor_ref() if s.tensor_ref is not None else None
         if t0 is not None and s.version == version:
             return t0  # still alive (the user holds it): nothing to run
