@@ -302,6 +302,11 @@ def test_too_small_budget_is_a_clear_error():
     with pytest.raises(BudgetTooSmall, match="cannot hold"):
         with remat.torch.budget(4096):
             step().backward()
+    # An out-of-memory error as PyTorch's: what catches that catches this.
+    with pytest.raises(torch.OutOfMemoryError, match="cannot hold"):
+        with remat.torch.budget(4096):
+            step().backward()
+    assert issubclass(BudgetTooSmall, RuntimeError)
 
 
 def test_bad_arguments():

@@ -90,8 +90,14 @@ def _resume_gc():
             gc.enable()
 
 
-class BudgetTooSmall(RuntimeError):
-    """The budget cannot hold what must be resident at once."""
+# torch.OutOfMemoryError where this torch has it (2.1 on), a RuntimeError.
+_OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", RuntimeError)
+
+
+class BudgetTooSmall(_OUT_OF_MEMORY):
+    """The budget cannot hold what must be resident at once. A
+    torch.OutOfMemoryError: code that catches PyTorch's out-of-memory (to
+    shrink the batch, say) catches this too."""
 
 
 _PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
