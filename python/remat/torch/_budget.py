@@ -48,7 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporaril
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from remat import _capi, parse_size
-from remat.torch import _allocator, _cost
+from remat.torch import _allocator
 from remat.torch._cost import CostModel
 
 # Calls whose outputs do not read the arguments they write into when they run
@@ -140,11 +140,6 @@ def _storage(t):
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
-
-
-def _has_storage(t):
-    """A strided tensor with bytes of its own (what remat can hold)."""
-    return _storage(t) is not None
 
 
 _SIMPLE = (torch.Tensor, int, float, bool)
@@ -245,7 +240,7 @@ class _Storage:
                  "order", "ahead", "gen", "key", "tensor_version", "host_version",
                  "__weakref__")
 
-    def __init__(self, index, leaf, producer=None, dtype=None, nbytes=0, weak=None,
+    def __init__(self, index, leaf, key, weak, producer=None, dtype=None, nbytes=0,
                  tensor=None):
         self.index = index
         self.leaf = leaf
@@ -259,7 +254,7 @@ class _Storage:
         self.id = None                # the runtime's tensor id once saved
         self.reg_version = None       # the content version the runtime holds
         self.tensor = None            # a tensor over it while resident (held by remat)
-        self.key = None               # the storage's key (Engine.storages)
+        self.key = key                # the storage's key (Engine.storages)
         # The content version `tensor` holds: the program's own storage
         # follows every write (`version`); a copy (a recompute, a copy back
         # from host memory) holds the version it was made of.
@@ -907,7 +902,7 @@ class Engine:
     def _refs(self, func, flat):
         """A call's flattened arguments with each tensor as a _Ref (an unseen
         storage becomes a leaf: made before the context, or by something
-        unrecorded); what its cost depends on (see _cost._signature: each
+        unrecorded); what its cost depends on (see CostModel.call_ns: each
         tensor's shape and dtype, every other argument's value); and why it
         cannot be replayed, as far as its arguments say ("" if it can)."""
         storages = self.storages
@@ -922,8 +917,7 @@ class Engine:
                 continue
             s = storages.get(st._cdata)
             if s is None:
-                s = _Storage(len(self.by_index), leaf=True, weak=StorageWeakRef(st))
-                s.key = st._cdata
+                s = _Storage(len(self.by_index), True, st._cdata, StorageWeakRef(st))
                 storages[st._cdata] = s
                 self.by_index.append(s)
             r = _Ref(s, a)
@@ -957,7 +951,6 @@ class Engine:
             # they are read after it, and only where it made a storage (many
             # calls that make none are views under another name:
             # _unsafe_view, an LSTM cell's unsafe_split).
-            written = []
             result = func(*args, **kwargs)
             flat_out = _flatten_result(result)
             for t in flat_out:
@@ -966,14 +959,12 @@ class Engine:
                     break
             else:
                 return result
-            if flat is None:
-                flat, spec = _flatten_call(args, kwargs)
-            refs, sig, why_not = self._refs(func, flat)
-        else:
-            if flat is None:
-                flat, spec = _flatten_call(args, kwargs)
+        if flat is None:
+            flat, spec = _flatten_call(args, kwargs)
+        refs, sig, why_not = self._refs(func, flat)
+        written = []
+        if info.writes:
             written = _written_indices(func, args, kwargs, len(flat), spec)
-            refs, sig, why_not = self._refs(func, flat)
             for i in written:
                 r = refs[i]
                 if not isinstance(r, _Ref):
@@ -1027,9 +1018,8 @@ class Engine:
             st = _storage(t)
             if st is None or st._cdata in storages:
                 continue  # no bytes of its own, or a view of (or written into) a known storage
-            s = _Storage(len(self.by_index), leaf=False, producer=(call, j), dtype=t.dtype,
-                         nbytes=st.nbytes(), weak=StorageWeakRef(st), tensor=t)
-            s.key = st._cdata
+            s = _Storage(len(self.by_index), False, st._cdata, StorageWeakRef(st),
+                         producer=(call, j), dtype=t.dtype, nbytes=st.nbytes(), tensor=t)
             storages[st._cdata] = s
             self.by_index.append(s)
             call.outputs[j] = s
