@@ -596,6 +596,49 @@ class TestEdgeCases:
         same, _ = _grads_match(f, [self.W], 1 << 30)
         assert same
 
+    # A storage saved again after a write autograd does not see, while what
+    # remat holds of it is a copy of its older content: recomputed (or copied
+    # back) for a backward inside the forward, and, in the second case,
+    # offloaded again before the second save. The new view must read the
+    # newer content.
+    @pytest.mark.parametrize("mode", ["drop", "offload", "hybrid"])
+    @pytest.mark.parametrize("offloaded_again", [False, True])
+    @pytest.mark.parametrize("kib", [8, 16, 24])
+    def test_saved_again_after_a_write_while_remat_holds_an_older_copy(
+            self, mode, offloaded_again, kib):
+        n = 1024
+
+        def f(x):
+            fill = [(x * (i + 3)).cos() for i in range(2)]
+            a = x * 2 + 1
+            w = a.data[n:]                       # an alias autograd does not track
+            y1 = a[:n].sin()                     # saves a's first half
+            del a
+            fill += [(x * (i + 7)).cos() for i in range(3)]
+            g, = torch.autograd.grad(y1.sum(), x, create_graph=True)  # brings a back
+            w.mul_(3)                            # beside what y1 saved
+            if offloaded_again:
+                fill += [(x * (i + 11)).cos() for i in range(4)]
+            y2 = (w * x[n:]).sum()               # saves a's second half, written
+            return y1.sum() + y2 + (g * g).sum() + sum(t.sum() for t in fill)
+
+        def grad(budget=None):
+            torch.manual_seed(0)
+            x = torch.randn(2 * n, requires_grad=True)
+            if budget is None:
+                f(x).backward()
+                return x.grad, None
+            with budget as run:
+                f(x).backward()
+            return x.grad, run.stats
+
+        plain, _ = grad()
+        kw = {"drop": {}, "offload": {"offload": True, "recompute": False},
+              "hybrid": {"offload": True}}[mode]
+        got, stats = grad(remat.torch.budget(kib * 1024, **kw))
+        assert torch.equal(got, plain)
+        assert stats["drops"] + stats["offloads"] > 0
+
     def test_several_steps_with_an_optimizer_inside(self):
         model, step = models.mlp(0, depth=3)
         plain_model, plain_step = models.mlp(0, depth=3)

@@ -1058,6 +1058,7 @@ class Engine:
                 self._pin_forever(s)
             else:
                 s.reg_version = s.version
+                self._hold_newest(s, t)
         if not s.pinned_forever:
             s.regions.append((tuple(t.size()), tuple(t.stride()), t.storage_offset()))
         if s.pinned_forever:
@@ -1066,6 +1067,24 @@ class Engine:
         s.handles += 1
         self.counts["saved_tensors"] += 1
         return _Handle(self, s, t)
+
+    def _hold_newest(self, s, t):
+        """s is saved again with newer content than remat holds for it (a
+        write autograd does not see, beside its saved views). A tensor remat
+        recomputed or copied back, or its host copy, holds the content it
+        was made of: the program's own storage (t's) holds the newer, which
+        every saved view of s now reads."""
+        if s.tensor is not None and s.tensor_version != s.version:
+            s.tensor = t
+            s.tensor_version = s.version
+        if s.host is not None and s.host_version != s.version:
+            was = self.internal
+            self.internal = True
+            try:
+                s.host = self._copy_out(t)
+            finally:
+                self.internal = was
+            s.host_version = s.version
 
     def _overlaps(self, s, r):
         """Whether view r of storage s touches an element a saved view of s
