@@ -392,10 +392,33 @@ def _written_indices(func, args, kwargs, flat_len, spec):
     return [i for i in out if i < flat_len]
 
 
+def _code_skipper():
+    """A function that marks a code object for torch.compile to skip, with
+    every frame called from it (what a dynamo-disabling wrapper does, at no
+    cost per call), or None where this PyTorch has no such mark."""
+    try:
+        ef = torch._C._dynamo.eval_frame
+        skip = ef._FrameExecStrategy(ef._FrameAction.SKIP, ef._FrameAction.SKIP)
+        mark = ef.set_code_exec_strategy
+    except (AttributeError, TypeError):
+        return None
+    return lambda code: mark(code, skip)
+
+
+_SKIP_CODE = _code_skipper()
+
+
 class _Mode(TorchDispatchMode):
     def __init__(self, engine):
         super().__init__()
         self.engine = engine
+
+    @classmethod
+    def _should_skip_dynamo(cls):
+        # PyTorch wraps a mode's __torch_dispatch__ in a dynamo-disabling
+        # wrapper, some microseconds per call; where the code object can be
+        # marked instead (below), no wrapper.
+        return not _SKIP_CODE
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -413,6 +436,10 @@ class _Mode(TorchDispatchMode):
         if engine.listening:
             engine.check_allocator(func)
         return out
+
+
+if _SKIP_CODE:
+    _SKIP_CODE(_Mode.__torch_dispatch__.__code__)
 
 
 # What runs a backward from Python (Tensor.backward calls torch.autograd.backward).
