@@ -568,21 +568,36 @@ class TestEdgeCases:
         same, stats = _grads_match(f, [self.W], budget)
         assert same
 
-    def test_a_write_autograd_does_not_see_into_what_cannot_be_replayed_is_an_error(self):
+    def test_what_reads_a_written_storage_whose_content_cannot_be_replayed_is_kept(self):
         # masked_select's output shape depends on the data: never replayed.
-        # What it held before the write is gone, and a recompute that reads
-        # it says so (a plain step would read the old bytes it still had).
+        # Written since it was read, it no longer holds what its readers
+        # read, so they cannot be recomputed either: they are kept.
         mask = self.x > -10  # all of it
 
         def f():
             h = (self.x @ self.W).masked_select(mask).view(32, 64)
             s = h.sin()
             torch.ops.aten._unsafe_view(h, (32 * 64,)).mul_(2)
-            return self.tail(s * 2)                           # s * 2 recomputed from old h
+            return self.tail(s * 2)                           # s * 2 read the old h
+        same, stats = _grads_match(f, [self.W], 4 * 8192)
+        assert same and stats["kept_not_replayable"] >= 2
+
+    def test_a_write_after_its_readers_were_saved_into_what_cannot_be_replayed_is_an_error(self):
+        # The same write after s * 2 was saved: what h held when s * 2 was
+        # made is gone, and a recompute that needs it says so (a plain step
+        # reads the saved s * 2 it still has).
+        mask = self.x > -10
+
+        def f():
+            h = (self.x @ self.W).masked_select(mask).view(32, 64)
+            a = h.sin() * 2
+            y = (a @ self.W).tanh()                           # saves a
+            torch.ops.aten._unsafe_view(h, (32 * 64,)).mul_(2)
+            return self.tail(y) + h.sum()
         f().backward()  # plain
         with pytest.raises(RuntimeError, match="was written since, and its content cannot be "
                                                "replayed"):
-            with remat.torch.budget(4 * 8192, policy="lru"):
+            with remat.torch.budget(3 * 8192, policy="lru"):
                 f().backward()
 
     def test_saved_again_after_being_let_go(self):

@@ -293,9 +293,9 @@ class _Ref:
 
 class _Call:
     __slots__ = ("func", "spec", "leaves", "rng", "cost_ns", "why_not", "written", "outputs",
-                 "group")
+                 "group", "grad")
 
-    def __init__(self, func, spec, leaves, rng, cost_ns, why_not, written):
+    def __init__(self, func, spec, leaves, rng, cost_ns, why_not, written, grad):
         self.func = func
         self.spec = spec          # pytree spec of (args, kwargs)
         self.leaves = leaves      # flattened (args, kwargs), tensors as _Ref
@@ -305,6 +305,9 @@ class _Call:
         self.written = written    # indices into leaves of the arguments it writes
         self.outputs = None       # output index -> _Storage it made
         self.group = None         # its runtime call: an index into Engine.groups
+        # Grad mode when it ran: some kernels' outputs depend on it (an LSTM
+        # layer's workspace is made only with grad on).
+        self.grad = grad
 
 
 class _Handle:
@@ -1030,7 +1033,7 @@ class Engine:
                        tuple((t.shape, t.dtype) if isinstance(t, torch.Tensor) else None
                              for t in flat_out))
             cost = self.cost_model.call_ns(func, args, kwargs, result, flat, flat_out, key=key)
-        call = _Call(func, spec, refs, rng, cost, why_not, written)
+        call = _Call(func, spec, refs, rng, cost, why_not, written, torch.is_grad_enabled())
         call.outputs = {}
         # Writes move the written storages to their next version.
         for i in written:
@@ -1227,6 +1230,18 @@ class Engine:
                 return m
         return None
 
+    @staticmethod
+    def _brings_back(s, version):
+        """Whether what the runtime brings back of saved storage s holds
+        its content `version`: the tensor remat holds, its host copy, or a
+        recompute (of its registered version). The program's own storage,
+        written since it was saved, holds a later one."""
+        if s.tensor is not None:
+            return s.tensor_version == version
+        if s.host is not None:
+            return s.host_version == version
+        return True
+
     def _frontier(self, s, version):
         """The saved storages a recompute of (s, version) reads (the runtime
         brings them back first), its cost, and why it cannot be replayed ("")."""
@@ -1241,7 +1256,8 @@ class Engine:
             if (st.index, ver) in visited:
                 continue
             visited.add((st.index, ver))
-            if not top and st.id is not None and not st.freed and st.reg_version == ver:
+            if not top and st.id is not None and not st.freed and st.reg_version == ver and \
+                    self._brings_back(st, ver):
                 if st.id not in seen_inputs:
                     seen_inputs.add(st.id)
                     inputs.append(st)
@@ -1356,7 +1372,9 @@ class Engine:
         try:
             self._drain()
             memo = {}  # one run of the call serves every output it regenerates
-            with torch.no_grad():
+            # Below autograd (no graph, outputs that need no grad), each call
+            # in the grad mode it was recorded in.
+            with torch._C._AutoDispatchBelowAutograd():
                 for i in range(num_outputs):
                     if regenerate[i]:
                         s = group[i]
@@ -1446,6 +1464,12 @@ class Engine:
             args.append(v)
         a, kw = _unflatten_call(args, call.spec)
         self.counts["recomputed_calls"] += 1
+        with torch.set_grad_enabled(call.grad):
+            return self._run_in_rng(call, a, kw)
+
+    @staticmethod
+    def _run_in_rng(call, a, kw):
+        """call.func(*a, **kw) in the random-number state it first ran in."""
         if call.rng is None:
             return call.func(*a, **kw)
         cpu_state = torch.get_rng_state()
