@@ -181,15 +181,15 @@ def _timed_by_plan(b, seconds):
     return clock
 
 
-@pytest.mark.parametrize("faster", ["mixed", "drop-only"])
+@pytest.mark.parametrize("faster", ["mixed", "drop-first"])
 def test_the_offload_guard_keeps_the_quicker_plan(faster):
     # Drops and offloads both allowed: the first steps try the policy's
     # mixed plans, then drops alone, timing each, and the rest of the steps
     # run with the plan whose timed steps were quicker.
     b = remat.torch.budget(int(saved_bytes_of(models.gpt) * 0.4), policy="lru", offload=True,
                            recompute=True)
-    b._clock = _timed_by_plan(b, {"mixed": 2.0, "drop-only": 1.0} if faster == "drop-only"
-                              else {"mixed": 1.0, "drop-only": 2.0})
+    b._clock = _timed_by_plan(b, {"mixed": 2.0, "drop-first": 1.0} if faster == "drop-first"
+                              else {"mixed": 1.0, "drop-first": 2.0})
     trial = 2 * remat.torch.budget.TRIAL_STEPS
     figures = steps_under(b, models.gpt, trial + 2)
     assert [f["plan"] for f in figures] == ["trial"] * trial + [faster] * 2
@@ -201,19 +201,19 @@ def test_the_offload_guard_keeps_the_quicker_plan(faster):
     kept = figures[trial:]
     assert all((f["offloads"] > 0) == (faster == "mixed") for f in kept)
     times = figures[-1]["plan_trial_seconds"]
-    assert len(times["mixed"]) == len(times["drop-only"]) == half - 1
+    assert len(times["mixed"]) == len(times["drop-first"]) == half - 1
     b.close()
 
 
-@pytest.mark.parametrize("fastest", ["dtr-eq drop-only", "lru mixed", "hybrid mixed"])
+@pytest.mark.parametrize("fastest", ["dtr-eq drop-first", "lru mixed", "hybrid mixed"])
 def test_a_list_of_policies_is_tried_and_the_quickest_plan_kept(fastest):
-    # Each policy's mixed and drop-only plans in turn, TRIAL_STEPS steps
+    # Each policy's mixed and drop-first plans in turn, TRIAL_STEPS steps
     # each, gradients bitwise equal to a plain step's throughout; the rest
     # run with the plan whose timed steps were quickest.
     policies = ["lru", "dtr-eq", "hybrid"]
     b = remat.torch.budget(int(saved_bytes_of(models.gpt) * 0.4), policy=policies, offload=True,
                            recompute=True)
-    plans = [f"{p} {kind}" for p in policies for kind in ("mixed", "drop-only")]
+    plans = [f"{p} {kind}" for p in policies for kind in ("mixed", "drop-first")]
     b._clock = _timed_by_plan(b, {plan: 1.0 if plan == fastest else 2.0 for plan in plans})
     trial = len(plans) * remat.torch.budget.TRIAL_STEPS
     figures = steps_under(b, models.gpt, trial + 2)
@@ -224,7 +224,7 @@ def test_a_list_of_policies_is_tried_and_the_quickest_plan_kept(fastest):
     for i, plan in enumerate(plans):
         ran = figures[i * per_plan:(i + 1) * per_plan]
         assert all(f["policy"] == plan.split()[0] for f in ran)
-        if plan.endswith("drop-only"):
+        if plan.endswith("drop-first"):
             assert all(f["offloads"] == 0 and f["drops"] > 0 for f in ran)
         elif plan == "lru mixed":
             assert all(f["offloads"] > 0 for f in ran)
@@ -261,12 +261,12 @@ def test_the_offload_guard_can_be_turned_off_and_a_failed_step_is_not_timed():
     assert b.stats["plan"] == "mixed"
     b.close()
     b = remat.torch.budget("1GiB", offload=True, recompute=True)
-    b._clock = _timed_by_plan(b, {"mixed": 1.0, "drop-only": 2.0})
+    b._clock = _timed_by_plan(b, {"mixed": 1.0, "drop-first": 2.0})
     for _ in range(remat.torch.budget.TRIAL_STEPS):
         with b:
             pass
     with pytest.raises(ValueError):
-        with b:  # the first drop-only step: it raises, so the trial waits for another
+        with b:  # the first drop-first step: it raises, so the trial waits for another
             raise ValueError("a step that fails")
     for _ in range(remat.torch.budget.TRIAL_STEPS):
         with b:
@@ -285,6 +285,61 @@ def test_the_offload_guard_can_be_turned_off_and_a_failed_step_is_not_timed():
         with remat.torch.budget("1GiB", offload=offload, recompute=recompute) as run:
             pass
         assert run.stats["plan"] == plan
+
+
+def test_a_plan_whose_trial_step_does_not_fit_leaves_the_trial():
+    # A trial step that raises BudgetTooSmall says its plan cannot run at
+    # this budget: the next steps try the other plans, and never that one
+    # again, where they used to retry it (and raise) at every step.
+    b = remat.torch.budget("1GiB", offload=True, recompute=True)
+    for _ in range(remat.torch.budget.TRIAL_STEPS):
+        with b:
+            pass
+    with pytest.raises(BudgetTooSmall):
+        with b:  # the first drop-first step
+            raise BudgetTooSmall("as if drops alone did not fit")
+    assert b.stats["plans_refused"] == {"drop-first": "as if drops alone did not fit"}
+    with b:  # the trial is over: mixed is the plan left
+        pass
+    assert b.stats["plan"] == "mixed" and "drop-first" in b.stats["plans_refused"]
+    b.close()
+    # The last plan left is never refused: each step then says what did not fit.
+    b = remat.torch.budget("1GiB", offload=True, recompute=False)
+    for _ in range(2):
+        with pytest.raises(BudgetTooSmall):
+            with b:
+                raise BudgetTooSmall("too small")
+        assert "plans_refused" not in b.stats and b.stats["plan"] == "offload-only"
+    b.close()
+
+
+def _two_backwards(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32),
+                                torch.nn.Sigmoid(), torch.nn.Linear(32, 1))
+    x = torch.randn(8, 16)
+
+    def step():
+        loss = model(x).square().mean()
+        loss.backward(retain_graph=True)
+        return loss * 0.5
+    return model, step
+
+
+def test_hybrid_offloads_what_could_not_come_back_within_the_budget():
+    # Two backwards over one graph at 0.6 of its saved bytes: a dropped
+    # sigmoid output would need the tanh output it is replayed from resident
+    # beside it, more than the budget holds, so drops alone cannot run the
+    # step. With offload allowed, such a tensor is offloaded, not dropped.
+    budget = int(saved_bytes_of(_two_backwards) * 0.6)
+    with pytest.raises(BudgetTooSmall):
+        run_step(_two_backwards, budget, policy="dtr")
+    plain, plain_loss, _, _ = run_step(_two_backwards)
+    for guard in (False, True):
+        b = remat.torch.budget(budget, policy="dtr", offload=True, offload_guard=guard)
+        for figures in steps_under(b, _two_backwards, 7 if guard else 1):
+            assert figures["offload_not_drop"] > 0 and figures["offloads"] > 0
+        b.close()
 
 
 def test_dropout_masks_replayed_and_rng_left_as_plain():
