@@ -72,13 +72,19 @@ std::string Runtime::DescribePressure(std::size_t bytes) const {
     absl::StrAppendFormat(&largest, "%s#%d (%s)", i == 0 ? "" : ", ", pinned[i].second,
                           FormatBytes(pinned[i].first));
   }
+  // The budget that binds: the live budget over resident bytes where there
+  // is one (the device's is then only an address space), else the device's.
+  const std::string budget =
+      options_.live_budget != 0
+          ? absl::StrCat("live budget ", FormatBytes(options_.live_budget), " with ",
+                         FormatBytes(stats_.resident_bytes), " resident")
+          : absl::StrCat("device budget ", FormatBytes(allocator_->budget()));
   return absl::StrFormat(
       "remat runtime cannot make room for %s: %d tensors pinned (%s; largest: %s), %s still "
-      "evictable, budget %s, policy %s, pinned host pool %s of %s in use",
+      "evictable, %s, policy %s, pinned host pool %s of %s in use",
       FormatBytes(bytes), pinned_count, FormatBytes(pinned_bytes),
-      largest.empty() ? "none" : largest, FormatBytes(evictable_bytes),
-      FormatBytes(allocator_->budget()), policy_->Spec(), FormatBytes(host_pool_.in_use_bytes()),
-      FormatBytes(host_pool_.capacity()));
+      largest.empty() ? "none" : largest, FormatBytes(evictable_bytes), budget, policy_->Spec(),
+      FormatBytes(host_pool_.in_use_bytes()), FormatBytes(host_pool_.capacity()));
 }
 
 absl::Status Runtime::CheckStorages() const {

@@ -41,9 +41,7 @@ absl::Status Runtime::MakeLiveRoom(std::size_t bytes, Stream stream) {
                                     options_.live_budget, live, live, /*contiguous=*/false};
       if (!Evict(request)) {
         if (StepLimitReached()) return StepLimitError();
-        return absl::ResourceExhaustedError(absl::StrCat(
-            DescribePressure(bytes), "; live budget ", FormatBytes(options_.live_budget),
-            " with ", FormatBytes(stats_.resident_bytes), " resident"));
+        return absl::ResourceExhaustedError(DescribePressure(bytes));
       }
     }
   }

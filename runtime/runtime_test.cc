@@ -16,6 +16,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST_F(RuntimeTest, CreateAcquireRelease) {
   Make(64 * kMiB);
@@ -260,7 +261,7 @@ TEST_F(RuntimeTest, PinnedTensorsAreNeverEvictedAndTheErrorSaysWhy) {
   ASSERT_EQ(fail.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(fail.status().message()),
               AllOf(HasSubstr("1 tensors pinned (4.00 MiB"), HasSubstr("#1 (4.00 MiB)"),
-                    HasSubstr("0 B still evictable"), HasSubstr("budget 8.00 MiB"),
+                    HasSubstr("0 B still evictable"), HasSubstr("device budget 8.00 MiB"),
                     HasSubstr("policy dtr")));
   EXPECT_EQ(StateOf(a), TensorState::kResident);
   pin->Release();
@@ -707,6 +708,19 @@ TEST_F(RuntimeTest, TheStepLimitEndsARunWithAClearError) {
   EXPECT_EQ(gb.status().code(), absl::StatusCode::kAborted);
   EXPECT_THAT(gb.status().message(), HasSubstr("step limit"));
   EXPECT_EQ(StateOf(b), TensorState::kDropped);
+}
+
+TEST_F(RuntimeTest, UnderALiveBudgetTheErrorNamesItAndNotTheDevices) {
+  // Make(0): the device is only an address space; the live budget binds.
+  Make(0, {.policy = "dtr", .enable_offload = false, .live_budget = 8 * kMiB});
+  TensorId a = Produce(4 * kMiB, {}, true, true);
+  auto pin = runtime_->Acquire(a);
+  ASSERT_TRUE(pin.ok());
+  auto fail = runtime_->Create(6 * kMiB, TensorOptions{});
+  ASSERT_EQ(fail.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(fail.status().message()),
+              AllOf(HasSubstr("live budget 8.00 MiB with 4.00 MiB resident"),
+                    Not(HasSubstr("device budget"))));
 }
 
 TEST_F(RuntimeTest, TheClockCountsTheWorkOfCallsAndRecomputes) {
