@@ -92,8 +92,8 @@ def test_methods_refuses_what_it_cannot_run(argv, says, capsys, monkeypatch):
     assert says in capsys.readouterr().err
 
 
-def _overhead(*args):
-    """bench/torch_overhead.py run with `args`: (exit status, output)."""
+def _overhead(*args, script="torch_overhead.py"):
+    """bench/<script> run with `args`: (exit status, output)."""
     import os
     import pathlib
     import subprocess
@@ -101,7 +101,7 @@ def _overhead(*args):
     root = pathlib.Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root / "python") + os.pathsep +
                os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, str(root / "bench" / "torch_overhead.py"), *args],
+    out = subprocess.run([sys.executable, str(root / "bench" / script), *args],
                          env=env, capture_output=True, text=True, timeout=600)
     return out.returncode, out.stdout + out.stderr
 
@@ -117,3 +117,14 @@ def test_the_overhead_benchmark_runs_its_chain_and_its_models():
         assert "saved tensors" in line and "drops 0" in line, line
     status, text = _overhead("--models", "mlp,nope")
     assert status != 0 and "unknown ['nope']" in text
+
+
+def test_the_zoo_sweep_prints_a_row_per_model_and_mode():
+    status, text = _overhead("--models", "in_place", "--step-ratio", "0.25", script="torch_zoo.py")
+    assert status == 0, text
+    rows = [line.split() for line in text.splitlines() if line.startswith("in_place")]
+    assert [r[1] for r in rows] == ["drop", "offload", "hybrid"]
+    for r in rows:
+        assert len(r[2]) == 4 and set(r[2]) <= {".", "b"} and r[2][-1] == ".", r
+    status, text = _overhead("--models", "nope", script="torch_zoo.py")
+    assert status != 0 and "unknown model 'nope'" in text

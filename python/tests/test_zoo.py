@@ -1,9 +1,7 @@
-"""remat.torch.budget on models written the ways people write them (PyTorch's
-own recurrent and attention layers, normalisation with running statistics,
-autocast, custom autograd functions, data-dependent shapes, gradient
-accumulation, checkpointing inside the budget): in each mode, at 0.7 of
-the plain step's saved bytes, the same loss and bitwise the same gradients
-and buffers as a plain step, within the budget, and something evicted."""
+"""remat.torch.budget on models written the ways people write them
+(remat.torch.zoo): in each mode, at 0.7 of the plain step's saved bytes, the
+same loss and bitwise the same gradients and buffers as a plain step, within
+the budget, and something evicted."""
 
 import functools
 
@@ -11,239 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
 
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.checkpoint import checkpoint  # noqa: E402
-
 import remat.torch  # noqa: E402
+from remat.torch.zoo import ZOO as MODELS, norms  # noqa: E402
 
 
-def _lm_loss(logits, targets, **kw):
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), **kw)
-
-
-def lstm(seed):
-    # nn.LSTM's CPU kernel makes the workspace its backward reads only with
-    # grad mode on: a replay must run in the mode the call ran in.
-    torch.manual_seed(seed)
-    m = nn.ModuleDict({"rnn": nn.LSTM(16, 32, num_layers=2, bidirectional=True, dropout=0.2),
-                       "head": nn.Linear(64, 5)})
-    x, y = torch.randn(12, 4, 16), torch.randint(0, 5, (4,))
-
-    def step():
-        out, (_, c) = m["rnn"](x)
-        return F.cross_entropy(m["head"](out[-1]), y) + 0.1 * c.square().mean()
-    return m, step
-
-
-def gru(seed):
-    torch.manual_seed(seed)
-    m = nn.ModuleDict({"emb": nn.Embedding(50, 32),
-                       "rnn": nn.GRU(32, 48, num_layers=2, batch_first=True, dropout=0.1),
-                       "head": nn.Linear(48, 50)})
-    ids = torch.randint(0, 50, (4, 13))
-
-    def step():
-        h, _ = m["rnn"](m["emb"](ids[:, :-1]))
-        return _lm_loss(m["head"](h), ids[:, 1:])
-    return m, step
-
-
-def norms(seed):
-    # InstanceNorm with running statistics writes a repeat of them, then the
-    # statistics themselves, during the forward.
-    torch.manual_seed(seed)
-    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.SiLU(),
-                      nn.Conv2d(8, 8, 3, padding=1),
-                      nn.InstanceNorm2d(8, affine=True, track_running_stats=True), nn.Mish(),
-                      nn.Flatten(2), nn.BatchNorm1d(8), nn.PReLU())
-    x = torch.randn(4, 3, 8, 8)
-
-    def step():
-        return m(x).square().mean()
-    return m, step
-
-
-def transformer(seed):
-    torch.manual_seed(seed)
-    layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.1, batch_first=True)
-    m = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-    x = torch.randn(3, 10, 32)
-    pad = torch.zeros(3, 10, dtype=torch.bool)
-    pad[1, 7:] = True
-
-    def step():
-        return m(x, src_key_padding_mask=pad).square().mean()
-    return m, step
-
-
-class _Attention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(32, 96)
-        self.out = nn.Linear(32, 32)
-
-    def forward(self, x):
-        b, t, _ = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(b, t, 32))
-
-
-def sdpa(seed):
-    torch.manual_seed(seed)
-    m = nn.Sequential(_Attention(), nn.GELU(), _Attention())
-    x = torch.randn(2, 16, 32)
-
-    def step():
-        return m(x).square().mean()
-    return m, step
-
-
-class _TiedLM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(40, 24, padding_idx=0)
-        self.mid = nn.Linear(24, 24)
-        self.out = nn.Linear(24, 40, bias=False)
-        self.out.weight = self.emb.weight
-
-    def forward(self, ids):
-        return self.out(torch.tanh(self.mid(self.emb(ids))))
-
-
-def tied_lm(seed):
-    torch.manual_seed(seed)
-    m = _TiedLM()
-    ids = torch.randint(0, 40, (4, 11))
-    ids[0, 5:] = 0
-    targets = ids[:, 1:].clone()
-    targets[targets == 0] = -100
-
-    def step():
-        return _lm_loss(m(ids[:, :-1]), targets, label_smoothing=0.1, ignore_index=-100)
-    return m, step
-
-
-def autocast(seed):
-    torch.manual_seed(seed)
-    m = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 64),
-                      nn.ReLU(), nn.Linear(64, 10))
-    x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
-
-    def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return F.cross_entropy(m(x), y)
-    return m, step
-
-
-class _InPlace(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(16, 32)
-        self.b = nn.Linear(32, 32)
-        self.c = nn.Linear(32, 1)
-
-    def forward(self, x):
-        h = F.relu(self.a(x), inplace=True)
-        g = self.b(h)
-        g += h
-        g.masked_fill_(g < -0.5, 0.0)
-        g = g.sigmoid() * 2
-        g.add_(1)
-        return self.c(g)
-
-
-def in_place(seed):
-    torch.manual_seed(seed)
-    m = _InPlace()
-    x = torch.randn(8, 16)
-
-    def step():
-        return m(x).sum()
-    return m, step
-
-
-def data_dependent(seed):
-    torch.manual_seed(seed)
-    m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16))
-    x = torch.randn(10, 8)
-
-    def step():
-        h = m(x)
-        nz = torch.nonzero(h > 0.3)
-        rows = torch.unique(nz[:, 0])
-        return (h[h > 0].square().sum() + h[nz[:, 0], nz[:, 1]].exp().sum() +
-                h[rows].sigmoid().sum())
-    return m, step
-
-
-class _Scale(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w):
-        y = (x @ w).tanh()
-        ctx.save_for_backward(x, w, y)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w, y = ctx.saved_tensors
-        d = dy * (1 - y * y)
-        return d @ w.t(), x.t() @ d
-
-
-def custom_function(seed):
-    torch.manual_seed(seed)
-    m = nn.ModuleDict({"inp": nn.Linear(16, 16), "out": nn.Linear(16, 1)})
-    m.w = nn.Parameter(torch.randn(16, 16) * 0.3)
-    x = torch.randn(8, 16)
-
-    def step():
-        h = _Scale.apply(m["inp"](x), m.w)
-        return m["out"](_Scale.apply(h.sin(), m.w)).sum()
-    return m, step
-
-
-def accumulation(seed):
-    # Two micro-batches in one step: the first one's backward runs inside
-    # the step, the second's is the caller's.
-    torch.manual_seed(seed)
-    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 32),
-                      nn.LayerNorm(32), nn.Linear(32, 3))
-    x, y = torch.randn(16, 16), torch.randint(0, 3, (16,))
-
-    def step():
-        (F.cross_entropy(m(x[:8]), y[:8]) / 2).backward()
-        return F.cross_entropy(m(x[8:]), y[8:]) / 2
-    return m, step
-
-
-class _Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.f = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Dropout(0.1), nn.Linear(64, 32))
-
-    def forward(self, x):
-        return x + self.f(x)
-
-
-def checkpointed(seed):
-    # torch.utils.checkpoint on some blocks, inside the budget.
-    torch.manual_seed(seed)
-    m = nn.Sequential(*[_Block() for _ in range(3)])
-    x = torch.randn(8, 32)
-
-    def step():
-        h = x
-        for i, block in enumerate(m):
-            h = checkpoint(block, h, use_reentrant=False) if i != 1 else block(h)
-        return h.square().mean()
-    return m, step
-
-
-MODELS = {f.__name__: f for f in (lstm, gru, norms, transformer, sdpa, tied_lm, autocast,
-                                  in_place, data_dependent, custom_function, accumulation,
-                                  checkpointed)}
 MODES = {"drop": {}, "offload": {"offload": True, "recompute": False},
          "hybrid": {"offload": True}}
 
@@ -306,3 +75,20 @@ def test_running_statistics_written_after_a_recomputed_input_was_read(ratio):
     assert all(torch.equal(got_grads[n], grads[n]) for n in grads)
     assert all(torch.equal(got_buffers[n], buffers[n]) for n in buffers)
     assert run.stats["drops"] > 0 and run.stats["kept_not_replayable"] > 0
+
+
+def test_a_loop_in_hybrid_runs_both_plans_of_the_trial():
+    # nn.LSTM at 0.3 of its saved bytes: some of a call's outputs are
+    # offloaded rather than dropped (their replay would not fit), and each
+    # output joins its call in the runtime only with outputs dropped alike,
+    # so the trial's drop-first plan runs too, where it used to fail.
+    torch.set_num_threads(1)
+    loss, grads, _, saved = _plain("lstm")
+    b = remat.torch.budget(int(saved * 0.3), policy="dtr", offload=True)
+    for _ in range(2 * remat.torch.budget.TRIAL_STEPS + 1):
+        got_loss, got_grads, _, run = _step(MODELS["lstm"], b)
+        assert torch.equal(got_loss, loss)
+        assert all(torch.equal(got_grads[n], grads[n]) for n in grads)
+    assert "plans_refused" not in b.stats
+    assert set(b.stats["plan_trial_seconds"]) == {"mixed", "drop-first"}
+    b.close()

@@ -237,7 +237,7 @@ class _Storage:
     __slots__ = ("index", "leaf", "producer", "writers", "version", "dtype", "nbytes",
                  "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
-                 "order", "ahead", "gen", "key", "tensor_version", "host_version",
+                 "order", "ahead", "gen", "key", "tensor_version", "host_version", "allow_drop",
                  "__weakref__")
 
     def __init__(self, index, leaf, key, weak, producer=None, dtype=None, nbytes=0,
@@ -265,6 +265,7 @@ class _Storage:
         self.gen = 0                  # its evictions so far (a copy in checks none came)
         self.handles = 0
         self.droppable = False
+        self.allow_drop = 0           # whether the runtime may drop it (its call has a closure)
         self.why_kept = ""
         self.pinned_forever = False
         self.freed = False
@@ -1191,6 +1192,7 @@ class Engine:
         s.device = t.device
         s.reg_version = s.version
         call = s.producer[0]
+        s.allow_drop = allow_drop
         sibling = self._sibling(s)
         if sibling is not None:
             # One more output of a call the runtime knows: its content is the
@@ -1240,13 +1242,14 @@ class Engine:
 
     def _sibling(self, s):
         """A live saved output of s's call that s may join in the runtime
-        (same content version 0, same droppability), or None."""
+        (same content version 0, dropped alike: the runtime's call has a
+        recompute closure or not), or None."""
         call = s.producer[0]
         if s.reg_version != 0 or call.group is None:
             return None
         for m in self.groups[call.group]:
             if m.id is not None and not m.freed and m.reg_version == 0 and \
-                    m.droppable == s.droppable:
+                    m.allow_drop == s.allow_drop:
                 return m
         return None
 

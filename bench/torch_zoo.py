@@ -1,0 +1,110 @@
+"""Where remat.torch.budget runs, and right, on models written the ways people
+write them (remat.torch.zoo): each model's step at budgets of 0.05 to 1.0 of
+its plain step's saved bytes, in each mode (drop, offload, hybrid), checked
+against a plain step (loss, gradients and buffers bitwise equal, saved bytes
+within the budget).
+
+Prints a row per model and mode: one character per budget ("." ran and
+matched, "b" BudgetTooSmall, "F" ran but differed, "E" another error), and
+the smallest budget from which every larger one ran. Exits 1 if any cell is
+"F" or "E".
+
+    PYTHONPATH=python REMAT_LIBRARY=build/lib/libremat.so \\
+        .venv/bin/python bench/torch_zoo.py [--models lstm,norms] [--policy dtr] [--steps 1]
+
+--steps N runs N steps per budget object, each checked (a budget with
+offload and recompute runs its offload guard's trial over its first steps).
+"""
+import argparse
+import sys
+
+import torch
+
+import remat.torch
+from remat.torch.zoo import ZOO
+
+MODES = {"drop": {"offload": False, "recompute": True},
+         "offload": {"offload": True, "recompute": False},
+         "hybrid": {"offload": True, "recompute": True}}
+
+
+def one_step(make, budget=None):
+    model, step = make(0)
+    model.train()
+    torch.manual_seed(1)
+    if budget is None:
+        loss = step()
+        loss.backward()
+    else:
+        with budget:
+            loss = step()
+            loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, dict(model.named_buffers())
+
+
+def same(a, b):
+    return (torch.equal(a[0], b[0]) and a[1].keys() == b[1].keys() and
+            all(torch.equal(a[1][n], b[1][n]) for n in a[1]) and
+            all(torch.equal(a[2][n], b[2][n]) for n in a[2]))
+
+
+def cell(make, plain, nbytes, policy, kw, steps):
+    b = remat.torch.budget(nbytes, policy=policy, **kw)
+    try:
+        for _ in range(steps):
+            got = one_step(make, b)
+            if not same(plain, got) or b.stats["peak_saved_bytes"] > nbytes:
+                return "F"
+        return "."
+    except remat.torch.BudgetTooSmall:
+        return "b"
+    except Exception as e:  # noqa: BLE001: reported as a cell
+        print(f"  error: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
+        return "E"
+    finally:
+        if b._engine is None or b._engine.closed:
+            b.close()
+
+
+def smallest(row, ratios):
+    for i in range(len(row)):
+        if all(c == "." for c in row[i:]):
+            return ratios[i]
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(ZOO), help="comma-separated")
+    parser.add_argument("--policy", default="dtr")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--step-ratio", type=float, default=0.05)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    names = args.models.split(",")
+    for name in names:
+        if name not in ZOO:
+            parser.error(f"unknown model {name!r}: one of {', '.join(ZOO)}")
+    ratios = [round(args.step_ratio * i, 4) for i in range(1, int(1 / args.step_ratio) + 1)]
+    print(f"policy {args.policy}, {args.steps} step(s) per budget, ratios {ratios[0]}-"
+          f"{ratios[-1]} of the plain step's saved bytes; torch {torch.__version__}")
+    bad = False
+    for name in names:
+        make = ZOO[name]
+        plain = one_step(make)
+        with remat.torch.budget(1 << 40) as run:
+            one_step(make)
+        saved = run.stats["peak_saved_bytes"]
+        for mode in args.modes.split(","):
+            row = "".join(cell(make, plain, max(1, int(saved * r)), args.policy, MODES[mode],
+                               args.steps) for r in ratios)
+            bad = bad or "F" in row or "E" in row
+            print(f"{name:16s} {mode:8s} {row}  smallest {smallest(row, ratios)}  "
+                  f"(saved {saved} B)", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
