@@ -709,6 +709,42 @@ class TestEdgeCases:
         assert torch.equal(got, plain)
         assert stats["drops"] + stats["offloads"] > 0
 
+    def test_saved_again_after_a_write_while_a_copy_made_ahead_holds_the_older_content(self):
+        # As above, with the older copy copied ahead to host memory (slow
+        # rates give the link time for it) before the second save: the
+        # offload after it must not hand the copy made ahead to the backward.
+        n = 16384
+
+        def f(x):
+            fill = [(x * (i + 3)).cos() for i in range(2)]
+            a = x * 2 + 1
+            w = a.data[n:]
+            y1 = a[:n].sin()
+            del a
+            fill += [(x * (i + 7)).cos() for i in range(3)]
+            g, = torch.autograd.grad(y1.sum(), x, create_graph=True)
+            w.mul_(3)
+            fill += [(x * 11).cos()]                  # the older copy is copied ahead
+            y2 = (w * x[n:]).sum()                    # saved again
+            fill += [(x * (i + 31)).cos() for i in range(6)]  # then offloaded
+            return y1.sum() + y2 + (g * g).sum() + sum(t.sum() for t in fill)
+
+        def grad(budget=None):
+            torch.manual_seed(0)
+            x = torch.randn(2 * n, requires_grad=True)
+            if budget is None:
+                f(x).backward()
+                return x.grad, None
+            with budget as run:
+                f(x).backward()
+            return x.grad, run.stats
+
+        plain, _ = grad()
+        got, stats = grad(remat.torch.budget("256KiB", offload=True, recompute=False,
+                                             copy_ahead=True, tflops=0.01, hbm_gbps=0.5))
+        assert stats["copies_ahead"] > 0 and stats["ahead_offloads"] > 0
+        assert torch.equal(got, plain)
+
     def test_several_steps_with_an_optimizer_inside(self):
         model, step = models.mlp(0, depth=3)
         plain_model, plain_step = models.mlp(0, depth=3)

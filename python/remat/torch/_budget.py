@@ -1122,6 +1122,8 @@ class Engine:
         if s.tensor is not None and s.tensor_version != s.version:
             s.tensor = t
             s.tensor_version = s.version
+        if s.ahead is not None and s.host_version != s.version:
+            s.ahead = None  # made of the older content: an offload copies afresh
         if s.host is not None and s.host_version != s.version:
             was = self.internal
             self.internal = True
