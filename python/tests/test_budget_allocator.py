@@ -350,3 +350,54 @@ def test_another_error_in_the_call_is_not_hidden_behind_budget_too_small():
     check(engine, "aten.gelu", RuntimeError("CUDA error: an illegal memory access"))
     assert engine.ooms == 1  # counted as seen
     check(engine, "aten.add", None)  # and not raised again at the next call
+
+
+class _StandIn:
+    """Stands in for remat's allocator: what a budget reads of it, and its
+    count of failed requests."""
+    installed = True
+    records_streams = False
+
+    def __init__(self):
+        self.ooms = 0
+        self.cap = 1 << 40
+
+    def memory_stats(self, _device):
+        return {"allocated": 0, "peak_reserved": 0, "peak_allocated": 0}
+
+    def budget(self, _device):
+        return self.cap
+
+    def set_budget(self, _device, nbytes):
+        self.cap = nbytes or (1 << 40)
+
+    def reset_peak(self, _device):
+        pass
+
+    def num_ooms(self, _device):
+        return self.ooms
+
+    def set_pressure_fn(self, _device, _fn):
+        pass
+
+
+def test_a_step_that_raises_at_its_end_leaves_the_plan_trial(monkeypatch):
+    # A request that failed with no call after it to see it raises
+    # BudgetTooSmall as the `with` ends: the plan trial counts that step as
+    # failed (its plan leaves the trial), not as a timed step.
+    import remat.torch
+    from remat.torch import BudgetTooSmall, _allocator
+    stand_in = _StandIn()
+    monkeypatch.setattr(_allocator, "current", lambda: stand_in)
+    b = remat.torch.budget("1GiB", offload=True, recompute=True, pressure="allocator")
+    for _ in range(remat.torch.budget.TRIAL_STEPS):
+        with b:
+            pass
+    with pytest.raises(BudgetTooSmall):
+        with b:  # the first drop-first step
+            stand_in.ooms += 1
+    assert list(b.stats["plans_refused"]) == ["drop-first"]
+    with b:
+        pass
+    assert b.stats["plan"] == "mixed"
+    b.close()

@@ -1740,6 +1740,7 @@ class budget:
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        late = None  # what the step's end raises (remat's allocator: a request that failed)
         try:
             try:
                 self._hooks.__exit__(exc_type, exc, tb)
@@ -1754,14 +1755,17 @@ class budget:
                     self._engine.close()
                 finally:
                     try:
-                        self._end_step(exc_type is None, exc)
+                        engine = self._engine
+                        if engine.allocator is not None and not isinstance(exc, BudgetTooSmall):
+                            late = engine.exit_error()
+                        # A step that raises here has failed: the plan trial
+                        # must not time it (nor keep a plan it did not fit).
+                        self._end_step(exc_type is None and late is None,
+                                       exc if exc is not None else late)
                     finally:
                         self._resume_gc()
-        engine = self._engine
-        if engine.allocator is not None and not isinstance(exc, BudgetTooSmall):
-            error = engine.exit_error()
-            if error is not None:
-                raise error from exc
+        if late is not None:
+            raise late from exc
         return False
 
     def _time(self):
