@@ -592,7 +592,9 @@ class Runtime {
   void FreeBlockOnError(void* ptr, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- runtime_check.cc: diagnostics and invariants ---
-  std::string DescribePressure(std::size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `live`: the live budget is what bound (else the device's allocator).
+  std::string DescribePressure(std::size_t bytes, bool live) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckStorages() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckGroups() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckClasses() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -53,7 +53,7 @@ bool IsReset(const Storage& s) {
 
 }  // namespace
 
-std::string Runtime::DescribePressure(std::size_t bytes) const {
+std::string Runtime::DescribePressure(std::size_t bytes, bool live) const {
   std::size_t pinned_bytes = 0, evictable_bytes = 0, pinned_count = 0;
   std::vector<std::pair<std::size_t, TensorId>> pinned;
   for (const auto& s : storages_.all()) {
@@ -72,10 +72,10 @@ std::string Runtime::DescribePressure(std::size_t bytes) const {
     absl::StrAppendFormat(&largest, "%s#%d (%s)", i == 0 ? "" : ", ", pinned[i].second,
                           FormatBytes(pinned[i].first));
   }
-  // The budget that binds: the live budget over resident bytes where there
-  // is one (the device's is then only an address space), else the device's.
+  // The budget that bound: the live budget over resident bytes, or the
+  // device's (with a live budget too, the device may be only an address space).
   const std::string budget =
-      options_.live_budget != 0
+      live
           ? absl::StrCat("live budget ", FormatBytes(options_.live_budget), " with ",
                          FormatBytes(stats_.resident_bytes), " resident")
           : absl::StrCat("device budget ", FormatBytes(allocator_->budget()));

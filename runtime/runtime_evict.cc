@@ -28,7 +28,7 @@ absl::StatusOr<void*> Runtime::AllocateDevice(std::size_t bytes, Stream stream,
   if (ptr.ok() || !absl::IsResourceExhausted(ptr.status())) return ptr;
   if (StepLimitReached()) return StepLimitError();
   return absl::ResourceExhaustedError(
-      absl::StrCat(DescribePressure(bytes), "; allocator: ", ptr.status().message()));
+      absl::StrCat(DescribePressure(bytes, /*live=*/false), "; allocator: ", ptr.status().message()));
 }
 
 absl::Status Runtime::MakeLiveRoom(std::size_t bytes, Stream stream) {
@@ -41,7 +41,7 @@ absl::Status Runtime::MakeLiveRoom(std::size_t bytes, Stream stream) {
                                     options_.live_budget, live, live, /*contiguous=*/false};
       if (!Evict(request)) {
         if (StepLimitReached()) return StepLimitError();
-        return absl::ResourceExhaustedError(DescribePressure(bytes));
+        return absl::ResourceExhaustedError(DescribePressure(bytes, /*live=*/true));
       }
     }
   }

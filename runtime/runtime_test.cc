@@ -723,6 +723,17 @@ TEST_F(RuntimeTest, UnderALiveBudgetTheErrorNamesItAndNotTheDevices) {
                     Not(HasSubstr("device budget"))));
 }
 
+TEST_F(RuntimeTest, WhereTheDeviceBindsUnderALiveBudgetTheErrorNamesTheDevice) {
+  Make(8 * kMiB, {.policy = "dtr", .enable_offload = false, .live_budget = 64 * kMiB});
+  TensorId a = Produce(4 * kMiB, {}, true, true);
+  auto pin = runtime_->Acquire(a);
+  ASSERT_TRUE(pin.ok());
+  auto fail = runtime_->Create(6 * kMiB, TensorOptions{});
+  ASSERT_EQ(fail.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(fail.status().message()),
+              AllOf(HasSubstr("device budget 8.00 MiB"), Not(HasSubstr("live budget"))));
+}
+
 TEST_F(RuntimeTest, TheClockCountsTheWorkOfCallsAndRecomputes) {
   Make(0, {.policy = "lru", .enable_offload = false, .live_budget = 8 * kMiB});
   const std::int64_t start = runtime_->NowNs();

@@ -254,7 +254,7 @@ absl::StatusOr<void*> Runtime::BlockToRestore(Storage* s, Stream stream) {
   REMAT_RETURN_IF_ERROR(MakeLiveRoom(s->bytes, stream));
   if (absl::Status st = allocator_->Reback(s->kept, stream); !st.ok()) {
     if (StepLimitReached()) return StepLimitError();
-    return absl::Status(st.code(), absl::StrCat(DescribePressure(s->bytes), "; allocator: ",
+    return absl::Status(st.code(), absl::StrCat(DescribePressure(s->bytes, /*live=*/false), "; allocator: ",
                                                 st.message()));
   }
   void* const ptr = s->kept;
