@@ -92,3 +92,22 @@ def test_a_loop_in_hybrid_runs_both_plans_of_the_trial():
     assert "plans_refused" not in b.stats
     assert set(b.stats["plan_trial_seconds"]) == {"mixed", "drop-first"}
     b.close()
+
+
+def test_the_drop_first_plan_does_what_drops_alone_do_where_they_fit():
+    # The offload guard's second plan stands for drops alone in its trial:
+    # where they fit (nn.LSTM at 0.5), it offloads nothing and drops what
+    # drops alone drop, while the mixed plan offloads what its replay could
+    # hardly bring back beside the rest.
+    torch.set_num_threads(1)
+    _, _, _, saved = _plain("lstm")
+    alone = remat.torch.budget(int(saved * 0.5), policy="dtr")
+    _step(MODELS["lstm"], alone)
+    b = remat.torch.budget(int(saved * 0.5), policy="dtr", offload=True)
+    steps = 2 * remat.torch.budget.TRIAL_STEPS
+    figures = [_step(MODELS["lstm"], b)[3].stats for _ in range(steps)]
+    mixed, drop_first = figures[:steps // 2], figures[steps // 2:]
+    assert all(f["offload_not_drop"] > 0 and f["offloads"] > 0 for f in mixed)
+    assert all(f["offloads"] == 0 and f["drops"] == alone.stats["drops"] for f in drop_first)
+    b.close()
+    alone.close()

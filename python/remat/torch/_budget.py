@@ -557,12 +557,15 @@ _STEP_COUNTERS = ("drops", "recomputes", "offloads", "prefetches", "offloaded_by
 
 # With offload allowed, a saved tensor whose replay would need more than this
 # share of the budget resident at once (itself and the saved tensors its
-# replay reads) is offloaded rather than dropped: dropped, it could not come
+# replay reads) is offloaded rather than dropped: dropped, it could hardly come
 # back beside what the backward node reading it pins. (On 72 small models
 # written the ways people write them, hybrid's smallest budget was above
 # offload-only's in 40 without the rule, in 14 of 53 with a share of 1, and
-# in 2 with a half.)
+# in 2 with a half.) The offload guard's drop-first plan, which stands for
+# drops alone in its trial, offloads only what could never come back (a
+# share of 1), so that the trial still sees what drops alone would do.
 _DROP_WORKING_SET_SHARE = 0.5
+_DROP_FIRST_WORKING_SET_SHARE = 1.0
 
 
 class Engine:
@@ -1182,8 +1185,9 @@ class Engine:
             self.counts["kept_not_replayable"] += 1
         allow_drop = 1 if (self.recompute and s.droppable) else 0
         allow_offload = 1 if self.offload else 0
-        if allow_drop and allow_offload and s.nbytes + sum(i.nbytes for i in inputs) > \
-                self.budget_bytes * _DROP_WORKING_SET_SHARE:
+        share = _DROP_FIRST_WORKING_SET_SHARE if self.drop_first else _DROP_WORKING_SET_SHARE
+        if allow_drop and allow_offload and \
+                s.nbytes + sum(i.nbytes for i in inputs) > self.budget_bytes * share:
             allow_drop = 0
             self.counts["offload_not_drop"] += 1
         if allow_drop and self.drop_first:
