@@ -14,8 +14,11 @@ the smallest budget from which every larger one ran. Exits 1 if any cell is
 
 --steps N runs N steps per budget object, each checked (a budget with
 offload and recompute runs its offload guard's trial over its first steps).
+--device cuda runs them on the GPU, with PyTorch's deterministic algorithms
+(bitwise equal gradients need deterministic kernels in the plain step too).
 """
 import argparse
+import os
 import sys
 
 import torch
@@ -28,8 +31,8 @@ MODES = {"drop": {"offload": False, "recompute": True},
          "hybrid": {"offload": True, "recompute": True}}
 
 
-def one_step(make, budget=None):
-    model, step = make(0)
+def one_step(make, budget=None, device="cpu"):
+    model, step = make(0, device=device)
     model.train()
     torch.manual_seed(1)
     if budget is None:
@@ -49,11 +52,11 @@ def same(a, b):
             all(torch.equal(a[2][n], b[2][n]) for n in a[2]))
 
 
-def cell(make, plain, nbytes, policy, kw, steps):
+def cell(make, plain, nbytes, policy, kw, steps, device):
     b = remat.torch.budget(nbytes, policy=policy, **kw)
     try:
         for _ in range(steps):
-            got = one_step(make, b)
+            got = one_step(make, b, device)
             if not same(plain, got) or b.stats["peak_saved_bytes"] > nbytes:
                 return "F"
         return "."
@@ -81,25 +84,31 @@ def main():
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--step-ratio", type=float, default=0.05)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: no CUDA device")
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     names = args.models.split(",")
     for name in names:
         if name not in ZOO:
             parser.error(f"unknown model {name!r}: one of {', '.join(ZOO)}")
     ratios = [round(args.step_ratio * i, 4) for i in range(1, int(1 / args.step_ratio) + 1)]
-    print(f"policy {args.policy}, {args.steps} step(s) per budget, ratios {ratios[0]}-"
-          f"{ratios[-1]} of the plain step's saved bytes; torch {torch.__version__}")
+    print(f"{args.device}, policy {args.policy}, {args.steps} step(s) per budget, ratios "
+          f"{ratios[0]}-{ratios[-1]} of the plain step's saved bytes; torch {torch.__version__}")
     bad = False
     for name in names:
         make = ZOO[name]
-        plain = one_step(make)
+        plain = one_step(make, device=args.device)
         with remat.torch.budget(1 << 40) as run:
-            one_step(make)
+            one_step(make, device=args.device)
         saved = run.stats["peak_saved_bytes"]
         for mode in args.modes.split(","):
             row = "".join(cell(make, plain, max(1, int(saved * r)), args.policy, MODES[mode],
-                               args.steps) for r in ratios)
+                               args.steps, args.device) for r in ratios)
             bad = bad or "F" in row or "E" in row
             print(f"{name:16s} {mode:8s} {row}  smallest {smallest(row, ratios)}  "
                   f"(saved {saved} B)", flush=True)

@@ -116,6 +116,11 @@ export REMAT_LIBRARY="$build/lib/libremat.so"
 step torch_budget_tests 240 bash -c "torch_or_skip; python3 -c 'import pytest' || { echo no pytest; exit 77; }; PYTHONPATH=python python3 -m pytest -q -rs -s \
   python/tests/test_budget_cuda.py python/tests/test_budget_allocator.py python/tests/test_budget.py \
   -k 'cuda or mlp or gpt or allocator'"
+# The zoo (remat.torch.zoo: cuDNN's RNNs, SDPA's fused kernels, norms, autocast, ...)
+# over budgets of 0.1-1.0 of its saved bytes in each mode, seven steps a cell (the
+# offload guard's trial): every cell that runs must give the plain step's gradients.
+step torch_zoo 180 bash -c "torch_or_skip; PYTHONPATH=python python3 bench/torch_zoo.py \
+  --device cuda --step-ratio 0.1 --steps 7 | tee '$out/torch_zoo_cuda.txt'; exit \${PIPESTATUS[0]}"
 # The three figures on the GPU: with remat's allocator as PyTorch's, budgets
 # of what the GPU holds; then saved-bytes budgets beside checkpoint,
 # save_on_cpu and torch.compile (its activation_memory_budget).

@@ -353,6 +353,9 @@ class _OpInfo:
 _op_infos = {}
 
 
+_CUDNN_RNN = torch.ops.aten._cudnn_rnn.default
+
+
 def _op_info(func):
     info = _op_infos.get(func)
     if info is None:
@@ -982,7 +985,12 @@ class Engine:
             # rebuilds views with as_strided, so there is nothing to keep.
             return func(*args, **kwargs)
         flat = spec = rng = None
+        random_why = ""
         if info.random:
+            if func is _CUDNN_RNN and len(args) > 12 and args[12] and args[11] > 0:
+                # Its dropout draws from the state cuDNN keeps in dropout_state,
+                # which it advances itself: a replay would draw other masks.
+                random_why = f"{func} draws its dropout from cuDNN's own random state"
             flat, spec = _flatten_call(args, kwargs)
             cuda_devices = {t.device for t in flat if isinstance(t, torch.Tensor)
                             and t.device.type == "cuda"}
@@ -1034,8 +1042,8 @@ class Engine:
             result = func(*args, **kwargs)
             flat_out = _flatten_result(result)
 
-        if info.why_not:
-            why_not = info.why_not
+        if info.why_not or random_why:
+            why_not = info.why_not or random_why
         elif (not self.allow_nondeterministic and info.nondeterministic and
               any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in flat)):
             why_not = f"{func} is not bitwise deterministic on CUDA"

@@ -2,7 +2,7 @@
 (bench/torch_zoo.py): PyTorch's own recurrent and attention layers,
 normalisation with running statistics, autocast, custom autograd functions,
 data-dependent shapes, gradient accumulation, checkpointing inside the
-budget. Each `make(seed)` returns (model, step) where step() runs the
+budget. Each `make(seed, device="cpu")` returns (model, step) where step() runs the
 forward (and, for accumulation, a backward of its own) and returns the loss
 the caller's backward starts from; ZOO names them."""
 import torch
@@ -11,17 +11,24 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 
+def _on(device, *objects):
+    """The model and the step's inputs on `device` (made on the CPU first,
+    so that a seed gives the same values on every device)."""
+    return tuple(o.to(device) for o in objects)
+
+
 def _lm_loss(logits, targets, **kw):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), **kw)
 
 
-def lstm(seed):
+def lstm(seed, device="cpu"):
     # nn.LSTM's CPU kernel makes the workspace its backward reads only with
     # grad mode on: a replay must run in the mode the call ran in.
     torch.manual_seed(seed)
     m = nn.ModuleDict({"rnn": nn.LSTM(16, 32, num_layers=2, bidirectional=True, dropout=0.2),
                        "head": nn.Linear(64, 5)})
     x, y = torch.randn(12, 4, 16), torch.randint(0, 5, (4,))
+    m, x, y = _on(device, m, x, y)
 
     def step():
         out, (_, c) = m["rnn"](x)
@@ -29,12 +36,13 @@ def lstm(seed):
     return m, step
 
 
-def gru(seed):
+def gru(seed, device="cpu"):
     torch.manual_seed(seed)
     m = nn.ModuleDict({"emb": nn.Embedding(50, 32),
                        "rnn": nn.GRU(32, 48, num_layers=2, batch_first=True, dropout=0.1),
                        "head": nn.Linear(48, 50)})
     ids = torch.randint(0, 50, (4, 13))
+    m, ids = _on(device, m, ids)
 
     def step():
         h, _ = m["rnn"](m["emb"](ids[:, :-1]))
@@ -42,7 +50,7 @@ def gru(seed):
     return m, step
 
 
-def norms(seed):
+def norms(seed, device="cpu"):
     # InstanceNorm with running statistics writes a repeat of them, then the
     # statistics themselves, during the forward.
     torch.manual_seed(seed)
@@ -51,19 +59,21 @@ def norms(seed):
                       nn.InstanceNorm2d(8, affine=True, track_running_stats=True), nn.Mish(),
                       nn.Flatten(2), nn.BatchNorm1d(8), nn.PReLU())
     x = torch.randn(4, 3, 8, 8)
+    m, x = _on(device, m, x)
 
     def step():
         return m(x).square().mean()
     return m, step
 
 
-def transformer(seed):
+def transformer(seed, device="cpu"):
     torch.manual_seed(seed)
     layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.1, batch_first=True)
     m = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
     x = torch.randn(3, 10, 32)
     pad = torch.zeros(3, 10, dtype=torch.bool)
     pad[1, 7:] = True
+    m, x, pad = _on(device, m, x, pad)
 
     def step():
         return m(x, src_key_padding_mask=pad).square().mean()
@@ -83,10 +93,11 @@ class _Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, t, 32))
 
 
-def sdpa(seed):
+def sdpa(seed, device="cpu"):
     torch.manual_seed(seed)
     m = nn.Sequential(_Attention(), nn.GELU(), _Attention())
     x = torch.randn(2, 16, 32)
+    m, x = _on(device, m, x)
 
     def step():
         return m(x).square().mean()
@@ -105,27 +116,29 @@ class _TiedLM(nn.Module):
         return self.out(torch.tanh(self.mid(self.emb(ids))))
 
 
-def tied_lm(seed):
+def tied_lm(seed, device="cpu"):
     torch.manual_seed(seed)
     m = _TiedLM()
     ids = torch.randint(0, 40, (4, 11))
     ids[0, 5:] = 0
     targets = ids[:, 1:].clone()
     targets[targets == 0] = -100
+    m, ids, targets = _on(device, m, ids, targets)
 
     def step():
         return _lm_loss(m(ids[:, :-1]), targets, label_smoothing=0.1, ignore_index=-100)
     return m, step
 
 
-def autocast(seed):
+def autocast(seed, device="cpu"):
     torch.manual_seed(seed)
     m = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 64),
                       nn.ReLU(), nn.Linear(64, 10))
     x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    m, x, y = _on(device, m, x, y)
 
     def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
             return F.cross_entropy(m(x), y)
     return m, step
 
@@ -147,20 +160,22 @@ class _InPlace(nn.Module):
         return self.c(g)
 
 
-def in_place(seed):
+def in_place(seed, device="cpu"):
     torch.manual_seed(seed)
     m = _InPlace()
     x = torch.randn(8, 16)
+    m, x = _on(device, m, x)
 
     def step():
         return m(x).sum()
     return m, step
 
 
-def data_dependent(seed):
+def data_dependent(seed, device="cpu"):
     torch.manual_seed(seed)
     m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16))
     x = torch.randn(10, 8)
+    m, x = _on(device, m, x)
 
     def step():
         h = m(x)
@@ -185,11 +200,12 @@ class _Scale(torch.autograd.Function):
         return d @ w.t(), x.t() @ d
 
 
-def custom_function(seed):
+def custom_function(seed, device="cpu"):
     torch.manual_seed(seed)
     m = nn.ModuleDict({"inp": nn.Linear(16, 16), "out": nn.Linear(16, 1)})
     m.w = nn.Parameter(torch.randn(16, 16) * 0.3)
     x = torch.randn(8, 16)
+    m, x = _on(device, m, x)
 
     def step():
         h = _Scale.apply(m["inp"](x), m.w)
@@ -197,13 +213,14 @@ def custom_function(seed):
     return m, step
 
 
-def accumulation(seed):
+def accumulation(seed, device="cpu"):
     # Two micro-batches in one step: the first one's backward runs inside
     # the step, the second's is the caller's.
     torch.manual_seed(seed)
     m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 32),
                       nn.LayerNorm(32), nn.Linear(32, 3))
     x, y = torch.randn(16, 16), torch.randint(0, 3, (16,))
+    m, x, y = _on(device, m, x, y)
 
     def step():
         (F.cross_entropy(m(x[:8]), y[:8]) / 2).backward()
@@ -220,11 +237,12 @@ class _Block(nn.Module):
         return x + self.f(x)
 
 
-def checkpointed(seed):
+def checkpointed(seed, device="cpu"):
     # torch.utils.checkpoint on some blocks, inside the budget.
     torch.manual_seed(seed)
     m = nn.Sequential(*[_Block() for _ in range(3)])
     x = torch.randn(8, 32)
+    m, x = _on(device, m, x)
 
     def step():
         h = x
