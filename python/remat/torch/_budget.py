@@ -514,6 +514,7 @@ class _Session:
         # no budget of its own: it evicts when the allocator asks.
         ro.live_budget = budget_bytes if live_budget else 0
         self.live_budget = live_budget
+        self.steps_run = 0            # its steps that ran to the end (what it has learned from)
         ro.host_pool_bytes = 16 << 40
         ro.learn_next_use = 1
         ro.copy_ahead = 1 if (offload and copy_ahead) else 0
@@ -1662,6 +1663,7 @@ class budget:
         self._trial = [(plan, i > 0) for plan in self._plans for i in range(self.TRIAL_STEPS)]
         self._trial_times = {plan: [] for plan in self._plans}
         self._refused = {}            # plans out of the trial: their step's BudgetTooSmall
+        self._blind = set()           # plans whose steps each start a runtime afresh
         self._step_plan = None
         self._step_start = None
         self._steps = 0
@@ -1715,8 +1717,11 @@ class budget:
         policy, offload, drop_first = self._plans[plan]
         allocator = self._allocator()
         session = self._sessions.get(plan)
-        if session is not None and session.live_budget != (allocator is None):
-            self._sessions.pop(plan).close()  # use_allocator() came since: start afresh
+        if session is not None and (session.live_budget != (allocator is None) or
+                                    plan in self._blind):
+            # use_allocator() came since, or what the runtime learns from one
+            # step led the next into a budget it did not fit: start afresh.
+            self._sessions.pop(plan).close()
             session = None
         if session is None:
             session = self._sessions[plan] = _Session(self.budget_bytes, policy, offload,
@@ -1798,16 +1803,34 @@ class budget:
                 self._trial_times[plan].append(self._time() - self._step_start)
             if not self._trial:
                 self._decide()
-        elif self._plan == "trial" and isinstance(exc, BudgetTooSmall):
-            self._refuse(self._trial[0][0], exc)
+        elif isinstance(exc, BudgetTooSmall):
+            if self._plan == "trial" and len(self._trial_times) > 1:
+                self._refuse(self._trial[0][0], exc)
+            else:
+                self._go_blind(self._step_plan)
+        if ok:
+            session = self._sessions.get(self._step_plan)
+            if session is not None:
+                session.steps_run += 1
         if self._refused:
             stats["plans_refused"] = dict(self._refused)
+        if self._step_plan in self._blind:
+            stats["next_uses_off"] = True
         if self._plan_trial_done():
             stats["plan_trial_seconds"] = {k: list(v) for k, v in self._trial_times.items()}
         self.stats = stats
 
     def _plan_trial_done(self):
         return all(self._trial_times.values()) and not self._trial
+
+    def _go_blind(self, plan):
+        """A step of `plan` did not fit after the runtime had learned from
+        the steps before (the next uses a policy such as belady reads): its
+        later steps each start a runtime afresh, as the first step did,
+        which did fit."""
+        session = self._sessions.get(plan)
+        if session is not None and session.steps_run > 0:
+            self._blind.add(plan)
 
     def _refuse(self, plan, exc):
         """A trial step of `plan` did not fit the budget: the trial goes on
