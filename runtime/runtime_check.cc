@@ -79,12 +79,19 @@ std::string Runtime::DescribePressure(std::size_t bytes, bool live) const {
           ? absl::StrCat("live budget ", FormatBytes(options_.live_budget), " with ",
                          FormatBytes(stats_.resident_bytes), " resident")
           : absl::StrCat("device budget ", FormatBytes(allocator_->budget()));
+  // The host pool matters only where offloads may fill it.
+  const std::string host =
+      options_.enable_offload
+          ? absl::StrFormat(", pinned host pool %s of %s in use",
+                            FormatBytes(host_pool_.in_use_bytes()),
+                            FormatBytes(host_pool_.capacity()))
+          : std::string();
   return absl::StrFormat(
       "remat runtime cannot make room for %s: %d tensors pinned (%s; largest: %s), %s still "
-      "evictable, %s, policy %s, pinned host pool %s of %s in use",
+      "evictable, %s, policy %s%s",
       FormatBytes(bytes), pinned_count, FormatBytes(pinned_bytes),
       largest.empty() ? "none" : largest, FormatBytes(evictable_bytes), budget, policy_->Spec(),
-      FormatBytes(host_pool_.in_use_bytes()), FormatBytes(host_pool_.capacity()));
+      host);
 }
 
 absl::Status Runtime::CheckStorages() const {
