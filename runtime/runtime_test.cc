@@ -710,28 +710,32 @@ TEST_F(RuntimeTest, TheStepLimitEndsARunWithAClearError) {
   EXPECT_EQ(StateOf(b), TensorState::kDropped);
 }
 
-TEST_F(RuntimeTest, UnderALiveBudgetTheErrorNamesItAndNotTheDevices) {
+// Which budget an out-of-room error names, with a live budget and a device's.
+class OutOfRoomMessageTest : public RuntimeTest {
+ protected:
+  // The message of a 6 MiB request that fails beside a pinned 4 MiB tensor.
+  std::string OutOfRoomBesidePinned() {
+    const TensorId a = Produce(4 * kMiB, {}, true, true);
+    auto pin = runtime_->Acquire(a);
+    EXPECT_TRUE(pin.ok());
+    auto fail = runtime_->Create(6 * kMiB, TensorOptions{});
+    EXPECT_EQ(fail.status().code(), absl::StatusCode::kResourceExhausted);
+    return std::string(fail.status().message());
+  }
+};
+
+TEST_F(OutOfRoomMessageTest, UnderALiveBudgetTheErrorNamesItAndNotTheDevices) {
   // Make(0): the device is only an address space; the live budget binds.
   Make(0, {.policy = "dtr", .enable_offload = false, .live_budget = 8 * kMiB});
-  TensorId a = Produce(4 * kMiB, {}, true, true);
-  auto pin = runtime_->Acquire(a);
-  ASSERT_TRUE(pin.ok());
-  auto fail = runtime_->Create(6 * kMiB, TensorOptions{});
-  ASSERT_EQ(fail.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(fail.status().message()),
+  EXPECT_THAT(OutOfRoomBesidePinned(),
               AllOf(HasSubstr("live budget 8.00 MiB with 4.00 MiB resident"),
                     Not(HasSubstr("device budget")),
                     Not(HasSubstr("host pool"))));  // offload is off: no pool to speak of
 }
 
-TEST_F(RuntimeTest, WhereTheDeviceBindsUnderALiveBudgetTheErrorNamesTheDevice) {
+TEST_F(OutOfRoomMessageTest, WhereTheDeviceBindsUnderALiveBudgetTheErrorNamesTheDevice) {
   Make(8 * kMiB, {.policy = "dtr", .enable_offload = false, .live_budget = 64 * kMiB});
-  TensorId a = Produce(4 * kMiB, {}, true, true);
-  auto pin = runtime_->Acquire(a);
-  ASSERT_TRUE(pin.ok());
-  auto fail = runtime_->Create(6 * kMiB, TensorOptions{});
-  ASSERT_EQ(fail.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(fail.status().message()),
+  EXPECT_THAT(OutOfRoomBesidePinned(),
               AllOf(HasSubstr("device budget 8.00 MiB"), Not(HasSubstr("live budget"))));
 }
 

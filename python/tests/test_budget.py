@@ -705,16 +705,16 @@ class TestEdgeCases:
 
     # A storage saved again after a write autograd does not see, while what
     # remat holds of it is a copy of its older content: recomputed (or copied
-    # back) for a backward inside the forward, and, in the second case,
-    # offloaded again before the second save. The new view must read the
-    # newer content.
-    @pytest.mark.parametrize("mode", ["drop", "offload", "hybrid"])
-    @pytest.mark.parametrize("offloaded_again", [False, True])
-    @pytest.mark.parametrize("kib", [8, 16, 24])
-    def test_saved_again_after_a_write_while_remat_holds_an_older_copy(
-            self, mode, offloaded_again, kib):
-        n = 1024
-
+    # back) for a backward inside the forward, and, in some cases, offloaded
+    # or copied ahead before or after the second save. The new view must read
+    # the newer content.
+    @staticmethod
+    def _saved_again_grad(n, before, after, budget=None):
+        """x's gradient, and the budget's stats, of a step that saves half
+        of a storage, brings it back by a backward inside the forward,
+        writes its other half through an alias autograd does not track and
+        saves that half; `before` and `after` are multipliers of more saved
+        tensors made just before and just after the second save."""
         def f(x):
             fill = [(x * (i + 3)).cos() for i in range(2)]
             a = x * 2 + 1
@@ -724,61 +724,43 @@ class TestEdgeCases:
             fill += [(x * (i + 7)).cos() for i in range(3)]
             g, = torch.autograd.grad(y1.sum(), x, create_graph=True)  # brings a back
             w.mul_(3)                            # beside what y1 saved
-            if offloaded_again:
-                fill += [(x * (i + 11)).cos() for i in range(4)]
+            fill += [(x * k).cos() for k in before]
             y2 = (w * x[n:]).sum()               # saves a's second half, written
+            fill += [(x * k).cos() for k in after]
             return y1.sum() + y2 + (g * g).sum() + sum(t.sum() for t in fill)
 
-        def grad(budget=None):
-            torch.manual_seed(0)
-            x = torch.randn(2 * n, requires_grad=True)
-            if budget is None:
-                f(x).backward()
-                return x.grad, None
-            with budget as run:
-                f(x).backward()
-            return x.grad, run.stats
+        torch.manual_seed(0)
+        x = torch.randn(2 * n, requires_grad=True)
+        if budget is None:
+            f(x).backward()
+            return x.grad, None
+        with budget as run:
+            f(x).backward()
+        return x.grad, run.stats
 
-        plain, _ = grad()
+    @pytest.mark.parametrize("mode", ["drop", "offload", "hybrid"])
+    @pytest.mark.parametrize("offloaded_again", [False, True])
+    @pytest.mark.parametrize("kib", [8, 16, 24])
+    def test_saved_again_after_a_write_while_remat_holds_an_older_copy(
+            self, mode, offloaded_again, kib):
+        before = [11, 12, 13, 14] if offloaded_again else []
+        plain, _ = self._saved_again_grad(1024, before, [])
         kw = {"drop": {}, "offload": {"offload": True, "recompute": False},
               "hybrid": {"offload": True}}[mode]
-        got, stats = grad(remat.torch.budget(kib * 1024, **kw))
+        got, stats = self._saved_again_grad(1024, before, [],
+                                            remat.torch.budget(kib * 1024, **kw))
         assert torch.equal(got, plain)
         assert stats["drops"] + stats["offloads"] > 0
 
     def test_saved_again_after_a_write_while_a_copy_made_ahead_holds_the_older_content(self):
-        # As above, with the older copy copied ahead to host memory (slow
-        # rates give the link time for it) before the second save: the
-        # offload after it must not hand the copy made ahead to the backward.
-        n = 16384
-
-        def f(x):
-            fill = [(x * (i + 3)).cos() for i in range(2)]
-            a = x * 2 + 1
-            w = a.data[n:]
-            y1 = a[:n].sin()
-            del a
-            fill += [(x * (i + 7)).cos() for i in range(3)]
-            g, = torch.autograd.grad(y1.sum(), x, create_graph=True)
-            w.mul_(3)
-            fill += [(x * 11).cos()]                  # the older copy is copied ahead
-            y2 = (w * x[n:]).sum()                    # saved again
-            fill += [(x * (i + 31)).cos() for i in range(6)]  # then offloaded
-            return y1.sum() + y2 + (g * g).sum() + sum(t.sum() for t in fill)
-
-        def grad(budget=None):
-            torch.manual_seed(0)
-            x = torch.randn(2 * n, requires_grad=True)
-            if budget is None:
-                f(x).backward()
-                return x.grad, None
-            with budget as run:
-                f(x).backward()
-            return x.grad, run.stats
-
-        plain, _ = grad()
-        got, stats = grad(remat.torch.budget("256KiB", offload=True, recompute=False,
-                                             copy_ahead=True, tflops=0.01, hbm_gbps=0.5))
+        # The older copy is copied ahead to host memory (slow rates give the
+        # link time for it) before the second save, and offloaded after it:
+        # the backward must not read the copy made ahead.
+        n, before, after = 16384, [11], list(range(31, 37))
+        plain, _ = self._saved_again_grad(n, before, after)
+        got, stats = self._saved_again_grad(
+            n, before, after, remat.torch.budget("256KiB", offload=True, recompute=False,
+                                                 copy_ahead=True, tflops=0.01, hbm_gbps=0.5))
         assert stats["copies_ahead"] > 0 and stats["ahead_offloads"] > 0
         assert torch.equal(got, plain)
 

@@ -1835,9 +1835,9 @@ class budget:
     def _refuse(self, plan, exc):
         """A trial step of `plan` did not fit the budget: the trial goes on
         without it (while another plan is left), so that the next steps run
-        the plans that can. The step itself has raised."""
-        if len(self._trial_times) == 1:
-            return  # the last plan: each step says the budget is too small
+        the plans that can (the caller keeps the last plan: each of its
+        steps then says the budget is too small). The step itself has
+        raised."""
         self._refused[plan] = str(exc)
         self._trial = [t for t in self._trial if t[0] != plan]
         del self._trial_times[plan]
@@ -1849,7 +1849,7 @@ class budget:
 
     def _decide(self):
         """Keeps the plan whose quickest timed step was quickest (on a tie,
-        the one tried first: mixed before drop-only, the first policy before
+        the one tried first: mixed before drop-first, the first policy before
         the others) and lets the others' runtimes go."""
         self._plan = min(self._trial_times, key=lambda plan: min(self._trial_times[plan]))
         for plan in [p for p in self._sessions if p != self._plan]:
