@@ -16,6 +16,8 @@ the smallest budget from which every larger one ran. Exits 1 if any cell is
 offload and recompute runs its offload guard's trial over its first steps).
 --device cuda runs them on the GPU, with PyTorch's deterministic algorithms
 (bitwise equal gradients need deterministic kernels in the plain step too).
+--hf adds Hugging Face transformers models (remat.torch.zoo_hf: GPT-2,
+Llama, Mixtral, BERT, T5, ViT, at tiny sizes; needs transformers).
 """
 import argparse
 import os
@@ -85,7 +87,17 @@ def main():
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--step-ratio", type=float, default=0.05)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--hf", action="store_true",
+                        help="add remat.torch.zoo_hf's transformers models (needs transformers)")
     args = parser.parse_args()
+    if args.hf:
+        try:
+            from remat.torch.zoo_hf import HF
+        except ImportError as e:
+            parser.error(f"--hf needs transformers (pip install transformers): {e}")
+        ZOO.update(HF)
+        if args.models == parser.get_default("models"):
+            args.models = ",".join(ZOO)
     torch.set_num_threads(1)
     if args.device == "cuda":
         if not torch.cuda.is_available():
@@ -103,9 +115,12 @@ def main():
     for name in names:
         make = ZOO[name]
         plain = one_step(make, device=args.device)
-        with remat.torch.budget(1 << 40) as run:
-            one_step(make, device=args.device)
-        saved = run.stats["peak_saved_bytes"]
+        # The model is made outside the budget, as in every cell (made
+        # inside, its parameters would count as saved).
+        unlimited = remat.torch.budget(1 << 40)
+        one_step(make, unlimited, args.device)
+        saved = unlimited.stats["peak_saved_bytes"]
+        unlimited.close()
         for mode in args.modes.split(","):
             row = "".join(cell(make, plain, max(1, int(saved * r)), args.policy, MODES[mode],
                                args.steps, args.device) for r in ratios)

@@ -238,7 +238,7 @@ class _Storage:
                  "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
                  "order", "ahead", "gen", "key", "tensor_version", "host_version", "allow_drop",
-                 "__weakref__")
+                 "replay_bytes", "__weakref__")
 
     def __init__(self, index, leaf, key, weak, producer=None, dtype=None, nbytes=0,
                  tensor=None):
@@ -273,6 +273,7 @@ class _Storage:
         self.readers = None           # a leaf: saved storages whose recompute reads it
         self.regions = []             # (size, stride, offset) of each saved view of it
         self.order = -1               # its place in Engine.registered
+        self.replay_bytes = None      # resident at once to bring it back (Engine._replay_bytes)
 
 
 class _Ref:
@@ -570,14 +571,70 @@ _STEP_COUNTERS = ("drops", "recomputes", "offloads", "prefetches", "offloaded_by
 # share of 1), so that the trial still sees what drops alone would do.
 _DROP_WORKING_SET_SHARE = 0.5
 _DROP_FIRST_WORKING_SET_SHARE = 1.0
+# In both plans a tensor is offloaded, not dropped, where its replay could not
+# fit the whole budget beside what the backward node reading it pinned in the
+# steps before (_Beside), with its droppable inputs dropped too, followed this
+# many levels deep (Engine._replay_bytes). Without a limit the estimate takes
+# whole chains as dropped at once, where a policy keeps some of a chain
+# resident: on remat.torch.bench's LSTM at 0.3, where drops alone fit, the
+# drop-first plan then offloaded 317 tensors that drops alone do without (none
+# at depths 2 to 8). On 45 small models, depths 4, 8 and no limit gave the
+# same smallest budgets; 2 left some higher.
+_REPLAY_DEPTH = 4
+
+
+class _Beside:
+    """What a step's backward held pinned beside each saved tensor as it
+    read it: the node's saved tensors it had read before (`pinned[k]`, in
+    bytes, for the k-th tensor saved; its size in `nbytes[k]`). A program's
+    steps save and read alike, so a later step can tell, as it saves the
+    k-th tensor, whether a replay of it would fit beside what will be
+    pinned then; the share rule above can only guess that from the tensor's
+    own inputs."""
+
+    __slots__ = ("nbytes", "pinned")
+
+    def __init__(self):
+        self.nbytes = []
+        self.pinned = []
+
+    def saw(self, order, nbytes, pinned):
+        while len(self.nbytes) <= order:
+            self.nbytes.append(0)
+            self.pinned.append(0)
+        self.nbytes[order] = nbytes
+        self.pinned[order] = max(self.pinned[order], pinned)
+
+    def merged(self, newer):
+        """What two good steps saw: the larger of each, where they saved
+        the same sizes in the same order; else the newer step's."""
+        if newer.nbytes != self.nbytes:
+            return newer
+        both = _Beside()
+        both.nbytes = list(newer.nbytes)
+        both.pinned = [max(a, b) for a, b in zip(self.pinned, newer.pinned)]
+        return both
+
+    def pinned_beside(self, order, nbytes):
+        """What was pinned beside the tensor saved order-th, if the step
+        seen saved one of this size there; else 0."""
+        if order < len(self.nbytes) and self.nbytes[order] == nbytes:
+            return self.pinned[order]
+        return 0
 
 
 class Engine:
     """The state of one step under a budget (one `with`)."""
 
     def __init__(self, budget_bytes, policy, offload, recompute, allow_nondeterministic,
-                 cost_model, copy_ahead=False, allocator=None, device=0, drop_first=False):
+                 cost_model, copy_ahead=False, allocator=None, device=0, drop_first=False,
+                 seen=None):
         self.budget_bytes = budget_bytes
+        # What earlier good steps' backwards pinned beside each saved tensor
+        # (_Beside), and what this one's does.
+        self.seen = seen if seen is not None else _Beside()
+        self.beside = _Beside()
+        self.pin_bytes = 0            # the bytes of the pins below
         # Offload only what cannot be dropped (the offload guard's plan that
         # drops wherever a drop can come back).
         self.drop_first = drop_first
@@ -617,7 +674,7 @@ class Engine:
         self.error = None             # an exception raised inside a callback
         self.counts = {"saved_tensors": 0, "saved_unmanaged": 0, "kept_not_replayable": 0,
                        "recomputed_calls": 0, "backwards_outside_recorder": 0,
-                       "offload_not_drop": 0}
+                       "offload_not_drop": 0, "offload_not_drop_seen": 0}
         self.lib = _capi.lib()
         self.session = None
         self.runtime = None
@@ -941,6 +998,7 @@ class Engine:
     def _release_pins(self):
         self.pin_node = None
         pins, self.pins = self.pins, []
+        self.pin_bytes = 0
         for id_ in pins:
             self.lib.remat_tensor_release(self.runtime, id_)
         self._drain()
@@ -1195,10 +1253,15 @@ class Engine:
         allow_drop = 1 if (self.recompute and s.droppable) else 0
         allow_offload = 1 if self.offload else 0
         share = _DROP_FIRST_WORKING_SET_SHARE if self.drop_first else _DROP_WORKING_SET_SHARE
-        if allow_drop and allow_offload and \
-                s.nbytes + sum(i.nbytes for i in inputs) > self.budget_bytes * share:
-            allow_drop = 0
-            self.counts["offload_not_drop"] += 1
+        s.replay_bytes = self._replay_bytes(s, inputs)
+        if allow_drop and allow_offload:
+            if s.replay_bytes[0] > self.budget_bytes * share:
+                allow_drop = 0
+                self.counts["offload_not_drop"] += 1
+            elif s.replay_bytes[-1] + self.seen.pinned_beside(len(self.registered), s.nbytes) > \
+                    self.budget_bytes:
+                allow_drop = 0
+                self.counts["offload_not_drop_seen"] += 1
         if allow_drop and self.drop_first:
             allow_offload = 0
         tid = ctypes.c_uint64()
@@ -1254,6 +1317,24 @@ class Engine:
         self.registered.append(s)
         self.lib.remat_tensor_release(self.runtime, s.id)
         self._drain()
+
+    @staticmethod
+    def _replay_bytes(s, inputs):
+        """What a replay of s holds resident at once, were its droppable
+        inputs dropped: the runtime brings a call's inputs back one by one,
+        each pinned while the next comes back (a dropped one by its own
+        replay, beside those), then makes the output beside them all.
+        Returns the estimate for each depth of dropped inputs followed, 0
+        (the inputs resident) to _REPLAY_DEPTH."""
+        held = sum(i.nbytes for i in inputs)
+        levels = [held + s.nbytes]
+        for k in range(1, _REPLAY_DEPTH + 1):
+            before = worst = 0
+            for i in inputs:
+                worst = max(worst, before + (i.replay_bytes[k - 1] if i.allow_drop else i.nbytes))
+                before += i.nbytes
+            levels.append(max(worst, levels[0]))
+        return levels
 
     def _sibling(self, s):
         """A live saved output of s's call that s may join in the runtime
@@ -1346,9 +1427,11 @@ class Engine:
             self.pin_node = node  # held: a wrapper's id() could be reused
             self.pin_task = task
         self._free_dead()
+        self.beside.saw(s.order, s.nbytes, self.pin_bytes)
         p = ctypes.c_void_p()
         self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
         self.pins.append(s.id)
+        self.pin_bytes += s.nbytes
         self._drain()
         if self.offload:
             self._prefetch_before(s)
@@ -1664,6 +1747,7 @@ class budget:
         self._trial_times = {plan: [] for plan in self._plans}
         self._refused = {}            # plans out of the trial: their step's BudgetTooSmall
         self._blind = set()           # plans whose steps each start a runtime afresh
+        self._seen = _Beside()        # what good steps' backwards pinned (any plan)
         self._step_plan = None
         self._step_start = None
         self._steps = 0
@@ -1732,7 +1816,8 @@ class budget:
             device = torch.cuda.current_device()
         engine = Engine(self.budget_bytes, policy, offload, self._recompute,
                         self._allow_nondeterministic, self._cost_model, self._copy_ahead,
-                        allocator=allocator, device=device, drop_first=drop_first)
+                        allocator=allocator, device=device, drop_first=drop_first,
+                        seen=self._seen)
         engine.open(session)
         self._engine = engine
         self._step_plan = plan
@@ -1809,6 +1894,7 @@ class budget:
             else:
                 self._go_blind(self._step_plan)
         if ok:
+            self._seen = self._seen.merged(self._engine.beside)
             session = self._sessions.get(self._step_plan)
             if session is not None:
                 session.steps_run += 1

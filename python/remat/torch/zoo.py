@@ -252,6 +252,44 @@ def checkpointed(seed, device="cpu"):
     return m, step
 
 
+def rnn_cell(seed, device="cpu"):
+    # A recurrence written out step by step (nn.LSTMCell in a Python loop):
+    # each step's gates read the state the step before made.
+    torch.manual_seed(seed)
+    m = nn.ModuleDict({"cell": nn.LSTMCell(8, 16), "out": nn.Linear(16, 2)})
+    x = torch.randn(10, 4, 8)
+    m, x = _on(device, m, x)
+
+    def step():
+        h = c = torch.zeros(4, 16, device=x.device)
+        outs = []
+        for t in range(x.shape[0]):
+            h, c = m["cell"](x[t], (h, c))
+            outs.append(m["out"](h))
+        return torch.stack(outs).square().mean()
+    return m, step
+
+
+def parametrized(seed, device="cpu"):
+    # Weights computed in each forward (torch.nn.utils.parametrizations):
+    # weight norm, and spectral norm, whose power iteration updates its
+    # vectors in place under no_grad.
+    torch.manual_seed(seed)
+    layers = []
+    for i in range(4):
+        layer = nn.Linear(32, 32)
+        wrap = nn.utils.parametrizations.weight_norm if i % 2 == 0 else \
+            nn.utils.parametrizations.spectral_norm
+        layers += [wrap(layer), nn.GELU(), nn.Dropout(0.1)]
+    m = nn.Sequential(*layers, nn.Linear(32, 4))
+    x = torch.randn(16, 32)
+    m, x = _on(device, m, x)
+
+    def step():
+        return m(x).square().mean()
+    return m, step
+
+
 ZOO = {f.__name__: f for f in (lstm, gru, norms, transformer, sdpa, tied_lm, autocast,
                                in_place, data_dependent, custom_function, accumulation,
-                               checkpointed)}
+                               checkpointed, rnn_cell, parametrized)}
