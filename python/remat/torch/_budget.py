@@ -623,6 +623,24 @@ class _Beside:
         return 0
 
 
+class _Internal:
+    """`with _Internal(engine):` marks the calls inside as remat's own (its
+    copies, views and replays), which the recorder passes through, and
+    restores the mark as it was on the way out (such blocks nest)."""
+    __slots__ = ("engine", "was")
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __enter__(self):
+        self.was = self.engine.internal
+        self.engine.internal = True
+
+    def __exit__(self, *exc):
+        self.engine.internal = self.was
+        return False
+
+
 class Engine:
     """The state of one step under a budget (one `with`)."""
 
@@ -926,9 +944,7 @@ class Engine:
         """Acts on the queued offloads and restores: the copies themselves."""
         while self.pending:
             kind, s = self.pending.pop(0)
-            was = self.internal
-            self.internal = True
-            try:
+            with _Internal(self):
                 if kind == _capi.EVENT_COPIED_AHEAD and s.tensor is not None:
                     s.ahead = self._copy_out(s.tensor)  # it stays resident
                     s.host_version = s.tensor_version
@@ -951,8 +967,6 @@ class Engine:
                         s.tensor = t
                         s.tensor_version = s.host_version
                         s.host = None
-            finally:
-                self.internal = was
 
     def _copy_out(self, t):
         # The whole storage, flat (no allocation: it may run inside the
@@ -1195,12 +1209,8 @@ class Engine:
         if s.ahead is not None and s.host_version != s.version:
             s.ahead = None  # made of the older content: an offload copies afresh
         if s.host is not None and s.host_version != s.version:
-            was = self.internal
-            self.internal = True
-            try:
+            with _Internal(self):
                 s.host = self._copy_out(t)
-            finally:
-                self.internal = was
             s.host_version = s.version
 
     def _overlaps(self, s, r):
@@ -1211,15 +1221,11 @@ class Engine:
         itemsize = torch.empty((), dtype=s.dtype).element_size()
         if r.dtype != s.dtype or s.nbytes // itemsize > (1 << 24):
             return True
-        was = self.internal
-        self.internal = True
-        try:
+        with _Internal(self):
             mask = torch.zeros(s.nbytes // itemsize, dtype=torch.bool)
             for size, stride, offset in s.regions:
                 mask.as_strided(size, stride, offset).fill_(True)
             return bool(mask.as_strided(r.size, r.stride, r.offset).any())
-        finally:
-            self.internal = was
 
     def _pin_forever(self, s):
         """Brings s back (recomputed from what its inputs are now) and keeps
@@ -1446,12 +1452,8 @@ class Engine:
         if type(base) is torch.Tensor:
             with _below_python_dispatch():
                 return torch.as_strided(base, h.size, h.stride, h.offset)
-        was = self.internal
-        self.internal = True
-        try:
+        with _Internal(self):
             return torch.as_strided(base, h.size, h.stride, h.offset)
-        finally:
-            self.internal = was
 
     # The backward reads saved tensors about in the reverse order of saving:
     # the next few offloaded ones before this are copied in now, so that the
@@ -1488,27 +1490,24 @@ class Engine:
     def _on_recompute(self, user_data, _inputs, _n, _outs, _bytes, regenerate, num_outputs,
                       _stream):
         group = self.groups[user_data or 0]
-        was = self.internal
-        self.internal = True
         try:
-            self._drain()
-            memo = {}  # one run of the call serves every output it regenerates
-            # Below autograd (no graph, outputs that need no grad), each call
-            # in the grad mode it was recorded in.
-            with torch._C._AutoDispatchBelowAutograd():
-                for i in range(num_outputs):
-                    if regenerate[i]:
-                        s = group[i]
-                        s.tensor = self._materialize(s, s.reg_version, memo, top=True)
-                        s.tensor_version = s.reg_version
-            self._drain()
-            return 0
+            with _Internal(self):
+                self._drain()
+                memo = {}  # one run of the call serves every output it regenerates
+                # Below autograd (no graph, outputs that need no grad), each call
+                # in the grad mode it was recorded in.
+                with torch._C._AutoDispatchBelowAutograd():
+                    for i in range(num_outputs):
+                        if regenerate[i]:
+                            s = group[i]
+                            s.tensor = self._materialize(s, s.reg_version, memo, top=True)
+                            s.tensor_version = s.reg_version
+                self._drain()
+                return 0
         except BaseException as e:  # noqa: BLE001: carried to the caller
             self.error = e
             self.lib.remat_recompute_set_error(str(e).encode("utf-8", "replace")[:1000])
             return 1
-        finally:
-            self.internal = was
 
     def _materialize(self, s, version, memo, top=False):
         """A tensor over a storage holding (s, version)'s content, recomputed
