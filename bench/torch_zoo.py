@@ -16,6 +16,9 @@ the smallest budget from which every larger one ran. Exits 1 if any cell is
 offload and recompute runs its offload guard's trial over its first steps).
 --device cuda runs them on the GPU, with PyTorch's deterministic algorithms
 (bitwise equal gradients need deterministic kernels in the plain step too).
+--patterns adds training steps that do more than a forward and a backward
+(an optimizer step, a gradient penalty, two backwards, hooks, a GAN) or
+reach for less common parts of PyTorch (remat.torch.zoo.PATTERNS).
 --hf adds Hugging Face transformers models (remat.torch.zoo_hf: GPT-2,
 Llama, Mixtral, BERT, T5, ViT, at tiny sizes; needs transformers).
 """
@@ -26,7 +29,7 @@ import sys
 import torch
 
 import remat.torch
-from remat.torch.zoo import ZOO
+from remat.torch.zoo import PATTERNS, ZOO
 
 MODES = {"drop": {"offload": False, "recompute": True},
          "offload": {"offload": True, "recompute": False},
@@ -87,9 +90,15 @@ def main():
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--step-ratio", type=float, default=0.05)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--patterns", action="store_true",
+                        help="add remat.torch.zoo.PATTERNS (training steps that do more)")
     parser.add_argument("--hf", action="store_true",
                         help="add remat.torch.zoo_hf's transformers models (needs transformers)")
     args = parser.parse_args()
+    if args.patterns:
+        ZOO.update(PATTERNS)
+        if args.models == parser.get_default("models"):
+            args.models = ",".join(ZOO)
     if args.hf:
         try:
             from remat.torch.zoo_hf import HF

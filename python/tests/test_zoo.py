@@ -10,7 +10,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
 
 import remat.torch  # noqa: E402
-from remat.torch.zoo import ZOO as MODELS, norms  # noqa: E402
+from remat.torch.zoo import PATTERNS, ZOO, norms  # noqa: E402
+
+MODELS = {**ZOO, **PATTERNS}
 
 
 MODES = {"drop": {}, "offload": {"offload": True, "recompute": False},

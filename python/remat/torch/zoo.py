@@ -4,7 +4,11 @@ normalisation with running statistics, autocast, custom autograd functions,
 data-dependent shapes, gradient accumulation, checkpointing inside the
 budget. Each `make(seed, device="cpu")` returns (model, step) where step() runs the
 forward (and, for accumulation, a backward of its own) and returns the loss
-the caller's backward starts from; ZOO names them."""
+the caller's backward starts from; ZOO names them, and PATTERNS the
+training steps that do more (an optimizer step, a double backward, two
+backwards, hooks, a GAN's two losses) or reach for less common parts of
+PyTorch (channels-last, complex tensors, distributions, packed sequences,
+an embedding with max_norm, bfloat16)."""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -293,3 +297,207 @@ def parametrized(seed, device="cpu"):
 ZOO = {f.__name__: f for f in (lstm, gru, norms, transformer, sdpa, tied_lm, autocast,
                                in_place, data_dependent, custom_function, accumulation,
                                checkpointed, rnn_cell, parametrized)}
+
+
+# Training steps that do more than one forward and one backward, or reach
+# for less common parts of PyTorch.
+
+def _mlp(width=32, depth=4, out=4):
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.GELU(), nn.Dropout(0.1)]
+    return nn.Sequential(*layers, nn.Linear(width, out))
+
+
+def optimizer_inside(seed, device="cpu"):
+    # A whole training step inside the budget: backward, gradient clipping,
+    # AdamW's step, then the next forward (the caller's backward is its).
+    torch.manual_seed(seed)
+    m = _mlp()
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    m, x, y = _on(device, m, x, y)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+
+    def step():
+        F.cross_entropy(m(x), y).backward()
+        nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad()
+        return F.cross_entropy(m(x), y)
+    return m, step
+
+
+def gradient_penalty(seed, device="cpu"):
+    # A double backward: the input gradient's norm joins the loss (WGAN-GP).
+    torch.manual_seed(seed)
+    m = _mlp()
+    x = torch.randn(16, 32)
+    m, x = _on(device, m, x)
+
+    def step():
+        xi = x.clone().requires_grad_()
+        out = m(xi).sum()
+        g, = torch.autograd.grad(out, xi, create_graph=True)
+        return out + ((g.norm(2, dim=1) - 1) ** 2).mean()
+    return m, step
+
+
+def retain_graph(seed, device="cpu"):
+    # Two backwards over one graph.
+    torch.manual_seed(seed)
+    m = _mlp()
+    x = torch.randn(16, 32)
+    m, x = _on(device, m, x)
+
+    def step():
+        out = m(x)
+        out.square().mean().backward(retain_graph=True)
+        return out.abs().mean()
+    return m, step
+
+
+def adversarial(seed, device="cpu"):
+    # FGSM: a backward for the input's gradient, then the step on the
+    # perturbed input.
+    torch.manual_seed(seed)
+    m = _mlp()
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    m, x, y = _on(device, m, x, y)
+
+    def step():
+        xa = x.clone().requires_grad_()
+        F.cross_entropy(m(xa), y).backward()
+        m.zero_grad()
+        return F.cross_entropy(m((x + 0.1 * xa.grad.sign()).detach()), y)
+    return m, step
+
+
+def hooks(seed, device="cpu"):
+    # Module forward hooks, full backward hooks and a tensor hook.
+    torch.manual_seed(seed)
+    m = _mlp()
+    x = torch.randn(16, 32)
+    m, x = _on(device, m, x)
+    seen = []
+    for layer in m:
+        if isinstance(layer, nn.Linear):
+            layer.register_forward_hook(lambda mod, i, o: seen.append(o.detach().abs().mean()))
+            layer.register_full_backward_hook(lambda mod, gi, go: None)
+
+    def step():
+        seen.clear()
+        out = m(x.clone().requires_grad_())  # (a full backward hook wants an input with grad)
+        out.register_hook(lambda g: g * 2)
+        return out.square().mean() + 0 * torch.stack(seen).sum()
+    return m, step
+
+
+def gan(seed, device="cpu"):
+    # The discriminator's backward inside the step (the generator's output
+    # detached), then the generator's loss through the discriminator.
+    torch.manual_seed(seed)
+    m = nn.ModuleDict({"g": _mlp(16, 3, 4),
+                       "d": nn.Sequential(nn.Linear(4, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))})
+    z, real = torch.randn(16, 16), torch.randn(16, 4)
+    m, z, real = _on(device, m, z, real)
+    ones, zeros = torch.ones(16, 1, device=z.device), torch.zeros(16, 1, device=z.device)
+
+    def step():
+        fake = m["g"](z)
+        (F.binary_cross_entropy_with_logits(m["d"](real), ones) +
+         F.binary_cross_entropy_with_logits(m["d"](fake.detach()), zeros)).backward()
+        return F.binary_cross_entropy_with_logits(m["d"](fake), ones)
+    return m, step
+
+
+def channels_last(seed, device="cpu"):
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+                      nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3))
+    x = torch.randn(4, 3, 12, 12)
+    m, x = _on(device, m, x)
+    m = m.to(memory_format=torch.channels_last)
+    x = x.contiguous(memory_format=torch.channels_last)
+
+    def step():
+        return m(x).square().mean()
+    return m, step
+
+
+def embeddings(seed, device="cpu"):
+    # An embedding with max_norm (its forward renormalises the rows it reads,
+    # in place, in the parameter) and an EmbeddingBag.
+    torch.manual_seed(seed)
+    m = nn.ModuleDict({"e": nn.Embedding(50, 16, max_norm=1.0),
+                       "bag": nn.EmbeddingBag(50, 16, mode="mean"), "out": nn.Linear(32, 2)})
+    ids = torch.randint(0, 50, (8, 6))
+    m, ids = _on(device, m, ids)
+
+    def step():
+        h = torch.cat([m["e"](ids).mean(1), m["bag"](ids)], 1)
+        return m["out"](torch.tanh(h)).square().mean()
+    return m, step
+
+
+def spectral_filter(seed, device="cpu"):
+    # Complex tensors: a learned filter applied in the frequency domain.
+    torch.manual_seed(seed)
+    m = nn.ModuleDict({"a": nn.Linear(32, 32), "b": nn.Linear(32, 32)})
+    m.w = nn.Parameter(torch.randn(17, dtype=torch.cfloat))
+    x = torch.randn(8, 32)
+    m, x = _on(device, m, x)
+
+    def step():
+        f = torch.fft.rfft(m["a"](x), dim=-1) * m.w
+        return m["b"](F.silu(torch.fft.irfft(f, n=32, dim=-1))).square().mean()
+    return m, step
+
+
+def vae(seed, device="cpu"):
+    # A reparameterised sample (torch.distributions' rsample) and a KL term.
+    torch.manual_seed(seed)
+    m = nn.ModuleDict({"enc": nn.Linear(16, 8), "dec": nn.Linear(4, 16)})
+    x = torch.randn(32, 16)
+    m, x = _on(device, m, x)
+
+    def step():
+        mu, logv = m["enc"](x).chunk(2, -1)
+        q = torch.distributions.Normal(mu, (0.5 * logv).exp())
+        kl = torch.distributions.kl_divergence(q, torch.distributions.Normal(0., 1.)).sum(-1)
+        rec = F.mse_loss(m["dec"](q.rsample()), x, reduction="none").sum(-1)
+        return (rec + kl).mean()
+    return m, step
+
+
+def packed_gru(seed, device="cpu"):
+    # Variable-length sequences through pack_padded_sequence.
+    torch.manual_seed(seed)
+    m = nn.ModuleDict({"r": nn.GRU(8, 16, batch_first=True), "o": nn.Linear(16, 2)})
+    x = torch.randn(4, 9, 8)
+    m, x = _on(device, m, x)
+    lengths = torch.tensor([9, 7, 4, 2])
+
+    def step():
+        out, h = m["r"](nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True))
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        return m["o"](out).square().mean() + h.square().mean()
+    return m, step
+
+
+def bf16(seed, device="cpu"):
+    # Weights and activations in bfloat16 (no autocast).
+    torch.manual_seed(seed)
+    m = _mlp()
+    x = torch.randn(16, 32)
+    m, x = _on(device, m, x)
+    m, x = m.to(torch.bfloat16), x.to(torch.bfloat16)
+
+    def step():
+        return m(x).float().square().mean()
+    return m, step
+
+
+PATTERNS = {f.__name__: f for f in (optimizer_inside, gradient_penalty, retain_graph,
+                                    adversarial, hooks, gan, channels_last, embeddings,
+                                    spectral_filter, vae, packed_gru, bf16)}
