@@ -122,14 +122,16 @@ def test_the_drop_first_plan_does_what_drops_alone_do_where_they_fit():
 
 
 @pytest.mark.parametrize("name,ratio", [("rnn_cell", 0.1), ("parametrized", 0.25),
-                                        ("parametrized", 0.35), ("transformer", 0.1)])
+                                        ("parametrized", 0.35), ("transformer", 0.1),
+                                        ("norms", 0.25)])
 def test_a_hybrid_loop_runs_where_offload_alone_does(name, ratio):
     # Budgets near the floor, where offload alone runs every step. The
     # trial's drop-first plan used to drop tensors whose replay could not
     # come back: beside the inputs its dropped inputs' own replays pin
     # (rnn_cell, parametrized), or beside what the backward node reading it
-    # had pinned (transformer, rnn_cell: learned from the steps before). Its
-    # first step raised BudgetTooSmall.
+    # had pinned (transformer, rnn_cell: learned from the steps before), and
+    # the tensors the step keeps to its end (norms: the running statistics'
+    # readers). Its first step raised BudgetTooSmall.
     torch.set_num_threads(1)
     loss, grads, _, saved = _plain(name)
     b = remat.torch.budget(int(saved * ratio), policy="dtr", offload=True)

@@ -585,8 +585,9 @@ _REPLAY_DEPTH = 4
 
 class _Beside:
     """What a step's backward held pinned beside each saved tensor as it
-    read it: the node's saved tensors it had read before (`pinned[k]`, in
-    bytes, for the k-th tensor saved; its size in `nbytes[k]`). A program's
+    read it: the node's saved tensors it had read before, and what the step
+    keeps to its end (`pinned[k]`, in bytes, for the k-th tensor saved; its
+    size in `nbytes[k]`). A program's
     steps save and read alike, so a later step can tell, as it saves the
     k-th tensor, whether a replay of it would fit beside what will be
     pinned then; the share rule above can only guess that from the tensor's
@@ -653,6 +654,7 @@ class Engine:
         self.seen = seen if seen is not None else _Beside()
         self.beside = _Beside()
         self.pin_bytes = 0            # the bytes of the pins below
+        self.forever_bytes = 0        # and of the storages pinned to the step's end
         # Offload only what cannot be dropped (the offload guard's plan that
         # drops wherever a drop can come back).
         self.drop_first = drop_first
@@ -1235,6 +1237,7 @@ class Engine:
         p = ctypes.c_void_p()
         self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
         s.pinned_forever = True
+        self.forever_bytes += s.nbytes
         self._drain()
 
     def _keep_readers(self, leaf):
@@ -1433,7 +1436,7 @@ class Engine:
             self.pin_node = node  # held: a wrapper's id() could be reused
             self.pin_task = task
         self._free_dead()
-        self.beside.saw(s.order, s.nbytes, self.pin_bytes)
+        self.beside.saw(s.order, s.nbytes, self.pin_bytes + self.forever_bytes)
         p = ctypes.c_void_p()
         self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
         self.pins.append(s.id)
