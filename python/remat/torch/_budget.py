@@ -653,6 +653,9 @@ class Engine:
         # (_Beside), and what this one's does.
         self.seen = seen if seen is not None else _Beside()
         self.beside = _Beside()
+        # Only a step that may both drop and offload weighs each replay (a
+        # tensor it could not bring back is offloaded instead).
+        self.weigh_replays = bool(offload and recompute)
         self.pin_bytes = 0            # the bytes of the pins below
         self.forever_bytes = 0        # and of the storages pinned to the step's end
         # Offload only what cannot be dropped (the offload guard's plan that
@@ -1262,7 +1265,8 @@ class Engine:
         allow_drop = 1 if (self.recompute and s.droppable) else 0
         allow_offload = 1 if self.offload else 0
         share = _DROP_FIRST_WORKING_SET_SHARE if self.drop_first else _DROP_WORKING_SET_SHARE
-        s.replay_bytes = self._replay_bytes(s, inputs)
+        if self.weigh_replays:
+            s.replay_bytes = self._replay_bytes(s, inputs)
         if allow_drop and allow_offload:
             if s.replay_bytes[0] > self.budget_bytes * share:
                 allow_drop = 0
@@ -1335,15 +1339,18 @@ class Engine:
         replay, beside those), then makes the output beside them all.
         Returns the estimate for each depth of dropped inputs followed, 0
         (the inputs resident) to _REPLAY_DEPTH."""
-        held = sum(i.nbytes for i in inputs)
-        levels = [held + s.nbytes]
-        for k in range(1, _REPLAY_DEPTH + 1):
-            before = worst = 0
-            for i in inputs:
-                worst = max(worst, before + (i.replay_bytes[k - 1] if i.allow_drop else i.nbytes))
-                before += i.nbytes
-            levels.append(max(worst, levels[0]))
-        return levels
+        held = 0
+        deeper = None  # level k's worst over the dropped inputs, for k = 1 ..
+        for i in inputs:
+            if i.allow_drop:
+                worst = [held + r for r in i.replay_bytes[:-1]]
+                deeper = worst if deeper is None else list(map(max, deeper, worst))
+            # (a resident input adds nothing: the output beside all of them is more)
+            held += i.nbytes
+        base = held + s.nbytes
+        if deeper is None:
+            return [base] * (_REPLAY_DEPTH + 1)
+        return [base] + [max(base, w) for w in deeper]
 
     def _sibling(self, s):
         """A live saved output of s's call that s may join in the runtime
@@ -1436,7 +1443,8 @@ class Engine:
             self.pin_node = node  # held: a wrapper's id() could be reused
             self.pin_task = task
         self._free_dead()
-        self.beside.saw(s.order, s.nbytes, self.pin_bytes + self.forever_bytes)
+        if self.weigh_replays:
+            self.beside.saw(s.order, s.nbytes, self.pin_bytes + self.forever_bytes)
         p = ctypes.c_void_p()
         self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
         self.pins.append(s.id)
