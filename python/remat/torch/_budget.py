@@ -578,9 +578,10 @@ _DROP_FIRST_WORKING_SET_SHARE = 1.0
 # whole chains as dropped at once, where a policy keeps some of a chain
 # resident: on remat.torch.bench's LSTM at 0.3, where drops alone fit, the
 # drop-first plan then offloaded 317 tensors that drops alone do without (none
-# at depths 2 to 8). On 45 small models, depths 4, 8 and no limit gave the
-# same smallest budgets; 2 left some higher.
-_REPLAY_DEPTH = 4
+# at depths 2 to 8). On 45 small models under dtr, depths 4, 8 and no limit
+# gave the same smallest budgets, 2 left some higher; under belady, T5 at 0.15
+# needed 6 (its chains of products run deep).
+_REPLAY_DEPTH = 8
 
 
 class _Beside:
