@@ -84,7 +84,8 @@ def smallest(row, ratios):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join(ZOO), help="comma-separated")
+    parser.add_argument("--models", default=None,
+                        help="comma-separated (default: all, with --patterns and --hf's)")
     parser.add_argument("--policy", default="dtr")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--steps", type=int, default=1)
@@ -95,34 +96,31 @@ def main():
     parser.add_argument("--hf", action="store_true",
                         help="add remat.torch.zoo_hf's transformers models (needs transformers)")
     args = parser.parse_args()
+    models = dict(ZOO)
     if args.patterns:
-        ZOO.update(PATTERNS)
-        if args.models == parser.get_default("models"):
-            args.models = ",".join(ZOO)
+        models.update(PATTERNS)
     if args.hf:
         try:
             from remat.torch.zoo_hf import HF
         except ImportError as e:
             parser.error(f"--hf needs transformers (pip install transformers): {e}")
-        ZOO.update(HF)
-        if args.models == parser.get_default("models"):
-            args.models = ",".join(ZOO)
+        models.update(HF)
     torch.set_num_threads(1)
     if args.device == "cuda":
         if not torch.cuda.is_available():
             parser.error("--device cuda: no CUDA device")
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
-    names = args.models.split(",")
+    names = args.models.split(",") if args.models else list(models)
     for name in names:
-        if name not in ZOO:
-            parser.error(f"unknown model {name!r}: one of {', '.join(ZOO)}")
+        if name not in models:
+            parser.error(f"unknown model {name!r}: one of {', '.join(models)}")
     ratios = [round(args.step_ratio * i, 4) for i in range(1, int(1 / args.step_ratio) + 1)]
     print(f"{args.device}, policy {args.policy}, {args.steps} step(s) per budget, ratios "
           f"{ratios[0]}-{ratios[-1]} of the plain step's saved bytes; torch {torch.__version__}")
     bad = False
     for name in names:
-        make = ZOO[name]
+        make = models[name]
         plain = one_step(make, device=args.device)
         # The model is made outside the budget, as in every cell (made
         # inside, its parameters would count as saved).

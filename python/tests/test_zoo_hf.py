@@ -58,7 +58,9 @@ def test_the_same_step_under_a_budget(name, mode):
     torch.set_num_threads(1)
     saved = _plain(name)[2]
     b = remat.torch.budget(int(saved * 0.7), policy="dtr", **MODES[mode])
-    _check(name, b, 1)
+    # Hybrid runs a loop through the offload guard's trial (both plans) and a
+    # step of the plan it keeps; the other modes one step.
+    _check(name, b, 2 * remat.torch.budget.TRIAL_STEPS + 1 if mode == "hybrid" else 1)
     assert b.stats["drops"] + b.stats["offloads"] > 0
     b.close()
 

@@ -578,7 +578,7 @@ _DROP_FIRST_WORKING_SET_SHARE = 1.0
 # whole chains as dropped at once, where a policy keeps some of a chain
 # resident: on remat.torch.bench's LSTM at 0.3, where drops alone fit, the
 # drop-first plan then offloaded 317 tensors that drops alone do without (none
-# at depths 2 to 8). On 45 small models under dtr, depths 4, 8 and no limit
+# at depths 2 to 8). On 47 small models under dtr, depths 4, 8 and no limit
 # gave the same smallest budgets, 2 left some higher; under belady, T5 at 0.15
 # needed 6 (its chains of products run deep).
 _REPLAY_DEPTH = 8
@@ -587,12 +587,11 @@ _REPLAY_DEPTH = 8
 class _Beside:
     """What a step's backward held pinned beside each saved tensor as it
     read it: the node's saved tensors it had read before, and what the step
-    keeps to its end (`pinned[k]`, in bytes, for the k-th tensor saved; its
-    size in `nbytes[k]`). A program's
-    steps save and read alike, so a later step can tell, as it saves the
-    k-th tensor, whether a replay of it would fit beside what will be
-    pinned then; the share rule above can only guess that from the tensor's
-    own inputs."""
+    keeps to its end (`pinned[k]`, in bytes, for the k-th tensor handed to
+    the runtime; its size in `nbytes[k]`). A program's steps save and read
+    alike, so a later step can tell, as it hands over the k-th tensor,
+    whether a replay of it would fit beside what will be pinned then; the
+    share rule above can only guess that from the tensor's own inputs."""
 
     __slots__ = ("nbytes", "pinned")
 
@@ -609,7 +608,11 @@ class _Beside:
 
     def merged(self, newer):
         """What two good steps saw: the larger of each, where they saved
-        the same sizes in the same order; else the newer step's."""
+        the same sizes in the same order; else the newer step's. A step
+        whose backward read nothing (an evaluation step under the same
+        budget) leaves what was seen as it was."""
+        if not newer.nbytes:
+            return self
         if newer.nbytes != self.nbytes:
             return newer
         both = _Beside()
@@ -629,6 +632,7 @@ class _Internal:
     """`with _Internal(engine):` marks the calls inside as remat's own (its
     copies, views and replays), which the recorder passes through, and
     restores the mark as it was on the way out (such blocks nest)."""
+
     __slots__ = ("engine", "was")
 
     def __init__(self, engine):
@@ -1444,12 +1448,16 @@ class Engine:
             self.pin_node = node  # held: a wrapper's id() could be reused
             self.pin_task = task
         self._free_dead()
-        if self.weigh_replays:
+        # A storage counts once beside another, however many of its views
+        # the node reads (a chunk's halves, q and k of one projection).
+        again = s.id in self.pins or s.pinned_forever
+        if self.weigh_replays and not again:
             self.beside.saw(s.order, s.nbytes, self.pin_bytes + self.forever_bytes)
         p = ctypes.c_void_p()
         self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
         self.pins.append(s.id)
-        self.pin_bytes += s.nbytes
+        if not again:
+            self.pin_bytes += s.nbytes
         self._drain()
         if self.offload:
             self._prefetch_before(s)
@@ -1502,8 +1510,8 @@ class Engine:
     def _on_recompute(self, user_data, _inputs, _n, _outs, _bytes, regenerate, num_outputs,
                       _stream):
         group = self.groups[user_data or 0]
-        try:
-            with _Internal(self):
+        with _Internal(self):
+            try:
                 self._drain()
                 memo = {}  # one run of the call serves every output it regenerates
                 # Below autograd (no graph, outputs that need no grad), each call
@@ -1516,10 +1524,10 @@ class Engine:
                             s.tensor_version = s.reg_version
                 self._drain()
                 return 0
-        except BaseException as e:  # noqa: BLE001: carried to the caller
-            self.error = e
-            self.lib.remat_recompute_set_error(str(e).encode("utf-8", "replace")[:1000])
-            return 1
+            except BaseException as e:  # noqa: BLE001: carried to the caller
+                self.error = e
+                self.lib.remat_recompute_set_error(str(e).encode("utf-8", "replace")[:1000])
+                return 1
 
     def _materialize(self, s, version, memo, top=False):
         """A tensor over a storage holding (s, version)'s content, recomputed
