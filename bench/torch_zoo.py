@@ -29,26 +29,11 @@ import sys
 import torch
 
 import remat.torch
-from remat.torch.zoo import PATTERNS, ZOO
+from remat.torch.zoo import PATTERNS, ZOO, run_step as one_step
 
 MODES = {"drop": {"offload": False, "recompute": True},
          "offload": {"offload": True, "recompute": False},
          "hybrid": {"offload": True, "recompute": True}}
-
-
-def one_step(make, budget=None, device="cpu"):
-    model, step = make(0, device=device)
-    model.train()
-    torch.manual_seed(1)
-    if budget is None:
-        loss = step()
-        loss.backward()
-    else:
-        with budget:
-            loss = step()
-            loss.backward()
-    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    return loss.detach(), grads, dict(model.named_buffers())
 
 
 def same(a, b):

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
 
 import remat.torch  # noqa: E402
-from remat.torch.zoo import PATTERNS, ZOO, norms  # noqa: E402
+from remat.torch.zoo import PATTERNS, ZOO, norms, run_step  # noqa: E402
 
 MODELS = {**ZOO, **PATTERNS}
 
@@ -20,23 +20,7 @@ MODES = {"drop": {}, "offload": {"offload": True, "recompute": False},
 
 
 def _step(make, budget=None):
-    model, step = make(0)
-    model.train()
-    torch.manual_seed(1)
-    with budget if budget is not None else _nothing() as run:
-        loss = step()
-        loss.backward()
-    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    buffers = {n: b for n, b in model.named_buffers()}
-    return loss.detach(), grads, buffers, run
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+    return (*run_step(make, budget), budget)
 
 
 @functools.cache

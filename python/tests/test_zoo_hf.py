@@ -12,6 +12,7 @@ pytest.importorskip("transformers", reason="these models need transformers "
                                            "(pip install transformers)")
 
 import remat.torch  # noqa: E402
+from remat.torch.zoo import run_step  # noqa: E402
 from remat.torch.zoo_hf import HF  # noqa: E402
 
 MODES = {"drop": {}, "offload": {"offload": True, "recompute": False},
@@ -19,17 +20,7 @@ MODES = {"drop": {}, "offload": {"offload": True, "recompute": False},
 
 
 def _step(name, budget=None):
-    model, step = HF[name](0)
-    model.train()
-    torch.manual_seed(1)
-    if budget is None:
-        loss = step()
-        loss.backward()
-    else:
-        with budget:
-            loss = step()
-            loss.backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return run_step(HF[name], budget)[:2]
 
 
 @functools.cache

@@ -21,6 +21,25 @@ def _on(device, *objects):
     return tuple(o.to(device) for o in objects)
 
 
+def run_step(make, budget=None, device="cpu"):
+    """One step of a zoo model made afresh (seed 0, train mode, the step's
+    random draws from seed 1), inside `budget` if one is given: its loss,
+    its parameters' gradients and its buffers, to compare with a plain
+    step's."""
+    model, step = make(0, device=device)
+    model.train()
+    torch.manual_seed(1)
+    if budget is None:
+        loss = step()
+        loss.backward()
+    else:
+        with budget:
+            loss = step()
+            loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, dict(model.named_buffers())
+
+
 def _lm_loss(logits, targets, **kw):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), **kw)
 
@@ -309,13 +328,18 @@ def _mlp(width=32, depth=4, out=4):
     return nn.Sequential(*layers, nn.Linear(width, out))
 
 
+def _mlp_task(seed, device, labels=False):
+    """The patterns' MLP and a batch for it (with class labels if asked)."""
+    torch.manual_seed(seed)
+    m, x, y = _mlp(), torch.randn(16, 32), torch.randint(0, 4, (16,))
+    m, x, y = _on(device, m, x, y)
+    return (m, x, y) if labels else (m, x)
+
+
 def optimizer_inside(seed, device="cpu"):
     # A whole training step inside the budget: backward, gradient clipping,
     # AdamW's step, then the next forward (the caller's backward is its).
-    torch.manual_seed(seed)
-    m = _mlp()
-    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
-    m, x, y = _on(device, m, x, y)
+    m, x, y = _mlp_task(seed, device, labels=True)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
 
     def step():
@@ -329,10 +353,7 @@ def optimizer_inside(seed, device="cpu"):
 
 def gradient_penalty(seed, device="cpu"):
     # A double backward: the input gradient's norm joins the loss (WGAN-GP).
-    torch.manual_seed(seed)
-    m = _mlp()
-    x = torch.randn(16, 32)
-    m, x = _on(device, m, x)
+    m, x = _mlp_task(seed, device)
 
     def step():
         xi = x.clone().requires_grad_()
@@ -344,10 +365,7 @@ def gradient_penalty(seed, device="cpu"):
 
 def retain_graph(seed, device="cpu"):
     # Two backwards over one graph.
-    torch.manual_seed(seed)
-    m = _mlp()
-    x = torch.randn(16, 32)
-    m, x = _on(device, m, x)
+    m, x = _mlp_task(seed, device)
 
     def step():
         out = m(x)
@@ -359,10 +377,7 @@ def retain_graph(seed, device="cpu"):
 def adversarial(seed, device="cpu"):
     # FGSM: a backward for the input's gradient, then the step on the
     # perturbed input.
-    torch.manual_seed(seed)
-    m = _mlp()
-    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
-    m, x, y = _on(device, m, x, y)
+    m, x, y = _mlp_task(seed, device, labels=True)
 
     def step():
         xa = x.clone().requires_grad_()
@@ -374,10 +389,7 @@ def adversarial(seed, device="cpu"):
 
 def hooks(seed, device="cpu"):
     # Module forward hooks, full backward hooks and a tensor hook.
-    torch.manual_seed(seed)
-    m = _mlp()
-    x = torch.randn(16, 32)
-    m, x = _on(device, m, x)
+    m, x = _mlp_task(seed, device)
     seen = []
     for layer in m:
         if isinstance(layer, nn.Linear):
@@ -487,10 +499,7 @@ def packed_gru(seed, device="cpu"):
 
 def bf16(seed, device="cpu"):
     # Weights and activations in bfloat16 (no autocast).
-    torch.manual_seed(seed)
-    m = _mlp()
-    x = torch.randn(16, 32)
-    m, x = _on(device, m, x)
+    m, x = _mlp_task(seed, device)
     m, x = m.to(torch.bfloat16), x.to(torch.bfloat16)
 
     def step():
