@@ -21,6 +21,9 @@ offload and recompute runs its offload guard's trial over its first steps).
 reach for less common parts of PyTorch (remat.torch.zoo.PATTERNS).
 --hf adds Hugging Face transformers models (remat.torch.zoo_hf: GPT-2,
 Llama, Mixtral, BERT, T5, ViT, at tiny sizes; needs transformers).
+--tv adds torchvision's image classifiers (remat.torch.zoo_tv: ResNet-18,
+MobileNetV3, EfficientNet, ShuffleNet, SqueezeNet, DenseNet, ConvNeXt,
+ViT, Swin, MaxViT, at small sizes; needs torchvision).
 """
 import argparse
 import os
@@ -70,7 +73,7 @@ def smallest(row, ratios):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=None,
-                        help="comma-separated (default: all, with --patterns and --hf's)")
+                        help="comma-separated (default: all, with --patterns', --hf's and --tv's)")
     parser.add_argument("--policy", default="dtr")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--steps", type=int, default=1)
@@ -80,6 +83,8 @@ def main():
                         help="add remat.torch.zoo.PATTERNS (training steps that do more)")
     parser.add_argument("--hf", action="store_true",
                         help="add remat.torch.zoo_hf's transformers models (needs transformers)")
+    parser.add_argument("--tv", action="store_true",
+                        help="add remat.torch.zoo_tv's torchvision models (needs torchvision)")
     args = parser.parse_args()
     models = dict(ZOO)
     if args.patterns:
@@ -90,6 +95,12 @@ def main():
         except ImportError as e:
             parser.error(f"--hf needs transformers (pip install transformers): {e}")
         models.update(HF)
+    if args.tv:
+        try:
+            from remat.torch.zoo_tv import TV
+        except ImportError as e:
+            parser.error(f"--tv needs torchvision (pip install torchvision): {e}")
+        models.update(TV)
     torch.set_num_threads(1)
     if args.device == "cuda":
         if not torch.cuda.is_available():
