@@ -1111,3 +1111,76 @@ def test_a_step_leaves_nothing_for_the_garbage_collector():
         gc.enable()
     assert b.stats["saved_tensors"] >= 50
     assert left <= plain + 10, (left, plain)
+
+
+def _func_step(seed, budget=None):
+    # An encoder, then torch.func inside the step (per-sample gradients of an
+    # inner loss with respect to the encoding, and a Jacobian), then a head:
+    # the outer loss reads both.
+    torch.manual_seed(seed)
+    enc = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                              torch.nn.Linear(32, 32), torch.nn.GELU(),
+                              torch.nn.Linear(32, 32), torch.nn.Tanh())
+    head = torch.nn.Linear(32, 4)
+    x = torch.randn(8, 16)
+    params = [*enc.parameters(), *head.parameters()]
+    ctx = budget if budget is not None else contextlib.nullcontext()
+    with ctx as run:
+        h = enc(x)
+        inner = (lambda r: (r.sin() * r).sum())
+        with run.keep_saved() if run is not None else contextlib.nullcontext():
+            g = torch.func.vmap(torch.func.grad(inner))(h)
+            j = torch.func.jacrev(lambda r: torch.tanh(r @ head.weight.T))(h[0])
+        loss = (head(h * g) ** 2).mean() + j.square().sum()
+        loss.backward()
+    return loss.detach(), [p.grad for p in params]
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_torch_func_runs_inside_a_keep_saved_block(offload):
+    plain_loss, plain_grads = _func_step(0)
+    probe = remat.torch.budget(1 << 40)
+    _func_step(0, probe)
+    saved = probe.stats["peak_saved_bytes"]
+    b = remat.torch.budget(int(saved * 0.5), offload=offload, recompute=not offload)
+    loss, grads = _func_step(0, b)
+    assert torch.equal(loss, plain_loss)
+    assert all(torch.equal(a, c) for a, c in zip(grads, plain_grads))
+    # The hooks were back after the block: what came after it was saved in remat.
+    assert b.stats["keep_saved_blocks"] == 1
+    assert b.stats["saved_tensors"] > 0
+    assert b.stats["offloads" if offload else "drops"] > 0
+    assert b.stats["peak_saved_bytes"] <= b.stats["budget_bytes"]
+    b.close()
+
+
+def test_torch_func_needs_the_keep_saved_block():
+    w = torch.randn(4, 4, requires_grad=True)
+    with remat.torch.budget(1 << 30):
+        with pytest.raises(RuntimeError, match="saved tensor hooks"):
+            torch.func.grad(lambda r: (r @ w).sum())(torch.randn(4))
+
+
+def test_keep_saved_outside_the_budget_or_under_other_hooks_is_refused():
+    b = remat.torch.budget(1 << 30)
+    with pytest.raises(RuntimeError, match="inside this budget"):
+        with b.keep_saved():
+            pass
+    with b as run:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            with pytest.raises(RuntimeError, match="innermost"):
+                with run.keep_saved():
+                    pass
+        # Refused, it changed nothing: remat's hooks are still the innermost.
+        assert torch._C._autograd._top_saved_tensors_default_hooks(False)[0] == \
+            run._engine.pack
+        with pytest.raises(ValueError):
+            with run.keep_saved():
+                raise ValueError("inside")
+        assert torch._C._autograd._top_saved_tensors_default_hooks(False)[0] == \
+            run._engine.pack
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    with pytest.raises(RuntimeError, match="inside this budget"):
+        with b.keep_saved():
+            pass
+    b.close()

@@ -35,6 +35,7 @@ context unless its outputs do not read it (batch norm's running statistics),
 and on CUDA no kernel PyTorch marks nondeterministic unless the user allows
 it. Other storages may still be offloaded.
 """
+import contextlib
 import ctypes
 import gc
 import threading
@@ -702,7 +703,8 @@ class Engine:
         self.error = None             # an exception raised inside a callback
         self.counts = {"saved_tensors": 0, "saved_unmanaged": 0, "kept_not_replayable": 0,
                        "recomputed_calls": 0, "backwards_outside_recorder": 0,
-                       "offload_not_drop": 0, "offload_not_drop_seen": 0}
+                       "offload_not_drop": 0, "offload_not_drop_seen": 0,
+                       "keep_saved_blocks": 0}
         self.lib = _capi.lib()
         self.session = None
         self.runtime = None
@@ -1959,6 +1961,38 @@ class budget:
         self._plan = min(self._trial_times, key=lambda plan: min(self._trial_times[plan]))
         for plan in [p for p in self._sessions if p != self._plan]:
             self._sessions.pop(plan).close()
+
+    @contextlib.contextmanager
+    def keep_saved(self):
+        """Inside the budget's `with`: what autograd saves for backward in
+        this block is kept as autograd keeps it without remat (resident, not
+        counted against the budget, never dropped or offloaded). The ATen
+        calls are still recorded, so the tensors the block makes can still
+        be dropped where something after it saves them. For what refuses
+        saved-tensor hooks: torch.func's grad, vjp, jacrev and hessian.
+
+            with remat.torch.budget("2GiB") as run:
+                h = encoder(x)
+                with run.keep_saved():
+                    g = torch.func.grad(inner_loss)(h)
+                loss = head(h, g).sum()
+                loss.backward()
+        """
+        engine = self._engine
+        if engine is None or engine.closed or _active.get(threading.get_ident()) is not self:
+            raise RuntimeError("keep_saved() is for inside this budget's `with`, on the thread "
+                               "that entered it")
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if top is None or top[0] != engine.pack:
+            raise RuntimeError("keep_saved(): other saved-tensor hooks (checkpoint, "
+                               "save_on_cpu, your own) are innermost here; enter keep_saved() "
+                               "outside them")
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+        engine.counts["keep_saved_blocks"] += 1
+        try:
+            yield self
+        finally:
+            torch._C._autograd._push_saved_tensors_default_hooks(*top)
 
     def live_stats(self):
         """The runtime's figures now, inside the context."""
