@@ -188,6 +188,49 @@ def test_allocator_pressure_makes_the_runtime_evict(tmp_path):
     assert "done" in out, out
 
 
+def test_a_replay_must_fit_beside_what_the_device_held_as_the_step_began():
+    # Counting what the GPU holds, the room a replay has is the budget less
+    # what was there before the step (parameters, optimizer state): with
+    # most of the budget held, hybrid offloads what it could not bring back
+    # in the rest; with nothing held, the same budget lets it drop them.
+    out = _run("""
+import ctypes
+import torch
+import remat.torch
+from remat.torch import _allocator, models
+
+a = _allocator.attach(_allocator.find_library())
+malloc = a.so.remat_try_malloc
+malloc.restype = ctypes.c_void_p
+malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+free = a.so.remat_free
+free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+MIB = 1 << 20
+model, step = models.mlp(0)
+torch.manual_seed(1)
+step().backward()
+plain = [p.grad.clone() for p in model.parameters()]
+probe = remat.torch.budget(1 << 40)
+with probe:
+    step().backward()
+budget = 60 * MIB + probe.stats["peak_saved_bytes"] // 4
+for held in (60 * MIB, 0):
+    hold = malloc(held, 0, None) if held else None
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    with remat.torch.budget(budget, offload=True, offload_guard=False,
+                            pressure="allocator") as run:
+        step().backward()
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), plain))
+    print(held, run.stats["offload_not_drop"])
+    if hold:
+        free(hold, held, 0, None)
+""", REMAT_TORCH_LIB=_torch_library(), REMAT_DEVICE="sim", REMAT_SIM_CAPACITY="1GiB")
+    lines = dict(line.split() for line in out.splitlines() if line.strip())
+    assert int(lines[str(60 << 20)]) > 0, out
+    assert int(lines["0"]) == 0, out
+
+
 def test_a_traced_allocator_refuses_the_pressure_callback(tmp_path):
     # REMAT_TRACE holds its lock across an allocation: a callback freeing
     # through the allocator would wait on it, so the budget is refused.

@@ -172,22 +172,56 @@ def test_what_a_replay_holds_at_once():
 
 def test_what_a_backward_pinned_beside_each_saved_tensor_is_learned():
     from remat.torch._budget import _Beside
+    mm, add = (torch.ops.aten.mm.default, 0, 8), (torch.ops.aten.add.Tensor, 0, 4)
     a = _Beside()
-    a.saw(1, 8, 16)
-    a.saw(0, 4, 0)
-    a.saw(1, 8, 4)  # read by a second node, with less beside it
-    assert a.pinned_beside(1, 8) == 16
-    assert a.pinned_beside(1, 4) == 0  # another size there: not the same tensor
-    assert a.pinned_beside(5, 8) == 0
+    a.saw(mm + (0,), 16)
+    a.saw(add + (0,), 0)
+    a.saw(mm + (0,), 4)  # read by a second node, with less beside it
+    assert a.pinned_beside(mm + (0,)) == 16
+    assert a.pinned_beside(mm + (1,)) == 0  # no second one seen
     b = _Beside()
-    b.saw(0, 4, 12)
-    b.saw(1, 8, 0)
+    b.saw(add + (0,), 12)
+    b.saw(mm + (0,), 0)
     both = a.merged(b)
-    assert (both.pinned_beside(0, 4), both.pinned_beside(1, 8)) == (12, 16)
+    assert (both.pinned_beside(add + (0,)), both.pinned_beside(mm + (0,))) == (12, 16)
     c = _Beside()
-    c.saw(0, 6, 2)
-    assert a.merged(c) is c  # another program: the newer step's alone
+    c.saw(add + (1,), 2)
+    # Another step's tensors: what the older saw of them, and nothing else.
+    assert a.merged(c).pinned == {add + (1,): 2}
     assert a.merged(_Beside()) is a  # a step whose backward read nothing (evaluation)
+
+
+def _kinds_handed(make):
+    """Each saved tensor's key, in the order a step of `make` handed them
+    to the runtime (hybrid, so keys are made)."""
+    b = remat.torch.budget(1 << 40, policy="dtr", offload=True, offload_guard=False)
+    with b:
+        loss = make()
+        keys = [s.beside_key for s in b._engine.registered]
+        loss.backward()
+    b.close()
+    return keys
+
+
+def test_a_tensor_saved_more_in_one_step_moves_only_keys_of_its_kind():
+    # A step that saves one more tensor early (a branch taken: an extra
+    # exp) keeps the keys of every other kind as they were; by its place
+    # among all, each later tensor would have been read as the one before it.
+    torch.manual_seed(0)
+    w, v = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(4, 8)
+
+    def step(extra):
+        loss = torch.exp(x @ v).sum() if extra else 0
+        h = x
+        for _ in range(3):
+            h = torch.sigmoid(h @ w)
+        return loss + h.sum()
+
+    plain, more = _kinds_handed(lambda: step(False)), _kinds_handed(lambda: step(True))
+    exp = torch.ops.aten.exp.default
+    assert len(more) == len(plain) + 1 and more[0][0] is exp
+    assert more[1:] == plain
 
 
 def test_views_of_one_storage_a_node_reads_count_once():

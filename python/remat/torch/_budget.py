@@ -239,7 +239,7 @@ class _Storage:
                  "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
                  "order", "ahead", "gen", "key", "tensor_version", "host_version", "allow_drop",
-                 "replay_bytes", "__weakref__")
+                 "replay_bytes", "beside_key", "__weakref__")
 
     def __init__(self, index, leaf, key, weak, producer=None, dtype=None, nbytes=0,
                  tensor=None):
@@ -275,6 +275,7 @@ class _Storage:
         self.regions = []             # (size, stride, offset) of each saved view of it
         self.order = -1               # its place in Engine.registered
         self.replay_bytes = None      # resident at once to bring it back (Engine._replay_bytes)
+        self.beside_key = None        # its key in what steps saw beside it (Engine._beside_key)
 
 
 class _Ref:
@@ -588,45 +589,40 @@ _REPLAY_DEPTH = 8
 class _Beside:
     """What a step's backward held pinned beside each saved tensor as it
     read it: the node's saved tensors it had read before, and what the step
-    keeps to its end (`pinned[k]`, in bytes, for the k-th tensor handed to
-    the runtime; its size in `nbytes[k]`). A program's steps save and read
-    alike, so a later step can tell, as it hands over the k-th tensor,
+    keeps to its end, in bytes, by the tensor's key (`Engine._beside_key`:
+    the op that made it, which of its outputs, its size, and how many such
+    the step had handed to the runtime before it). A program's steps save
+    and read alike, so a later step can tell, as it hands over a tensor,
     whether a replay of it would fit beside what will be pinned then; the
-    share rule above can only guess that from the tensor's own inputs."""
+    share rule above can only guess that from the tensor's own inputs. A
+    step that saves a tensor more or less than the last (a branch taken, an
+    expert no token was routed to) moves only the keys of its kind."""
 
-    __slots__ = ("nbytes", "pinned")
+    __slots__ = ("pinned",)
 
     def __init__(self):
-        self.nbytes = []
-        self.pinned = []
+        self.pinned = {}
 
-    def saw(self, order, nbytes, pinned):
-        while len(self.nbytes) <= order:
-            self.nbytes.append(0)
-            self.pinned.append(0)
-        self.nbytes[order] = nbytes
-        self.pinned[order] = max(self.pinned[order], pinned)
+    def saw(self, key, pinned):
+        if pinned > self.pinned.get(key, -1):
+            self.pinned[key] = pinned
 
     def merged(self, newer):
-        """What two good steps saw: the larger of each, where they saved
-        the same sizes in the same order; else the newer step's. A step
-        whose backward read nothing (an evaluation step under the same
-        budget) leaves what was seen as it was."""
-        if not newer.nbytes:
+        """What two good steps saw: the newer step's tensors, each with the
+        larger of the two figures where the older saw it too. A step whose
+        backward read nothing (an evaluation step under the same budget)
+        leaves what was seen as it was."""
+        if not newer.pinned:
             return self
-        if newer.nbytes != self.nbytes:
-            return newer
         both = _Beside()
-        both.nbytes = list(newer.nbytes)
-        both.pinned = [max(a, b) for a, b in zip(self.pinned, newer.pinned)]
+        old = self.pinned
+        both.pinned = {k: max(v, old.get(k, 0)) for k, v in newer.pinned.items()}
         return both
 
-    def pinned_beside(self, order, nbytes):
-        """What was pinned beside the tensor saved order-th, if the step
-        seen saved one of this size there; else 0."""
-        if order < len(self.nbytes) and self.nbytes[order] == nbytes:
-            return self.pinned[order]
-        return 0
+    def pinned_beside(self, key):
+        """What was pinned beside the tensor of this key in the steps seen
+        (0 where they saved none such)."""
+        return self.pinned.get(key, 0)
 
 
 class _Internal:
@@ -655,10 +651,14 @@ class Engine:
                  cost_model, copy_ahead=False, allocator=None, device=0, drop_first=False,
                  seen=None):
         self.budget_bytes = budget_bytes
+        # What a replay must fit in: the budget, less (where it counts what
+        # the GPU holds) what the device held as the step began.
+        self.replay_room = budget_bytes
         # What earlier good steps' backwards pinned beside each saved tensor
         # (_Beside), and what this one's does.
         self.seen = seen if seen is not None else _Beside()
         self.beside = _Beside()
+        self.kinds_handed = {}        # (op, output, bytes) -> how many handed over (_beside_key)
         # Only a step that may both drop and offload weighs each replay (a
         # tensor it could not bring back is offloaded instead).
         self.weigh_replays = bool(offload and recompute)
@@ -752,6 +752,9 @@ class Engine:
         a.set_budget(d, 0)
         try:
             a.set_budget(d, min(self.budget_bytes, a.budget(d)))
+            # Parameters, gradients, optimizer state and inputs stay through
+            # the step: a replay has the rest.
+            self.replay_room = max(0, a.budget(d) - held)
             a.reset_peak(d)
             self.ooms = a.num_ooms(d)
             self.thread = threading.get_ident()
@@ -1274,12 +1277,13 @@ class Engine:
         share = _DROP_FIRST_WORKING_SET_SHARE if self.drop_first else _DROP_WORKING_SET_SHARE
         if self.weigh_replays:
             s.replay_bytes = self._replay_bytes(s, inputs)
+            self._beside_key(s)  # in the order tensors are handed over, as in every step
         if allow_drop and allow_offload:
-            if s.replay_bytes[0] > self.budget_bytes * share:
+            if s.replay_bytes[0] > self.replay_room * share:
                 allow_drop = 0
                 self.counts["offload_not_drop"] += 1
-            elif s.replay_bytes[-1] + self.seen.pinned_beside(len(self.registered), s.nbytes) > \
-                    self.budget_bytes:
+            elif s.replay_bytes[-1] + self.seen.pinned_beside(self._beside_key(s)) > \
+                    self.replay_room:
                 allow_drop = 0
                 self.counts["offload_not_drop_seen"] += 1
         if allow_drop and self.drop_first:
@@ -1337,6 +1341,18 @@ class Engine:
         self.registered.append(s)
         self.lib.remat_tensor_release(self.runtime, s.id)
         self._drain()
+
+    def _beside_key(self, s):
+        """s's key in what a step saw beside it (_Beside): its producing
+        op, which output, its size, and how many such this step handed to
+        the runtime before it (made once, as s is registered)."""
+        if s.beside_key is None:
+            call, j = s.producer
+            kind = (call.func, j, s.nbytes)
+            n = self.kinds_handed.get(kind, 0)
+            self.kinds_handed[kind] = n + 1
+            s.beside_key = kind + (n,)
+        return s.beside_key
 
     @staticmethod
     def _replay_bytes(s, inputs):
@@ -1454,7 +1470,7 @@ class Engine:
         # the node reads (a chunk's halves, q and k of one projection).
         again = s.id in self.pins or s.pinned_forever
         if self.weigh_replays and not again:
-            self.beside.saw(s.order, s.nbytes, self.pin_bytes + self.forever_bytes)
+            self.beside.saw(self._beside_key(s), self.pin_bytes + self.forever_bytes)
         p = ctypes.c_void_p()
         self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
         self.pins.append(s.id)
