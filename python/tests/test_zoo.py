@@ -172,22 +172,26 @@ def test_what_a_replay_holds_at_once():
 
 def test_what_a_backward_pinned_beside_each_saved_tensor_is_learned():
     from remat.torch._budget import _Beside
-    mm, add = (torch.ops.aten.mm.default, 0, 8), (torch.ops.aten.add.Tensor, 0, 4)
+    mm, add = (torch.ops.aten.mm.default, 0, 0), (torch.ops.aten.add.Tensor, 0, 0)
     a = _Beside()
-    a.saw(mm + (0,), 16)
-    a.saw(add + (0,), 0)
-    a.saw(mm + (0,), 4)  # read by a second node, with less beside it
-    assert a.pinned_beside(mm + (0,)) == 16
-    assert a.pinned_beside(mm + (1,)) == 0  # no second one seen
+    a.saw(mm, 8, 16)
+    a.saw(add, 4, 0)
+    a.saw(mm, 8, 4)  # read by a second node, with less beside it
+    assert a.pinned_beside(mm, 8) == 16
+    assert a.pinned_beside(mm[:2] + (1,), 8) == 0  # no second one seen
+    # Of another size (a batch of other lengths): scaled, and never less
+    # than the most seen.
+    assert a.pinned_beside(mm, 16) == 32
+    assert a.pinned_beside(mm, 2) == 16
     b = _Beside()
-    b.saw(add + (0,), 12)
-    b.saw(mm + (0,), 0)
+    b.saw(add, 4, 12)
+    b.saw(mm, 8, 0)
     both = a.merged(b)
-    assert (both.pinned_beside(add + (0,)), both.pinned_beside(mm + (0,))) == (12, 16)
+    assert (both.pinned_beside(add, 4), both.pinned_beside(mm, 8)) == (12, 16)
     c = _Beside()
-    c.saw(add + (1,), 2)
+    c.saw(add[:2] + (1,), 4, 2)
     # Another step's tensors: what the older saw of them, and nothing else.
-    assert a.merged(c).pinned == {add + (1,): 2}
+    assert a.merged(c).pinned == {add[:2] + (1,): (2, 0.5)}
     assert a.merged(_Beside()) is a  # a step whose backward read nothing (evaluation)
 
 

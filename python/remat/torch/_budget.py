@@ -589,40 +589,51 @@ _REPLAY_DEPTH = 8
 class _Beside:
     """What a step's backward held pinned beside each saved tensor as it
     read it: the node's saved tensors it had read before, and what the step
-    keeps to its end, in bytes, by the tensor's key (`Engine._beside_key`:
-    the op that made it, which of its outputs, its size, and how many such
-    the step had handed to the runtime before it). A program's steps save
-    and read alike, so a later step can tell, as it hands over a tensor,
-    whether a replay of it would fit beside what will be pinned then; the
-    share rule above can only guess that from the tensor's own inputs. A
-    step that saves a tensor more or less than the last (a branch taken, an
-    expert no token was routed to) moves only the keys of its kind."""
+    keeps to its end, by the tensor's key (`Engine._beside_key`: the op that
+    made it, which of its outputs, and how many such the step had handed to
+    the runtime before it). A program's steps save and read alike, so a
+    later step can tell, as it hands over a tensor, whether a replay of it
+    would fit beside what will be pinned then; the share rule above can only
+    guess that from the tensor's own inputs. A step that saves a tensor more
+    or less than the last (a branch taken, an expert no token was routed
+    to) moves only the keys of its kind.
+
+    Each key keeps the most bytes seen pinned beside it, and the most per
+    byte of the tensor: steps whose shapes change (a batch of other lengths)
+    read the larger of the two, so that a longer step is reckoned as the
+    shorter scaled up, and a shorter one as the longest seen."""
 
     __slots__ = ("pinned",)
 
     def __init__(self):
-        self.pinned = {}
+        self.pinned = {}              # key -> (most bytes beside, most bytes beside per byte)
 
-    def saw(self, key, pinned):
-        if pinned > self.pinned.get(key, -1):
-            self.pinned[key] = pinned
+    def saw(self, key, nbytes, pinned):
+        most, per_byte = self.pinned.get(key, (0, 0.0))
+        self.pinned[key] = (max(most, pinned), max(per_byte, pinned / max(1, nbytes)))
 
     def merged(self, newer):
         """What two good steps saw: the newer step's tensors, each with the
-        larger of the two figures where the older saw it too. A step whose
-        backward read nothing (an evaluation step under the same budget)
-        leaves what was seen as it was."""
+        larger figures where the older saw it too. A step whose backward
+        read nothing (an evaluation step under the same budget) leaves what
+        was seen as it was."""
         if not newer.pinned:
             return self
         both = _Beside()
         old = self.pinned
-        both.pinned = {k: max(v, old.get(k, 0)) for k, v in newer.pinned.items()}
+        for k, (most, per_byte) in newer.pinned.items():
+            o = old.get(k)
+            both.pinned[k] = (most, per_byte) if o is None else \
+                (max(most, o[0]), max(per_byte, o[1]))
         return both
 
-    def pinned_beside(self, key):
-        """What was pinned beside the tensor of this key in the steps seen
-        (0 where they saved none such)."""
-        return self.pinned.get(key, 0)
+    def pinned_beside(self, key, nbytes):
+        """What will be pinned beside a tensor of this key and size, by the
+        steps seen (0 where they saved none such)."""
+        seen = self.pinned.get(key)
+        if seen is None:
+            return 0
+        return max(seen[0], int(seen[1] * nbytes))
 
 
 class _Internal:
@@ -658,7 +669,7 @@ class Engine:
         # (_Beside), and what this one's does.
         self.seen = seen if seen is not None else _Beside()
         self.beside = _Beside()
-        self.kinds_handed = {}        # (op, output, bytes) -> how many handed over (_beside_key)
+        self.kinds_handed = {}        # (op, output) -> how many handed over (_beside_key)
         # Only a step that may both drop and offload weighs each replay (a
         # tensor it could not bring back is offloaded instead).
         self.weigh_replays = bool(offload and recompute)
@@ -1282,7 +1293,7 @@ class Engine:
             if s.replay_bytes[0] > self.replay_room * share:
                 allow_drop = 0
                 self.counts["offload_not_drop"] += 1
-            elif s.replay_bytes[-1] + self.seen.pinned_beside(self._beside_key(s)) > \
+            elif s.replay_bytes[-1] + self.seen.pinned_beside(self._beside_key(s), s.nbytes) > \
                     self.replay_room:
                 allow_drop = 0
                 self.counts["offload_not_drop_seen"] += 1
@@ -1344,11 +1355,11 @@ class Engine:
 
     def _beside_key(self, s):
         """s's key in what a step saw beside it (_Beside): its producing
-        op, which output, its size, and how many such this step handed to
-        the runtime before it (made once, as s is registered)."""
+        op, which output, and how many such this step handed to the runtime
+        before it (made once, as s is registered)."""
         if s.beside_key is None:
             call, j = s.producer
-            kind = (call.func, j, s.nbytes)
+            kind = (call.func, j)
             n = self.kinds_handed.get(kind, 0)
             self.kinds_handed[kind] = n + 1
             s.beside_key = kind + (n,)
@@ -1470,7 +1481,7 @@ class Engine:
         # the node reads (a chunk's halves, q and k of one projection).
         again = s.id in self.pins or s.pinned_forever
         if self.weigh_replays and not again:
-            self.beside.saw(self._beside_key(s), self.pin_bytes + self.forever_bytes)
+            self.beside.saw(self._beside_key(s), s.nbytes, self.pin_bytes + self.forever_bytes)
         p = ctypes.c_void_p()
         self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
         self.pins.append(s.id)

@@ -1,0 +1,111 @@
+"""remat.torch.budget over a training loop whose batches change length from
+step to step (as dynamic padding makes them): a Hugging Face causal LM at a
+tiny size, one budget object per loop, each step checked against a plain
+step (loss and gradients bitwise equal).
+
+For each seed (a draw of ten lengths in 8-63) and each budget (a ratio of
+the saved bytes of the longest batch), prints a row of one character per
+step: "." ran and matched, "F" ran but differed, "B" raised BudgetTooSmall
+where offload alone (its own budget object over the same loop) ran that
+step, "b" raised where offload alone did too. Then the totals. Exits 1 on
+any "F".
+
+    PYTHONPATH=python REMAT_LIBRARY=build/lib/libremat.so \\
+        .venv/bin/python bench/torch_varlen.py [--model gpt2|llama] [--policy belady]
+        [--mode hybrid] [--seeds 3] [--ratios 0.1,0.15,0.2,0.25]
+
+Needs transformers.
+"""
+import argparse
+import collections
+import contextlib
+import sys
+
+import torch
+
+import remat.torch
+
+MODES = {"drop": {"offload": False, "recompute": True},
+         "offload": {"offload": True, "recompute": False},
+         "hybrid": {"offload": True, "recompute": True}}
+LONGEST = 63
+
+
+def make_model(name):
+    import transformers
+    from remat.torch.zoo_hf import VOCAB, _IDS
+    torch.manual_seed(0)
+    if name == "gpt2":
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=32, n_head=4, n_positions=LONGEST + 1, vocab_size=VOCAB, **_IDS))
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=LONGEST + 1, **_IDS))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
+    parser.add_argument("--policy", default="belady")
+    parser.add_argument("--mode", default="hybrid", choices=list(MODES))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--ratios", default="0.1,0.15,0.2,0.25")
+    args = parser.parse_args()
+    try:
+        from remat.torch.zoo_hf import VOCAB
+        model = make_model(args.model)
+    except ImportError as e:
+        parser.error(f"needs transformers (pip install transformers): {e}")
+    torch.set_num_threads(1)
+
+    def step(n, budget=None):
+        ids = torch.randint(3, VOCAB, (2, n), generator=torch.Generator().manual_seed(n))
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        with budget if budget is not None else contextlib.nullcontext():
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+        return loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    probe = remat.torch.budget(1 << 40)
+    step(LONGEST, probe)
+    saved = probe.stats["peak_saved_bytes"]
+    probe.close()
+    ratios = [float(r) for r in args.ratios.split(",")]
+    print(f"{args.model}, {args.mode}, policy {args.policy}, {args.steps} steps per loop, "
+          f"lengths 8-{LONGEST}; ratios of {saved} saved bytes (length {LONGEST}); "
+          f"torch {torch.__version__}")
+    totals = collections.Counter()
+    for seed in range(args.seeds):
+        g = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(8, LONGEST + 1, (args.steps,), generator=g).tolist()
+        for ratio in ratios:
+            nbytes = int(saved * ratio)
+            b = remat.torch.budget(nbytes, policy=args.policy, **MODES[args.mode])
+            alone = remat.torch.budget(nbytes, policy=args.policy, **MODES["offload"])
+            row = ""
+            for n in lengths:
+                plain = step(n)
+                try:
+                    step(n, alone)
+                    fits = True
+                except remat.torch.BudgetTooSmall:
+                    fits = False
+                try:
+                    loss, grads = step(n, b)
+                    same = torch.equal(loss, plain[0]) and \
+                        all(torch.equal(grads[k], plain[1][k]) for k in grads)
+                    row += "." if same and b.stats["peak_saved_bytes"] <= nbytes else "F"
+                except remat.torch.BudgetTooSmall:
+                    row += "B" if fits else "b"
+            b.close()
+            alone.close()
+            totals.update(row)
+            print(f"  seed {seed} ratio {ratio:<5} lengths {lengths}  {row}", flush=True)
+    print(f"steps: {dict(sorted(totals.items()))}")
+    return 1 if totals["F"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
