@@ -1184,3 +1184,46 @@ def test_keep_saved_outside_the_budget_or_under_other_hooks_is_refused():
         with b.keep_saved():
             pass
     b.close()
+
+
+@pytest.mark.parametrize("kind", ["nested", "sparse"])
+def test_saved_tensors_without_strided_storage_are_kept_as_autograd_keeps_them(kind):
+    # A nested (jagged) tensor's saved tensors and a sparse matrix a product
+    # saves: remat holds only strided storages; the rest stay with autograd,
+    # counted as unmanaged, and the step is as plain.
+    def make():
+        torch.manual_seed(0)
+        if kind == "nested":
+            m = torch.nn.Linear(8, 8)
+            seqs = [torch.randn(n, 8) for n in (3, 5, 2)]
+
+            def step():
+                h = torch.nn.functional.gelu(m(torch.nested.nested_tensor(
+                    seqs, layout=torch.jagged)))
+                return torch.cat([t.sum(0) for t in h.unbind()]).square().sum()
+        else:
+            m = torch.nn.Linear(16, 4)
+            x = torch.randn(8, 16)
+
+            def step():
+                sparse = torch.relu(x - 0.5).to_sparse()
+                return torch.tanh(torch.sparse.mm(sparse, m.weight.T)).square().mean()
+        return m, step
+
+    def grads(budget=None):
+        m, step = make()
+        with budget if budget is not None else contextlib.nullcontext():
+            loss = step()
+            loss.backward()
+        return loss.detach(), [p.grad for p in m.parameters() if p.grad is not None]
+
+    plain_loss, plain = grads()
+    saves = []
+    grads(torch.autograd.graph.saved_tensors_hooks(lambda t: saves.append(t) or t, lambda t: t))
+    b = remat.torch.budget(1 << 30)
+    loss, got = grads(b)
+    assert torch.equal(loss, plain_loss) and all(torch.equal(a, c) for a, c in zip(got, plain))
+    # Every tensor autograd saved is counted, as held by remat or not.
+    assert b.stats["saved_tensors"] + b.stats["saved_unmanaged"] == len(saves)
+    assert any(t.layout is not torch.strided for t in saves)
+    b.close()

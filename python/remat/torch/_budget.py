@@ -1183,8 +1183,13 @@ class Engine:
     # --- saving -----------------------------------------------------------------------
 
     def pack(self, t):
-        st = None if self.closed or self.internal else _storage(t)
+        if self.closed or self.internal:
+            return t
+        st = _storage(t)
         if st is None:
+            # No strided storage of its own (sparse, nested): kept as
+            # autograd keeps it.
+            self.counts["saved_unmanaged"] += 1
             return t
         if self.dead_handles:
             self._free_dead()
