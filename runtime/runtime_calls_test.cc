@@ -63,6 +63,32 @@ ThreeOutputs MakeThreeOutputCall(Runtime& runtime, SimDevice* device, TensorId i
   return call;
 }
 
+TEST_F(RuntimeTest, AReplayBringsBackItsDroppedInputsBeforePinningTheResidentOnes) {
+  // c = h(r, d) reads r (resident) before d (dropped, and its replay needs e
+  // back first, 6 MiB). Pinned first, r would sit beside e and d while d is
+  // rebuilt: 1 + 4 + 6 + 4 = 15 MiB, over the 14 MiB budget with nothing
+  // left to evict. Brought back first, d's replay holds 11 MiB at most, r
+  // is pinned after it (still resident), and c is made beside x, r and d:
+  // 13 MiB.
+  Make(0, {.policy = "lru", .enable_offload = false, .live_budget = 14 * kMiB});
+  const TensorId x = Produce(1 * kMiB, {}, /*drop=*/false, /*offload=*/false);
+  const TensorId e = Produce(6 * kMiB, {x}, true, false);
+  const TensorId d = Produce(4 * kMiB, {e}, true, false);
+  const TensorId r = Produce(4 * kMiB, {x}, true, false);
+  const TensorId c = Produce(4 * kMiB, {r, d}, true, false);
+  for (TensorId id : {c, d, e}) {
+    if (StateOf(id) == TensorState::kResident) {
+      ASSERT_TRUE(*runtime_->Evict(id, policies::EvictAction::kDrop));
+    }
+  }
+  if (StateOf(r) != TensorState::kResident) Check(r);
+  ASSERT_EQ(StateOf(r), TensorState::kResident);
+  Check(c);
+  EXPECT_EQ(StateOf(r), TensorState::kResident);
+  EXPECT_LE(runtime_->stats().peak_resident_bytes, 14 * kMiB);
+  CheckInvariants();
+}
+
 TEST_F(RuntimeTest, ACallOfThreeOutputsIsRecomputedOnceAndChargedOnce) {
   Make(64 * kMiB, {.policy = "lru", .enable_offload = false});
   TensorId x = Produce(1 * kMiB, {}, false, false);

@@ -202,6 +202,13 @@ absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
   // Regenerate dropped tensors with an explicit stack: a frame's inputs are
   // made resident and pinned one by one (a dropped input pushes its own
   // frame), then its call runs (without the lock) and the inputs are unpinned.
+  // The inputs dropped when the frame is pushed come first: the replay of one
+  // of them then runs beside only those regenerated before it, not beside
+  // every resident input that precedes it in the call's order (pinned, they
+  // could not make room for it; unpinned, the policy may evict them, and they
+  // come back when their turn comes). Down a chain of calls that each read a
+  // resident tensor and a dropped one, that is the difference between the
+  // chain's resident inputs all pinned at once and none of them.
   // A frame claims the outputs its call regenerates; a storage another thread
   // has claimed is waited for (claims follow the graph's edges towards its
   // inputs, so two threads never wait on each other).
@@ -227,16 +234,27 @@ absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
   }
   ++deferring_depth_;
   struct Frame {
+    explicit Frame(Storage* storage) : s(storage) {
+      // Indices into s->inputs: the dropped ones first, each part in the call's order.
+      for (std::size_t i = 0; i < s->inputs.size(); ++i) {
+        if (s->inputs[i]->state == TensorState::kDropped) order.push_back(i);
+      }
+      for (std::size_t i = 0; i < s->inputs.size(); ++i) {
+        if (s->inputs[i]->state != TensorState::kDropped) order.push_back(i);
+      }
+    }
+    Storage* input(std::size_t k) const { return s->inputs[order[k]]; }
     Storage* s;
-    std::size_t pinned = 0;  // inputs [0, pinned) are resident and pinned
+    absl::InlinedVector<std::uint32_t, 4> order;
+    std::size_t pinned = 0;  // input(0) .. input(pinned - 1) are resident and pinned
   };
   std::vector<Frame> stack;
   Claim(target);
-  stack.push_back(Frame{target});
+  stack.emplace_back(target);
   // Runs under the lock MakeResident holds (the analysis cannot see into lambdas).
   auto unwind = [&](absl::Status error) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (const Frame& f : stack) {
-      for (std::size_t i = 0; i < f.pinned; ++i) UnpinStorage(f.s->inputs[i]);
+      for (std::size_t i = 0; i < f.pinned; ++i) UnpinStorage(f.input(i));
       Unclaim(f.s);
     }
     EndDeferral();
@@ -247,11 +265,11 @@ absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
     Storage* s = frame.s;
     bool again = false;
     while (frame.pinned < s->inputs.size()) {
-      Storage* in = s->inputs[frame.pinned];
+      Storage* in = frame.input(frame.pinned);
       if (in->state == TensorState::kDropped) {
         if (Claimable(in)) {
           Claim(in);
-          stack.push_back(Frame{in});
+          stack.emplace_back(in);
         } else if (ClaimedHere(in)) {
           return unwind(reentered(in));
         } else {
@@ -273,7 +291,7 @@ absl::Status Runtime::MakeResident(Storage* target, Stream stream) {
     // The frame below reads s next: its claim's pin becomes that frame's, so
     // a released s is not dropped again before it is read.
     Frame* below = stack.empty() ? nullptr : &stack.back();
-    const bool hand_over = below != nullptr && below->s->inputs[below->pinned] == s;
+    const bool hand_over = below != nullptr && below->input(below->pinned) == s;
     Unclaim(s, hand_over ? s : nullptr);
     if (hand_over) ++below->pinned;
   }

@@ -105,9 +105,9 @@ def test_the_drop_first_plan_does_what_drops_alone_do_where_they_fit():
     alone.close()
 
 
-@pytest.mark.parametrize("name,ratio", [("rnn_cell", 0.15), ("parametrized", 0.25),
+@pytest.mark.parametrize("name,ratio", [("rnn_cell", 0.1), ("parametrized", 0.25),
                                         ("parametrized", 0.35), ("transformer", 0.1),
-                                        ("norms", 0.25)])
+                                        ("norms", 0.25), ("gru", 0.1)])
 def test_a_hybrid_loop_runs_where_offload_alone_does(name, ratio):
     # Budgets near the floor, where offload alone runs every step. The
     # trial's drop-first plan used to drop tensors whose replay could not
@@ -115,7 +115,12 @@ def test_a_hybrid_loop_runs_where_offload_alone_does(name, ratio):
     # (rnn_cell, parametrized), or beside what the backward node reading it
     # had pinned (transformer, rnn_cell: learned from the steps before), and
     # the tensors the step keeps to its end (norms: the running statistics'
-    # readers). Its first step raised BudgetTooSmall.
+    # readers). Its first step raised BudgetTooSmall. The GRU's replays ran
+    # beside resident inputs pinned ahead of a dropped one (the runtime now
+    # brings dropped inputs back first); the LSTMCell's read, inside the
+    # replay, a storage handed to the runtime after the tensor they rebuild,
+    # with no room for it beside the replay's outputs (now rebuilt there as
+    # a temporary of the replay).
     torch.set_num_threads(1)
     loss, grads, _, saved = _plain(name)
     b = remat.torch.budget(int(saved * ratio), policy="dtr", offload=True)
@@ -131,40 +136,50 @@ def test_a_hybrid_loop_runs_where_offload_alone_does(name, ratio):
     assert all(f["drops"] > 0 for f in drop_first)
     if name == "transformer":
         assert all(f["offload_not_drop_seen"] > 0 for f in drop_first)
+    if name == "rnn_cell":
+        assert all(f["rebuilt_in_replay"] > 0 for f in drop_first)
     b.close()
 
 
 class _Saved:
-    def __init__(self, nbytes, allow_drop=0, replay=0):
+    def __init__(self, nbytes, allow_drop=0, replay=0, group=None):
         from remat.torch._budget import _REPLAY_DEPTH
-        self.nbytes, self.allow_drop = nbytes, allow_drop
+        self.nbytes, self.allow_drop, self.group, self.freed = nbytes, allow_drop, group, False
         self.replay_bytes = [replay] * (_REPLAY_DEPTH + 1)
 
 
 def test_what_a_replay_holds_at_once():
     from remat.torch._budget import Engine, _REPLAY_DEPTH
 
-    def replay(inputs, nbytes=10):
-        return Engine._replay_bytes(_Saved(nbytes), inputs)
+    def replay(inputs, nbytes=10, groups=()):
+        return Engine._replay_bytes(_Saved(nbytes), inputs, groups)
 
     assert replay([]) == [10] * (_REPLAY_DEPTH + 1)
-    # Inputs come back one by one, each pinned while the next comes back;
-    # the output is made beside them all.
+    # The output is made beside all the inputs.
     assert replay([_Saved(4), _Saved(6)])[-1] == 20
-    # A droppable input is brought back by its own replay, beside the
-    # inputs already pinned; with no dropped input followed, it is resident.
-    assert replay([_Saved(4), _Saved(6, 1, 30)]) == [20] + [34] * _REPLAY_DEPTH
+    # A droppable input is brought back by its own replay, before the
+    # resident inputs are pinned (here 30, not 30 beside the resident 4);
+    # with no dropped input followed, it is resident.
+    assert replay([_Saved(4), _Saved(6, 1, 30)]) == [20] + [30] * _REPLAY_DEPTH
     assert replay([_Saved(6, 1, 30), _Saved(4)])[-1] == 30
+    # Dropped inputs come back one by one, each pinned while the next does.
+    assert replay([_Saved(6, 1, 30), _Saved(5, 1, 40)])[-1] == 46
     # A kept or offloaded input needs only its own bytes.
     assert replay([_Saved(4), _Saved(6, 0, 30)])[-1] == 20
-    # Down a chain of dropped inputs, each call also pinning an input of 5
-    # bytes, the estimate grows for _REPLAY_DEPTH levels, and no further.
+    # A dropped input's replay regenerates the other outputs of its call
+    # with it (7 bytes more here; a freed one is not regenerated).
+    x, y, z = _Saved(6, 1, 30, group=0), _Saved(7, 1, 9, group=0), _Saved(50, 1, 9, group=0)
+    z.freed = True
+    assert replay([x], groups=[[x, y, z]])[-1] == 37
+    # Down a chain of dropped inputs, each call also pinning a dropped input
+    # of 5 bytes brought back first, the estimate grows for _REPLAY_DEPTH
+    # levels, and no further.
     s = _Saved(1, 1)
     s.replay_bytes = replay([], 1)
     estimates = []
     for _ in range(_REPLAY_DEPTH + 3):
         t = _Saved(1, 1)
-        t.replay_bytes = replay([_Saved(5), s], 1)
+        t.replay_bytes = replay([_Saved(5, 1, 5), s], 1)
         estimates.append(t.replay_bytes[-1])
         s = t
     assert estimates == [7 + 5 * min(k, _REPLAY_DEPTH) for k in range(_REPLAY_DEPTH + 3)]

@@ -239,7 +239,7 @@ class _Storage:
                  "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
                  "order", "ahead", "gen", "key", "tensor_version", "host_version", "allow_drop",
-                 "replay_bytes", "beside_key", "__weakref__")
+                 "replay_bytes", "beside_key", "group", "__weakref__")
 
     def __init__(self, index, leaf, key, weak, producer=None, dtype=None, nbytes=0,
                  tensor=None):
@@ -276,6 +276,7 @@ class _Storage:
         self.order = -1               # its place in Engine.registered
         self.replay_bytes = None      # resident at once to bring it back (Engine._replay_bytes)
         self.beside_key = None        # its key in what steps saw beside it (Engine._beside_key)
+        self.group = None             # its runtime call: an index into Engine.groups
 
 
 class _Ref:
@@ -715,7 +716,7 @@ class Engine:
         self.counts = {"saved_tensors": 0, "saved_unmanaged": 0, "kept_not_replayable": 0,
                        "recomputed_calls": 0, "backwards_outside_recorder": 0,
                        "offload_not_drop": 0, "offload_not_drop_seen": 0,
-                       "keep_saved_blocks": 0}
+                       "keep_saved_blocks": 0, "rebuilt_in_replay": 0}
         self.lib = _capi.lib()
         self.session = None
         self.runtime = None
@@ -1292,7 +1293,7 @@ class Engine:
         allow_offload = 1 if self.offload else 0
         share = _DROP_FIRST_WORKING_SET_SHARE if self.drop_first else _DROP_WORKING_SET_SHARE
         if self.weigh_replays:
-            s.replay_bytes = self._replay_bytes(s, inputs)
+            s.replay_bytes = self._replay_bytes(s, inputs, self.groups)
             self._beside_key(s)  # in the order tensors are handed over, as in every step
         if allow_drop and allow_offload:
             if s.replay_bytes[0] > self.replay_room * share:
@@ -1347,8 +1348,10 @@ class Engine:
             raise _capi.RematError(status, message)
         if sibling is not None:
             self.groups[call.group].append(s)
+            s.group = call.group
         else:
             self.groups.append([s])
+            s.group = len(self.groups) - 1
             if s.reg_version == 0:
                 call.group = len(self.groups) - 1  # later outputs may join it
         s.id = tid.value
@@ -1371,21 +1374,27 @@ class Engine:
         return s.beside_key
 
     @staticmethod
-    def _replay_bytes(s, inputs):
+    def _replay_bytes(s, inputs, groups=()):
         """What a replay of s holds resident at once, were its droppable
-        inputs dropped: the runtime brings a call's inputs back one by one,
-        each pinned while the next comes back (a dropped one by its own
-        replay, beside those), then makes the output beside them all.
+        inputs dropped: the runtime brings a call's dropped inputs back
+        first, one by one, each by its own replay (which regenerates the
+        other outputs of its call with it) beside those brought back before
+        it, then pins the others and makes the output beside them all.
         Returns the estimate for each depth of dropped inputs followed, 0
-        (the inputs resident) to _REPLAY_DEPTH."""
+        (the inputs resident) to _REPLAY_DEPTH. `groups`: Engine.groups."""
         held = 0
         deeper = None  # level k's worst over the dropped inputs, for k = 1 ..
         for i in inputs:
             if i.allow_drop:
-                worst = [held + r for r in i.replay_bytes[:-1]]
+                siblings = 0 if i.group is None else \
+                    sum(m.nbytes for m in groups[i.group] if m is not i and not m.freed)
+                worst = [held + siblings + r for r in i.replay_bytes[:-1]]
                 deeper = worst if deeper is None else list(map(max, deeper, worst))
+                held += i.nbytes
+        for i in inputs:
             # (a resident input adds nothing: the output beside all of them is more)
-            held += i.nbytes
+            if not i.allow_drop:
+                held += i.nbytes
         base = held + s.nbytes
         if deeper is None:
             return [base] * (_REPLAY_DEPTH + 1)
@@ -1576,13 +1585,24 @@ class Engine:
         if managed and s.tensor is None and not s.freed:
             # Saved since this recompute's inputs were listed: the runtime brings it.
             p = ctypes.c_void_p()
-            self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
             try:
+                self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
+            except BudgetTooSmall:
+                # No room for it beside the outputs the runtime is
+                # regenerating now. Where it can be replayed, it is rebuilt
+                # below from its own call, a temporary of this replay as its
+                # unsaved intermediates are (the runtime keeps it as it was).
                 self._drain()
-                if s.tensor is not None and s.tensor_version == version:
-                    return s.tensor
-            finally:
-                self.lib.remat_tensor_release(self.runtime, s.id)
+                if not s.droppable:
+                    raise
+                self.counts["rebuilt_in_replay"] += 1
+            else:
+                try:
+                    self._drain()
+                    if s.tensor is not None and s.tensor_version == version:
+                        return s.tensor
+                finally:
+                    self.lib.remat_tensor_release(self.runtime, s.id)
         if managed and not s.droppable:
             # What remat holds was written since it was saved (through an
             # alias autograd does not track, else it would be pinned), and
