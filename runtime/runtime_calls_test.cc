@@ -67,9 +67,9 @@ TEST_F(RuntimeTest, AReplayBringsBackItsDroppedInputsBeforePinningTheResidentOne
   // c = h(r, d) reads r (resident) before d (dropped, and its replay needs e
   // back first, 6 MiB). Pinned first, r would sit beside e and d while d is
   // rebuilt: 1 + 4 + 6 + 4 = 15 MiB, over the 14 MiB budget with nothing
-  // left to evict. Brought back first, d's replay holds 11 MiB at most, r
-  // is pinned after it (still resident), and c is made beside x, r and d:
-  // 13 MiB.
+  // left to evict. Brought back first, d is rebuilt with r unpinned (here
+  // the policy drops r to make room), then r is brought back and pinned,
+  // and c is made beside x, r and d: 13 MiB.
   Make(0, {.policy = "lru", .enable_offload = false, .live_budget = 14 * kMiB});
   const TensorId x = Produce(1 * kMiB, {}, /*drop=*/false, /*offload=*/false);
   const TensorId e = Produce(6 * kMiB, {x}, true, false);

@@ -1090,13 +1090,15 @@ def test_garbage_collection_waits_inside_and_is_as_before_after():
         assert gc.isenabled()
 
 
-def test_a_step_leaves_nothing_for_the_garbage_collector():
+@pytest.mark.parametrize("offload", [False, True])
+def test_a_step_leaves_nothing_for_the_garbage_collector(offload):
     # A plain step leaves no reference cycles. The budget's records (a call
     # and the storages it made refer to each other) must not either, or
     # every step would leave thousands of objects for a full collection.
+    # (With offload too, every replay is weighed.)
     import gc
     model, step = models.gpt(0)
-    b = remat.torch.budget(1 << 40)
+    b = remat.torch.budget(1 << 40, offload=offload, offload_guard=False)
     with b:
         step().backward()
     gc.collect()
@@ -1226,4 +1228,21 @@ def test_saved_tensors_without_strided_storage_are_kept_as_autograd_keeps_them(k
     # Every tensor autograd saved is counted, as held by remat or not.
     assert b.stats["saved_tensors"] + b.stats["saved_unmanaged"] == len(saves)
     assert any(t.layout is not torch.strided for t in saves)
+    b.close()
+
+
+def test_leaving_the_budget_inside_a_keep_saved_block_leaves_no_hooks():
+    # The budget left while a keep_saved() block is still open (contexts
+    # entered by hand, or by an ExitStack in the wrong order): its exit takes
+    # its hooks off the stack, and the block's end does not put them back
+    # (torch.func would refuse to run anywhere after).
+    b = remat.torch.budget(1 << 30)
+    run = b.__enter__()
+    block = run.keep_saved()
+    block.__enter__()
+    b.__exit__(None, None, None)
+    block.__exit__(None, None, None)
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    w = torch.randn(4, 4, requires_grad=True)
+    torch.func.grad(lambda r: (r @ w).sum())(torch.randn(4))
     b.close()

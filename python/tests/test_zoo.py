@@ -171,6 +171,11 @@ def test_what_a_replay_holds_at_once():
     x, y, z = _Saved(6, 1, 30, group=0), _Saved(7, 1, 9, group=0), _Saved(50, 1, 9, group=0)
     z.freed = True
     assert replay([x], groups=[[x, y, z]])[-1] == 37
+    # Two dropped inputs of one call: its other outputs counted once, and
+    # not the inputs themselves.
+    w = _Saved(3, 1, 9, group=0)
+    y = _Saved(5, 1, 20, group=0)
+    assert replay([x, y], groups=[[x, y, w]]) == [21] + [33] * _REPLAY_DEPTH
     # Down a chain of dropped inputs, each call also pinning a dropped input
     # of 5 bytes brought back first, the estimate grows for _REPLAY_DEPTH
     # levels, and no further.
@@ -194,10 +199,16 @@ def test_what_a_backward_pinned_beside_each_saved_tensor_is_learned():
     a.saw(mm, 8, 4)  # read by a second node, with less beside it
     assert a.pinned_beside(mm, 8) == 16
     assert a.pinned_beside(mm[:2] + (1,), 8) == 0  # no second one seen
-    # Of another size (a batch of other lengths): scaled, and never less
-    # than the most seen.
+    # Of another size (a batch of other lengths): larger, scaled up from the
+    # largest seen; smaller, the most seen.
     assert a.pinned_beside(mm, 16) == 32
     assert a.pinned_beside(mm, 2) == 16
+    # A shorter step seen later scales nothing: 1 byte pinned beside a tensor
+    # of 2 does not make 64 beside one of 128 (the most seen, 1, does).
+    a.saw(add, 2, 1)
+    assert a.pinned_beside(add, 128) == 1
+    a.saw(add, 64, 3)
+    assert (a.pinned_beside(add, 128), a.pinned_beside(add, 4)) == (6, 3)
     b = _Beside()
     b.saw(add, 4, 12)
     b.saw(mm, 8, 0)
@@ -205,8 +216,9 @@ def test_what_a_backward_pinned_beside_each_saved_tensor_is_learned():
     assert (both.pinned_beside(add, 4), both.pinned_beside(mm, 8)) == (12, 16)
     c = _Beside()
     c.saw(add[:2] + (1,), 4, 2)
-    # Another step's tensors: what the older saw of them, and nothing else.
-    assert a.merged(c).pinned == {add[:2] + (1,): (2, 0.5)}
+    # A step with other keys (a loop over fewer time steps): what each saw is kept.
+    assert a.merged(c).pinned_beside(add[:2] + (1,), 4) == 2
+    assert a.merged(c).pinned_beside(mm, 8) == 16
     assert a.merged(_Beside()) is a  # a step whose backward read nothing (evaluation)
 
 

@@ -599,33 +599,47 @@ class _Beside:
     or less than the last (a branch taken, an expert no token was routed
     to) moves only the keys of its kind.
 
-    Each key keeps the most bytes seen pinned beside it, and the most per
-    byte of the tensor: steps whose shapes change (a batch of other lengths)
-    read the larger of the two, so that a longer step is reckoned as the
-    shorter scaled up, and a shorter one as the longest seen."""
+    Each key keeps the most bytes seen pinned beside it, and what was
+    pinned beside the largest such tensor seen. Where shapes change from
+    step to step (batches of other lengths), a tensor no larger than the
+    largest seen is read beside the most seen; a larger one beside the
+    largest's figure scaled up to its size (never less than the most seen).
+    A short step does not scale what was pinned beside it up to a long one:
+    what stays the same size (the step's kept tensors, weights made inside
+    it) would be scaled too.
+
+    What steps saw is kept for every key any of them had (bounded by the
+    program's kinds): a short step of a loop over time steps has fewer keys
+    than a long one, and must not erase the long one's figures."""
 
     __slots__ = ("pinned",)
 
     def __init__(self):
-        self.pinned = {}              # key -> (most bytes beside, most bytes beside per byte)
+        self.pinned = {}  # key -> (most bytes beside, largest tensor, most beside the largest)
+
+    @staticmethod
+    def _joined(a, b):
+        most = max(a[0], b[0])
+        if a[1] != b[1]:
+            return (most,) + (a[1:] if a[1] > b[1] else b[1:])
+        return most, a[1], max(a[2], b[2])
 
     def saw(self, key, nbytes, pinned):
-        most, per_byte = self.pinned.get(key, (0, 0.0))
-        self.pinned[key] = (max(most, pinned), max(per_byte, pinned / max(1, nbytes)))
+        seen = self.pinned.get(key)
+        mine = (pinned, nbytes, pinned)
+        self.pinned[key] = mine if seen is None else self._joined(seen, mine)
 
     def merged(self, newer):
-        """What two good steps saw: the newer step's tensors, each with the
-        larger figures where the older saw it too. A step whose backward
-        read nothing (an evaluation step under the same budget) leaves what
-        was seen as it was."""
+        """What two good steps saw, key by key. A step whose backward read
+        nothing (an evaluation step under the same budget) leaves what was
+        seen as it was."""
         if not newer.pinned:
             return self
         both = _Beside()
-        old = self.pinned
-        for k, (most, per_byte) in newer.pinned.items():
-            o = old.get(k)
-            both.pinned[k] = (most, per_byte) if o is None else \
-                (max(most, o[0]), max(per_byte, o[1]))
+        both.pinned = dict(self.pinned)
+        for k, v in newer.pinned.items():
+            o = both.pinned.get(k)
+            both.pinned[k] = v if o is None else self._joined(o, v)
         return both
 
     def pinned_beside(self, key, nbytes):
@@ -634,7 +648,10 @@ class _Beside:
         seen = self.pinned.get(key)
         if seen is None:
             return 0
-        return max(seen[0], int(seen[1] * nbytes))
+        most, largest, beside_largest = seen
+        if nbytes <= largest:
+            return most
+        return max(most, beside_largest * nbytes // max(1, largest))
 
 
 class _Internal:
@@ -1384,10 +1401,14 @@ class Engine:
         (the inputs resident) to _REPLAY_DEPTH. `groups`: Engine.groups."""
         held = 0
         deeper = None  # level k's worst over the dropped inputs, for k = 1 ..
+        counted = set()  # runtime calls whose other outputs are counted
         for i in inputs:
             if i.allow_drop:
-                siblings = 0 if i.group is None else \
-                    sum(m.nbytes for m in groups[i.group] if m is not i and not m.freed)
+                siblings = 0
+                if i.group is not None and i.group not in counted:
+                    counted.add(i.group)
+                    siblings = sum(m.nbytes for m in groups[i.group]
+                                   if not m.freed and all(m is not j for j in inputs))
                 worst = [held + siblings + r for r in i.replay_bytes[:-1]]
                 deeper = worst if deeper is None else list(map(max, deeper, worst))
                 held += i.nbytes
@@ -1543,7 +1564,10 @@ class Engine:
         status = fn(self.runtime, *args)
         if self.error is not None:
             error, self.error = self.error, None
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # no cycle through this frame: the collector waits out the step
         if status != _capi.OK:
             message = self.lib.remat_last_error().decode("utf-8", "replace")
             if status == _capi.OUT_OF_MEMORY:
@@ -1580,6 +1604,7 @@ class Engine:
         if k in memo:
             return memo[k]
         managed = not top and s.id is not None and s.reg_version == version
+        rebuilt = False
         if managed and s.tensor is not None and s.tensor_version == version:
             return s.tensor
         if managed and s.tensor is None and not s.freed:
@@ -1589,13 +1614,16 @@ class Engine:
                 self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
             except BudgetTooSmall:
                 # No room for it beside the outputs the runtime is
-                # regenerating now. Where it can be replayed, it is rebuilt
-                # below from its own call, a temporary of this replay as its
-                # unsaved intermediates are (the runtime keeps it as it was).
+                # regenerating now. Where the runtime may drop it (its
+                # replay was judged to fit), it is rebuilt below from its
+                # own call, a temporary of this replay as the replay's
+                # unsaved intermediates are; the runtime keeps it as it was.
+                # (Under the allocator's pressure a request that does not
+                # fit raises out of memory, not this.)
                 self._drain()
-                if not s.droppable:
+                if not (s.droppable and s.allow_drop):
                     raise
-                self.counts["rebuilt_in_replay"] += 1
+                rebuilt = True
             else:
                 try:
                     self._drain()
@@ -1629,6 +1657,8 @@ class Engine:
         for w in s.writers[:version]:
             self._run(w, memo, rebuild=(s, base))
         memo[k] = base
+        if rebuilt:
+            self.counts["rebuilt_in_replay"] += 1
         return base
 
     def _run(self, call, memo, rebuild):
@@ -1810,6 +1840,7 @@ class budget:
         self._mode = None
         self._backward = None
         self._hooks = None
+        self._keep_saved_block = None  # [remat's hooks] while a keep_saved() block is open
         self.stats = None
 
     def _start_over(self):
@@ -1916,6 +1947,11 @@ class budget:
 
     def __exit__(self, exc_type, exc, tb):
         late = None  # what the step's end raises (remat's allocator: a request that failed)
+        block, self._keep_saved_block = self._keep_saved_block, None
+        if block is not None:
+            # Left inside a keep_saved() block (a generator dropped there):
+            # remat's hooks go back on the stack, for the exit below to take off.
+            torch._C._autograd._push_saved_tensors_default_hooks(*block[0])
         try:
             try:
                 self._hooks.__exit__(exc_type, exc, tb)
@@ -2041,10 +2077,14 @@ class budget:
                                "outside them")
         torch._C._autograd._pop_saved_tensors_default_hooks()
         engine.counts["keep_saved_blocks"] += 1
+        block = self._keep_saved_block = [top]
         try:
             yield self
         finally:
-            torch._C._autograd._push_saved_tensors_default_hooks(*top)
+            if self._keep_saved_block is block:
+                # (Left with the budget still open: else __exit__ has put them back.)
+                self._keep_saved_block = None
+                torch._C._autograd._push_saved_tensors_default_hooks(*top)
 
     def live_stats(self):
         """The runtime's figures now, inside the context."""
