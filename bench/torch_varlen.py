@@ -18,7 +18,6 @@ Needs transformers.
 """
 import argparse
 import collections
-import contextlib
 import sys
 
 import torch
@@ -28,19 +27,6 @@ import remat.torch
 MODES = {"drop": {"offload": False, "recompute": True},
          "offload": {"offload": True, "recompute": False},
          "hybrid": {"offload": True, "recompute": True}}
-LONGEST = 63
-
-
-def make_model(name):
-    import transformers
-    from remat.torch.zoo_hf import VOCAB, _IDS
-    torch.manual_seed(0)
-    if name == "gpt2":
-        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            n_layer=2, n_embd=32, n_head=4, n_positions=LONGEST + 1, vocab_size=VOCAB, **_IDS))
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=LONGEST + 1, **_IDS))
 
 
 def main():
@@ -53,20 +39,11 @@ def main():
     parser.add_argument("--ratios", default="0.1,0.15,0.2,0.25")
     args = parser.parse_args()
     try:
-        from remat.torch.zoo_hf import VOCAB
-        model = make_model(args.model)
+        from remat.torch.zoo_hf import LONGEST, varlen
     except ImportError as e:
         parser.error(f"needs transformers (pip install transformers): {e}")
     torch.set_num_threads(1)
-
-    def step(n, budget=None):
-        ids = torch.randint(3, VOCAB, (2, n), generator=torch.Generator().manual_seed(n))
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(1)
-        with budget if budget is not None else contextlib.nullcontext():
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-            loss.backward()
-        return loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}
+    _, step = varlen(args.model)
 
     probe = remat.torch.budget(1 << 40)
     step(LONGEST, probe)

@@ -3,7 +3,6 @@ initialised: remat.torch.zoo_hf): in each mode at 0.7 of the plain step's
 saved bytes, and in hybrid over the offload guard's trial near the floor,
 the same loss and bitwise the same gradients as a plain step."""
 
-import contextlib
 import functools
 
 import pytest
@@ -77,28 +76,17 @@ def test_a_hybrid_loop_over_batches_of_other_lengths():
     # A language model trained on batches of other lengths each step (as
     # dynamic padding makes them), at a budget offload alone runs every step
     # in. What a backward pinned beside each saved tensor, learned from the
-    # steps before, is read by the tensor's op and place among its kind and
-    # scaled to its size: read by size alone, a longer step found nothing
-    # learned and its drop-first trial step (the sixth here, 56 tokens after
-    # 19 and 8) raised BudgetTooSmall under belady.
-    import transformers
-    from remat.torch.zoo_hf import VOCAB, _IDS
+    # steps before, is read by the tensor's op and place among its kind, and
+    # scaled up from the largest of its kind seen: read by size alone, a
+    # longer step found nothing
+    # learned and its drop-first trial step (the sixth here, 59 tokens after
+    # 24 and 51) raised BudgetTooSmall under belady.
+    from remat.torch.zoo_hf import LONGEST, varlen
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    m = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=VOCAB, **_IDS))
-
-    def step(n, budget=None):
-        ids = torch.randint(3, VOCAB, (2, n), generator=torch.Generator().manual_seed(n))
-        m.zero_grad(set_to_none=True)
-        torch.manual_seed(1)
-        with budget if budget is not None else contextlib.nullcontext():
-            loss = m(input_ids=ids, labels=ids, use_cache=False).loss
-            loss.backward()
-        return loss.detach(), {k: p.grad.clone() for k, p in m.named_parameters()}
+    _, step = varlen("gpt2")
 
     probe = remat.torch.budget(1 << 40)
-    step(63, probe)
+    step(LONGEST, probe)
     nbytes = int(probe.stats["peak_saved_bytes"] * 0.1)
     lengths = torch.randint(8, 64, (10,), generator=torch.Generator().manual_seed(0)).tolist()
     b = remat.torch.budget(nbytes, policy="belady", offload=True)

@@ -109,3 +109,36 @@ def vit(seed, device="cpu"):
 
 
 HF = {f.__name__: f for f in (gpt2, llama, llama_checkpointed, mixtral, bert, t5, vit)}
+
+# The longest batch varlen's models take.
+LONGEST = 63
+
+
+def varlen(name="gpt2", seed=0):
+    """A causal LM ("gpt2" or "llama", tiny) trained on batches whose length
+    changes from step to step (as dynamic padding makes them): returns
+    (model, step), where step(n, budget=None) runs one step on a batch of
+    two of n tokens (n <= LONGEST; the tokens drawn from n), inside `budget`
+    if one is given, and returns its loss and a copy of its gradients."""
+    import contextlib
+    torch.manual_seed(seed)
+    if name == "gpt2":
+        m = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=32, n_head=4, n_positions=LONGEST + 1, vocab_size=VOCAB, **_IDS))
+    elif name == "llama":
+        m = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=LONGEST + 1,
+            **_IDS))
+    else:
+        raise ValueError(f"varlen models: gpt2 or llama, not {name!r}")
+
+    def step(n, budget=None):
+        ids = _ids(2, n, n)
+        m.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        with budget if budget is not None else contextlib.nullcontext():
+            loss = m(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+        return loss.detach(), {k: p.grad.clone() for k, p in m.named_parameters()}
+    return m, step
