@@ -429,6 +429,37 @@ absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
   return Guard(this, id, s->device, s);
 }
 
+absl::StatusOr<Guard> Runtime::Refill(TensorId id, Stream stream) {
+  Lock lock(this);
+  Storage* s = LiveOrNull(id);
+  if (s == nullptr) return NotLive(id);
+  if (s->state != TensorState::kDropped || !Claimable(s)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "tensor %d is %s%s: only a dropped tensor is refilled from its owner's copy", id,
+        TensorStateName(s->state), Claimable(s) ? "" : ", being regenerated"));
+  }
+  Pin(s);
+  absl::StatusOr<void*> block = AllocateDevice(s->bytes, stream, s->serial);
+  if (!block.ok()) {
+    UnpinStorage(s);
+    return block.status();
+  }
+  SetResident(s, *block, &stream);
+  s->used_streams.push_back(stream);
+  s->last_access_ns = Clock();
+  ++s->accesses;
+  ++stats_.refills;
+  if (options_.learn_next_use && runtime_internal::closures_running == 0) {
+    LearnUse(s, /*created=*/false);
+  }
+  if (options_.observer != nullptr) {
+    Tell(s, {.kind = TensorEvent::Kind::kRestored, .stream = stream, .refill = true});
+  }
+  MaybePrefetchDue(stream);
+  MaybeCopyAhead();
+  return Guard(this, id, s->device, s);
+}
+
 void Runtime::Unpin(void* storage) {
   Lock lock(this);
   UnpinStorage(static_cast<Storage*>(storage));

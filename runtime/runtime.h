@@ -18,6 +18,7 @@
 //
 // States and transitions (all under one lock, through Runtime::SetState):
 //   resident    --drop-->      dropped      --acquire (recompute)-->   resident
+//                              dropped      --refill (owner's copy)--> resident
 //   resident    --offload-->   offloading   --copy done-->             on_host
 //   on_host / offloading       --acquire (copy in)-->                  resident
 //   on_host / offloading       --prefetch-->   prefetching --acquire-> resident
@@ -223,6 +224,7 @@ struct RuntimeStats {
   std::uint64_t restored_bytes = 0;
   std::uint64_t kept_addresses = 0;  // offloads that kept their address (keep_addresses)
   std::uint64_t moved_restores = 0;  // restores at a new address under keep_addresses
+  std::uint64_t refills = 0;         // dropped tensors brought back by their owner's copy
   std::uint64_t prefetches = 0;
   // copy_ahead: copies out started before pressure, those that an offload
   // then used, and those let go (the tensor was dropped or freed, or an
@@ -316,6 +318,16 @@ class Runtime {
   absl::StatusOr<TensorId> CreateView(TensorId base);
   // Brings the tensor back if evicted and pins it for `stream`.
   absl::StatusOr<Guard> Acquire(TensorId id, Stream stream = kDefaultStream);
+  // Brings a dropped tensor back without running its call, for an owner that
+  // kept a copy of its bytes: a block is found as for a regeneration (the
+  // policy evicts for room), the tensor is resident and pinned as by Acquire,
+  // and the owner writes its copy into the block (on `stream`) before anything
+  // reads it. For when Acquire's regeneration cannot fit (ResourceExhausted:
+  // its call's inputs, brought back beside it, need more room than the tensor
+  // alone). FailedPrecondition unless the tensor is dropped and no thread is
+  // regenerating it; ResourceExhausted (nothing changed) when even its own
+  // bytes find no room. The observer is told kRestored with `refill` set.
+  absl::StatusOr<Guard> Refill(TensorId id, Stream stream = kDefaultStream);
   // Starts copying an offloaded tensor back ahead of its use.
   absl::Status Prefetch(TensorId id, Stream stream = kDefaultStream);
   // Evicts the tensor's storage now, by `action`, as a pressure event would:

@@ -755,5 +755,60 @@ TEST_F(RuntimeTest, TheClockCountsTheWorkOfCallsAndRecomputes) {
   EXPECT_EQ(runtime_->NowNs(), before + 700);
 }
 
+// A dropped tensor whose replay cannot fit (its call's input must come back
+// beside it) comes back from its owner's copy: Refill finds room for the
+// tensor alone, runs nothing, and the owner's bytes are what is read.
+TEST_F(RuntimeTest, ADroppedTensorWhoseReplayCannotFitIsRefilledFromItsOwnersCopy) {
+  struct Refills : RuntimeObserver {
+    void OnTensor(const TensorEvent& e) override {
+      if (e.kind == TensorEvent::Kind::kRestored && e.refill) tensors.push_back(e.tensor);
+    }
+    void OnPressure(const PressureEvent&) override {}
+    std::vector<TensorId> tensors;
+  } told;
+  // x (kept) -> e -> d under 11 MiB; then k (5 MiB, kept). d's replay needs
+  // e back beside x and k: 1 + 5 + 6 = 12 MiB; d alone, 1 + 5 + 4 = 10.
+  Make(0, {.policy = "lru", .enable_offload = false, .live_budget = 11 * kMiB,
+           .observer = &told});
+  const TensorId x = Produce(1 * kMiB, {}, false, false);
+  const TensorId e = Produce(6 * kMiB, {x}, true, false);
+  const TensorId d = Produce(4 * kMiB, {e}, true, false);
+  ASSERT_TRUE(*runtime_->Evict(d, policies::EvictAction::kDrop));
+  ASSERT_TRUE(*runtime_->Evict(e, policies::EvictAction::kDrop));
+  Produce(5 * kMiB, {}, false, false);  // k
+  EXPECT_TRUE(absl::IsResourceExhausted(runtime_->Acquire(d).status()));
+  EXPECT_EQ(StateOf(d), TensorState::kDropped);  // the failed replay changed nothing
+  EXPECT_EQ(StateOf(e), TensorState::kDropped);
+  CheckInvariants();
+
+  const std::uint64_t recomputes = runtime_->stats().recomputes;
+  {
+    auto g = runtime_->Refill(d);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(StateOf(d), TensorState::kResident);
+    EXPECT_EQ(StateOf(e), TensorState::kDropped);  // not brought back: nothing ran
+    ASSERT_TRUE(device_->SynchronizeStream(kDefaultStream).ok());
+    std::memcpy(g->ptr(), expected_.at(d).data(), 4 * kMiB);  // the owner's copy
+    // Refilled, it is an ordinary resident tensor: refilled again, refused.
+    EXPECT_TRUE(absl::IsFailedPrecondition(runtime_->Refill(d).status()));
+  }
+  EXPECT_EQ(runtime_->stats().recomputes, recomputes);
+  EXPECT_EQ(runtime_->stats().refills, 1u);
+  EXPECT_THAT(told.tensors, ::testing::ElementsAre(d));
+  Check(d);  // the owner's bytes, read as any acquire reads
+  EXPECT_LE(runtime_->stats().peak_resident_bytes, 11 * kMiB);
+  CheckInvariants();
+
+  // Refilled only where dropped, and only where the tensor itself fits.
+  EXPECT_TRUE(absl::IsFailedPrecondition(runtime_->Refill(x).status()));  // resident
+  EXPECT_TRUE(absl::IsNotFound(runtime_->Refill(987654).status()));
+  ASSERT_TRUE(*runtime_->Evict(d, policies::EvictAction::kDrop));
+  Produce(4 * kMiB, {}, false, false);  // 10 MiB kept: no room for d's 4
+  EXPECT_TRUE(absl::IsResourceExhausted(runtime_->Refill(d).status()));
+  EXPECT_EQ(StateOf(d), TensorState::kDropped);
+  EXPECT_EQ(runtime_->stats().refills, 1u);
+  CheckInvariants();
+}
+
 }  // namespace
 }  // namespace remat

@@ -592,6 +592,27 @@ static void test_the_caller_evicts_a_tensor(void) {
   CHECK(memcmp(y_ptr, want_y, bytes) == 0);
   CHECK(runs == 3);
   CHECK_OK(remat_tensor_release(rt, y));
+
+  /* Dropped again, and brought back from the caller's own copy: nothing
+   * runs, the caller writes the bytes, a release ends the pin. */
+  CHECK_STATUS(remat_tensor_refill(rt, y, 0, &y_ptr), REMAT_FAILED_PRECONDITION);  /* resident */
+  CHECK_STATUS(remat_tensor_refill(rt, 999999, 0, &y_ptr), REMAT_NOT_FOUND);
+  CHECK_STATUS(remat_tensor_refill(NULL, y, 0, &y_ptr), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_tensor_evict(rt, y, REMAT_EVICT_DROP, 0, &evicted));
+  CHECK(evicted == 1);
+  y_ptr = NULL;
+  CHECK_OK(remat_tensor_refill(rt, y, 0, &y_ptr));
+  CHECK(y_ptr != NULL);
+  CHECK_OK(remat_tensor_get_state(rt, y, &state));
+  CHECK(state == REMAT_TENSOR_RESIDENT);
+  memcpy(y_ptr, want_y, bytes);
+  CHECK_OK(remat_tensor_release(rt, y));
+  CHECK_OK(remat_tensor_acquire(rt, y, 0, &y_ptr));
+  CHECK_OK(remat_stream_synchronize(a, 0));
+  CHECK(memcmp(y_ptr, want_y, bytes) == 0);
+  CHECK(runs == 3);  /* refilled, not regenerated */
+  CHECK_OK(remat_tensor_release(rt, y));
+  CHECK_STATUS(remat_tensor_release(rt, y), REMAT_FAILED_PRECONDITION);  /* one pin each */
   CHECK_OK(remat_tensor_free(rt, y));
   CHECK_OK(remat_tensor_free(rt, x));
   CHECK(destroyed == 1);

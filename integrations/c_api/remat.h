@@ -366,9 +366,19 @@ REMAT_API remat_status remat_tensor_create_view(remat_runtime* runtime, uint64_t
  * On the simulated device, synchronize the stream before reading the bytes. */
 REMAT_API remat_status remat_tensor_acquire(remat_runtime* runtime, uint64_t id, uint64_t stream,
                                             void** ptr_out);
-/* Undoes one remat_tensor_create or remat_tensor_acquire. A tensor this API
- * holds no pin on is REMAT_FAILED_PRECONDITION (REMAT_NOT_FOUND when there is
- * no such tensor). */
+/* Brings a dropped tensor back without running its call, for an owner that
+ * kept a copy of its bytes: room is made as for a recompute, the tensor is
+ * pinned as by remat_tensor_acquire, and the owner writes its copy into
+ * *ptr_out (on `stream`) before anything reads it. For when an acquire's
+ * recompute does not fit (REMAT_OUT_OF_MEMORY) but the tensor alone may.
+ * REMAT_FAILED_PRECONDITION unless the tensor is dropped (and not being
+ * recomputed); REMAT_OUT_OF_MEMORY, nothing changed, when even its own bytes
+ * find no room. Released with remat_tensor_release. */
+REMAT_API remat_status remat_tensor_refill(remat_runtime* runtime, uint64_t id, uint64_t stream,
+                                           void** ptr_out);
+/* Undoes one remat_tensor_create, remat_tensor_acquire or remat_tensor_refill.
+ * A tensor this API holds no pin on is REMAT_FAILED_PRECONDITION
+ * (REMAT_NOT_FOUND when there is no such tensor). */
 REMAT_API remat_status remat_tensor_release(remat_runtime* runtime, uint64_t id);
 /* The owner's reference goes. A pinned tensor goes when its last pin does; a
  * tensor another one's callback reads stays (evictable) while that needs it. */

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -849,13 +850,17 @@ remat_status remat_tensor_create_view(remat_runtime* runtime, uint64_t base, uin
   });
 }
 
-remat_status remat_tensor_acquire(remat_runtime* runtime, uint64_t id, uint64_t stream,
-                                  void** ptr_out) {
-  const char* const fn = __func__;
+namespace {
+
+// remat_tensor_acquire and remat_tensor_refill: the pin the guard holds is
+// this API's until the matching remat_tensor_release.
+remat_status AcquireWith(
+    const char* fn, remat_runtime* runtime, uint64_t id, uint64_t stream, void** ptr_out,
+    absl::FunctionRef<absl::StatusOr<remat::Guard>(remat::Runtime&, remat::Stream)> bring) {
   return Call(fn, [&] {
     if (runtime == nullptr) return NullArgument(fn, "runtime");
     if (remat_status st = CheckStream(runtime->owner, fn, stream); st != REMAT_OK) return st;
-    absl::StatusOr<remat::Guard> guard = runtime->runtime->Acquire(id, ToStream(stream));
+    absl::StatusOr<remat::Guard> guard = bring(*runtime->runtime, ToStream(stream));
     if (!guard.ok()) return FromStatus(fn, guard.status());
     void* const ptr = guard->ptr();
     {
@@ -866,6 +871,20 @@ remat_status remat_tensor_acquire(remat_runtime* runtime, uint64_t id, uint64_t 
     if (ptr_out != nullptr) *ptr_out = ptr;
     return REMAT_OK;
   });
+}
+
+}  // namespace
+
+remat_status remat_tensor_acquire(remat_runtime* runtime, uint64_t id, uint64_t stream,
+                                  void** ptr_out) {
+  return AcquireWith(__func__, runtime, id, stream, ptr_out,
+                     [id](remat::Runtime& r, remat::Stream st) { return r.Acquire(id, st); });
+}
+
+remat_status remat_tensor_refill(remat_runtime* runtime, uint64_t id, uint64_t stream,
+                                 void** ptr_out) {
+  return AcquireWith(__func__, runtime, id, stream, ptr_out,
+                     [id](remat::Runtime& r, remat::Stream st) { return r.Refill(id, st); });
 }
 
 remat_status remat_tensor_release(remat_runtime* runtime, uint64_t id) {

@@ -166,6 +166,7 @@ def lib():
         "remat_call_add_output": (ctypes.c_int, [vp, u64, sz, ctypes.c_int, ctypes.c_int, u64,
                                                  ctypes.POINTER(u64), ctypes.POINTER(vp)]),
         "remat_tensor_acquire": (ctypes.c_int, [vp, u64, u64, ctypes.POINTER(vp)]),
+        "remat_tensor_refill": (ctypes.c_int, [vp, u64, u64, ctypes.POINTER(vp)]),
         "remat_tensor_release": (ctypes.c_int, [vp, u64]),
         "remat_tensor_free": (ctypes.c_int, [vp, u64]),
         "remat_tensor_prefetch": (ctypes.c_int, [vp, u64, u64]),
