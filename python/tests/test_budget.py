@@ -313,6 +313,58 @@ def test_a_plan_whose_trial_step_does_not_fit_leaves_the_trial():
     b.close()
 
 
+def _drop_first_drops_blindly(monkeypatch, backups=True):
+    """The drop-first plan drops wherever the runtime may, its estimate of
+    what a replay needs made blind (a replay room of 1 PiB), so that some of
+    its replays cannot fit (an estimate that falls short, as on models it
+    has not seen). `backups`: False, the trial step keeps none."""
+    from remat.torch import _budget
+    init = _budget.Engine.__init__
+
+    def blind(self, *args, **kw):
+        init(self, *args, **kw)
+        if self.drop_first:
+            self.replay_room = 1 << 50
+            self.backup_drops = self.backup_drops and backups
+    monkeypatch.setattr(_budget.Engine, "__init__", blind)
+
+
+def test_a_drop_first_trial_step_whose_replays_do_not_fit_ends_from_its_backups(monkeypatch):
+    # The drop-first plan's first trial step copies what it drops to host
+    # memory: where a replay then cannot fit beside what the backward holds,
+    # the tensor comes back from its copy (room for it alone, as an offload
+    # needs), the step ends with the plain step's gradients within the
+    # budget, and the plan leaves the trial. Before, that step raised
+    # BudgetTooSmall into the training loop, where offloads fit.
+    from remat.torch import zoo
+    _drop_first_drops_blindly(monkeypatch)
+    b = remat.torch.budget(int(saved_bytes_of(zoo.transformer) * 0.15), policy="dtr",
+                           offload=True, recompute=True)
+    trial = remat.torch.budget.TRIAL_STEPS
+    figures = steps_under(b, zoo.transformer, trial + 3)
+    first = figures[trial]  # the drop-first plan's first step
+    assert first["plan"] == "trial" and first["drops"] > 0 and first["offloads"] == 0
+    assert first["backups"] > 0 and 0 < first["backups_used"] <= first["backups"]
+    assert "could not be recomputed" in first["plans_refused"]["drop-first"]
+    # The mixed plan's steps kept none; the steps after run it.
+    assert all(f["backups"] == 0 for f in figures[:trial] + figures[trial + 1:])
+    assert [f["plan"] for f in figures[trial + 1:]] == ["mixed"] * 2
+    b.close()
+
+
+def test_without_backups_that_trial_step_raises(monkeypatch):
+    # The same step without its backups: the test above would fail.
+    from remat.torch import zoo
+    _drop_first_drops_blindly(monkeypatch, backups=False)
+    b = remat.torch.budget(int(saved_bytes_of(zoo.transformer) * 0.15), policy="dtr",
+                           offload=True, recompute=True)
+    steps_under(b, zoo.transformer, remat.torch.budget.TRIAL_STEPS)
+    with pytest.raises(BudgetTooSmall):
+        steps_under(b, zoo.transformer, 1)
+    assert "drop-first" in b.stats["plans_refused"]
+    b.close()
+
+
 def test_a_step_that_did_not_fit_with_what_the_runtime_learned_leaves_it_off():
     # Belady reads next uses the runtime learns from the step before. Near
     # this step's floor they lead its second step to evict what a recompute

@@ -239,7 +239,7 @@ class _Storage:
                  "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
                  "order", "ahead", "gen", "key", "tensor_version", "host_version", "allow_drop",
-                 "replay_bytes", "beside_key", "group", "__weakref__")
+                 "replay_bytes", "beside_key", "group", "backup", "__weakref__")
 
     def __init__(self, index, leaf, key, weak, producer=None, dtype=None, nbytes=0,
                  tensor=None):
@@ -277,6 +277,9 @@ class _Storage:
         self.replay_bytes = None      # resident at once to bring it back (Engine._replay_bytes)
         self.beside_key = None        # its key in what steps saw beside it (Engine._beside_key)
         self.group = None             # its runtime call: an index into Engine.groups
+        # A copy of its registered content made as the runtime dropped it
+        # (Engine.backup_drops), for a replay that cannot fit.
+        self.backup = None
 
 
 class _Ref:
@@ -557,6 +560,10 @@ class _Session:
             self.allocator = None
 
 
+# A pending event of remat's own (Engine.pending): copy a tensor the runtime
+# dropped to host memory (Engine.backup_drops).
+_BACKUP = -1
+
 # Runtime counters reported per step (the difference over the step).
 _STEP_COUNTERS = ("drops", "recomputes", "offloads", "prefetches", "offloaded_bytes",
                   "restored_bytes", "recompute_ns", "pressure_events", "learned_next_uses",
@@ -678,7 +685,7 @@ class Engine:
 
     def __init__(self, budget_bytes, policy, offload, recompute, allow_nondeterministic,
                  cost_model, copy_ahead=False, allocator=None, device=0, drop_first=False,
-                 seen=None):
+                 seen=None, backup_drops=False):
         self.budget_bytes = budget_bytes
         # What a replay must fit in: the budget, less (where it counts what
         # the GPU holds) what the device held as the step began.
@@ -696,6 +703,11 @@ class Engine:
         # Offload only what cannot be dropped (the offload guard's plan that
         # drops wherever a drop can come back).
         self.drop_first = drop_first
+        # Copy what the runtime drops to host memory as it goes, and bring a
+        # tensor whose replay cannot fit back from that copy (the offload
+        # guard's first drop-first step: the trial learns the plan does not
+        # fit without the step raising).
+        self.backup_drops = backup_drops
         # remat's allocator (libremat_torch.so) whose pressure drives the
         # evictions, capped at the budget on `device` while the step runs;
         # None: the runtime's live budget over the saved bytes does.
@@ -727,13 +739,14 @@ class Engine:
         self.pins = []                # ids pinned for the backward node being run
         self.pin_node = None          # that node
         self.pin_task = -1            # and its backward (autograd's graph task)
-        self.pending = []             # (kind, storage) events to act on outside the lock
+        self.pending = []             # (kind, storage, tensor) events to act on outside the lock
         self.dead_handles = []
         self.error = None             # an exception raised inside a callback
         self.counts = {"saved_tensors": 0, "saved_unmanaged": 0, "kept_not_replayable": 0,
                        "recomputed_calls": 0, "backwards_outside_recorder": 0,
                        "offload_not_drop": 0, "offload_not_drop_seen": 0,
-                       "keep_saved_blocks": 0, "rebuilt_in_replay": 0}
+                       "keep_saved_blocks": 0, "rebuilt_in_replay": 0, "backups": 0,
+                       "backups_used": 0}
         self.lib = _capi.lib()
         self.session = None
         self.runtime = None
@@ -914,6 +927,7 @@ class Engine:
                 s.tensor = None
                 s.host = None
                 s.ahead = None
+                s.backup = None
                 s.producer = None
                 s.writers = None
                 s.readers = None
@@ -972,6 +986,9 @@ class Engine:
         if s is None:
             return
         if e.kind == _capi.EVENT_DROPPED or e.kind == _capi.EVENT_COLLECTED:
+            if self.backup_drops and e.kind == _capi.EVENT_DROPPED and e.pressure and \
+                    s.tensor is not None and s.tensor_version == s.reg_version:
+                self.pending.append((_BACKUP, s, s.tensor))  # copied out of the lock
             s.tensor = None
             s.ahead = None
             s.host = None
@@ -979,17 +996,21 @@ class Engine:
         elif e.kind == _capi.EVENT_OFFLOADED or e.kind == _capi.EVENT_COPIED_AHEAD:
             if e.kind == _capi.EVENT_OFFLOADED:
                 s.gen += 1
-            self.pending.append((e.kind, s))
+            self.pending.append((e.kind, s, None))
         elif e.kind == _capi.EVENT_RESTORED:
             self.restores += 1
-            self.pending.append((e.kind, s))
+            self.pending.append((e.kind, s, None))
 
     def _drain(self):
         """Acts on the queued offloads and restores: the copies themselves."""
         while self.pending:
-            kind, s = self.pending.pop(0)
+            kind, s, t = self.pending.pop(0)
             with _Internal(self):
-                if kind == _capi.EVENT_COPIED_AHEAD and s.tensor is not None:
+                if kind == _BACKUP:
+                    if not s.freed:
+                        s.backup = self._copy_out(t)
+                        self.counts["backups"] += 1
+                elif kind == _capi.EVENT_COPIED_AHEAD and s.tensor is not None:
                     s.ahead = self._copy_out(s.tensor)  # it stays resident
                     s.host_version = s.tensor_version
                 elif kind == _capi.EVENT_OFFLOADED and s.tensor is not None:
@@ -1051,6 +1072,7 @@ class Engine:
     def _free(self, s):
         if not s.freed and not s.pinned_forever:
             s.freed = True
+            s.backup = None
             self.lib.remat_tensor_free(self.runtime, s.id)
 
     def _release_pins(self):
@@ -1281,8 +1303,7 @@ class Engine:
         it resident to the end."""
         if s.pinned_forever or s.freed:
             return
-        p = ctypes.c_void_p()
-        self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
+        self._acquire(s)
         s.pinned_forever = True
         self.forever_bytes += s.nbytes
         self._drain()
@@ -1517,8 +1538,7 @@ class Engine:
         again = s.id in self.pins or s.pinned_forever
         if self.weigh_replays and not again:
             self.beside.saw(self._beside_key(s), s.nbytes, self.pin_bytes + self.forever_bytes)
-        p = ctypes.c_void_p()
-        self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
+        self._acquire(s)
         self.pins.append(s.id)
         if not again:
             self.pin_bytes += s.nbytes
@@ -1559,6 +1579,38 @@ class Engine:
                 break
         self._drain()
 
+    def _acquire(self, s):
+        """The runtime brings s back and pins it (one release each); where
+        its replay cannot fit and a backup of it was made as it was dropped,
+        from the backup."""
+        p = ctypes.c_void_p()
+        try:
+            self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
+        except (BudgetTooSmall, RuntimeError) as e:
+            if not ((isinstance(e, BudgetTooSmall) or _out_of_memory(e)) and self._refill(s)):
+                raise
+
+    def _refill(self, s):
+        """Brings dropped s back, pinned, from the copy made as it was
+        dropped (Engine.backup_drops): room for s alone, no replay. False
+        where there is no such copy, or no room even for s."""
+        if s.backup is None or s.tensor is not None or s.freed:
+            return False
+        self._drain()
+        p = ctypes.c_void_p()
+        if self.lib.remat_tensor_refill(self.runtime, s.id, 0, ctypes.byref(p)) != _capi.OK:
+            return False
+        with _Internal(self):
+            s.tensor = self._copy_in(s.backup, s.device)
+        s.tensor_version = s.reg_version
+        s.backup = None
+        self.counts["backups_used"] += 1
+        if self.listening:
+            # The replay's failed request is answered: not the step's error.
+            self.ooms = self.allocator.num_ooms(self.device)
+            self.pressure_error = None
+        return True
+
     def _call_runtime(self, fn, *args):
         self.error = None
         status = fn(self.runtime, *args)
@@ -1577,6 +1629,7 @@ class Engine:
     def _on_recompute(self, user_data, _inputs, _n, _outs, _bytes, regenerate, num_outputs,
                       _stream):
         group = self.groups[user_data or 0]
+        done = []
         with _Internal(self):
             try:
                 self._drain()
@@ -1587,11 +1640,16 @@ class Engine:
                     for i in range(num_outputs):
                         if regenerate[i]:
                             s = group[i]
+                            done.append(s)
                             s.tensor = self._materialize(s, s.reg_version, memo, top=True)
                             s.tensor_version = s.reg_version
+                            s.backup = None
                 self._drain()
                 return 0
             except BaseException as e:  # noqa: BLE001: carried to the caller
+                for s in done:
+                    # The runtime gives their blocks back: still dropped.
+                    s.tensor = None
                 self.error = e
                 self.lib.remat_recompute_set_error(str(e).encode("utf-8", "replace")[:1000])
                 return 1
@@ -1608,10 +1666,10 @@ class Engine:
         if managed and s.tensor is not None and s.tensor_version == version:
             return s.tensor
         if managed and s.tensor is None and not s.freed:
-            # Saved since this recompute's inputs were listed: the runtime brings it.
-            p = ctypes.c_void_p()
+            # Saved since this recompute's inputs were listed: the runtime
+            # brings it (or its backup does).
             try:
-                self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
+                self._acquire(s)
             except BudgetTooSmall:
                 # No room for it beside the outputs the runtime is
                 # regenerating now. Where the runtime may drop it (its
@@ -1745,7 +1803,11 @@ class budget:
         (`stats["plan"]`: "trial", then "mixed" or "drop-first"; with
         several policies, the policy's spec and the plan, as "dtr-eq
         drop-first"). A plan whose trial step raised BudgetTooSmall leaves
-        the trial (`stats["plans_refused"]`). False: mixed plans throughout.
+        the trial (`stats["plans_refused"]`). The drop-first plan's first
+        step copies what it drops to host memory, and brings back from its
+        copy a tensor whose replay cannot fit (`stats["backups_used"]`):
+        that step ends as it should, and the plan leaves the trial. False:
+        mixed plans throughout.
     copy_ahead: with offload allowed, once the budget has bound the runtime
         copies the next tensor its policy would offload to host memory
         while it is still resident (on CUDA on a side stream), so that its
@@ -1918,10 +1980,15 @@ class budget:
         device = 0
         if allocator is not None and torch.cuda.is_available():
             device = torch.cuda.current_device()
+        # The drop-first plan's first (untimed) trial step keeps a backup of
+        # each tensor it drops: where a replay cannot fit, the step goes on
+        # from the backup and the plan leaves the trial, without a raise.
+        backup = drop_first and self._plan == "trial" and not timed and \
+            len(self._trial_times) > 1
         engine = Engine(self.budget_bytes, policy, offload, self._recompute,
                         self._allow_nondeterministic, self._cost_model, self._copy_ahead,
                         allocator=allocator, device=device, drop_first=drop_first,
-                        seen=self._seen)
+                        seen=self._seen, backup_drops=backup)
         engine.open(session)
         self._engine = engine
         self._step_plan = plan
@@ -1991,7 +2058,12 @@ class budget:
         stats["step"] = self._steps
         stats["plan"] = self._plan_shown()
         stats["policy"] = self._plans[self._step_plan][0]
-        if self._plan == "trial" and ok:
+        used = self._engine.counts["backups_used"]
+        if self._plan == "trial" and ok and used and len(self._trial_times) > 1:
+            self._refuse(self._step_plan, f"{used} of the tensors it dropped could not be "
+                         "recomputed within the budget (its first step brought them back "
+                         "from copies made as they were dropped)")
+        elif self._plan == "trial" and ok:
             plan, timed = self._trial.pop(0)
             if timed:
                 self._trial_times[plan].append(self._time() - self._step_start)
@@ -2032,7 +2104,7 @@ class budget:
         without it (while another plan is left), so that the next steps run
         the plans that can (the caller keeps the last plan: each of its
         steps then says the budget is too small). The step itself has
-        raised."""
+        raised, or (`exc` a string: why) finished from backups."""
         self._refused[plan] = str(exc)
         self._trial = [t for t in self._trial if t[0] != plan]
         del self._trial_times[plan]
