@@ -317,7 +317,7 @@ def _drop_first_drops_blindly(monkeypatch, backups=True):
     """The drop-first plan drops wherever the runtime may, its estimate of
     what a replay needs made blind (a replay room of 1 PiB), so that some of
     its replays cannot fit (an estimate that falls short, as on models it
-    has not seen). `backups`: False, the trial step keeps none."""
+    has not seen). `backups`: False, no drop is copied first."""
     from remat.torch import _budget
     init = _budget.Engine.__init__
 
@@ -325,35 +325,47 @@ def _drop_first_drops_blindly(monkeypatch, backups=True):
         init(self, *args, **kw)
         if self.drop_first:
             self.replay_room = 1 << 50
-            self.backup_drops = self.backup_drops and backups
     monkeypatch.setattr(_budget.Engine, "__init__", blind)
+    if not backups:
+        monkeypatch.setattr(_budget.Engine, "_wants_backup", lambda self, s: False)
 
 
-def test_a_drop_first_trial_step_whose_replays_do_not_fit_ends_from_its_backups(monkeypatch):
-    # The drop-first plan's first trial step copies what it drops to host
-    # memory: where a replay then cannot fit beside what the backward holds,
-    # the tensor comes back from its copy (room for it alone, as an offload
-    # needs), the step ends with the plain step's gradients within the
-    # budget, and the plan leaves the trial. Before, that step raised
-    # BudgetTooSmall into the training loop, where offloads fit.
+def test_a_replay_that_does_not_fit_comes_back_from_a_copy_and_its_kind_is_offloaded(
+        monkeypatch):
+    # A drop no replay of its kind and size has been seen to fit (under the
+    # step's plan) is copied to host memory first: where its replay then
+    # cannot fit beside what the backward holds, the tensor comes back from
+    # its copy (room for it alone, as an offload needs), and the step ends
+    # with the plain step's gradients within the budget. Its kind is
+    # offloaded in the plan's later steps, which copy nothing once their
+    # drops have come back by replay. Before, the drop-first plan's first
+    # step raised BudgetTooSmall into the training loop here, where offloads
+    # fit.
     from remat.torch import zoo
     _drop_first_drops_blindly(monkeypatch)
     b = remat.torch.budget(int(saved_bytes_of(zoo.transformer) * 0.15), policy="dtr",
                            offload=True, recompute=True)
+    b._clock = _timed_by_plan(b, {"mixed": 2.0, "drop-first": 1.0})
     trial = remat.torch.budget.TRIAL_STEPS
-    figures = steps_under(b, zoo.transformer, trial + 3)
+    figures = steps_under(b, zoo.transformer, 2 * trial + 4)
     first = figures[trial]  # the drop-first plan's first step
     assert first["plan"] == "trial" and first["drops"] > 0 and first["offloads"] == 0
     assert first["backups"] > 0 and 0 < first["backups_used"] <= first["backups"]
-    assert "could not be recomputed" in first["plans_refused"]["drop-first"]
-    # The mixed plan's steps kept none; the steps after run it.
-    assert all(f["backups"] == 0 for f in figures[:trial] + figures[trial + 1:])
-    assert [f["plan"] for f in figures[trial + 1:]] == ["mixed"] * 2
+    assert first["offload_not_drop_failed"] == 0
+    # Its next steps offload those kinds.
+    assert all(f["offload_not_drop_failed"] > 0 for f in figures[trial + 1:])
+    assert "plans_refused" not in figures[-1]
+    assert figures[-1]["plan"] == "drop-first"
+    assert figures[-1]["backups"] == 0 and figures[-1]["drops"] > 0
+    # The mixed plan's first step copied what it dropped; once its drops had
+    # come back by replay, its steps copied nothing.
+    assert figures[0]["backups"] > 0 and figures[0]["backups_used"] == 0
+    assert all(f["backups"] == 0 for f in figures[1:trial])
     b.close()
 
 
-def test_without_backups_that_trial_step_raises(monkeypatch):
-    # The same step without its backups: the test above would fail.
+def test_without_the_copies_that_step_raises(monkeypatch):
+    # The same step with nothing copied first: the test above would fail.
     from remat.torch import zoo
     _drop_first_drops_blindly(monkeypatch, backups=False)
     b = remat.torch.budget(int(saved_bytes_of(zoo.transformer) * 0.15), policy="dtr",

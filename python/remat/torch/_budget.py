@@ -239,7 +239,8 @@ class _Storage:
                  "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
                  "order", "ahead", "gen", "key", "tensor_version", "host_version", "allow_drop",
-                 "replay_bytes", "beside_key", "group", "backup", "__weakref__")
+                 "replay_bytes", "beside_key", "group", "backup", "want_backup",
+                 "__weakref__")
 
     def __init__(self, index, leaf, key, weak, producer=None, dtype=None, nbytes=0,
                  tensor=None):
@@ -277,8 +278,10 @@ class _Storage:
         self.replay_bytes = None      # resident at once to bring it back (Engine._replay_bytes)
         self.beside_key = None        # its key in what steps saw beside it (Engine._beside_key)
         self.group = None             # its runtime call: an index into Engine.groups
-        # A copy of its registered content made as the runtime dropped it
-        # (Engine.backup_drops), for a replay that cannot fit.
+        # Whether a drop of it is copied to host memory first (no replay of
+        # its kind and size has been seen to fit: Engine._wants_backup), and
+        # that copy of its registered content, for a replay that cannot fit.
+        self.want_backup = False
         self.backup = None
 
 
@@ -522,6 +525,9 @@ class _Session:
         ro.live_budget = budget_bytes if live_budget else 0
         self.live_budget = live_budget
         self.steps_run = 0            # its steps that ran to the end (what it has learned from)
+        # What its good steps' replays did (_Replays): a replay that fits
+        # under one plan may not under another, which drops more.
+        self.replays = _Replays()
         ro.host_pool_bytes = 16 << 40
         ro.learn_next_use = 1
         ro.copy_ahead = 1 if (offload and copy_ahead) else 0
@@ -561,7 +567,7 @@ class _Session:
 
 
 # A pending event of remat's own (Engine.pending): copy a tensor the runtime
-# dropped to host memory (Engine.backup_drops).
+# dropped to host memory (_Storage.want_backup).
 _BACKUP = -1
 
 # Runtime counters reported per step (the difference over the step).
@@ -661,6 +667,52 @@ class _Beside:
         return max(most, beside_largest * nbytes // max(1, largest))
 
 
+class _Replays:
+    """What the replays of good steps did, by tensor kind (the keys of
+    _Beside): the largest tensor of each kind that came back by replay, and
+    the smallest whose replay could not fit (it came back from the copy made
+    as it was dropped). A drop of a kind and size no replay has been seen to
+    fit is copied to host memory first, so that a replay that cannot fit
+    (the estimate of its room fell short) does not fail the step; a kind
+    whose replay did not fit is offloaded, not dropped, from then on (at
+    that size or larger). A program's steps then learn what drops come back,
+    and once they have, copy nothing. Kept per plan (_Session.replays): a
+    replay that fits under one plan may not under another that drops more.
+    What holds in one step may not in the next (the policy's choices move
+    with what the runtime learns): a drop seen to fit and not copied can
+    still fail, as before these copies, but no longer in a program's first
+    steps, nor where its shapes grow."""
+
+    __slots__ = ("fit", "failed")
+
+    def __init__(self):
+        self.fit = {}     # key -> largest nbytes replayed
+        self.failed = {}  # key -> smallest nbytes whose replay did not fit
+
+    def merged(self, newer):
+        """What two good steps did. A step whose replays did not all fit
+        changes what the next steps drop (those kinds are offloaded), and so
+        what their replays need: what was seen to fit before it is
+        forgotten, and the next step copies its drops again."""
+        both = _Replays()
+        both.failed = dict(self.failed)
+        for k, n in newer.failed.items():
+            both.failed[k] = min(n, both.failed.get(k, n))
+        if newer.failed:
+            return both
+        both.fit = dict(self.fit)
+        for k, n in newer.fit.items():
+            both.fit[k] = max(n, both.fit.get(k, n))
+        return both
+
+    def seen_to_fit(self, key, nbytes):
+        return nbytes <= self.fit.get(key, -1)
+
+    def seen_to_fail(self, key, nbytes):
+        failed = self.failed.get(key)
+        return failed is not None and nbytes >= failed
+
+
 class _Internal:
     """`with _Internal(engine):` marks the calls inside as remat's own (its
     copies, views and replays), which the recorder passes through, and
@@ -685,7 +737,7 @@ class Engine:
 
     def __init__(self, budget_bytes, policy, offload, recompute, allow_nondeterministic,
                  cost_model, copy_ahead=False, allocator=None, device=0, drop_first=False,
-                 seen=None, backup_drops=False):
+                 seen=None, replays=None):
         self.budget_bytes = budget_bytes
         # What a replay must fit in: the budget, less (where it counts what
         # the GPU holds) what the device held as the step began.
@@ -703,11 +755,9 @@ class Engine:
         # Offload only what cannot be dropped (the offload guard's plan that
         # drops wherever a drop can come back).
         self.drop_first = drop_first
-        # Copy what the runtime drops to host memory as it goes, and bring a
-        # tensor whose replay cannot fit back from that copy (the offload
-        # guard's first drop-first step: the trial learns the plan does not
-        # fit without the step raising).
-        self.backup_drops = backup_drops
+        # What replays did in earlier good steps (_Replays), and in this one.
+        self.replays_seen = replays if replays is not None else _Replays()
+        self.replays = _Replays()
         # remat's allocator (libremat_torch.so) whose pressure drives the
         # evictions, capped at the budget on `device` while the step runs;
         # None: the runtime's live budget over the saved bytes does.
@@ -745,8 +795,8 @@ class Engine:
         self.counts = {"saved_tensors": 0, "saved_unmanaged": 0, "kept_not_replayable": 0,
                        "recomputed_calls": 0, "backwards_outside_recorder": 0,
                        "offload_not_drop": 0, "offload_not_drop_seen": 0,
-                       "keep_saved_blocks": 0, "rebuilt_in_replay": 0, "backups": 0,
-                       "backups_used": 0}
+                       "offload_not_drop_failed": 0, "keep_saved_blocks": 0,
+                       "rebuilt_in_replay": 0, "backups": 0, "backups_used": 0}
         self.lib = _capi.lib()
         self.session = None
         self.runtime = None
@@ -986,7 +1036,7 @@ class Engine:
         if s is None:
             return
         if e.kind == _capi.EVENT_DROPPED or e.kind == _capi.EVENT_COLLECTED:
-            if self.backup_drops and e.kind == _capi.EVENT_DROPPED and e.pressure and \
+            if s.want_backup and e.kind == _capi.EVENT_DROPPED and e.pressure and \
                     s.tensor is not None and s.tensor_version == s.reg_version:
                 self.pending.append((_BACKUP, s, s.tensor))  # copied out of the lock
             s.tensor = None
@@ -1341,6 +1391,10 @@ class Engine:
                     self.replay_room:
                 allow_drop = 0
                 self.counts["offload_not_drop_seen"] += 1
+            elif self.replays_seen.seen_to_fail(s.beside_key, s.nbytes):
+                allow_drop = 0
+                self.counts["offload_not_drop_failed"] += 1
+        s.want_backup = bool(allow_drop and allow_offload) and self._wants_backup(s)
         if allow_drop and self.drop_first:
             allow_offload = 0
         tid = ctypes.c_uint64()
@@ -1398,6 +1452,12 @@ class Engine:
         self.registered.append(s)
         self.lib.remat_tensor_release(self.runtime, s.id)
         self._drain()
+
+    def _wants_backup(self, s):
+        """Whether a drop of s (its drop and offload both allowed) is copied
+        to host memory first: no replay of its kind and size was seen to
+        fit in the steps before (_Replays)."""
+        return not self.replays_seen.seen_to_fit(s.beside_key, s.nbytes)
 
     def _beside_key(self, s):
         """s's key in what a step saw beside it (_Beside): its producing
@@ -1592,7 +1652,7 @@ class Engine:
 
     def _refill(self, s):
         """Brings dropped s back, pinned, from the copy made as it was
-        dropped (Engine.backup_drops): room for s alone, no replay. False
+        dropped (_Storage.want_backup): room for s alone, no replay. False
         where there is no such copy, or no room even for s."""
         if s.backup is None or s.tensor is not None or s.freed:
             return False
@@ -1605,6 +1665,8 @@ class Engine:
         s.tensor_version = s.reg_version
         s.backup = None
         self.counts["backups_used"] += 1
+        failed = self.replays.failed
+        failed[s.beside_key] = min(s.nbytes, failed.get(s.beside_key, s.nbytes))
         if self.listening:
             # The replay's failed request is answered: not the step's error.
             self.ooms = self.allocator.num_ooms(self.device)
@@ -1644,6 +1706,9 @@ class Engine:
                             s.tensor = self._materialize(s, s.reg_version, memo, top=True)
                             s.tensor_version = s.reg_version
                             s.backup = None
+                            if s.beside_key is not None:
+                                fit = self.replays.fit
+                                fit[s.beside_key] = max(s.nbytes, fit.get(s.beside_key, 0))
                 self._drain()
                 return 0
             except BaseException as e:  # noqa: BLE001: carried to the caller
@@ -1803,11 +1868,11 @@ class budget:
         (`stats["plan"]`: "trial", then "mixed" or "drop-first"; with
         several policies, the policy's spec and the plan, as "dtr-eq
         drop-first"). A plan whose trial step raised BudgetTooSmall leaves
-        the trial (`stats["plans_refused"]`). The drop-first plan's first
-        step copies what it drops to host memory, and brings back from its
-        copy a tensor whose replay cannot fit (`stats["backups_used"]`):
-        that step ends as it should, and the plan leaves the trial. False:
-        mixed plans throughout.
+        the trial (`stats["plans_refused"]`). False: mixed plans throughout.
+        With both allowed, a drop of a tensor whose kind and size no replay
+        has yet been seen to fit is copied to host memory first; where its
+        replay then cannot fit, it comes back from that copy
+        (`stats["backups_used"]`) and its kind is offloaded from then on.
     copy_ahead: with offload allowed, once the budget has bound the runtime
         copies the next tensor its policy would offload to host memory
         while it is still resident (on CUDA on a side stream), so that its
@@ -1980,15 +2045,10 @@ class budget:
         device = 0
         if allocator is not None and torch.cuda.is_available():
             device = torch.cuda.current_device()
-        # The drop-first plan's first (untimed) trial step keeps a backup of
-        # each tensor it drops: where a replay cannot fit, the step goes on
-        # from the backup and the plan leaves the trial, without a raise.
-        backup = drop_first and self._plan == "trial" and not timed and \
-            len(self._trial_times) > 1
         engine = Engine(self.budget_bytes, policy, offload, self._recompute,
                         self._allow_nondeterministic, self._cost_model, self._copy_ahead,
                         allocator=allocator, device=device, drop_first=drop_first,
-                        seen=self._seen, backup_drops=backup)
+                        seen=self._seen, replays=session.replays)
         engine.open(session)
         self._engine = engine
         self._step_plan = plan
@@ -2058,12 +2118,7 @@ class budget:
         stats["step"] = self._steps
         stats["plan"] = self._plan_shown()
         stats["policy"] = self._plans[self._step_plan][0]
-        used = self._engine.counts["backups_used"]
-        if self._plan == "trial" and ok and used and len(self._trial_times) > 1:
-            self._refuse(self._step_plan, f"{used} of the tensors it dropped could not be "
-                         "recomputed within the budget (its first step brought them back "
-                         "from copies made as they were dropped)")
-        elif self._plan == "trial" and ok:
+        if self._plan == "trial" and ok:
             plan, timed = self._trial.pop(0)
             if timed:
                 self._trial_times[plan].append(self._time() - self._step_start)
@@ -2079,6 +2134,7 @@ class budget:
             session = self._sessions.get(self._step_plan)
             if session is not None:
                 session.steps_run += 1
+                session.replays = session.replays.merged(self._engine.replays)
         if self._refused:
             stats["plans_refused"] = dict(self._refused)
         if self._step_plan in self._blind:
@@ -2104,7 +2160,7 @@ class budget:
         without it (while another plan is left), so that the next steps run
         the plans that can (the caller keeps the last plan: each of its
         steps then says the budget is too small). The step itself has
-        raised, or (`exc` a string: why) finished from backups."""
+        raised."""
         self._refused[plan] = str(exc)
         self._trial = [t for t in self._trial if t[0] != plan]
         del self._trial_times[plan]
