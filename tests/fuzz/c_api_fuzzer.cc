@@ -245,12 +245,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const Tensor& t = tensors[in.Byte() % tensors.size()];
         const std::uint64_t on = op & 0x80 ? side : 0;
         void* p = nullptr;
-        const remat_status s = remat_tensor_acquire(rt, t.id, on, &p);
-        TRACE("acquire %llu -> %d\n", static_cast<unsigned long long>(t.id), s);
+        // Or, where it was dropped, refilled: the program writes its own copy.
+        const bool refill = (op & 0x40) != 0;
+        const remat_status s =
+            refill ? remat_tensor_refill(rt, t.id, on, &p) : remat_tensor_acquire(rt, t.id, on, &p);
+        TRACE("%s %llu -> %d\n", refill ? "refill" : "acquire",
+              static_cast<unsigned long long>(t.id), s);
         if (s != REMAT_OK) {
-          CheckFailed(s);  // no room for it now: it stays as it was
+          CheckFailed(s);  // no room for it now (or not dropped): it stays as it was
           break;
         }
+        if (refill) Check(Fill(p, t.bytes, t.fill, on) == REMAT_OK);
         // Its bytes were written on stream 0 (or by a recompute or copy on
         // `on`): as on a GPU, reading them on another stream needs both done.
         Check(remat_stream_synchronize(a, on) == REMAT_OK);
@@ -277,6 +282,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::uint64_t id = in.Word() | (std::uint64_t{1} << 40);
         void* p = nullptr;
         CheckFailed(remat_tensor_acquire(rt, id, 0, &p));
+        CheckFailed(remat_tensor_refill(rt, id, 0, &p));
         CheckFailed(remat_tensor_release(rt, id));
         CheckFailed(remat_tensor_free(rt, id));
         remat_tensor_state state;
