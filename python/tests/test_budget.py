@@ -351,6 +351,7 @@ def test_a_replay_that_does_not_fit_comes_back_from_a_copy_and_its_kind_is_offlo
     first = figures[trial]  # the drop-first plan's first step
     assert first["plan"] == "trial" and first["drops"] > 0 and first["offloads"] == 0
     assert first["backups"] > 0 and 0 < first["backups_used"] <= first["backups"]
+    assert 0 < first["backup_bytes"] <= first["backups"] * first["budget_bytes"]
     assert first["offload_not_drop_failed"] == 0
     # Its next steps offload those kinds.
     assert all(f["offload_not_drop_failed"] > 0 for f in figures[trial + 1:])

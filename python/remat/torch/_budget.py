@@ -796,7 +796,8 @@ class Engine:
                        "recomputed_calls": 0, "backwards_outside_recorder": 0,
                        "offload_not_drop": 0, "offload_not_drop_seen": 0,
                        "offload_not_drop_failed": 0, "keep_saved_blocks": 0,
-                       "rebuilt_in_replay": 0, "backups": 0, "backups_used": 0}
+                       "rebuilt_in_replay": 0, "backups": 0, "backup_bytes": 0,
+                       "backups_used": 0}
         self.lib = _capi.lib()
         self.session = None
         self.runtime = None
@@ -1060,6 +1061,7 @@ class Engine:
                     if not s.freed:
                         s.backup = self._copy_out(t)
                         self.counts["backups"] += 1
+                        self.counts["backup_bytes"] += s.nbytes
                 elif kind == _capi.EVENT_COPIED_AHEAD and s.tensor is not None:
                     s.ahead = self._copy_out(s.tensor)  # it stays resident
                     s.host_version = s.tensor_version
@@ -1660,8 +1662,12 @@ class Engine:
         p = ctypes.c_void_p()
         if self.lib.remat_tensor_refill(self.runtime, s.id, 0, ctypes.byref(p)) != _capi.OK:
             return False
-        with _Internal(self):
-            s.tensor = self._copy_in(s.backup, s.device)
+        try:
+            with _Internal(self):
+                s.tensor = self._copy_in(s.backup, s.device)
+        except BaseException:
+            self.lib.remat_tensor_release(self.runtime, s.id)  # the pin is the caller's no more
+            raise
         s.tensor_version = s.reg_version
         s.backup = None
         self.counts["backups_used"] += 1
@@ -1670,7 +1676,6 @@ class Engine:
         if self.listening:
             # The replay's failed request is answered: not the step's error.
             self.ooms = self.allocator.num_ooms(self.device)
-            self.pressure_error = None
         return True
 
     def _call_runtime(self, fn, *args):
