@@ -358,11 +358,36 @@ def test_a_replay_that_does_not_fit_comes_back_from_a_copy_and_its_kind_is_offlo
     assert "plans_refused" not in figures[-1]
     assert figures[-1]["plan"] == "drop-first"
     assert figures[-1]["backups"] == 0 and figures[-1]["drops"] > 0
-    # The mixed plan's first step copied what it dropped; once its drops had
-    # come back by replay, its steps copied nothing.
-    assert figures[0]["backups"] > 0 and figures[0]["backups_used"] == 0
-    assert all(f["backups"] == 0 for f in figures[1:trial])
+    # The mixed plan's first two steps copied what they dropped (a runtime's
+    # first step evicts blind, its second by what it learned); its drops
+    # having come back by replay in the second, its third copied nothing.
+    assert all(f["backups"] > 0 and f["backups_used"] == 0 for f in figures[:2])
+    assert figures[trial - 1]["backups"] == 0
     b.close()
+
+
+def test_what_replays_did_is_kept_by_kind_and_size():
+    from remat.torch._budget import _Replays
+    a, b = _Replays(), _Replays()
+    b.fit = {"k": 100, "j": 50}
+    seen = a.merged(b)
+    assert seen.seen_to_fit("k", 100) and not seen.seen_to_fit("k", 101)  # larger: copied
+    assert not seen.seen_to_fit("other", 1)
+    # A runtime's blind first step: its failures are taken, its fits not.
+    first = _Replays()
+    first.fit = {"m": 10}
+    assert not seen.merged(first, fits=False).seen_to_fit("m", 10)
+    assert seen.merged(first, fits=False).seen_to_fit("k", 100)
+    # A step whose replay did not fit: that kind fails from that size on,
+    # and what was seen to fit before it is forgotten.
+    failed = _Replays()
+    failed.failed = {"k": 80}
+    failed.fit = {"j": 50}
+    after = seen.merged(failed)
+    assert after.seen_to_fail("k", 80) and after.seen_to_fail("k", 200)
+    assert not after.seen_to_fail("k", 79) and not after.seen_to_fail("j", 50)
+    assert not after.seen_to_fit("j", 50) and not after.seen_to_fit("k", 10)
+    assert after.merged(_Replays()).seen_to_fail("k", 80)  # kept
 
 
 def test_without_the_copies_that_step_raises(monkeypatch):

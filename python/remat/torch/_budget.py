@@ -689,11 +689,12 @@ class _Replays:
         self.fit = {}     # key -> largest nbytes replayed
         self.failed = {}  # key -> smallest nbytes whose replay did not fit
 
-    def merged(self, newer):
+    def merged(self, newer, fits=True):
         """What two good steps did. A step whose replays did not all fit
         changes what the next steps drop (those kinds are offloaded), and so
         what their replays need: what was seen to fit before it is
-        forgotten, and the next step copies its drops again."""
+        forgotten, and the next step copies its drops again. `fits`: False,
+        the newer step's fits are not taken (its failures are)."""
         both = _Replays()
         both.failed = dict(self.failed)
         for k, n in newer.failed.items():
@@ -701,8 +702,9 @@ class _Replays:
         if newer.failed:
             return both
         both.fit = dict(self.fit)
-        for k, n in newer.fit.items():
-            both.fit[k] = max(n, both.fit.get(k, n))
+        if fits:
+            for k, n in newer.fit.items():
+                both.fit[k] = max(n, both.fit.get(k, n))
         return both
 
     def seen_to_fit(self, key, nbytes):
@@ -1124,7 +1126,10 @@ class Engine:
     def _free(self, s):
         if not s.freed and not s.pinned_forever:
             s.freed = True
-            s.backup = None
+            if s.backup is not None:
+                # Dropped, and never needed again: such a drop did no harm.
+                self._saw_fit(s)
+                s.backup = None
             self.lib.remat_tensor_free(self.runtime, s.id)
 
     def _release_pins(self):
@@ -1455,6 +1460,12 @@ class Engine:
         self.lib.remat_tensor_release(self.runtime, s.id)
         self._drain()
 
+    def _saw_fit(self, s):
+        """A drop of s came back by replay, or was never needed again."""
+        if s.beside_key is not None:
+            fit = self.replays.fit
+            fit[s.beside_key] = max(s.nbytes, fit.get(s.beside_key, 0))
+
     def _wants_backup(self, s):
         """Whether a drop of s (its drop and offload both allowed) is copied
         to host memory first: no replay of its kind and size was seen to
@@ -1711,9 +1722,7 @@ class Engine:
                             s.tensor = self._materialize(s, s.reg_version, memo, top=True)
                             s.tensor_version = s.reg_version
                             s.backup = None
-                            if s.beside_key is not None:
-                                fit = self.replays.fit
-                                fit[s.beside_key] = max(s.nbytes, fit.get(s.beside_key, 0))
+                            self._saw_fit(s)
                 self._drain()
                 return 0
             except BaseException as e:  # noqa: BLE001: carried to the caller
@@ -2037,16 +2046,23 @@ class budget:
         policy, offload, drop_first = self._plans[plan]
         allocator = self._allocator()
         session = self._sessions.get(plan)
+        replays = None
         if session is not None and (session.live_budget != (allocator is None) or
                                     plan in self._blind):
             # use_allocator() came since, or what the runtime learns from one
-            # step led the next into a budget it did not fit: start afresh.
+            # step led the next into a budget it did not fit: start afresh
+            # (each such step as blind as the last, so what its replays did
+            # holds for the next).
+            if plan in self._blind and session.live_budget == (allocator is None):
+                replays = session.replays
             self._sessions.pop(plan).close()
             session = None
         if session is None:
             session = self._sessions[plan] = _Session(self.budget_bytes, policy, offload,
                                                       self._recompute, self._copy_ahead,
                                                       live_budget=allocator is None)
+            if replays is not None:
+                session.replays = replays
         device = 0
         if allocator is not None and torch.cuda.is_available():
             device = torch.cuda.current_device()
@@ -2138,8 +2154,12 @@ class budget:
             self._seen = self._seen.merged(self._engine.beside)
             session = self._sessions.get(self._step_plan)
             if session is not None:
+                # A runtime's first step evicts blind; from its second on, by
+                # what it learned: replays seen to fit in the first say little
+                # of the next (belady's choices change), its failures do.
+                learned = session.steps_run > 0 or self._step_plan in self._blind
+                session.replays = session.replays.merged(self._engine.replays, fits=learned)
                 session.steps_run += 1
-                session.replays = session.replays.merged(self._engine.replays)
         if self._refused:
             stats["plans_refused"] = dict(self._refused)
         if self._step_plan in self._blind:
