@@ -799,7 +799,7 @@ class Engine:
                        "offload_not_drop": 0, "offload_not_drop_seen": 0,
                        "offload_not_drop_failed": 0, "keep_saved_blocks": 0,
                        "rebuilt_in_replay": 0, "backups": 0, "backup_bytes": 0,
-                       "backups_used": 0}
+                       "backups_used": 0, "backups_skipped": 0}
         self.lib = _capi.lib()
         self.session = None
         self.runtime = None
@@ -1061,7 +1061,14 @@ class Engine:
             with _Internal(self):
                 if kind == _BACKUP:
                     if not s.freed:
-                        s.backup = self._copy_out(t)
+                        try:
+                            s.backup = self._copy_backup(t)
+                        except (RuntimeError, MemoryError):
+                            # No host memory for it (pinned memory runs out
+                            # first): the drop goes on without a copy, as
+                            # before there were any.
+                            self.counts["backups_skipped"] += 1
+                            continue
                         self.counts["backups"] += 1
                         self.counts["backup_bytes"] += s.nbytes
                 elif kind == _capi.EVENT_COPIED_AHEAD and s.tensor is not None:
@@ -1086,6 +1093,10 @@ class Engine:
                         s.tensor = t
                         s.tensor_version = s.host_version
                         s.host = None
+
+    def _copy_backup(self, t):
+        """A copy of a tensor being dropped (_Storage.want_backup)."""
+        return self._copy_out(t)
 
     def _copy_out(self, t):
         # The whole storage, flat (no allocation: it may run inside the
