@@ -325,8 +325,9 @@ class Runtime {
   // reads it. For when Acquire's regeneration cannot fit (ResourceExhausted:
   // its call's inputs, brought back beside it, need more room than the tensor
   // alone). FailedPrecondition unless the tensor is dropped and no thread is
-  // regenerating it; ResourceExhausted (nothing changed) when even its own
-  // bytes find no room. The observer is told kRestored with `refill` set.
+  // regenerating it; ResourceExhausted when even its own bytes find no room
+  // (it stays dropped; the policy may have evicted others on the way, as a
+  // failed Acquire may). The observer is told kRestored with `refill` set.
   absl::StatusOr<Guard> Refill(TensorId id, Stream stream = kDefaultStream);
   // Starts copying an offloaded tensor back ahead of its use.
   absl::Status Prefetch(TensorId id, Stream stream = kDefaultStream);

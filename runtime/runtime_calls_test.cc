@@ -140,6 +140,39 @@ TEST_F(RuntimeTest, ACallRegeneratesOnlyTheOutputsItLost) {
   ASSERT_NO_FATAL_FAILURE(CheckInvariants());
 }
 
+// One output of a dropped call refilled from its owner's copy: the call's
+// other outputs stay dropped, and the call's next run regenerates only them,
+// leaving the refilled one's bytes as the owner wrote them.
+TEST_F(RuntimeTest, ARefilledOutputIsLeftAloneByItsCallsNextRun) {
+  Make(64 * kMiB, {.policy = "lru", .enable_offload = false});
+  TensorId x = Produce(1 * kMiB, {}, false, false);
+  ThreeOutputs call = MakeThreeOutputCall(*runtime_, device_.get(), x);
+  std::vector<TensorId> ids;
+  for (Guard& g : call.guards) ids.push_back(g.id());
+  call.guards.clear();
+  auto big = runtime_->Create(60 * kMiB, TensorOptions{});
+  ASSERT_TRUE(big.ok()) << big.status();
+  for (TensorId id : ids) ASSERT_EQ(StateOf(id), TensorState::kDropped);
+  big->Release();
+  ASSERT_TRUE(runtime_->Free(big->id()).ok());
+  auto refilled = runtime_->Refill(ids[1]);
+  ASSERT_TRUE(refilled.ok()) << refilled.status();
+  ASSERT_TRUE(device_->SynchronizeStream(kDefaultStream).ok());
+  std::memset(refilled->ptr(), 0x77, 4 * kMiB);  // the owner's copy (unlike the call's 0x41)
+  EXPECT_EQ(StateOf(ids[0]), TensorState::kDropped);
+  EXPECT_EQ(StateOf(ids[2]), TensorState::kDropped);
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+  auto g = runtime_->Acquire(ids[2]);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(call.runs->load(), 1);
+  EXPECT_EQ(StateOf(ids[0]), TensorState::kResident);  // regenerated in the same run
+  ASSERT_TRUE(device_->SynchronizeStream(kDefaultStream).ok());
+  EXPECT_EQ(static_cast<const unsigned char*>(refilled->ptr())[0], 0x77);
+  EXPECT_EQ(static_cast<const unsigned char*>(g->ptr())[0], 0x42);
+  EXPECT_EQ(runtime_->stats().refills, 1u);
+  ASSERT_NO_FATAL_FAILURE(CheckInvariants());
+}
+
 TEST_F(RuntimeTest, ACallNeedsAnOutputAndAFailedOneLeavesNothingBehind) {
   Make(8 * kMiB);
   EXPECT_EQ(runtime_->CreateCall({}, TensorOptions{}).status().code(),

@@ -372,8 +372,9 @@ REMAT_API remat_status remat_tensor_acquire(remat_runtime* runtime, uint64_t id,
  * *ptr_out (on `stream`) before anything reads it. For when an acquire's
  * recompute does not fit (REMAT_OUT_OF_MEMORY) but the tensor alone may.
  * REMAT_FAILED_PRECONDITION unless the tensor is dropped (and not being
- * recomputed); REMAT_OUT_OF_MEMORY, nothing changed, when even its own bytes
- * find no room. Released with remat_tensor_release. */
+ * recomputed); REMAT_OUT_OF_MEMORY when even its own bytes find no room (it
+ * stays dropped; others may have been evicted on the way, as by a failed
+ * acquire). Released with remat_tensor_release. */
 REMAT_API remat_status remat_tensor_refill(remat_runtime* runtime, uint64_t id, uint64_t stream,
                                            void** ptr_out);
 /* Undoes one remat_tensor_create, remat_tensor_acquire or remat_tensor_refill.

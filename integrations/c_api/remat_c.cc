@@ -907,7 +907,8 @@ remat_status remat_tensor_release(remat_runtime* runtime, uint64_t id) {
       if (!state.ok()) return FromStatus(fn, state.status());
       return Fail(REMAT_FAILED_PRECONDITION, fn,
                   absl::StrFormat("tensor %d is not pinned through this API (a release must "
-                                  "follow remat_tensor_create or remat_tensor_acquire)",
+                                  "follow remat_tensor_create, remat_tensor_acquire or "
+                                  "remat_tensor_refill)",
                                   id));
     }
     guard.Release();  // outside our lock: it takes the runtime's

@@ -382,6 +382,49 @@ def test_a_copy_with_no_host_memory_is_skipped_not_fatal(monkeypatch):
     b.close()
 
 
+def test_a_copy_of_content_written_over_since_is_not_brought_back(monkeypatch):
+    # s is dropped (and copied); a write autograd does not see, outside
+    # what is saved of it, moves it to a newer content, which a later save
+    # hands to the runtime. Its copy holds the older: where the replay
+    # fails, the copy must not stand in for the newer (the gradient would
+    # be wrong), and the step says it did not fit.
+    from remat.torch import _budget
+    init = _budget.Engine.__init__
+
+    def dropping(self, *args, **kw):
+        init(self, *args, **kw)
+        self.drop_first = True  # drops, not offloads, what may drop
+    monkeypatch.setattr(_budget.Engine, "__init__", dropping)
+    failing = set()
+    call_runtime = _budget.Engine._call_runtime
+
+    def fail_some(self, fn, *args):
+        if fn is self.lib.remat_tensor_acquire and args[0] in failing:
+            raise BudgetTooSmall("as if its replay did not fit")
+        return call_runtime(self, fn, *args)
+    monkeypatch.setattr(_budget.Engine, "_call_runtime", fail_some)
+
+    def model(x, w):
+        a = x * w                 # s
+        b = a[:4].sin()           # saves a[:4]
+        d = (w * 5).sin()         # the budget drops s, copying it
+        a.data[4:].mul_(3)        # a write outside what is saved of s
+        c = a[4:].sin()           # saves a[4:]: s's newer content
+        return b.sum() + c.sum() + d.sum()
+
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 64), torch.randn(8, 64, requires_grad=True)
+    b = remat.torch.budget(8 * 64 * 4 * 3 // 2, policy="lru", offload=True, recompute=True)
+    with pytest.raises(BudgetTooSmall, match="as if"):
+        with b:
+            loss = model(x, w)
+            s = next(t for t in b._engine.registered if t.nbytes == 8 * 64 * 4)
+            assert s.reg_version == 1 and s.tensor is None and s.backup is None
+            failing.add(s.id)
+            loss.backward()
+    b.close()
+
+
 def test_what_replays_did_is_kept_by_kind_and_size():
     from remat.torch._budget import _Replays
     a, b = _Replays(), _Replays()

@@ -245,8 +245,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const Tensor& t = tensors[in.Byte() % tensors.size()];
         const std::uint64_t on = op & 0x80 ? side : 0;
         void* p = nullptr;
-        // Or, where it was dropped, refilled: the program writes its own copy.
-        const bool refill = (op & 0x40) != 0;
+        // Or (a quarter of them), where it was dropped, refilled: the program
+        // writes its own copy.
+        const bool refill = (op & 0x60) == 0x60;
         const remat_status s =
             refill ? remat_tensor_refill(rt, t.id, on, &p) : remat_tensor_acquire(rt, t.id, on, &p);
         TRACE("%s %llu -> %d\n", refill ? "refill" : "acquire",

@@ -239,8 +239,8 @@ class _Storage:
                  "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
                  "order", "ahead", "gen", "key", "tensor_version", "host_version", "allow_drop",
-                 "replay_bytes", "beside_key", "group", "backup", "want_backup",
-                 "__weakref__")
+                 "replay_bytes", "beside_key", "group", "backup", "backup_version",
+                 "want_backup", "__weakref__")
 
     def __init__(self, index, leaf, key, weak, producer=None, dtype=None, nbytes=0,
                  tensor=None):
@@ -283,6 +283,7 @@ class _Storage:
         # that copy of its registered content, for a replay that cannot fit.
         self.want_backup = False
         self.backup = None
+        self.backup_version = 0       # the content version `backup` holds
 
 
 class _Ref:
@@ -569,6 +570,7 @@ class _Session:
 # A pending event of remat's own (Engine.pending): copy a tensor the runtime
 # dropped to host memory (_Storage.want_backup).
 _BACKUP = -1
+_EVICT_DROP = 0  # REMAT_EVICT_DROP
 
 # Runtime counters reported per step (the difference over the step).
 _STEP_COUNTERS = ("drops", "recomputes", "offloads", "prefetches", "offloaded_bytes",
@@ -760,6 +762,7 @@ class Engine:
         # What replays did in earlier good steps (_Replays), and in this one.
         self.replays_seen = replays if replays is not None else _Replays()
         self.replays = _Replays()
+        self.backward_read = False    # a backward has read a saved tensor of the step
         # remat's allocator (libremat_torch.so) whose pressure drives the
         # evictions, capped at the budget on `device` while the step runs;
         # None: the runtime's live budget over the saved bytes does.
@@ -768,6 +771,7 @@ class Engine:
         self.listening = False
         self.pressure_fn = None
         self.pressure_error = None    # an exception raised inside the pressure callback
+        self.callback_errors = set()  # ids of such exceptions raised since
         self.device_stats = None
         self.allocator_pressure = 0
         # The allocator's failed requests so far (remat_torch_num_ooms), and
@@ -883,6 +887,7 @@ class Engine:
         the caller raises it as it was."""
         if self.pressure_error is not None:
             error, self.pressure_error = self.pressure_error, None
+            self.callback_errors.add(id(error))  # not a replay's want of room (_acquire)
             raise error from exc
         ooms = self.allocator.num_ooms(self.device)
         if ooms != self.ooms:
@@ -1040,8 +1045,10 @@ class Engine:
             return
         if e.kind == _capi.EVENT_DROPPED or e.kind == _capi.EVENT_COLLECTED:
             if s.want_backup and e.kind == _capi.EVENT_DROPPED and e.pressure and \
-                    s.tensor is not None and s.tensor_version == s.reg_version:
-                self.pending.append((_BACKUP, s, s.tensor))  # copied out of the lock
+                    s.tensor is not None and s.tensor_version == s.reg_version and \
+                    (s.backup is None or s.backup_version != s.reg_version):
+                # (A copy made at an earlier drop still serves.)
+                self.pending.append((_BACKUP, s, (s.tensor, s.reg_version)))  # out of the lock
             s.tensor = None
             s.ahead = None
             s.host = None
@@ -1051,6 +1058,8 @@ class Engine:
                 s.gen += 1
             self.pending.append((e.kind, s, None))
         elif e.kind == _capi.EVENT_RESTORED:
+            if s.backup is not None and s.host is None and s.tensor is None:
+                return  # a refill (a dropped tensor with a copy): _refill copies it in
             self.restores += 1
             self.pending.append((e.kind, s, None))
 
@@ -1060,15 +1069,20 @@ class Engine:
             kind, s, t = self.pending.pop(0)
             with _Internal(self):
                 if kind == _BACKUP:
-                    if not s.freed:
+                    t, version = t
+                    # Still dropped, and saved at the content copied.
+                    if not s.freed and s.tensor is None and s.reg_version == version:
                         try:
                             s.backup = self._copy_backup(t)
-                        except (RuntimeError, MemoryError):
+                        except (RuntimeError, MemoryError) as e:
+                            if not (isinstance(e, MemoryError) or _out_of_memory(e)):
+                                raise
                             # No host memory for it (pinned memory runs out
                             # first): the drop goes on without a copy, as
                             # before there were any.
                             self.counts["backups_skipped"] += 1
                             continue
+                        s.backup_version = version
                         self.counts["backups"] += 1
                         self.counts["backup_bytes"] += s.nbytes
                 elif kind == _capi.EVENT_COPIED_AHEAD and s.tensor is not None:
@@ -1138,8 +1152,11 @@ class Engine:
         if not s.freed and not s.pinned_forever:
             s.freed = True
             if s.backup is not None:
-                # Dropped, and never needed again: such a drop did no harm.
-                self._saw_fit(s)
+                if s.tensor is None and self.backward_read:
+                    # Dropped, and not needed again by the step's backward:
+                    # such a drop did no harm. (A step with no backward says
+                    # nothing of what one would need.)
+                    self._saw_fit(s)
                 s.backup = None
             self.lib.remat_tensor_free(self.runtime, s.id)
 
@@ -1351,6 +1368,8 @@ class Engine:
             with _Internal(self):
                 s.host = self._copy_out(t)
             s.host_version = s.version
+        if s.backup is not None and s.backup_version != s.version:
+            s.backup = None  # of the older content: a replay of the newer must do
 
     def _overlaps(self, s, r):
         """Whether view r of storage s touches an element a saved view of s
@@ -1610,6 +1629,7 @@ class Engine:
         # they all stay until another node (or another backward: autograd's
         # graph task) unpacks. The node's own calls between its unpacks (the
         # detach after each) do not end them: the node still holds them.
+        self.backward_read = True
         node = torch._C._current_autograd_node()
         task = torch._C._current_graph_task_id()
         if node is None or node is not self.pin_node or task != self.pin_task:
@@ -1668,17 +1688,25 @@ class Engine:
         its replay cannot fit and a backup of it was made as it was dropped,
         from the backup."""
         p = ctypes.c_void_p()
+        ooms = self.allocator.num_ooms(self.device) if self.listening else 0
         try:
             self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
         except (BudgetTooSmall, RuntimeError) as e:
-            if not ((isinstance(e, BudgetTooSmall) or _out_of_memory(e)) and self._refill(s)):
+            if id(e) in self.callback_errors or \
+                    not (isinstance(e, BudgetTooSmall) or _out_of_memory(e)) or \
+                    not self._refill(s):
                 raise
+            if self.listening:
+                # The replay's failed requests are answered: not the step's
+                # error (others before it still are).
+                self.ooms += self.allocator.num_ooms(self.device) - ooms
 
     def _refill(self, s):
         """Brings dropped s back, pinned, from the copy made as it was
         dropped (_Storage.want_backup): room for s alone, no replay. False
         where there is no such copy, or no room even for s."""
-        if s.backup is None or s.tensor is not None or s.freed:
+        if s.backup is None or s.backup_version != s.reg_version or s.tensor is not None or \
+                s.freed:
             return False
         self._drain()
         p = ctypes.c_void_p()
@@ -1688,16 +1716,15 @@ class Engine:
             with _Internal(self):
                 s.tensor = self._copy_in(s.backup, s.device)
         except BaseException:
-            self.lib.remat_tensor_release(self.runtime, s.id)  # the pin is the caller's no more
+            # Dropped again, as Python has it (the block was never written).
+            self.lib.remat_tensor_release(self.runtime, s.id)
+            self.lib.remat_tensor_evict(self.runtime, s.id, _EVICT_DROP, 0, None)
+            self._drain()
             raise
         s.tensor_version = s.reg_version
-        s.backup = None
-        self.counts["backups_used"] += 1
+        self.counts["backups_used"] += 1  # (the copy is kept for a later drop of it)
         failed = self.replays.failed
         failed[s.beside_key] = min(s.nbytes, failed.get(s.beside_key, s.nbytes))
-        if self.listening:
-            # The replay's failed request is answered: not the step's error.
-            self.ooms = self.allocator.num_ooms(self.device)
         return True
 
     def _call_runtime(self, fn, *args):
@@ -1732,9 +1759,9 @@ class Engine:
                             done.append(s)
                             s.tensor = self._materialize(s, s.reg_version, memo, top=True)
                             s.tensor_version = s.reg_version
-                            s.backup = None
-                            self._saw_fit(s)
                 self._drain()
+                for s in done:
+                    self._saw_fit(s)  # (its copy is kept for a later drop of it)
                 return 0
             except BaseException as e:  # noqa: BLE001: carried to the caller
                 for s in done:

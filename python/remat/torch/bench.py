@@ -24,7 +24,9 @@ runs warm-up steps, unmeasured: one, in which the runtime learns the step's
 next uses, or with offload and recompute both allowed, the offload guard's
 trial (2 x budget.TRIAL_STEPS steps) and one more. The plan kept is in the
 `plan` column. Each batch the "fits" column tries gets a budget of its own
-and one warm-up step.
+and the same warm-up steps (a budget's first steps copy what they drop to
+host memory, which on the CPU is the device's: a batch fits in the steady
+steps, as the row's figures are of them).
 
 --compile adds torch.compile rows: plain, and with its activation_memory_budget
 at each ratio (its ratio is of what compile's own partitioner would save, not
@@ -183,7 +185,7 @@ def warm(name, method, ratio, saved_bytes, device, scale=1, device_bytes=None):
     session = row_budget(method, ratio, saved_bytes, device_bytes)
     if session is not None:
         try:
-            for _ in range(warm_up_steps(method) if scale == 1 else 1):
+            for _ in range(warm_up_steps(method)):
                 one_step(name, method, ratio, saved_bytes, device, scale=scale, metered=False,
                          session=session)
         except BaseException:
