@@ -1688,7 +1688,9 @@ class Engine:
         its replay cannot fit and a backup of it was made as it was dropped,
         from the backup."""
         p = ctypes.c_void_p()
-        ooms = self.allocator.num_ooms(self.device) if self.listening else 0
+        # The allocator's failed requests so far, and those the step has seen
+        # (a replay's own, seen by check_allocator inside it, are answered below).
+        ooms, seen = (self.allocator.num_ooms(self.device), self.ooms) if self.listening else (0, 0)
         try:
             self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
         except (BudgetTooSmall, RuntimeError) as e:
@@ -1699,7 +1701,7 @@ class Engine:
             if self.listening:
                 # The replay's failed requests are answered: not the step's
                 # error (others before it still are).
-                self.ooms += self.allocator.num_ooms(self.device) - ooms
+                self.ooms = seen + self.allocator.num_ooms(self.device) - ooms
 
     def _refill(self, s):
         """Brings dropped s back, pinned, from the copy made as it was
