@@ -12,6 +12,7 @@ import remat.torch  # noqa: E402
 from remat.torch import BudgetTooSmall  # noqa: E402
 
 from remat.torch import models  # noqa: E402
+from _blind import drop_first_drops_blindly  # noqa: E402
 
 
 def run_step(make, budget=None, seed=0, **kw):
@@ -313,23 +314,6 @@ def test_a_plan_whose_trial_step_does_not_fit_leaves_the_trial():
     b.close()
 
 
-def _drop_first_drops_blindly(monkeypatch, backups=True):
-    """The drop-first plan drops wherever the runtime may, its estimate of
-    what a replay needs made blind (a replay room of 1 PiB), so that some of
-    its replays cannot fit (an estimate that falls short, as on models it
-    has not seen). `backups`: False, no drop is copied first."""
-    from remat.torch import _budget
-    init = _budget.Engine.__init__
-
-    def blind(self, *args, **kw):
-        init(self, *args, **kw)
-        if self.drop_first:
-            self.replay_room = 1 << 50
-    monkeypatch.setattr(_budget.Engine, "__init__", blind)
-    if not backups:
-        monkeypatch.setattr(_budget.Engine, "_wants_backup", lambda self, s: False)
-
-
 def test_a_replay_that_does_not_fit_comes_back_from_a_copy_and_its_kind_is_offloaded(
         monkeypatch):
     # A drop no replay of its kind and size has been seen to fit (under the
@@ -342,7 +326,7 @@ def test_a_replay_that_does_not_fit_comes_back_from_a_copy_and_its_kind_is_offlo
     # step raised BudgetTooSmall into the training loop here, where offloads
     # fit.
     from remat.torch import zoo
-    _drop_first_drops_blindly(monkeypatch)
+    drop_first_drops_blindly(monkeypatch)
     b = remat.torch.budget(int(saved_bytes_of(zoo.transformer) * 0.15), policy="dtr",
                            offload=True, recompute=True)
     b._clock = _timed_by_plan(b, {"mixed": 2.0, "drop-first": 1.0})
@@ -452,7 +436,7 @@ def test_what_replays_did_is_kept_by_kind_and_size():
 def test_without_the_copies_that_step_raises(monkeypatch):
     # The same step with nothing copied first: the test above would fail.
     from remat.torch import zoo
-    _drop_first_drops_blindly(monkeypatch, backups=False)
+    drop_first_drops_blindly(monkeypatch, backups=False)
     b = remat.torch.budget(int(saved_bytes_of(zoo.transformer) * 0.15), policy="dtr",
                            offload=True, recompute=True)
     steps_under(b, zoo.transformer, remat.torch.budget.TRIAL_STEPS)

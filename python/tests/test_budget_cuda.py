@@ -8,6 +8,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device here", allow_module_level=True)
 
 import remat.torch  # noqa: E402
+from _blind import drop_first_drops_blindly  # noqa: E402
 from remat.torch import models  # noqa: E402
 
 
@@ -71,15 +72,8 @@ def test_cuda_a_replay_that_does_not_fit_comes_back_from_its_pinned_copy(monkeyp
     # runtime may): the drops no replay has been seen to fit are copied to
     # pinned host memory on the side stream, and a replay that cannot fit
     # comes back from its copy, with the plain CUDA step's gradients.
-    from remat.torch import _budget
     from remat.torch.zoo import ZOO
-    init = _budget.Engine.__init__
-
-    def blind(self, *args, **kw):
-        init(self, *args, **kw)
-        if self.drop_first:
-            self.replay_room = 1 << 50
-    monkeypatch.setattr(_budget.Engine, "__init__", blind)
+    drop_first_drops_blindly(monkeypatch)
     torch.use_deterministic_algorithms(True, warn_only=True)
     make = ZOO["transformer"]
     plain, _ = step_grads(make)

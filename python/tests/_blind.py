@@ -1,0 +1,19 @@
+"""The budget's drop-first estimate made blind, for the tests of replays that
+cannot fit (shared by the CPU and CUDA tests)."""
+
+
+def drop_first_drops_blindly(monkeypatch, backups=True):
+    """The drop-first plan drops wherever the runtime may, its estimate of
+    what a replay needs made blind (a replay room of 1 PiB), so that some of
+    its replays cannot fit (an estimate that falls short, as on models it
+    has not seen). `backups`: False, no drop is copied first."""
+    from remat.torch import _budget
+    init = _budget.Engine.__init__
+
+    def blind(self, *args, **kw):
+        init(self, *args, **kw)
+        if self.drop_first:
+            self.replay_room = 1 << 50
+    monkeypatch.setattr(_budget.Engine, "__init__", blind)
+    if not backups:
+        monkeypatch.setattr(_budget.Engine, "_wants_backup", lambda self, s: False)
