@@ -2,17 +2,18 @@
 cannot fit (shared by the CPU and CUDA tests)."""
 
 
-def drop_first_drops_blindly(monkeypatch, backups=True):
+def drop_first_drops_blindly(monkeypatch, backups=True, every_plan=False):
     """The drop-first plan drops wherever the runtime may, its estimate of
     what a replay needs made blind (a replay room of 1 PiB), so that some of
     its replays cannot fit (an estimate that falls short, as on models it
-    has not seen). `backups`: False, no drop is copied first."""
+    has not seen). `backups`: False, no drop is copied first. `every_plan`:
+    the mixed plans' estimate is made blind too."""
     from remat.torch import _budget
     init = _budget.Engine.__init__
 
     def blind(self, *args, **kw):
         init(self, *args, **kw)
-        if self.drop_first:
+        if self.drop_first or every_plan:
             self.replay_room = 1 << 50
     monkeypatch.setattr(_budget.Engine, "__init__", blind)
     if not backups:

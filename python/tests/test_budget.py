@@ -446,6 +446,22 @@ def test_without_the_copies_that_step_raises(monkeypatch):
     b.close()
 
 
+def test_a_replay_that_did_not_fit_with_no_copy_has_its_kind_offloaded_next_step(monkeypatch):
+    # No copies and a blind estimate: a replay in the step's backward cannot
+    # fit, and with no copy to come back from, the step raises. The plan's
+    # next steps offload that kind (one kind learned per failed step), and
+    # they run (they all raised, each the same way, before).
+    from remat.torch import zoo
+    drop_first_drops_blindly(monkeypatch, backups=False, every_plan=True)
+    b = remat.torch.budget(int(saved_bytes_of(zoo.transformer) * 0.15), policy="dtr",
+                           offload=True, recompute=True, offload_guard=False)
+    with pytest.raises(BudgetTooSmall, match="cannot make room"):
+        steps_under(b, zoo.transformer, 1)
+    figures = steps_under(b, zoo.transformer, 2)
+    assert all(f["offload_not_drop_failed"] > 0 and f["drops"] > 0 for f in figures)
+    b.close()
+
+
 def test_a_step_that_did_not_fit_with_what_the_runtime_learned_leaves_it_off():
     # Belady reads next uses the runtime learns from the step before. Near
     # this step's floor they lead its second step to evict what a recompute

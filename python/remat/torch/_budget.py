@@ -682,8 +682,8 @@ class _Replays:
     replay that fits under one plan may not under another that drops more.
     What holds in one step may not in the next (the policy's choices move
     with what the runtime learns): a drop seen to fit and not copied can
-    still fail, as before these copies, but no longer in a program's first
-    steps, nor where its shapes grow."""
+    still fail (not in a program's first steps, nor where its shapes grow).
+    That step raises, and its failure is learned as a copied one's is."""
 
     __slots__ = ("fit", "failed")
 
@@ -762,6 +762,9 @@ class Engine:
         # What replays did in earlier good steps (_Replays), and in this one.
         self.replays_seen = replays if replays is not None else _Replays()
         self.replays = _Replays()
+        # The dropped tensor whose replay failed the step (no copy to come
+        # back from): the outermost such acquire, as the error left it.
+        self.unfit = None
         self.backward_read = False    # a backward has read a saved tensor of the step
         # remat's allocator (libremat_torch.so) whose pressure drives the
         # evictions, capped at the budget on `device` while the step runs;
@@ -1496,6 +1499,20 @@ class Engine:
             fit = self.replays.fit
             fit[s.beside_key] = max(s.nbytes, fit.get(s.beside_key, 0))
 
+    def _saw_fail(self, s):
+        """A replay of dropped s could not fit."""
+        if s.beside_key is not None:
+            failed = self.replays.failed
+            failed[s.beside_key] = min(s.nbytes, failed.get(s.beside_key, s.nbytes))
+
+    def failed_replays(self):
+        """What the replays of a step that raised BudgetTooSmall did: those
+        that came back from their copies, and the one that failed it."""
+        if self.unfit is not None:
+            self._saw_fail(self.unfit)
+            self.unfit = None
+        return self.replays
+
     def _wants_backup(self, s):
         """Whether a drop of s (its drop and offload both allowed) is copied
         to host memory first: no replay of its kind and size was seen to
@@ -1695,9 +1712,15 @@ class Engine:
             self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
         except (BudgetTooSmall, RuntimeError) as e:
             if id(e) in self.callback_errors or \
-                    not (isinstance(e, BudgetTooSmall) or _out_of_memory(e)) or \
-                    not self._refill(s):
+                    not (isinstance(e, BudgetTooSmall) or _out_of_memory(e)):
                 raise
+            if not self._refill(s):
+                # No copy to come back from: unless a replay this one runs
+                # inside comes back from its own copy, the step fails, and
+                # the next steps of its plan offload s's kind (failed_replays).
+                self.unfit = s
+                raise
+            self.unfit = None
             if self.listening:
                 # The replay's failed requests are answered: not the step's
                 # error (others before it still are).
@@ -1725,8 +1748,7 @@ class Engine:
             raise
         s.tensor_version = s.reg_version
         self.counts["backups_used"] += 1  # (the copy is kept for a later drop of it)
-        failed = self.replays.failed
-        failed[s.beside_key] = min(s.nbytes, failed.get(s.beside_key, s.nbytes))
+        self._saw_fail(s)
         return True
 
     def _call_runtime(self, fn, *args):
@@ -2190,6 +2212,11 @@ class budget:
                 self._refuse(self._trial[0][0], exc)
             else:
                 self._go_blind(self._step_plan)
+                session = self._sessions.get(self._step_plan)
+                if session is not None:
+                    # Its replays that did not fit: offloaded from its next step.
+                    session.replays = session.replays.merged(self._engine.failed_replays(),
+                                                             fits=False)
         if ok:
             self._seen = self._seen.merged(self._engine.beside)
             session = self._sessions.get(self._step_plan)
