@@ -611,6 +611,8 @@ static void test_the_caller_evicts_a_tensor(void) {
   CHECK_OK(remat_stream_synchronize(a, 0));
   CHECK(memcmp(y_ptr, want_y, bytes) == 0);
   CHECK(runs == 3);  /* refilled, not regenerated */
+  CHECK_OK(remat_runtime_get_stats(rt, &rstats));
+  CHECK(rstats.refills == 1);
   CHECK_OK(remat_tensor_release(rt, y));
   CHECK_STATUS(remat_tensor_release(rt, y), REMAT_FAILED_PRECONDITION);  /* one pin each */
   CHECK_OK(remat_tensor_free(rt, y));
@@ -1064,6 +1066,7 @@ typedef struct event_log {
   uint64_t tensors[64];
   int pressure[64];
   uint64_t streams[64];
+  int refill[64];
   int count;
 } event_log;
 
@@ -1074,6 +1077,7 @@ static void log_event(void* user_data, const remat_event* e) {
     log->tensors[log->count] = e->tensor;
     log->pressure[log->count] = e->pressure;
     log->streams[log->count] = e->stream;
+    log->refill[log->count] = e->refill;
   }
   ++log->count;
 }
@@ -1202,10 +1206,18 @@ static void test_events_tell_each_transition(void) {
       seen_recompute = seen_drop;
     }
     if (log.kinds[i] == REMAT_EVENT_RESTORED && log.tensors[i] == offloaded) {
-      seen_restore = seen_offload;
+      seen_restore = seen_offload && !log.refill[i];
     }
   }
   CHECK(seen_drop && seen_offload && seen_recompute && seen_restore);
+  /* Brought back from the program's own copy: RESTORED, with refill set. */
+  CHECK_OK(remat_tensor_evict(rt, dropped, REMAT_EVICT_DROP, 0, NULL));
+  CHECK_OK(remat_tensor_refill(rt, dropped, 0, &p));
+  CHECK(log.count <= 64);
+  CHECK(log.kinds[log.count - 1] == REMAT_EVENT_RESTORED);
+  CHECK(log.tensors[log.count - 1] == dropped && log.refill[log.count - 1] == 1);
+  memset(p, 0x33, 4 * MIB);
+  CHECK_OK(remat_tensor_release(rt, dropped));
   CHECK_OK(remat_tensor_free(rt, dropped));
   CHECK(log.kinds[(log.count - 1) % 64] == REMAT_EVENT_COLLECTED);
   CHECK_OK(remat_runtime_destroy(rt));

@@ -65,7 +65,7 @@ REMAT_API const char* remat_version(void);
  * (libremat.so.MAJOR.MINOR), so a program built against another header does
  * not load the new library by accident. A program that loads the library by
  * path should check remat_abi_version() == REMAT_ABI_VERSION first. */
-#define REMAT_ABI_VERSION 5
+#define REMAT_ABI_VERSION 6
 REMAT_API int remat_abi_version(void);
 /* Frees a string this library returned (remat_snapshot_json). NULL is fine. */
 REMAT_API void remat_string_free(char* str);
@@ -242,6 +242,8 @@ typedef struct remat_event {
   int ahead;         /* OFFLOADED: no copy now, the one made ahead holds the bytes */
   int directed;      /* DROPPED, OFFLOADED: asked for by remat_tensor_evict (pressure is
                       * then set too: an eviction, not a release) */
+  int refill;        /* RESTORED: brought back by remat_tensor_refill (the owner writes the
+                      * bytes; nothing was copied or recomputed) */
 } remat_event;
 
 /* Called with the runtime's lock held, on the thread whose call caused the
@@ -438,6 +440,7 @@ typedef struct remat_runtime_stats {
   uint64_t steps_ended;       /* remat_runtime_end_step calls */
   uint64_t copies_ahead;      /* copies out made ahead (copy_ahead) */
   uint64_t ahead_offloads;    /* offloads that used one */
+  uint64_t refills;           /* dropped tensors brought back by remat_tensor_refill */
 } remat_runtime_stats;
 
 REMAT_API remat_status remat_runtime_get_stats(remat_runtime* runtime, remat_runtime_stats* out);

@@ -193,6 +193,7 @@ class CallbackObserver final : public remat::RuntimeObserver {
     out.stream = static_cast<std::uint64_t>(e.stream.handle);
     out.ahead = e.ahead ? 1 : 0;
     out.directed = e.directed ? 1 : 0;
+    out.refill = e.refill ? 1 : 0;
     fn_(user_data_, &out);
   }
 
@@ -1008,6 +1009,7 @@ remat_status remat_runtime_get_stats(remat_runtime* runtime, remat_runtime_stats
       r.steps_ended = s.steps_ended;
       r.copies_ahead = s.copies_ahead;
       r.ahead_offloads = s.ahead_offloads;
+      r.refills = s.refills;
     }
     *out = r;
     return REMAT_OK;

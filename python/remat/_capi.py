@@ -12,7 +12,7 @@ import pathlib
 
 # The struct layouts below mirror remat.h at this REMAT_ABI_VERSION; lib()
 # refuses a library with another one rather than misread its structs.
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 OK = 0
 INVALID_ARGUMENT = 1
@@ -81,7 +81,7 @@ class Event(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("tensor", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
                 ("pressure", ctypes.c_int), ("prefetch", ctypes.c_int),
                 ("cost_ns", ctypes.c_int64), ("stream", ctypes.c_uint64), ("ahead", ctypes.c_int),
-                ("directed", ctypes.c_int)]
+                ("directed", ctypes.c_int), ("refill", ctypes.c_int)]
 
 
 EVENT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(Event))
@@ -94,7 +94,7 @@ class RuntimeStats(ctypes.Structure):
         (name, ctypes.c_uint64) for name in (
             "offloaded_bytes", "restored_bytes", "prefetches", "resident_bytes",
             "peak_resident_bytes", "pinned_by_api", "learned_next_uses", "steps_ended",
-            "copies_ahead", "ahead_offloads")]
+            "copies_ahead", "ahead_offloads", "refills")]
 
 
 class RematError(RuntimeError):

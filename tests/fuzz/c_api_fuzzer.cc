@@ -144,6 +144,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Check(remat_stream_create(a, &side) == REMAT_OK);
   std::vector<void*> raw;        // plain allocations
   std::vector<Tensor> tensors;   // runtime tensors this program still owns
+  std::uint64_t refills = 0;     // refills that succeeded (the stats count them)
   while (!in.empty()) {
     const std::uint8_t op = in.Byte();
     switch (op % 13) {
@@ -256,7 +257,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           CheckFailed(s);  // no room for it now (or not dropped): it stays as it was
           break;
         }
-        if (refill) Check(Fill(p, t.bytes, t.fill, on) == REMAT_OK);
+        if (refill) {
+          ++refills;
+          Check(Fill(p, t.bytes, t.fill, on) == REMAT_OK);
+        }
         // Its bytes were written on stream 0 (or by a recompute or copy on
         // `on`): as on a GPU, reading them on another stream needs both done.
         Check(remat_stream_synchronize(a, on) == REMAT_OK);
@@ -337,6 +341,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         remat_runtime_stats st;
         Check(remat_runtime_get_stats(rt, &st) == REMAT_OK);
         Check(st.pinned_by_api == 0);
+        Check(st.refills == refills);
         if (ro.live_budget != 0) Check(st.resident_bytes <= ro.live_budget);
         (void)remat_empty_cache(a);
         // A step ends (learn_next_use): refused without it, and nothing else changes.

@@ -1061,8 +1061,8 @@ class Engine:
                 s.gen += 1
             self.pending.append((e.kind, s, None))
         elif e.kind == _capi.EVENT_RESTORED:
-            if s.backup is not None and s.host is None and s.tensor is None:
-                return  # a refill (a dropped tensor with a copy): _refill copies it in
+            if e.refill:
+                return  # from the copy made as it was dropped: _refill copies it in
             self.restores += 1
             self.pending.append((e.kind, s, None))
 
