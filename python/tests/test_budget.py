@@ -2,12 +2,14 @@
 the saved bytes within the budget, and drops or offloads that happened."""
 
 import contextlib
+import ctypes
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
 
 import remat  # noqa: E402
+from remat import _capi  # noqa: E402
 import remat.torch  # noqa: E402
 from remat.torch import BudgetTooSmall  # noqa: E402
 
@@ -363,6 +365,44 @@ def test_a_copy_with_no_host_memory_is_skipped_not_fatal(monkeypatch):
     figures = steps_under(b, models.gpt, 2)
     assert figures[0]["drops"] > 0 and figures[0]["backups_skipped"] > 0
     assert figures[0]["backups"] == 0 and figures[0]["backup_bytes"] == 0
+    b.close()
+
+
+def test_a_copy_that_cannot_be_brought_in_leaves_its_tensor_dropped(monkeypatch):
+    # A replay that does not fit, and its copy cannot come in either (no
+    # device memory for the copy): the step raises that error, and the
+    # runtime holds the tensor as dropped, with no pin left on it (it was
+    # made resident and pinned for the copy).
+    from remat.torch import _budget, zoo
+    drop_first_drops_blindly(monkeypatch, every_plan=True)
+    refill = _budget.Engine._refill
+    seen = []
+
+    def failing_refill(self, s):
+        self.in_refill = True
+        try:
+            return refill(self, s)
+        except RuntimeError:
+            state = ctypes.c_int()
+            assert self.lib.remat_tensor_get_state(self.runtime, s.id,
+                                                   ctypes.byref(state)) == _capi.OK
+            seen.append((state.value, self.session.raw_stats().pinned_by_api - len(self.pins),
+                         s.tensor))
+            raise
+        finally:
+            self.in_refill = False
+
+    def copy_in(self, host, device):
+        if getattr(self, "in_refill", False):
+            raise RuntimeError("CUDA out of memory (the copy in, on purpose)")
+        return host.clone()
+    monkeypatch.setattr(_budget.Engine, "_refill", failing_refill)
+    monkeypatch.setattr(_budget.Engine, "_copy_in", copy_in)
+    b = remat.torch.budget(int(saved_bytes_of(zoo.transformer) * 0.15), policy="dtr",
+                           offload=True, recompute=True, offload_guard=False)
+    with pytest.raises(RuntimeError, match="the copy in, on purpose"):
+        steps_under(b, zoo.transformer, 1)
+    assert seen == [(_capi.TENSOR_DROPPED, 0, None)]
     b.close()
 
 

@@ -231,6 +231,62 @@ for held in (60 * MIB, 0):
     assert int(lines["0"]) == 0, out
 
 
+def test_a_replay_that_does_not_fit_under_the_allocators_pressure_comes_back_from_its_copy():
+    # Under the allocator's pressure a replay that does not fit is a request
+    # the allocator refuses inside the replay (out of memory, seen by the
+    # call's check as BudgetTooSmall): the tensor comes back from the copy
+    # made as it was dropped, and the step ends with the plain step's
+    # gradients, the replay's failed request answered (no error at its end).
+    out = _run('''
+import ctypes
+import torch
+import remat.torch
+from remat.torch import _allocator, _budget, models
+
+a = _allocator.attach(_allocator.find_library())
+malloc = a.so.remat_try_malloc
+malloc.restype = ctypes.c_void_p
+malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+free = a.so.remat_free
+free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+MIB = 1 << 20
+model, step = models.gpt(0)
+torch.manual_seed(1)
+step().backward()
+plain = [p.grad.clone() for p in model.parameters()]
+# The first replay's first call asks the allocator for more than the budget
+# leaves (the failed request the call's check sees after it, as a CUDA
+# call's own request that raised out of memory).
+run_call = _budget.Engine._run
+failed = []
+
+
+def run_failing(self, call, memo, rebuild):
+    if not failed:
+        failed.append(malloc(512 * MIB, 0, None))
+    return run_call(self, call, memo, rebuild)
+
+
+_budget.Engine._run = run_failing
+model.zero_grad(set_to_none=True)
+torch.manual_seed(1)
+with remat.torch.budget("64MiB", policy="dtr", offload=True, offload_guard=False,
+                        pressure="allocator") as run:
+    hold = malloc(40 * MIB, 0, None)
+    loss = step()
+    assert malloc(30 * MIB, 0, None) is None  # the evictions
+    run._engine.ooms = a.num_ooms(0)  # (the test's own request)
+    loss.backward()
+    free(hold, 40 * MIB, 0, None)
+assert failed == [None], failed
+assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), plain))
+print(run.stats["drops"], run.stats["offloads"], run.stats["backups"], run.stats["backups_used"])
+assert run.stats["backups_used"] == 1, run.stats
+print("done")
+''', REMAT_TORCH_LIB=_torch_library(), REMAT_DEVICE="sim", REMAT_SIM_CAPACITY="1GiB")
+    assert "done" in out, out
+
+
 def test_a_traced_allocator_refuses_the_pressure_callback(tmp_path):
     # REMAT_TRACE holds its lock across an allocation: a callback freeing
     # through the allocator would wait on it, so the budget is refused.
