@@ -25,27 +25,10 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LIB = os.environ.get("REMAT_LIB", str(ROOT / "build" / "lib" / "libremat.so"))
-
-
-class AllocatorOptions(ctypes.Structure):
-    _fields_ = [("device", ctypes.c_int), ("cuda_device", ctypes.c_int),
-                ("budget_bytes", ctypes.c_uint64), ("max_split_bytes", ctypes.c_uint64),
-                ("history_events", ctypes.c_uint64), ("sim_capacity_bytes", ctypes.c_uint64),
-                ("sim_backed", ctypes.c_int), ("alloc_conf", ctypes.c_char_p)]
-
-
-class TensorOptions(ctypes.Structure):
-    _fields_ = [("inputs", ctypes.POINTER(ctypes.c_uint64)), ("num_inputs", ctypes.c_size_t),
-                ("compute_ns", ctypes.c_int64), ("allow_drop", ctypes.c_int),
-                ("allow_offload", ctypes.c_int), ("recompute", ctypes.c_void_p),
-                ("user_data", ctypes.c_void_p), ("destroy", ctypes.c_void_p)]
-
-
-class RuntimeStats(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_int64 if name == "recompute_ns" else ctypes.c_uint64) for name in (
-        "tensors_created", "live_tensors", "pressure_events", "drops", "released_drops",
-        "offloads", "recomputes", "recompute_ns", "offloaded_bytes", "restored_bytes",
-        "prefetches", "resident_bytes", "peak_resident_bytes", "pinned_by_api")]
+# The C structs as ctypes declares them, from the package (python/remat), so
+# that they follow remat.h; the library's ABI version is checked against them.
+sys.path.insert(0, str(ROOT / "python"))
+from remat._capi import ABI_VERSION, AllocatorOptions, RuntimeStats, TensorOptions  # noqa: E402
 
 
 class CudaArray:
@@ -60,6 +43,9 @@ class Remat:
     def __init__(self, device, budget):
         self.lib = lib = ctypes.CDLL(LIB)
         lib.remat_last_error.restype = ctypes.c_char_p
+        if lib.remat_abi_version() != ABI_VERSION:
+            raise RuntimeError(f"{LIB} has C ABI version {lib.remat_abi_version()}, this example "
+                               f"declares {ABI_VERSION}: rebuild the library from this checkout")
         options = AllocatorOptions()
         self.check(lib.remat_allocator_options_init(ctypes.byref(options)))
         options.device = 1 if device == "cuda" else 0
@@ -170,7 +156,8 @@ def main():
         torch.equal(a, b) for a, b in zip(again_grads, plain_grads))
     remat = Remat(args.device, args.budget_mib << 20)
     loss, grads = step(model, x, remat)
-    same = torch.equal(loss, plain_loss) and all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+    same = torch.equal(loss, plain_loss) and all(
+        torch.equal(a, b) for a, b in zip(grads, plain_grads))
     if not same:
         worst = max((a - b).abs().max().item() for a, b in zip(grads, plain_grads))
         print(f"largest gradient difference {worst:.3g}; two plain runs "

@@ -3,6 +3,7 @@ the saved bytes within the budget, and drops or offloads that happened."""
 
 import contextlib
 import ctypes
+import types
 
 import pytest
 
@@ -500,6 +501,49 @@ def test_a_replay_that_did_not_fit_with_no_copy_has_its_kind_offloaded_next_step
     figures = steps_under(b, zoo.transformer, 2)
     assert all(f["offload_not_drop_failed"] > 0 and f["drops"] > 0 for f in figures)
     b.close()
+
+
+def test_only_a_dropped_tensors_replay_that_fails_the_step_is_learned():
+    # What _acquire leaves for the step's end to learn (Engine.unfit): the
+    # dropped tensor whose replay failed with no copy to come back from; not
+    # an offloaded one with no room for itself (offloading its kind would
+    # not help), and nothing once an acquire came back (a replay that failed
+    # inside it was rebuilt, or refilled from its copy).
+    from remat.torch import _budget
+
+    class Saved:
+        id, tensor, host, beside_key, nbytes = 1, None, None, ("op", 0, 0), 64
+
+    class Engine:
+        listening = False
+        callback_errors = set()
+        lib = types.SimpleNamespace(remat_tensor_acquire=None)
+        failed_replays = _budget.Engine.failed_replays
+        _saw_fail = _budget.Engine._saw_fail
+
+        def __init__(self):
+            self.fails, self.unfit, self.replays = True, None, _budget._Replays()
+
+        def _call_runtime(self, fn, *args):
+            if self.fails:
+                raise BudgetTooSmall("no room (on purpose)")
+
+        def _refill(self, s):
+            return False
+
+    e, dropped, offloaded = Engine(), Saved(), Saved()
+    offloaded.host = object()
+    with pytest.raises(BudgetTooSmall):
+        _budget.Engine._acquire(e, dropped)
+    assert e.unfit is dropped
+    with pytest.raises(BudgetTooSmall):
+        _budget.Engine._acquire(e, offloaded)
+    assert e.unfit is None
+    e.unfit, e.fails = dropped, False  # failed inside the next acquire, which came back
+    _budget.Engine._acquire(e, Saved())
+    assert e.unfit is None and not e.failed_replays().failed
+    e.unfit = dropped
+    assert e.failed_replays().seen_to_fail(("op", 0, 0), 64) and e.unfit is None
 
 
 def test_a_step_that_did_not_fit_with_what_the_runtime_learned_leaves_it_off():

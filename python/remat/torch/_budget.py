@@ -670,7 +670,7 @@ class _Beside:
 
 
 class _Replays:
-    """What the replays of good steps did, by tensor kind (the keys of
+    """What the replays of steps did, by tensor kind (the keys of
     _Beside): the largest tensor of each kind that came back by replay, and
     the smallest whose replay could not fit (it came back from the copy made
     as it was dropped). A drop of a kind and size no replay has been seen to
@@ -683,7 +683,8 @@ class _Replays:
     What holds in one step may not in the next (the policy's choices move
     with what the runtime learns): a drop seen to fit and not copied can
     still fail (not in a program's first steps, nor where its shapes grow).
-    That step raises, and its failure is learned as a copied one's is."""
+    That step raises BudgetTooSmall, and its failure is learned as a copied
+    one's is (budget._end_step, Engine.failed_replays)."""
 
     __slots__ = ("fit", "failed")
 
@@ -692,11 +693,12 @@ class _Replays:
         self.failed = {}  # key -> smallest nbytes whose replay did not fit
 
     def merged(self, newer, fits=True):
-        """What two good steps did. A step whose replays did not all fit
+        """What two steps did. A step whose replays did not all fit
         changes what the next steps drop (those kinds are offloaded), and so
         what their replays need: what was seen to fit before it is
         forgotten, and the next step copies its drops again. `fits`: False,
-        the newer step's fits are not taken (its failures are)."""
+        the newer step's fits are not taken (its failures are): a runtime's
+        blind first step, or a step that raised."""
         both = _Replays()
         both.failed = dict(self.failed)
         for k, n in newer.failed.items():
@@ -1708,6 +1710,7 @@ class Engine:
         # The allocator's failed requests so far, and those the step has seen
         # (a replay's own, seen by check_allocator inside it, are answered below).
         ooms, seen = (self.allocator.num_ooms(self.device), self.ooms) if self.listening else (0, 0)
+        replayed = s.tensor is None and s.host is None  # dropped: its acquire replays it
         try:
             self._call_runtime(self.lib.remat_tensor_acquire, s.id, 0, ctypes.byref(p))
         except (BudgetTooSmall, RuntimeError) as e:
@@ -1717,14 +1720,17 @@ class Engine:
             if not self._refill(s):
                 # No copy to come back from: unless a replay this one runs
                 # inside comes back from its own copy, the step fails, and
-                # the next steps of its plan offload s's kind (failed_replays).
-                self.unfit = s
+                # where s was dropped (not offloaded: no room for it alone),
+                # the next steps of its plan offload its kind (failed_replays).
+                self.unfit = s if replayed else None
                 raise
-            self.unfit = None
             if self.listening:
                 # The replay's failed requests are answered: not the step's
                 # error (others before it still are).
                 self.ooms = seen + self.allocator.num_ooms(self.device) - ooms
+        # Back: a replay that failed inside this one (rebuilt, or refilled)
+        # is not the step's failure.
+        self.unfit = None
 
     def _refill(self, s):
         """Brings dropped s back, pinned, from the copy made as it was
