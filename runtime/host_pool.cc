@@ -85,28 +85,47 @@ absl::Status PinnedHostPool::FreeAfter(void* ptr, Stream stream) {
     return s;
   }
   in_use_bytes_ -= it->second;
-  pending_.push_back(Pending{ptr, it->second, event});
+  pending_[stream.handle].push_back(Pending{ptr, it->second, event});
+  ++waiting_;
   return absl::OkStatus();
 }
 
 void PinnedHostPool::ReclaimCompleted(bool wait) {
-  std::vector<Pending> still;
-  for (const Pending& p : pending_) {
-    bool done;
-    if (wait) {
-      done = device_->SynchronizeEvent(p.event).ok();
-    } else {
-      absl::StatusOr<bool> q = device_->QueryEvent(p.event);
-      done = q.ok() && *q;
-    }
-    if (done) {
+  for (auto& [stream, queue] : pending_) {
+    while (!queue.empty()) {
+      const Pending& p = queue.front();
+      bool done;
+      if (wait) {
+        done = device_->SynchronizeEvent(p.event).ok();
+      } else {
+        absl::StatusOr<bool> q = device_->QueryEvent(p.event);
+        done = q.ok() && *q;
+      }
+      if (!done) break;  // the stream's later copies end no sooner
       cached_.emplace(p.bytes, p.ptr);
       spare_events_.push_back(p.event);
-    } else {
-      still.push_back(p);
+      queue.pop_front();
+      --waiting_;
     }
   }
-  pending_ = std::move(still);
+  // Too many still waiting: the oldest of the longest queue are waited for
+  // (on a GPU long done, or a copy stream that far behind holds the host
+  // back; on a simulated device that nothing synchronizes, its clock moves).
+  while (!wait && waiting_ > kMaxWaiting) {
+    std::deque<Pending>* longest = nullptr;
+    for (auto& [stream, queue] : pending_) {
+      if (longest == nullptr || queue.size() > longest->size()) longest = &queue;
+    }
+    const Pending p = longest->front();
+    if (absl::Status s = device_->SynchronizeEvent(p.event); !s.ok()) {
+      REMAT_LOG(kWarning, "pinned host pool: waiting for a copy: %s", s.ToString());
+      return;
+    }
+    cached_.emplace(p.bytes, p.ptr);
+    spare_events_.push_back(p.event);
+    longest->pop_front();
+    --waiting_;
+  }
 }
 
 void PinnedHostPool::ReleaseCache() {

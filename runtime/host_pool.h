@@ -4,11 +4,20 @@
 // copy may still read it is reused only once an event behind that copy has
 // completed. A byte cap bounds what the pool holds; past it, cached buffers
 // are released before an allocation fails.
+//
+// Buffers waiting on copies are kept per stream in the order they were handed
+// back: a stream's work completes in order, so reclaiming stops at a stream's
+// first copy still running, and an allocation costs no scan of every buffer
+// ever freed. A device whose clock moves only when the host waits (a
+// simulated one that nothing synchronizes, as remat.torch's bookkeeping
+// runtime is) completes no copy by itself: past kMaxWaiting waiting buffers,
+// the pool waits for the oldest ones, so what it holds stays bounded.
 #ifndef REMAT_RUNTIME_HOST_POOL_H_
 #define REMAT_RUNTIME_HOST_POOL_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <vector>
 
@@ -38,6 +47,10 @@ class PinnedHostPool {
   std::size_t held_bytes() const { return held_bytes_; }
   std::size_t peak_in_use_bytes() const { return peak_in_use_bytes_; }
   std::size_t capacity() const { return capacity_; }
+  // Buffers handed back whose copies may still run.
+  std::size_t waiting() const { return waiting_; }
+
+  static constexpr std::size_t kMaxWaiting = 256;
 
  private:
   struct Pending {
@@ -54,7 +67,9 @@ class PinnedHostPool {
   const std::size_t capacity_;
   std::multimap<std::size_t, void*> cached_;                  // ready buffers by size
   absl::flat_hash_map<void*, std::size_t> sizes_;             // every buffer we hold
-  std::vector<Pending> pending_;                              // freed, copy maybe in flight
+  // Freed, copy maybe in flight: per stream handle, oldest first.
+  absl::flat_hash_map<std::uintptr_t, std::deque<Pending>> pending_;
+  std::size_t waiting_ = 0;                                   // buffers in pending_
   std::vector<Event> spare_events_;
   std::size_t in_use_bytes_ = 0;
   std::size_t held_bytes_ = 0;
