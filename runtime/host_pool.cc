@@ -39,9 +39,14 @@ absl::StatusOr<void*> PinnedHostPool::Allocate(std::size_t bytes) {
   const std::size_t size = RoundUp512(std::max<std::size_t>(bytes, 1));
   for (int attempt = 0; attempt < 2; ++attempt) {
     ReclaimCompleted(/*wait=*/attempt > 0);
-    // The smallest cached buffer that fits, if it wastes at most half.
-    auto it = cached_.lower_bound(size);
-    if (it != cached_.end() && it->first <= 2 * size) {
+    auto it = CachedFit(size);
+    // Rather than pin another buffer while many wait on copies, the oldest
+    // is waited for (on a GPU long done, or the copies are that far behind;
+    // a simulated device's clock moves only so, when nothing synchronizes).
+    while (it == cached_.end() && waiting_ > kMaxWaiting && WaitForOldest()) {
+      it = CachedFit(size);
+    }
+    if (it != cached_.end()) {
       void* ptr = it->second;
       in_use_bytes_ += it->first;
       cached_.erase(it);
@@ -65,6 +70,33 @@ absl::StatusOr<void*> PinnedHostPool::Allocate(std::size_t bytes) {
       FormatBytes(in_use_bytes_), FormatBytes(capacity_)));
 }
 
+std::multimap<std::size_t, void*>::iterator PinnedHostPool::CachedFit(std::size_t size) {
+  // The smallest cached buffer that fits, if it wastes at most half.
+  auto it = cached_.lower_bound(size);
+  return it != cached_.end() && it->first <= 2 * size ? it : cached_.end();
+}
+
+bool PinnedHostPool::WaitForOldest() {
+  auto oldest = pending_.end();
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (oldest == pending_.end() || it->second.front().order < oldest->second.front().order) {
+      oldest = it;
+    }
+  }
+  if (oldest == pending_.end()) return false;
+  const Pending p = oldest->second.front();
+  if (absl::Status s = device_->SynchronizeEvent(p.event); !s.ok()) {
+    REMAT_LOG(kWarning, "pinned host pool: waiting for a copy: %s", s.ToString());
+    return false;
+  }
+  cached_.emplace(p.bytes, p.ptr);
+  spare_events_.push_back(p.event);
+  oldest->second.pop_front();
+  --waiting_;
+  if (oldest->second.empty()) pending_.erase(oldest);
+  return true;
+}
+
 absl::Status PinnedHostPool::FreeAfter(void* ptr, Stream stream) {
   auto it = sizes_.find(ptr);
   if (it == sizes_.end()) {
@@ -85,13 +117,14 @@ absl::Status PinnedHostPool::FreeAfter(void* ptr, Stream stream) {
     return s;
   }
   in_use_bytes_ -= it->second;
-  pending_[stream.handle].push_back(Pending{ptr, it->second, event});
+  pending_[stream.handle].push_back(Pending{ptr, it->second, event, next_order_++});
   ++waiting_;
   return absl::OkStatus();
 }
 
 void PinnedHostPool::ReclaimCompleted(bool wait) {
-  for (auto& [stream, queue] : pending_) {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    std::deque<Pending>& queue = it->second;
     while (!queue.empty()) {
       const Pending& p = queue.front();
       bool done;
@@ -107,24 +140,12 @@ void PinnedHostPool::ReclaimCompleted(bool wait) {
       queue.pop_front();
       --waiting_;
     }
-  }
-  // Too many still waiting: the oldest of the longest queue are waited for
-  // (on a GPU long done, or a copy stream that far behind holds the host
-  // back; on a simulated device that nothing synchronizes, its clock moves).
-  while (!wait && waiting_ > kMaxWaiting) {
-    std::deque<Pending>* longest = nullptr;
-    for (auto& [stream, queue] : pending_) {
-      if (longest == nullptr || queue.size() > longest->size()) longest = &queue;
+    // (absl's erase-while-iterating: `it` moves on first.)
+    if (queue.empty()) {
+      pending_.erase(it++);
+    } else {
+      ++it;
     }
-    const Pending p = longest->front();
-    if (absl::Status s = device_->SynchronizeEvent(p.event); !s.ok()) {
-      REMAT_LOG(kWarning, "pinned host pool: waiting for a copy: %s", s.ToString());
-      return;
-    }
-    cached_.emplace(p.bytes, p.ptr);
-    spare_events_.push_back(p.event);
-    longest->pop_front();
-    --waiting_;
   }
 }
 

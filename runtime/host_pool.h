@@ -7,11 +7,13 @@
 //
 // Buffers waiting on copies are kept per stream in the order they were handed
 // back: a stream's work completes in order, so reclaiming stops at a stream's
-// first copy still running, and an allocation costs no scan of every buffer
-// ever freed. A device whose clock moves only when the host waits (a
-// simulated one that nothing synchronizes, as remat.torch's bookkeeping
-// runtime is) completes no copy by itself: past kMaxWaiting waiting buffers,
-// the pool waits for the oldest ones, so what it holds stays bounded.
+// first copy still running, and an allocation queries one event per stream
+// with copies running, not every buffer handed back since. Rather than pin
+// a new buffer while more than kMaxWaiting wait on copies, the pool waits
+// for the oldest: on a GPU long done (or the copies are that far behind),
+// and on a simulated device, whose clock moves only when the host waits, the
+// only way a program that never synchronizes it (remat.torch's bookkeeping
+// runtime) gets buffers back.
 #ifndef REMAT_RUNTIME_HOST_POOL_H_
 #define REMAT_RUNTIME_HOST_POOL_H_
 
@@ -57,7 +59,14 @@ class PinnedHostPool {
     void* ptr;
     std::size_t bytes;
     Event event;
+    std::uint64_t order;  // handed back after every lower one
   };
+
+  // The smallest cached buffer that fits `size` wasting at most half, or end.
+  std::multimap<std::size_t, void*>::iterator CachedFit(std::size_t size);
+  // Waits for the copy behind the buffer handed back longest ago and caches
+  // it; false when none waits or the wait failed (logged).
+  bool WaitForOldest();
 
   void ReclaimCompleted(bool wait);
   void ReleaseCache();
@@ -70,6 +79,7 @@ class PinnedHostPool {
   // Freed, copy maybe in flight: per stream handle, oldest first.
   absl::flat_hash_map<std::uintptr_t, std::deque<Pending>> pending_;
   std::size_t waiting_ = 0;                                   // buffers in pending_
+  std::uint64_t next_order_ = 0;
   std::vector<Event> spare_events_;
   std::size_t in_use_bytes_ = 0;
   std::size_t held_bytes_ = 0;

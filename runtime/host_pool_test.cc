@@ -1,9 +1,13 @@
 // PinnedHostPool: buffers handed back behind copies are reused once those
-// copies end, stream by stream, and what waits stays bounded on a device
-// that nothing synchronizes.
+// copies end, stream by stream; an allocation asks after one running copy
+// per stream, however many buffers wait; and past a bound the pool waits for
+// the oldest rather than pin another buffer.
 #include "runtime/host_pool.h"
 
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "base/units.h"
 #include "device/sim_device.h"
@@ -78,7 +82,7 @@ TEST_F(HostPoolTest, AStreamWhoseCopiesEndedGivesItsBuffersBackBeforeASlowerOne)
 TEST_F(HostPoolTest, WhatWaitsStaysBoundedOnADeviceNothingSynchronizes) {
   // Offload after offload on a simulated device whose clock moves only when
   // the host waits, and nothing waits: the pool used to keep every buffer
-  // (none reusable) and scan them all at each allocation.
+  // (none came back) and pin a new one for each offload.
   const Stream s = NewStream();
   for (int i = 0; i < 4000; ++i) {
     auto p = pool_->Allocate(4096);
@@ -90,6 +94,108 @@ TEST_F(HostPoolTest, WhatWaitsStaysBoundedOnADeviceNothingSynchronizes) {
   EXPECT_LE(pool_->waiting(), PinnedHostPool::kMaxWaiting + 1);
   EXPECT_LE(pool_->held_bytes(), (PinnedHostPool::kMaxWaiting + 2) * 4096);
   EXPECT_EQ(pool_->in_use_bytes(), 0u);
+}
+
+// A simulated device that counts the events it is asked about.
+class CountingDevice final : public Device {
+ public:
+  explicit CountingDevice(Device* sim) : sim_(sim) {}
+  std::string Describe() const override { return sim_->Describe(); }
+  std::size_t Capacity() const override { return sim_->Capacity(); }
+  std::size_t FreeBytes() const override { return sim_->FreeBytes(); }
+  std::int64_t NowNs() const override { return sim_->NowNs(); }
+  absl::StatusOr<void*> ReserveSegment(std::size_t b) override { return sim_->ReserveSegment(b); }
+  absl::Status ReleaseSegment(void* p) override { return sim_->ReleaseSegment(p); }
+  absl::StatusOr<void*> AllocateHost(std::size_t b) override { return sim_->AllocateHost(b); }
+  absl::Status FreeHost(void* p) override { return sim_->FreeHost(p); }
+  absl::StatusOr<Stream> CreateStream() override { return sim_->CreateStream(); }
+  absl::Status DestroyStream(Stream s) override { return sim_->DestroyStream(s); }
+  absl::StatusOr<Event> CreateEvent() override { return sim_->CreateEvent(); }
+  absl::Status DestroyEvent(Event e) override { return sim_->DestroyEvent(e); }
+  absl::Status RecordEvent(Event e, Stream s) override { return sim_->RecordEvent(e, s); }
+  absl::StatusOr<bool> QueryEvent(Event e) override {
+    ++queries;
+    return sim_->QueryEvent(e);
+  }
+  absl::Status StreamWaitEvent(Stream s, Event e) override { return sim_->StreamWaitEvent(s, e); }
+  absl::Status SynchronizeEvent(Event e) override {
+    ++waits;
+    return sim_->SynchronizeEvent(e);
+  }
+  absl::Status SynchronizeStream(Stream s) override { return sim_->SynchronizeStream(s); }
+  absl::Status Synchronize() override { return sim_->Synchronize(); }
+  absl::Status CopyAsync(void* d, const void* s, std::size_t b, CopyKind k, Stream st) override {
+    return sim_->CopyAsync(d, s, b, k, st);
+  }
+  absl::Status LaunchHostFunc(Stream s, absl::AnyInvocable<void() &&> fn,
+                              std::int64_t cost_ns) override {
+    return sim_->LaunchHostFunc(s, std::move(fn), cost_ns);
+  }
+
+  int queries = 0;
+  int waits = 0;
+
+ private:
+  Device* sim_;
+};
+
+TEST_F(HostPoolTest, AnAllocationAsksAfterOneRunningCopyPerStream) {
+  // Every allocation used to ask after every buffer still waiting: with
+  // thousands of offloads in a step (and none coming back on a device
+  // nothing synchronizes), a step's offloads cost quadratic time.
+  CountingDevice counting(device_.get());
+  PinnedHostPool pool(&counting, kGiB);
+  const Stream a = NewStream();
+  const Stream b = NewStream();
+  std::vector<void*> buffers;
+  for (int i = 0; i < 100; ++i) {
+    auto p = pool.Allocate(4096);
+    ASSERT_TRUE(p.ok()) << p.status();
+    buffers.push_back(*p);
+  }
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const Stream s = i % 2 ? a : b;
+    Busy(s, 100'000);
+    ASSERT_TRUE(pool.FreeAfter(buffers[i], s).ok());
+  }
+  ASSERT_EQ(pool.waiting(), 100u);
+  counting.queries = 0;
+  ASSERT_TRUE(pool.Allocate(4096).ok());
+  EXPECT_EQ(counting.queries, 2);  // the front of each stream's queue
+  EXPECT_EQ(counting.waits, 0);    // under the bound: a new buffer, no wait
+  ASSERT_TRUE(device_->Synchronize().ok());
+}
+
+TEST_F(HostPoolTest, PastTheBoundACachedBufferThatFitsIsTakenWithoutWaiting) {
+  // The pool waits only rather than pin a new buffer: on a GPU a cached one
+  // that fits never holds the host back, however many wait on copies.
+  CountingDevice counting(device_.get());
+  PinnedHostPool pool(&counting, kGiB);
+  const Stream busy = NewStream();
+  const Stream idle = NewStream();
+  std::vector<void*> buffers;
+  for (std::size_t i = 0; i < PinnedHostPool::kMaxWaiting + 50; ++i) {
+    auto p = pool.Allocate(4096);
+    ASSERT_TRUE(p.ok()) << p.status();
+    buffers.push_back(*p);
+  }
+  auto big = pool.Allocate(kMiB);
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_TRUE(pool.FreeAfter(*big, idle).ok());  // no copy behind it: back at once
+  for (void* p : buffers) {
+    Busy(busy, 100'000);
+    ASSERT_TRUE(pool.FreeAfter(p, busy).ok());
+  }
+  ASSERT_GT(pool.waiting(), PinnedHostPool::kMaxWaiting);
+  auto again = pool.Allocate(kMiB);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *big);
+  EXPECT_EQ(counting.waits, 0);
+  auto small = pool.Allocate(4096);  // nothing cached fits: the oldest is waited for
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(*small, buffers[0]);
+  EXPECT_GE(counting.waits, 1);
+  ASSERT_TRUE(device_->Synchronize().ok());
 }
 
 }  // namespace
