@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "device/forwarding_device.h"
 #include "device/sim_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -143,40 +144,17 @@ TEST(AllocConfTest, GarbageCollectionReleasesTheCacheBeforeGrowing) {
 // A simulated device whose ReserveSegment waits (up to a second) until
 // another thread has been served from the cache meanwhile (with the
 // allocator's lock held across the call it times out, as it should).
-class WaitingDevice final : public Device {
+class WaitingDevice final : public ForwardingDevice {
  public:
-  explicit WaitingDevice(std::unique_ptr<SimDevice> sim) : sim_(std::move(sim)) {}
-  std::string Describe() const override { return sim_->Describe(); }
-  std::size_t Capacity() const override { return sim_->Capacity(); }
-  std::size_t FreeBytes() const override { return sim_->FreeBytes(); }
-  std::int64_t NowNs() const override { return sim_->NowNs(); }
+  explicit WaitingDevice(std::unique_ptr<SimDevice> sim)
+      : ForwardingDevice(sim.get()), sim_(std::move(sim)) {}
   absl::StatusOr<void*> ReserveSegment(std::size_t bytes) override {
     if (wait) {
       inside = true;
       std::unique_lock<std::mutex> lock(mu);
       saw_other = cv.wait_for(lock, std::chrono::seconds(1), [this] { return served; });
     }
-    return sim_->ReserveSegment(bytes);
-  }
-  absl::Status ReleaseSegment(void* p) override { return sim_->ReleaseSegment(p); }
-  absl::StatusOr<void*> AllocateHost(std::size_t b) override { return sim_->AllocateHost(b); }
-  absl::Status FreeHost(void* p) override { return sim_->FreeHost(p); }
-  absl::StatusOr<Stream> CreateStream() override { return sim_->CreateStream(); }
-  absl::Status DestroyStream(Stream s) override { return sim_->DestroyStream(s); }
-  absl::StatusOr<Event> CreateEvent() override { return sim_->CreateEvent(); }
-  absl::Status DestroyEvent(Event e) override { return sim_->DestroyEvent(e); }
-  absl::Status RecordEvent(Event e, Stream s) override { return sim_->RecordEvent(e, s); }
-  absl::StatusOr<bool> QueryEvent(Event e) override { return sim_->QueryEvent(e); }
-  absl::Status StreamWaitEvent(Stream s, Event e) override { return sim_->StreamWaitEvent(s, e); }
-  absl::Status SynchronizeEvent(Event e) override { return sim_->SynchronizeEvent(e); }
-  absl::Status SynchronizeStream(Stream s) override { return sim_->SynchronizeStream(s); }
-  absl::Status Synchronize() override { return sim_->Synchronize(); }
-  absl::Status CopyAsync(void* d, const void* s, std::size_t b, CopyKind k, Stream st) override {
-    return sim_->CopyAsync(d, s, b, k, st);
-  }
-  absl::Status LaunchHostFunc(Stream s, absl::AnyInvocable<void() &&> fn,
-                              std::int64_t cost_ns) override {
-    return sim_->LaunchHostFunc(s, std::move(fn), cost_ns);
+    return ForwardingDevice::ReserveSegment(bytes);
   }
   void Served() {
     std::lock_guard<std::mutex> lock(mu);

@@ -5,11 +5,11 @@
 #include "runtime/host_pool.h"
 
 #include <memory>
-#include <string>
 #include <utility>
 #include <vector>
 
 #include "base/units.h"
+#include "device/forwarding_device.h"
 #include "device/sim_device.h"
 #include "gtest/gtest.h"
 
@@ -97,46 +97,20 @@ TEST_F(HostPoolTest, WhatWaitsStaysBoundedOnADeviceNothingSynchronizes) {
 }
 
 // A simulated device that counts the events it is asked about.
-class CountingDevice final : public Device {
+class CountingDevice final : public ForwardingDevice {
  public:
-  explicit CountingDevice(Device* sim) : sim_(sim) {}
-  std::string Describe() const override { return sim_->Describe(); }
-  std::size_t Capacity() const override { return sim_->Capacity(); }
-  std::size_t FreeBytes() const override { return sim_->FreeBytes(); }
-  std::int64_t NowNs() const override { return sim_->NowNs(); }
-  absl::StatusOr<void*> ReserveSegment(std::size_t b) override { return sim_->ReserveSegment(b); }
-  absl::Status ReleaseSegment(void* p) override { return sim_->ReleaseSegment(p); }
-  absl::StatusOr<void*> AllocateHost(std::size_t b) override { return sim_->AllocateHost(b); }
-  absl::Status FreeHost(void* p) override { return sim_->FreeHost(p); }
-  absl::StatusOr<Stream> CreateStream() override { return sim_->CreateStream(); }
-  absl::Status DestroyStream(Stream s) override { return sim_->DestroyStream(s); }
-  absl::StatusOr<Event> CreateEvent() override { return sim_->CreateEvent(); }
-  absl::Status DestroyEvent(Event e) override { return sim_->DestroyEvent(e); }
-  absl::Status RecordEvent(Event e, Stream s) override { return sim_->RecordEvent(e, s); }
+  explicit CountingDevice(Device* sim) : ForwardingDevice(sim) {}
   absl::StatusOr<bool> QueryEvent(Event e) override {
     ++queries;
-    return sim_->QueryEvent(e);
+    return ForwardingDevice::QueryEvent(e);
   }
-  absl::Status StreamWaitEvent(Stream s, Event e) override { return sim_->StreamWaitEvent(s, e); }
   absl::Status SynchronizeEvent(Event e) override {
     ++waits;
-    return sim_->SynchronizeEvent(e);
-  }
-  absl::Status SynchronizeStream(Stream s) override { return sim_->SynchronizeStream(s); }
-  absl::Status Synchronize() override { return sim_->Synchronize(); }
-  absl::Status CopyAsync(void* d, const void* s, std::size_t b, CopyKind k, Stream st) override {
-    return sim_->CopyAsync(d, s, b, k, st);
-  }
-  absl::Status LaunchHostFunc(Stream s, absl::AnyInvocable<void() &&> fn,
-                              std::int64_t cost_ns) override {
-    return sim_->LaunchHostFunc(s, std::move(fn), cost_ns);
+    return ForwardingDevice::SynchronizeEvent(e);
   }
 
   int queries = 0;
   int waits = 0;
-
- private:
-  Device* sim_;
 };
 
 TEST_F(HostPoolTest, AnAllocationAsksAfterOneRunningCopyPerStream) {

@@ -41,11 +41,13 @@ def _run(script, **env):
     return out.stdout
 
 
-SIM = """
+# What the scripts below begin with: remat's allocator attached, and its
+# malloc and free, with which a script plays PyTorch's allocations.
+ATTACHED = """
 import ctypes
 import torch
 import remat.torch
-from remat.torch import _allocator, models
+from remat.torch import _allocator, _budget, models
 
 a = _allocator.attach(_allocator.find_library())
 malloc = a.so.remat_try_malloc  # (remat_malloc raises, for PyTorch)
@@ -54,6 +56,9 @@ malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
 free = a.so.remat_free
 free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
 MIB = 1 << 20
+"""
+
+SIM = ATTACHED + """
 
 
 def grads(make, budget=None, request=0, **kw):
@@ -193,19 +198,7 @@ def test_a_replay_must_fit_beside_what_the_device_held_as_the_step_began():
     # what was there before the step (parameters, optimizer state): with
     # most of the budget held, hybrid offloads what it could not bring back
     # in the rest; with nothing held, the same budget lets it drop them.
-    out = _run("""
-import ctypes
-import torch
-import remat.torch
-from remat.torch import _allocator, models
-
-a = _allocator.attach(_allocator.find_library())
-malloc = a.so.remat_try_malloc
-malloc.restype = ctypes.c_void_p
-malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-free = a.so.remat_free
-free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-MIB = 1 << 20
+    out = _run(ATTACHED + """
 model, step = models.mlp(0)
 torch.manual_seed(1)
 step().backward()
@@ -237,19 +230,7 @@ def test_a_replay_that_does_not_fit_under_the_allocators_pressure_comes_back_fro
     # call's check as BudgetTooSmall): the tensor comes back from the copy
     # made as it was dropped, and the step ends with the plain step's
     # gradients, the replay's failed request answered (no error at its end).
-    out = _run('''
-import ctypes
-import torch
-import remat.torch
-from remat.torch import _allocator, _budget, models
-
-a = _allocator.attach(_allocator.find_library())
-malloc = a.so.remat_try_malloc
-malloc.restype = ctypes.c_void_p
-malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-free = a.so.remat_free
-free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-MIB = 1 << 20
+    out = _run(ATTACHED + '''
 model, step = models.gpt(0)
 torch.manual_seed(1)
 step().backward()
