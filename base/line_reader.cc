@@ -5,16 +5,19 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "base/units.h"
 
 namespace remat {
 
 absl::StatusOr<std::unique_ptr<LineReader>> LineReader::Open(const std::string& path,
                                                              std::size_t padding,
-                                                             std::size_t chunk) {
+                                                             std::size_t chunk,
+                                                             std::size_t max_line) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrFormat("%s: cannot open: %s", path, std::strerror(errno)));
@@ -29,19 +32,27 @@ absl::StatusOr<std::unique_ptr<LineReader>> LineReader::Open(const std::string& 
     if (S_ISREG(st.st_mode)) size = static_cast<std::uint64_t>(st.st_size);
   }
   return std::unique_ptr<LineReader>(
-      new LineReader(path, fd, padding, chunk < 16 ? 16 : chunk, size));
+      new LineReader(path, fd, padding, chunk < 16 ? 16 : chunk, max_line, size));
 }
 
 LineReader::LineReader(std::string path, int fd, std::size_t padding, std::size_t chunk,
-                       std::uint64_t file_size)
+                       std::size_t max_line, std::uint64_t file_size)
     : path_(std::move(path)),
       fd_(fd),
       padding_(padding),
+      max_line_(max_line),
       buffer_(chunk + padding),
       capacity_(chunk),
       file_size_(file_size) {}
 
 LineReader::~LineReader() { ::close(fd_); }
+
+absl::Status LineReader::TooLong() const {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: line %d is longer than %s, the longest line a trace may have (no newline, or not "
+      "a trace?)",
+      path_, lines_ + 1, FormatBytes(max_line_)));
+}
 
 absl::StatusOr<bool> LineReader::Next(std::string_view* line) {
   for (;;) {
@@ -54,8 +65,10 @@ absl::StatusOr<bool> LineReader::Next(std::string_view* line) {
                                : end_;
         std::size_t size = stop - begin_;
         if (size > 0 && data[begin_ + size - 1] == '\r') --size;
+        if (size > max_line_) return TooLong();
         *line = std::string_view(data + begin_, size);
         begin_ = newline != nullptr ? stop + 1 : end_;
+        ++lines_;
         return true;
       }
     } else if (eof_) {
@@ -68,8 +81,11 @@ absl::StatusOr<bool> LineReader::Next(std::string_view* line) {
       end_ -= begin_;
       begin_ = 0;
     }
+    // More than the cap (and a '\r') with no newline yet: refused now, not
+    // once the whole of the line is in memory.
+    if (end_ > max_line_ + 1) return TooLong();
     if (end_ == capacity_) {
-      capacity_ *= 2;
+      capacity_ = std::min(capacity_ * 2, max_line_ + 2);
       buffer_.resize(capacity_ + padding_);
     }
     ssize_t n;

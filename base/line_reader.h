@@ -13,6 +13,11 @@
 //
 // `padding` bytes after each line are readable (their contents unspecified),
 // for parsers that read past the end of their input (simdjson).
+//
+// A line longer than `max_line` bytes (kMaxLine by default: 16 MiB, where the
+// longest line of a recorded trace is about a kilobyte) is refused as soon as
+// that many bytes have come without a newline, so a file with none costs the
+// cap in memory, not its size.
 #ifndef REMAT_BASE_LINE_READER_H_
 #define REMAT_BASE_LINE_READER_H_
 
@@ -30,18 +35,21 @@ namespace remat {
 class LineReader {
  public:
   static constexpr std::size_t kDefaultChunk = std::size_t{1} << 20;
+  static constexpr std::size_t kMaxLine = std::size_t{16} << 20;
 
   // NotFound when `path` cannot be opened, InvalidArgument for a directory;
   // messages start with the path.
   static absl::StatusOr<std::unique_ptr<LineReader>> Open(const std::string& path,
                                                           std::size_t padding = 0,
-                                                          std::size_t chunk = kDefaultChunk);
+                                                          std::size_t chunk = kDefaultChunk,
+                                                          std::size_t max_line = kMaxLine);
   ~LineReader();
   LineReader(const LineReader&) = delete;
   LineReader& operator=(const LineReader&) = delete;
 
   // The next line into `*line`: true, or false at the end of the file.
-  // DataLoss (naming the path) when reading fails.
+  // DataLoss (naming the path) when reading fails; InvalidArgument naming the
+  // path, the line number and the cap for a line longer than `max_line`.
   absl::StatusOr<bool> Next(std::string_view* line);
 
   // The file's size when it is a regular file (0 otherwise), for reserving.
@@ -51,11 +59,14 @@ class LineReader {
 
  private:
   LineReader(std::string path, int fd, std::size_t padding, std::size_t chunk,
-             std::uint64_t file_size);
+             std::size_t max_line, std::uint64_t file_size);
+  absl::Status TooLong() const;
 
   const std::string path_;
   const int fd_;
   const std::size_t padding_;
+  const std::size_t max_line_;
+  std::uint64_t lines_ = 0;  // lines returned so far
   std::vector<char> buffer_;  // capacity_ + padding_ bytes
   std::size_t capacity_;
   std::size_t begin_ = 0;  // unread data: [begin_, end_)

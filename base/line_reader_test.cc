@@ -96,5 +96,54 @@ TEST(LineReaderTest, TheFirstLineComesBeforeTheRestOfTheFile) {
   EXPECT_TRUE(feeder.WriterWasCutOff());
 }
 
+TEST(LineReaderTest, ALineOverTheCapIsRefusedNamingItsNumberAndTheCap) {
+  const std::string path = TempPath("capped.txt");
+  const std::size_t cap = 100;
+  // At the cap (with or without a '\r') it is a line; one byte more is not,
+  // whether a newline ends it or the file does.
+  Write(path, "short\n" + std::string(cap, 'a') + "\r\n" + std::string(cap, 'b') + "\n" +
+                  std::string(cap + 1, 'c') + "\n");
+  for (const std::size_t chunk : {std::size_t{16}, std::size_t{4096}}) {
+    auto reader = LineReader::Open(path, 0, chunk, cap);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    std::string_view line;
+    for (int i = 0; i < 3; ++i) {
+      absl::StatusOr<bool> more = (*reader)->Next(&line);
+      ASSERT_TRUE(more.ok() && *more) << i << ": " << more.status();
+    }
+    EXPECT_EQ(line, std::string(cap, 'b'));
+    absl::StatusOr<bool> more = (*reader)->Next(&line);
+    ASSERT_FALSE(more.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(more.status())) << more.status();
+    EXPECT_NE(more.status().message().find(path + ": line 4 is longer than 100 B"),
+              std::string::npos)
+        << more.status();
+  }
+  Write(path, std::string(cap + 1, 'x'));  // the last line, with no newline
+  auto reader = LineReader::Open(path, 0, 4096, cap);
+  ASSERT_TRUE(reader.ok());
+  std::string_view line;
+  EXPECT_FALSE((*reader)->Next(&line).ok());
+}
+
+TEST(LineReaderTest, ALineWithNoEndIsRefusedBeforeItIsAllRead) {
+  // 8 MiB with no newline after the first line: refused at the cap, with the
+  // writer cut off (the reader did not read on to the end).
+  FifoFeeder feeder(TempPath("endless.fifo"), "the first line\n", 'x');
+  ASSERT_TRUE(feeder.ok()) << std::strerror(errno);
+  {
+    auto reader = LineReader::Open(feeder.path(), 0, 64 * 1024, 1 << 20);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    std::string_view line;
+    ASSERT_TRUE(*(*reader)->Next(&line));
+    absl::StatusOr<bool> more = (*reader)->Next(&line);
+    ASSERT_FALSE(more.ok());
+    EXPECT_NE(more.status().message().find("line 2 is longer than 1.00 MiB"), std::string::npos)
+        << more.status();
+    EXPECT_LT((*reader)->bytes_read(), 2u << 20);
+  }
+  EXPECT_TRUE(feeder.WriterWasCutOff());
+}
+
 }  // namespace
 }  // namespace remat

@@ -287,6 +287,18 @@ TEST_F(RematCliTest, NoOutputOverwritesAnInputOrAnotherOutput) {
             *remat::ReadFile(Env("REMAT_SOURCE_DIR") + "/examples/traces/tiny.csv"));
 }
 
+TEST_F(RematCliTest, ATraceLineOverTheCapIsRefusedByEveryReader) {
+  // 17 MiB with no newline: over the 16 MiB a line may have.
+  const std::string endless = WriteTemp("endless.txt", std::string(17 << 20, 'x'));
+  for (const std::string& command :
+       {"sim " + endless + " --budget-ratio 0.5", "replay " + endless,
+        "sweep " + endless + " --no-plot --out " + ::testing::TempDir() + "/endless_sweep"}) {
+    const Outcome run = Remat(command);
+    EXPECT_EQ(run.status, 2) << command << ": " << run.out;
+    EXPECT_THAT(run.out, HasSubstr(endless + ": line 1 is longer than 16.00 MiB")) << command;
+  }
+}
+
 TEST_F(RematCliTest, BadInputGetsAMessageThatSaysWhatIsWrong) {
   // A directory is bad input (2), not a failed run (1).
   const Outcome dir = Remat("sim " + ::testing::TempDir() + " --budget-ratio 0.5");

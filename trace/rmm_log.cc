@@ -180,7 +180,16 @@ class LogBuilder {
       free_slots_.pop_back();
     }
     record.slot = it->second.slot;
-    live_bytes_ += record.size;
+    // No memory holds 2^64 bytes: a log whose live sizes add up past that has
+    // wrong sizes, and a wrapped sum would report a peak that is not its own.
+    std::uint64_t live = 0;
+    if (__builtin_add_overflow(live_bytes_, record.size, &live)) {
+      return Error(record.line,
+                   "allocate of %d bytes with %d bytes already live: the live sizes add up "
+                   "past 2^64 bytes, more than any memory holds",
+                   record.size, live_bytes_);
+    }
+    live_bytes_ = live;
     if (live_bytes_ > log_.peak_requested_bytes) log_.peak_requested_bytes = live_bytes_;
     return absl::OkStatus();
   }

@@ -202,6 +202,13 @@ TEST(RmmLogTest, InconsistentLogs) {
               StartsWith("t.csv:2: allocate of 100 bytes at a null pointer"));
   EXPECT_THAT(ErrorOf("1,10:00:00.000001,free,0x0,100,0x0\n"),
               StartsWith("t.csv:2: free of 0x0 which is not live"));
+  // Live sizes past 2^64 bytes: refused at the line that passes it, not a
+  // peak that wrapped around.
+  EXPECT_THAT(ErrorOf("1,10:00:00.000001,allocate,0x1000,9223372036854775807,0x0\n"
+                      "1,10:00:00.000002,allocate,0x2000,9223372036854775807,0x0\n"
+                      "1,10:00:00.000003,allocate,0x3000,2,0x0\n"),
+              StartsWith("t.csv:4: allocate of 2 bytes with 18446744073709551614 bytes already "
+                         "live: the live sizes add up past 2^64 bytes"));
 }
 
 TEST(RmmLogTest, ReadRmmLogReportsMissingFiles) {
