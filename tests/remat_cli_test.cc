@@ -287,6 +287,31 @@ TEST_F(RematCliTest, NoOutputOverwritesAnInputOrAnotherOutput) {
             *remat::ReadFile(Env("REMAT_SOURCE_DIR") + "/examples/traces/tiny.csv"));
 }
 
+TEST_F(RematCliTest, AFailedSweepLeavesNoDirectoryItMadeAndKeepsTheUsers) {
+  namespace fs = std::filesystem;
+  const fs::path fresh = fs::path(::testing::TempDir()) / "sweep_fresh";
+  fs::remove_all(fresh);
+  const Outcome failed = Remat("sweep " + Trace("chain_100.jsonl") +
+                               " --ratios 0.5 --policies nosuch --no-plot --out " +
+                               (fresh / "a" / "b").string());
+  EXPECT_EQ(failed.status, 2) << failed.out;
+  EXPECT_FALSE(fs::exists(fresh)) << "the directories this run made are gone";
+  // The user's own directory stays, with what was in it.
+  const fs::path mine = fs::path(::testing::TempDir()) / "sweep_mine";
+  fs::remove_all(mine);
+  fs::create_directories(mine);
+  const Outcome again = Remat("sweep " + Trace("chain_100.jsonl") +
+                              " --ratios 0.5 --policies nosuch --no-plot --out " +
+                              (mine / "new").string());
+  EXPECT_EQ(again.status, 2) << again.out;
+  EXPECT_TRUE(fs::is_directory(mine));
+  EXPECT_FALSE(fs::exists(mine / "new"));
+  const Outcome kept = Remat("sweep " + Trace("chain_100.jsonl") +
+                             " --ratios 0.5 --policies nosuch --no-plot --out " + mine.string());
+  EXPECT_EQ(kept.status, 2) << kept.out;
+  EXPECT_TRUE(fs::is_directory(mine));
+}
+
 TEST_F(RematCliTest, ATraceLineOverTheCapIsRefusedByEveryReader) {
   // 17 MiB with no newline: over the 16 MiB a line may have.
   const std::string endless = WriteTemp("endless.txt", std::string(17 << 20, 'x'));
@@ -336,6 +361,35 @@ TEST_F(RematCliTest, RunRefusesBadOutputsAndBudgetsBeforeTheProgramStarts) {
   EXPECT_EQ(tiny.status, 2) << tiny.out;
   EXPECT_THAT(tiny.out, HasSubstr("smallest segment"));
   EXPECT_FALSE(std::filesystem::exists(marker));  // the program never started
+}
+
+TEST_F(RematCliTest, RunNeverWritesOverTheProgramItRuns) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "run_own_program";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path program = dir / "my-program";
+  fs::copy_file("/bin/true", program);
+  fs::create_hard_link(program, dir / "hard-link");
+  fs::create_symlink(program, dir / "soft-link");
+  const std::string before = *remat::ReadFile(program.string());
+  // As named; through a hard link; through a symbolic link.
+  for (const char* output : {"my-program", "hard-link", "soft-link"}) {
+    const Outcome run = Remat(absl::StrCat("run --device sim --trace ", (dir / output).string(),
+                                           " -- ", program.string()));
+    EXPECT_EQ(run.status, 2) << output << ": " << run.out;
+    EXPECT_THAT(run.out, HasSubstr("is the program: refusing to overwrite an input"));
+  }
+  // Found through PATH, as exec finds it.
+  const std::string path = Env("PATH");
+  setenv("PATH", absl::StrCat(dir.string(), ":", path).c_str(), 1);
+  const Outcome searched =
+      Remat(absl::StrCat("run --device sim --snapshot ", (dir / "hard-link").string(),
+                         " -- my-program"));
+  setenv("PATH", path.c_str(), 1);
+  EXPECT_EQ(searched.status, 2) << searched.out;
+  EXPECT_THAT(searched.out, HasSubstr("is the program"));
+  EXPECT_EQ(*remat::ReadFile(program.string()), before);
 }
 
 TEST_F(RematCliTest, RunSaysWhenTheProgramMadeNoCudaAllocation) {

@@ -28,8 +28,16 @@ cannot run code.
 
 import argparse
 import collections
+import os
 import pickle
 import sys
+
+# Run from a checkout, the package's sources in python/ come first; else the
+# installed package. Only its standard-library path check is used.
+_CHECKOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
+if os.path.isfile(os.path.join(_CHECKOUT, "remat", "_paths.py")):
+    sys.path.insert(0, _CHECKOUT)
+from remat._paths import OutputPathError, check_output_paths  # noqa: E402
 
 HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 US_PER_DAY = 86_400 * 1_000_000
@@ -201,8 +209,11 @@ def main(argv=None):
                         help="device whose trace to convert (default: the only one recorded)")
     args = parser.parse_args(argv)
     try:
+        # Before the snapshot is read: the output must never be the snapshot.
+        check_output_paths([("the snapshot", args.snapshot)], [("--output", args.output)])
         converter = convert(args.snapshot, args.output, args.device)
-    except (OSError, SnapshotError, pickle.UnpicklingError, EOFError) as error:
+    except (OSError, OutputPathError, SnapshotError, pickle.UnpicklingError,
+            EOFError) as error:
         print(f"torch_snapshot_to_trace: {error}", file=sys.stderr)
         return 2
     print(summary(converter, args.output), file=sys.stderr)

@@ -147,6 +147,30 @@ class ConvertTest(unittest.TestCase):
             status, _, err = self.run_tool(self.path("snap.pickle"))
             self.assertEqual(status, 0, err)
 
+    def test_the_output_is_never_the_snapshot(self):
+        source = self.write_snapshot({"device_traces": [[entry("alloc", 0x10, 8, 1)]]})
+        with open(source, "rb") as f:
+            before = f.read()
+        os.link(source, self.path("hard.pickle"))
+        os.symlink(source, self.path("soft.pickle"))
+        spelled = os.path.join(self.dir.name, ".", "snap.pickle")
+        for output in (source, spelled, self.path("hard.pickle"), self.path("soft.pickle")):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                status = tool.main([source, "-o", output])
+            self.assertEqual(status, 2, output)
+            self.assertIn("is the snapshot: refusing to overwrite an input", err.getvalue())
+            self.assertEqual(len(err.getvalue().splitlines()), 1)
+        with open(source, "rb") as f:
+            self.assertEqual(f.read(), before)
+        # An output that cannot be created is refused before the snapshot is read.
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            status = tool.main([self.path("missing.pickle"), "-o",
+                                self.path("no/such/dir/out.csv")])
+        self.assertEqual(status, 2)
+        self.assertIn("cannot create: no directory", err.getvalue())
+
     def test_unreadable_inputs_exit_two(self):
         status, _, err = self.run_tool(self.path("missing.pickle"))
         self.assertEqual(status, 2)

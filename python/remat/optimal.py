@@ -815,6 +815,15 @@ def main(argv=None):
         print(f"remat.optimal: {args.plan_out} exists: give --plan-out a new path (nothing is "
               "overwritten)", file=sys.stderr)
         return 2
+    if args.plan_out is not None:
+        # Before the solver runs: a plan with nowhere to go is known now, not
+        # after a minute of solving.
+        from remat._paths import OutputPathError, check_output_paths
+        try:
+            check_output_paths([("the trace", args.trace)], [("--plan-out", args.plan_out)])
+        except OutputPathError as e:
+            print(f"remat.optimal: {e}", file=sys.stderr)
+            return 2
     if args.offload and not (args.link_gbps > 0 and args.link_latency_ns >= 0):
         print("remat.optimal: --link-gbps must be above 0 and --link-latency-ns 0 or more",
               file=sys.stderr)

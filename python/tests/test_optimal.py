@@ -148,7 +148,7 @@ def test_a_recompute_needs_its_inputs_back_first(tmp_path):
     assert run["directed_evictions"] >= 1
 
 
-def test_a_plan_is_written_as_evict_and_prefetch_records_and_never_over_a_file(tmp_path):
+def test_a_plan_is_written_as_evict_and_prefetch_records_and_never_over_a_file(tmp_path, capsys):
     path = write(tmp_path, B_COMES_BACK_THROUGH_A)
     plan = tmp_path / "plan.jsonl"
     assert optimal.main([path, "--budget", "201", "--plan-out", str(plan), "--json"]) == 0
@@ -168,6 +168,13 @@ def test_a_plan_is_written_as_evict_and_prefetch_records_and_never_over_a_file(t
     before = plan.read_text()
     assert optimal.main([path, "--budget", "201", "--plan-out", str(plan)]) == 2
     assert plan.read_text() == before
+    # Nor where it cannot be written: refused before the solver runs.
+    nowhere = tmp_path / "no" / "dir" / "plan.jsonl"
+    capsys.readouterr()
+    assert optimal.main([path, "--budget", "201", "--plan-out", str(nowhere)]) == 2
+    assert "--plan-out: cannot create: no directory" in capsys.readouterr().err.replace(
+        str(nowhere), "--plan-out")
+    assert not (tmp_path / "no").exists()
     # No plan where nothing fits: said, and no file.
     missing = tmp_path / "none.jsonl"
     assert optimal.main([path, "--budget", "150", "--plan-out", str(missing)]) == 3

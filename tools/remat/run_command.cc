@@ -54,11 +54,11 @@ std::string FindPreloadLibrary() {
 }
 
 // The path execvp would run for `program` (searched in PATH when it has no
-// slash), or "" when there is none.
+// slash; glibc's default path when PATH is unset), or "" when there is none.
 std::string ResolveProgram(const std::string& program) {
   if (program.find('/') != std::string::npos) return program;
   const char* path = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
+  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/bin:/usr/bin", ':')) {
     const std::string candidate = std::string(dir.empty() ? "." : dir) + "/" + program;
     std::error_code ec;
     if (std::filesystem::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0) {
@@ -161,9 +161,13 @@ std::string PreloadList(const std::string& shim, const std::string& program,
 
 int RunProgram(const RunFlags& f) {
   // Refused before the program starts: a long job must not learn at its end
-  // that its trace could not be written, or run with every allocation failing.
+  // that its trace could not be written, or run with every allocation failing,
+  // and the shim must not write over the program it serves (found as exec
+  // finds it) or over itself.
+  const std::string library = FindPreloadLibrary();
   if (absl::Status outputs = CheckOutputPaths(
-          {}, {{"--trace", f.trace_path}, {"--snapshot", f.snapshot_path}});
+          {{"the program", ResolveProgram(f.command.front())}, {"libremat_preload.so", library}},
+          {{"--trace", f.trace_path}, {"--snapshot", f.snapshot_path}});
       !outputs.ok()) {
     return ReportError("run", outputs);
   }
@@ -173,7 +177,6 @@ int RunProgram(const RunFlags& f) {
                                   "every allocation would fail",
                                   FormatBytes(f.budget), FormatBytes(kSmallBuffer))));
   }
-  const std::string library = FindPreloadLibrary();
   if (library.empty()) {
     std::cerr << "remat run: cannot find libremat_preload.so next to this binary (../lib/); "
                  "set REMAT_PRELOAD_LIB to its path\n";

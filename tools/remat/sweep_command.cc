@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/file.h"
 #include "base/units.h"
@@ -167,6 +168,37 @@ std::map<double, std::string> Bounds(const std::string& trace_path, const SweepR
   return cells;
 }
 
+// --out, created with the parents it lacks; unless Keep() is called, the
+// directories it made are removed again (deepest first, each only while
+// empty), so a sweep that fails leaves no trace of itself, and a directory
+// that was there before is never touched.
+class OutDirectory {
+ public:
+  absl::Status Create(const std::string& dir) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (fs::path p = fs::absolute(dir, ec).lexically_normal(); !p.empty();
+         p = p.parent_path()) {
+      if (fs::exists(p, ec) || p == p.parent_path()) break;
+      created_.push_back(p);  // deepest first
+    }
+    fs::create_directories(dir, ec);
+    if (ec) return absl::InvalidArgumentError(absl::StrCat(dir, ": ", ec.message()));
+    return absl::OkStatus();
+  }
+  void Keep() { created_.clear(); }
+  ~OutDirectory() {
+    for (const std::filesystem::path& p : created_) {
+      std::error_code ec;
+      if (!std::filesystem::is_empty(p, ec) || ec) break;
+      std::filesystem::remove(p, ec);
+    }
+  }
+
+ private:
+  std::vector<std::filesystem::path> created_;
+};
+
 bool Plot(const std::string& dir) {
   const std::string script = dir + "/plot_overhead.py";
   if (!WriteFile(script, SweepPlotScript(dir + "/results.csv", dir + "/overhead.png", script))
@@ -212,17 +244,18 @@ int RunSweepCommand(const SweepFlags& f) {
   }
   if (!trace.ok()) return ReportError("sweep", trace.status());
   std::error_code ec;
-  std::filesystem::create_directories(f.out_dir, ec);
-  if (ec) {
-    std::cerr << "remat sweep: " << f.out_dir << ": " << ec.message() << "\n";
-    return kExitUsage;
-  }
+  OutDirectory out_dir;
+  if (absl::Status s = out_dir.Create(f.out_dir); !s.ok()) return ReportError("sweep", s);
   // The trace may sit in the output directory: it is never overwritten.
-  std::vector<NamedPath> outputs = {
-      {"--out's results.csv", f.out_dir + "/results.csv"},
-      {"--out's overhead.png", f.out_dir + "/overhead.png"},
-      {"--out's plot_overhead.py", f.out_dir + "/plot_overhead.py"}};
+  std::vector<NamedPath> outputs = {{"--out's results.csv", f.out_dir + "/results.csv"}};
+  if (!f.no_plot) {
+    outputs.push_back({"--out's overhead.png", f.out_dir + "/overhead.png"});
+    outputs.push_back({"--out's plot_overhead.py", f.out_dir + "/plot_overhead.py"});
+    outputs.push_back({"--out's plot_errors.txt", f.out_dir + "/plot_errors.txt"});
+  }
   if (f.bound) {
+    outputs.push_back({"--out's bound_errors.txt", f.out_dir + "/bound_errors.txt"});
+    if (!f.model.empty()) outputs.push_back({"--out's model.jsonl", f.out_dir + "/model.jsonl"});
     for (double ratio : *ratios) {
       outputs.emplace_back("--out's plan at " + absl::StrFormat("%g", ratio),
                            PlanPath(f.out_dir, ratio));
@@ -270,6 +303,7 @@ int RunSweepCommand(const SweepFlags& f) {
   if (absl::Status s = WriteFile(f.out_dir + "/results.csv", SweepCsv(*result)); !s.ok()) {
     return ReportError("sweep", s);
   }
+  out_dir.Keep();
   std::map<double, std::string> bounds;
   std::map<double, std::string> plans;
   if (f.bound) {
