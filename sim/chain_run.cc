@@ -38,6 +38,14 @@ absl::StatusOr<Stack> MakeEnv(const policies::PolicySpec& policy, bool enable_dr
   return MakeStack(device, allocator, std::move(rt));
 }
 
+// An online run that computed more forward steps than it may.
+absl::Status Stopped(std::uint64_t max) {
+  return absl::OutOfRangeError(absl::StrFormat(
+      "stopped after %d forward steps, the most a run may take: the policy recomputes more "
+      "than this chain allows (try more slots, fewer steps, or --policy revolve)",
+      max));
+}
+
 // What a run has done so far. The forward-step count is shared with the
 // recompute closures, which the runtime may run after the run returns an error.
 struct Progress {
@@ -52,7 +60,7 @@ class ChainRunner {
 
   // One forward step on the compute stream.
   absl::Status Step() {
-    ++*progress_.forward;
+    if (++*progress_.forward > o_.max_forward_steps) return Stopped(o_.max_forward_steps);
     return env_.device->LaunchHostFunc(
         kDefaultStream, [] {}, o_.step_ns);
   }
@@ -104,8 +112,9 @@ class ChainRunner {
       options.compute_ns = o_.step_ns;
       options.allow_drop = true;
       options.recompute = [device = env_.device.get(), forward = progress_.forward,
-                           ns = o_.step_ns](const RecomputeArgs& args) {
-        ++*forward;
+                           ns = o_.step_ns,
+                           max = o_.max_forward_steps](const RecomputeArgs& args) -> absl::Status {
+        if (++*forward > max) return Stopped(max);
         return device->LaunchHostFunc(
             args.stream, [] {}, ns);
       };
@@ -203,6 +212,46 @@ class ChainRunner {
   Progress progress_;
 };
 
+// The least forward steps any run of the chain computes: t(N, C) advances
+// and the N recorded steps.
+std::uint64_t LeastWork(std::int64_t steps, std::int64_t slots) {
+  absl::StatusOr<std::uint64_t> t = revolve::OptimalAdvances(steps, slots);
+  if (!t.ok() || *t > UINT64_MAX - static_cast<std::uint64_t>(steps)) return UINT64_MAX;
+  return *t + static_cast<std::uint64_t>(steps);
+}
+
+absl::Status CheckWork(const ChainRunOptions& o, std::uint64_t optimal) {
+  const std::uint64_t n = static_cast<std::uint64_t>(o.steps);
+  const std::uint64_t least = optimal > UINT64_MAX - n ? UINT64_MAX : optimal + n;
+  if (least <= o.max_forward_steps) return absl::OkStatus();
+  // The fewest slots that keep this chain under the limit (work falls as
+  // slots grow; N slots store every state), and the most steps with these.
+  std::int64_t lo = o.slots + 1, hi = o.steps;
+  if (LeastWork(o.steps, hi) > o.max_forward_steps) hi = -1;  // no slots are enough
+  while (hi > 0 && lo < hi) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (LeastWork(o.steps, mid) <= o.max_forward_steps) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  std::int64_t most = 0;
+  for (std::int64_t step = std::int64_t{1} << 40; step > 0; step /= 2) {
+    if (most + step <= revolve::kMaxSteps &&
+        LeastWork(most + step, o.slots) <= o.max_forward_steps) {
+      most += step;
+    }
+  }
+  std::string fix = absl::StrFormat("at most %d steps with %d slots", most, o.slots);
+  if (hi > 0) fix = absl::StrFormat("--slots %d or more, or %s", hi, fix);
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "a chain of %d steps with %d slots takes at least %d forward steps (t(N,C) = %d "
+      "advances and %d recorded), more than the %d a run may take (its time and memory grow "
+      "with them): give %s",
+      o.steps, o.slots, least, optimal, o.steps, o.max_forward_steps, fix));
+}
+
 }  // namespace
 
 absl::StatusOr<ChainRunReport> RunChain(const ChainRunOptions& o) {
@@ -223,8 +272,15 @@ absl::StatusOr<ChainRunReport> RunChain(const ChainRunOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat(spec.status().message(), "; or 'revolve', the offline binomial schedule"));
   }
+  if (spec.name() == "belady") {
+    return absl::InvalidArgumentError(
+        "belady evicts by each state's next use, which remat chain does not tell the runtime "
+        "(without it belady is lru): use revolve, the offline optimum that knows the future, "
+        "or replay a chain trace with remat sim (examples/traces/chain_100.jsonl)");
+  }
   absl::StatusOr<std::uint64_t> optimal = revolve::OptimalAdvances(o.steps, o.slots);
   if (!optimal.ok()) return optimal.status();
+  if (absl::Status s = CheckWork(o, *optimal); !s.ok()) return s;
 
   ChainRunReport report;
   report.status = "ok";
@@ -257,6 +313,7 @@ absl::StatusOr<ChainRunReport> RunChain(const ChainRunOptions& o) {
   report.policy = offline ? kRevolve : env->runtime->policy().Spec();
   ChainRunner runner(o, *env);
   absl::Status ran = offline ? runner.RunSchedule(schedule) : runner.RunOnline();
+  if (*runner.progress().forward > o.max_forward_steps) return Stopped(o.max_forward_steps);
   if (absl::IsResourceExhausted(ran)) {
     report.status = "oom";
     report.message = std::string(ran.message());
@@ -316,6 +373,22 @@ std::string ChainReportToJson(const ChainRunReport& r) {
   w.Key("budget_bytes").Uint(r.budget_bytes);
   w.Key("peak_resident_bytes").Uint(r.peak_resident_bytes);
   if (r.policy == kRevolve) w.Key("schedule_actions").Uint(r.schedule_actions);
+  if (!r.schedule.empty()) {
+    // One object an action: its kind, the state it starts from, and the
+    // steps of an advance or the slot of a takeshot or restore.
+    w.Key("schedule").BeginArray();
+    for (const revolve::Action& a : r.schedule) {
+      w.BeginObject();
+      w.Key("action").String(revolve::ActionKindName(a.kind));
+      w.Key("position").Int(a.position);
+      if (a.kind == revolve::ActionKind::kAdvance) w.Key("steps").Int(a.steps);
+      if (a.kind == revolve::ActionKind::kTakeshot || a.kind == revolve::ActionKind::kRestore) {
+        w.Key("slot").Int(a.slot);
+      }
+      w.EndObject();
+    }
+    w.EndArray();
+  }
   w.Key("time_ns").Int(r.time_ns);
   w.Key("wall_seconds").Double(r.wall_seconds);
   w.EndObject();

@@ -102,6 +102,52 @@ TEST(ChainRunTest, BadInputIsAClearError) {
   EXPECT_THAT(message({.steps = 10, .slots = 2, .state_bytes = 0}), HasSubstr("state size"));
 }
 
+TEST(ChainRunTest, WorkPastTheLimitIsRefusedBeforeTheRunWithTheSlotsThatFit) {
+  // One slot: t(1000, 1) + 1000 = 500,500 forward steps.
+  absl::StatusOr<ChainRunReport> r =
+      RunChain({.steps = 1000, .slots = 1, .max_forward_steps = 100'000});
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  const std::string message(r.status().message());
+  EXPECT_THAT(message, HasSubstr("takes at least 500500 forward steps"));
+  EXPECT_THAT(message, HasSubstr("more than the 100000 a run may take"));
+  EXPECT_THAT(message, HasSubstr("at most 446 steps with 1 slots"));
+  // The slots it names fit; one fewer does not.
+  const std::size_t at = message.find("--slots ");
+  ASSERT_NE(at, std::string::npos) << message;
+  const std::int64_t slots = std::stoll(message.substr(at + 8));
+  EXPECT_TRUE(RunChain({.steps = 1000, .slots = slots, .max_forward_steps = 100'000}).ok());
+  EXPECT_FALSE(RunChain({.steps = 1000, .slots = slots - 1, .max_forward_steps = 100'000}).ok());
+  EXPECT_TRUE(RunChain({.steps = 446, .slots = 1, .max_forward_steps = 100'000}).ok());
+  // The default limit keeps ordinary chains.
+  EXPECT_TRUE(RunChain({.steps = 2000, .slots = 1}).ok());
+  EXPECT_EQ(RunChain({.steps = 20'000, .slots = 1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChainRunTest, AnOnlinePolicyIsStoppedAtTheLimit) {
+  // Its least work fits; what lru recomputes with 2 slots does not.
+  absl::StatusOr<ChainRunReport> r = RunChain(
+      {.steps = 200, .slots = 2, .policy = "lru", .max_forward_steps = 3'000});
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kOutOfRange) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("stopped after 3000 forward steps"));
+}
+
+TEST(ChainRunTest, BeladyIsRefusedForItHasNoFuture) {
+  absl::StatusOr<ChainRunReport> r = RunChain({.steps = 10, .slots = 2, .policy = "belady"});
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("next use"));
+}
+
+TEST(ChainRunTest, TheScheduleIsPartOfTheJson) {
+  absl::StatusOr<ChainRunReport> r =
+      RunChain({.steps = 3, .slots = 1, .policy = "revolve", .keep_schedule = true});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string json = ChainReportToJson(*r);
+  EXPECT_THAT(json, HasSubstr("\"schedule\":[{\"action\":\"takeshot\",\"position\":0,"
+                              "\"slot\":0},{\"action\":\"advance\",\"position\":0,\"steps\":2}"));
+  EXPECT_THAT(json, HasSubstr("{\"action\":\"firsturn\",\"position\":2}"));
+}
+
 TEST(ChainRunTest, JsonCarriesTheFigures) {
   absl::StatusOr<ChainRunReport> r = RunChain({.steps = 10, .slots = 2, .policy = "revolve"});
   ASSERT_TRUE(r.ok()) << r.status();

@@ -150,6 +150,21 @@ TEST_F(RematCliTest, UsageErrorsExitTwo) {
   EXPECT_EQ(Remat("replay " + Trace("tiny.csv") + " --capacity 1GiB --budget 2GiB").status, 2);
 }
 
+TEST_F(RematCliTest, ChainJsonHoldsTheScheduleAndTheWorkIsBounded) {
+  const Outcome json = Remat("chain --steps 3 --slots 1 --json --schedule");
+  ASSERT_EQ(json.status, 0) << json.out;
+  EXPECT_EQ(json.out.front(), '{') << json.out;
+  EXPECT_EQ(std::count(json.out.begin(), json.out.end(), '\n'), 1) << "one JSON document";
+  EXPECT_THAT(json.out, HasSubstr("\"schedule\":[{\"action\":\"takeshot\""));
+  const Outcome quadratic = Remat("chain --steps 20000 --slots 1");
+  EXPECT_EQ(quadratic.status, 2) << quadratic.out;
+  EXPECT_THAT(quadratic.out, HasSubstr("more than the 10000000 a run may take"));
+  EXPECT_THAT(quadratic.out, HasSubstr("at most 4471 steps with 1 slots"));
+  const Outcome belady = Remat("chain --steps 10 --slots 2 --policy belady");
+  EXPECT_EQ(belady.status, 2) << belady.out;
+  EXPECT_THAT(belady.out, HasSubstr("belady evicts by each state's next use"));
+}
+
 TEST_F(RematCliTest, ChainStepsPastInt64AreNamedAsGivenNotClamped) {
   const Outcome huge = Remat("chain --steps 99999999999999999999 --slots 3");
   EXPECT_EQ(huge.status, 2);

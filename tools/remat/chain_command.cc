@@ -46,6 +46,13 @@ runtime holds a step's input and output at once, for advances and recorded
 steps alike, so that room never serves as a slot). Status: ok, or oom when
 the budget cannot hold the run.
 
+A run may compute at most 10^7 forward steps (its time and memory grow
+with them; about 10 s). Any run takes at least t(N,C) + N, N(N+1)/2 with one
+slot: a chain past that is refused, naming the slots that keep it under;
+an online policy that recomputes past it is stopped. belady is refused:
+the chain does not tell the runtime next uses (remat sim replays a trace
+with them).
+
 Examples:
   remat chain --steps 100 --slots 5 --policy revolve
   remat chain --steps 100 --slots 5 --policy dtr --json
@@ -88,7 +95,7 @@ int RunChainCommand(const ChainFlags& f) {
   options.keep_schedule = f.schedule;
   absl::StatusOr<ChainRunReport> report = RunChain(options);
   if (!report.ok()) return ReportError("chain", report.status());
-  if (f.schedule) {
+  if (f.schedule && !f.json) {  // (with --json, the report's "schedule" holds it)
     for (const revolve::Action& a : report->schedule) std::cout << revolve::ToString(a) << "\n";
   }
   if (f.json) {
@@ -135,9 +142,10 @@ Subcommand AddChainCommand(CLI::App& remat) {
       ->capture_default_str();
   AddByteSizeOption(*cmd, "--state-bytes", &flags->state_bytes,
                     "Size of every state and of the adjoint", "1MiB");
-  cmd->add_flag("--json", flags->json, "Print one JSON object");
+  cmd->add_flag("--json", flags->json, "Print one JSON object (with --schedule, its \"schedule\")");
   cmd->add_flag("--schedule", flags->schedule,
-                "Print the revolve schedule, one action a line, before the report");
+                "Print the revolve schedule, one action a line, before the report (with --json, "
+                "as the report's \"schedule\": an object an action)");
   cmd->footer(kFooter);
   return Subcommand{cmd, [flags] { return RunChainCommand(*flags); }};
 }
