@@ -27,17 +27,30 @@ absl::StatusOr<ParsedSpec> ParseSpec(std::string_view spec) {
   }
   if (colon == std::string_view::npos) return parsed;
   std::string_view rest = spec.substr(colon + 1);
-  while (!rest.empty()) {
+  if (Trim(rest).empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "policy spec '%s' has a ':' and no parameters after it: give key=value pairs, or the "
+        "name alone",
+        std::string(spec)));
+  }
+  // Every piece between commas is a parameter: "a=1," and "a=1,,b=2" have an empty one.
+  for (bool more = true; more;) {
     const std::size_t comma = rest.find(',');
     const std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    more = comma != std::string_view::npos;
+    if (more) rest = rest.substr(comma + 1);
     const std::size_t eq = item.find('=');
     const std::string key(Trim(item.substr(0, eq)));
     if (eq == std::string_view::npos || key.empty()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "policy spec '%s': '%s' is not key=value", std::string(spec), std::string(item)));
     }
-    if (!parsed.params.emplace(key, std::string(Trim(item.substr(eq + 1)))).second) {
+    const std::string value(Trim(item.substr(eq + 1)));
+    if (value.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "policy spec '%s': '%s' has no value after '='", std::string(spec), key));
+    }
+    if (!parsed.params.emplace(key, value).second) {
       return absl::InvalidArgumentError(
           absl::StrFormat("policy spec '%s': '%s' is given twice", std::string(spec), key));
     }

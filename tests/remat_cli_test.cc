@@ -150,6 +150,17 @@ TEST_F(RematCliTest, UsageErrorsExitTwo) {
   EXPECT_EQ(Remat("replay " + Trace("tiny.csv") + " --capacity 1GiB --budget 2GiB").status, 2);
 }
 
+TEST_F(RematCliTest, AFlagTakesNoValue) {
+  for (const char* args : {"replay --json=5 ", "replay --json=0 ", "replay --json= "}) {
+    const Outcome run = Remat(args + Trace("tiny.csv"));
+    EXPECT_EQ(run.status, 2) << args << run.out;
+    EXPECT_THAT(run.out, HasSubstr("--json is a flag and takes no value")) << args;
+  }
+  EXPECT_EQ(Remat("chain --steps 10 --slots 2 --json").status, 0);
+  // After "--", the program's own arguments are the program's.
+  EXPECT_EQ(Remat("run --device sim -- true --json=5").status, 0);
+}
+
 TEST_F(RematCliTest, ChainJsonHoldsTheScheduleAndTheWorkIsBounded) {
   const Outcome json = Remat("chain --steps 3 --slots 1 --json --schedule");
   ASSERT_EQ(json.status, 0) << json.out;
@@ -163,6 +174,15 @@ TEST_F(RematCliTest, ChainJsonHoldsTheScheduleAndTheWorkIsBounded) {
   const Outcome belady = Remat("chain --steps 10 --slots 2 --policy belady");
   EXPECT_EQ(belady.status, 2) << belady.out;
   EXPECT_THAT(belady.out, HasSubstr("belady evicts by each state's next use"));
+}
+
+TEST_F(RematCliTest, MalformedPolicySpecsAreRefused) {
+  for (const char* spec : {"dtr:", "dtr:=1", "dtr:a=", "dtr::"}) {
+    const Outcome run =
+        Remat(absl::StrCat("sim ", Trace("chain_100.jsonl"), " --budget-ratio 0.5 --policy ", spec));
+    EXPECT_EQ(run.status, 2) << spec << ": " << run.out;
+    EXPECT_THAT(run.out, HasSubstr("policy spec")) << spec;
+  }
 }
 
 TEST_F(RematCliTest, ChainStepsPastInt64AreNamedAsGivenNotClamped) {

@@ -2,6 +2,10 @@
 //
 // main() only wires subcommands (one file each, see commands.h) into CLI11 and
 // turns parse errors into exit statuses; the subcommands do the work.
+#include <algorithm>
+#include <iostream>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -29,6 +33,33 @@ int main(int argc, char** argv) {
       remat::tools::AddGenCommand(app),
       remat::tools::AddChainCommand(app),
   };
+
+  // A flag takes no value: CLI11 would read "--json=5" (or "--json=0") as a
+  // value for it, so any "--flag=..." is refused here, up to a "--".
+  const CLI::App* current = &app;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (current == &app) {
+      const auto named = [arg](const remat::tools::Subcommand& sub) {
+        return sub.app->get_name() == arg;
+      };
+      if (auto sub = std::find_if(subcommands.begin(), subcommands.end(), named);
+          sub != subcommands.end()) {
+        current = sub->app;
+        continue;
+      }
+    }
+    const std::size_t eq = arg.find('=');
+    if (!arg.starts_with("--") || eq == std::string_view::npos) continue;
+    const CLI::Option* option = current->get_option_no_throw(std::string(arg.substr(0, eq)));
+    if (option != nullptr && option->get_items_expected_max() == 0) {
+      std::cerr << (current == &app ? "remat: " : "remat " + current->get_name() + ": ")
+                << arg.substr(0, eq)
+                << " is a flag and takes no value (got " << arg << ")\n";
+      return kExitUsage;
+    }
+  }
 
   try {
     app.parse(argc, argv);
