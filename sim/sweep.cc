@@ -345,27 +345,48 @@ import matplotlib.pyplot as plt
 rows = list(csv.DictReader(open(@@CSV@@)))
 policies = list(dict.fromkeys(r["policy"] for r in rows))
 ok = [float(r["overhead"]) for r in rows if r["status"] == "ok"]
-top = max(ok) * 1.08 if ok else 2.0
-fig, ax = plt.subplots(figsize=(8, 5))
-for policy in policies:
+top = max(ok + [1.0]) * 1.05
+low = min(ok + [1.0])
+step = (top - low) * 0.06 or 0.05
+# Every policy its own dash and marker, later ones drawn thinner on top, so a
+# line equal to another still shows; its failures sit in a band above the
+# plot, one row a policy, marked by kind.
+dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1))]
+markers = ["o", "s", "D", "v", "P", "*", "h", "<", ">", "p"]
+kinds = {"oom": "x", "thrash": "^"}
+fig, ax = plt.subplots(figsize=(9, 5))
+failures = []
+for i, policy in enumerate(policies):
     mine = sorted(((float(r["ratio"]), r) for r in rows if r["policy"] == policy), key=lambda p: p[0])
     xs = [x for x, r in mine if r["status"] == "ok"]
     ys = [float(r["overhead"]) for x, r in mine if r["status"] == "ok"]
-    line, = ax.plot(xs, ys, marker="o", label=policy)
-    failed = [x for x, r in mine if r["status"] != "ok"]
-    if failed:
-        ax.scatter(failed, [top] * len(failed), marker="x", s=60, color=line.get_color())
+    line, = ax.plot(xs, ys, linestyle=dashes[i % len(dashes)], marker=markers[i % len(markers)],
+                    markersize=7 - 4 * i / max(len(policies), 1),
+                    linewidth=2.4 - 1.6 * i / max(len(policies), 1), label=policy, zorder=2 + i)
+    band = top + step * (i + 1)
+    for x, r in mine:
+        if r["status"] != "ok":
+            failures.append(r["status"])
+            ax.scatter([x], [band], marker=kinds.get(r["status"], "s"), s=60,
+                       color=line.get_color(), zorder=10)
+if failures:
+    height = step * (len(policies) + 1)
+    ax.axhspan(top, top + height, color="grey", alpha=0.12, linewidth=0)
+    ax.text(0.005, top + height, " failed, a row a policy: x oom, ^ thrash",
+            transform=ax.get_yaxis_transform(), va="top", fontsize=8, color="dimgrey")
+    ax.set_ylim(top=top + height + step * 0.5)
 ax.axhline(1.0, color="grey", linewidth=0.8)
 accounting = rows[0]["accounting"] if rows else "reserved"
 ax.set_xlabel("budget / unlimited peak (" + accounting + " bytes)")
 ax.set_ylabel("overhead (time / unlimited time)")
 # A --model spec is long: wrapped at its commas.
 title = (rows[0]["trace"] if rows else "").replace(",", ", ")
-ax.set_title(textwrap.fill(title + ": overhead by budget (x: oom or thrash)", 90), fontsize=10)
-ax.legend()
+ax.set_title(textwrap.fill(title + ": overhead by budget", 90), fontsize=10)
+# Outside the plotting area: it never covers a mark.
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=9)
 ax.grid(alpha=0.3)
 fig.tight_layout()
-fig.savefig(@@PNG@@, dpi=120)
+fig.savefig(@@PNG@@, dpi=120, bbox_inches="tight")
 )PY";
   // One pass over the template: a path that contains a token is not rescanned.
   std::string out;

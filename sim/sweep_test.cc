@@ -1,10 +1,14 @@
 #include "sim/sweep.h"
 
+#include <sys/wait.h>
+
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -101,6 +105,57 @@ TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
   const std::string odd = SweepPlotScript("/tmp/PNG/CSV.csv", "/tmp/PNG/o.png", "/tmp/PNG/p.py");
   EXPECT_THAT(odd, HasSubstr("open('/tmp/PNG/CSV.csv')"));
   EXPECT_THAT(odd, HasSubstr("savefig('/tmp/PNG/o.png'"));
+}
+
+// Runs the plot script on `csv` with `check` (Python, run after the script
+// in its namespace) appended; false where no python3 with matplotlib is.
+bool PlotChecks(const std::string& csv, const std::string& check, int* status) {
+  // As remat sweep draws: the python3 on PATH, else the system's.
+  std::string python;
+  for (const char* candidate : {"python3", "/usr/bin/python3"}) {
+    if (std::system(absl::StrCat(candidate, " -c 'import matplotlib' 2>/dev/null").c_str()) == 0) {
+      python = candidate;
+      break;
+    }
+  }
+  if (python.empty()) return false;
+  const std::string dir = ::testing::TempDir();
+  EXPECT_TRUE(WriteFile(dir + "/plot.csv", csv).ok());
+  const std::string script =
+      SweepPlotScript(dir + "/plot.csv", dir + "/plot.png", dir + "/plot.py") + check;
+  EXPECT_TRUE(WriteFile(dir + "/plot.py", script).ok());
+  const int raw = std::system((python + " '" + dir + "/plot.py'").c_str());
+  *status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return true;
+}
+
+TEST(SweepTest, ThePlotShowsEveryFailureEveryLineAndALegendOffTheMarks) {
+  // Two policies equal everywhere; failures of three policies at one ratio,
+  // of two kinds.
+  std::string csv = "trace,policy,accounting,ratio,status,overhead\n";
+  for (const char* policy : {"lru", "dtr"}) {
+    for (const char* row : {",0.3,oom,", ",0.5,ok,1.5", ",0.7,ok,1.2", ",0.9,ok,1.0"}) {
+      absl::StrAppend(&csv, "t,", policy, ",live", row, "\n");
+    }
+  }
+  absl::StrAppend(&csv, "t,msps,live,0.3,thrash,\n", "t,msps,live,0.5,ok,1.4\n");
+  const std::string check = R"PY(
+fig.canvas.draw()
+renderer = fig.canvas.get_renderer()
+points = {(p, tuple(o)) for p, c in enumerate(ax.collections) for o in c.get_offsets()}
+spots = {o for _, o in points}
+assert len(spots) == 3, f"each failure a mark of its own: {sorted(spots)}"
+marks = {c.get_paths()[0].vertices.tobytes() for c in ax.collections}
+assert len(marks) == 2, "oom and thrash marked apart"
+lines = [l for l in ax.get_lines() if l.get_label() in policies]
+looks = {(str(l.get_linestyle()), l.get_marker()) for l in lines}
+assert len(looks) == len(lines), f"every line its own dash and marker: {looks}"
+legend = ax.get_legend().get_window_extent(renderer)
+assert not legend.overlaps(ax.get_window_extent(renderer)), "the legend is off the axes"
+)PY";
+  int status = -1;
+  if (!PlotChecks(csv, check, &status)) GTEST_SKIP() << "no python3 with matplotlib";
+  EXPECT_EQ(status, 0);
 }
 
 TEST(SweepTest, APlanIsReplayedWithTheSweepsSettingsAndItsEvictsCarriedOut) {
