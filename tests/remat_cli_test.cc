@@ -436,6 +436,19 @@ TEST_F(RematCliTest, RunSaysWhenTheProgramMadeNoCudaAllocation) {
   EXPECT_THAT(run.out, HasSubstr("made no CUDA allocation through remat, or did not reach"));
 }
 
+TEST_F(RematCliTest, RunOnTheSimulatorSaysPyTorchCannotRunThere) {
+  const Outcome python = Remat("run --device sim -- python3 -c pass");
+  EXPECT_EQ(python.status, 0) << python.out;
+  EXPECT_THAT(python.out, HasSubstr("PyTorch cannot run on it"));
+  EXPECT_THAT(Remat("run --device sim -- true").out, Not(HasSubstr("PyTorch")));
+}
+
+TEST_F(RematCliTest, RunStatsReportsAProgramThatMadeNoAllocation) {
+  const Outcome run = Remat("run --device sim --stats -- true");
+  EXPECT_EQ(run.status, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("made no CUDA allocation through remat"));
+}
+
 TEST_F(RematCliTest, ARunThatDoesNotFitExitsThreeWithNoOverhead) {
   const Outcome json = Remat("sim " + Trace("chain_100.jsonl") +
                              " --budget-ratio 0.2 --accounting live --policy belady --json");

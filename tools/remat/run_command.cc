@@ -159,6 +159,13 @@ std::string PreloadList(const std::string& shim, const std::string& program,
   return list;
 }
 
+// Whether `program` is a Python interpreter (python, python3, python3.11, a
+// venv's python...): what a PyTorch program is started with.
+bool IsPython(const std::string& program) {
+  const absl::string_view base = absl::string_view(program).substr(program.rfind('/') + 1);
+  return absl::StartsWith(base, "python") || base == "torchrun";
+}
+
 int RunProgram(const RunFlags& f) {
   // Refused before the program starts: a long job must not learn at its end
   // that its trace could not be written, or run with every allocation failing,
@@ -181,6 +188,12 @@ int RunProgram(const RunFlags& f) {
     std::cerr << "remat run: cannot find libremat_preload.so next to this binary (../lib/); "
                  "set REMAT_PRELOAD_LIB to its path\n";
     return kExitFailure;
+  }
+  if (f.device == "sim" && IsPython(f.command.front())) {
+    std::cerr << "remat run: note: --device sim serves allocation calls only; PyTorch cannot run "
+                 "on it (it needs a real GPU). To study a PyTorch step without one, record it on "
+                 "the CPU (tools/capture_torch_trace.py --device cpu) and replay it with remat "
+                 "sim\n";
   }
   const std::string preload = PreloadList(library, f.command.front(), std::getenv("LD_PRELOAD"));
   setenv("LD_PRELOAD", preload.c_str(), 1);
@@ -256,7 +269,9 @@ Subcommand AddRunCommand(CLI::App& remat) {
                   "Write the allocator's state at exit as a PyTorch memory snapshot pickle")
       ->type_name("FILE");
   cmd->add_option("--device", flags->device,
-                  "cuda: the real GPU; sim: a simulated one (no CUDA driver is touched)")
+                  "cuda: the real GPU; sim: a simulated one (no CUDA driver is touched; it "
+                  "serves allocation calls only, so a program that computes on the memory, "
+                  "PyTorch among them, cannot run on it)")
       ->check(CLI::IsMember({"cuda", "sim"}))
       ->default_str("cuda");
   cmd->add_flag("--stats", flags->stats, "Print the allocator's statistics to stderr at exit");
