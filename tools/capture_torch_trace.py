@@ -94,6 +94,7 @@ if os.path.isfile(os.path.join(_CHECKOUT, "remat", "__init__.py")):
 from remat.torch._cost import (COSTS, DEFAULT_HBM_GBPS, DEFAULT_LAUNCH_NS,  # noqa: E402,F401
                                DEFAULT_TFLOPS, CostModel)
 from remat.torch._record import Recorder, record  # noqa: E402,F401
+from remat._paths import OutputPathError, check_output_paths  # noqa: E402
 
 
 def mlp_step(args, device, dtype):
@@ -245,6 +246,11 @@ def main():
         CostModel(args.tflops, args.hbm_gbps, args.launch_ns)
     except ValueError as e:
         parser.error(str(e))
+    try:
+        # Before the model is built and run: a trace with nowhere to go is known now.
+        check_output_paths([], [("--output", args.output)])
+    except OutputPathError as e:
+        sys.exit(f"capture_torch_trace: {e}")
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda needs a GPU and a CUDA build of PyTorch")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32

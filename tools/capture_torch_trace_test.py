@@ -236,6 +236,16 @@ class ModelStepTest(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
         return path
 
+    def test_an_output_that_cannot_be_written_is_refused_before_the_step_runs(self):
+        nowhere = os.path.join(self.dir.name, "no", "dir", "step.jsonl")
+        out = subprocess.run([sys.executable, os.path.join(HERE, "capture_torch_trace.py"),
+                              "--model", "mlp", "--layers", "1", "--hidden", "8", "-o", nowhere],
+                             capture_output=True, text=True, check=False)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("--output", out.stderr)
+        self.assertIn("cannot create: no directory", out.stderr)
+        self.assertNotIn("Traceback", out.stderr)
+
     def sim(self, path, ratio, *args):
         out = subprocess.run([REMAT, "sim", path, "--budget-ratio", str(ratio),
                               "--accounting", "live", "--json", *args],

@@ -58,4 +58,7 @@ def check_output_paths(inputs, outputs):
                 raise OutputPathError(
                     f"{other_name} and {name} name the same file ({path}): each output needs "
                     "its own")
-        check_writable(path)
+        try:
+            check_writable(path)
+        except OutputPathError as e:
+            raise OutputPathError(f"{name} {e}") from None
