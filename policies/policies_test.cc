@@ -61,8 +61,8 @@ TEST(PolicySpecTest, ParsesNamesAndParameters) {
 }
 
 TEST(PolicySpecTest, RejectsMalformedSpecs) {
-  for (const char* bad : {"", ":a=1", "dtr:staleness_exp", "dtr:=1", "dtr:a=1,a=2", "dtr:",
-                          "dtr: ", "dtr::", "dtr:a=", "dtr:a= ", "dtr:a=1,", "dtr:a=1,,b=2"}) {
+  for (const char* bad : {"", ":a=1", "dtr:staleness_exp", "dtr:=1", "dtr:a=1,a=2", "dtr:", "dtr: ",
+                          "dtr::", "dtr:a=", "dtr:a= ", "dtr:a=1,", "dtr:a=1,,b=2"}) {
     EXPECT_EQ(ParseSpec(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   EXPECT_THAT(std::string(ParseSpec("dtr:").status().message()),

@@ -47,8 +47,8 @@ absl::StatusOr<ParsedSpec> ParseSpec(std::string_view spec) {
     }
     const std::string value(Trim(item.substr(eq + 1)));
     if (value.empty()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "policy spec '%s': '%s' has no value after '='", std::string(spec), key));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("policy spec '%s': '%s' has no value after '='", std::string(spec), key));
     }
     if (!parsed.params.emplace(key, value).second) {
       return absl::InvalidArgumentError(

@@ -111,8 +111,7 @@ class ChainRunner {
       options.inputs = {ids[q - 1]};
       options.compute_ns = o_.step_ns;
       options.allow_drop = true;
-      options.recompute = [device = env_.device.get(), forward = progress_.forward,
-                           ns = o_.step_ns,
+      options.recompute = [device = env_.device.get(), forward = progress_.forward, ns = o_.step_ns,
                            max = o_.max_forward_steps](const RecomputeArgs& args) -> absl::Status {
         if (++*forward > max) return Stopped(max);
         return device->LaunchHostFunc(

@@ -126,8 +126,8 @@ TEST(ChainRunTest, WorkPastTheLimitIsRefusedBeforeTheRunWithTheSlotsThatFit) {
 
 TEST(ChainRunTest, AnOnlinePolicyIsStoppedAtTheLimit) {
   // Its least work fits; what lru recomputes with 2 slots does not.
-  absl::StatusOr<ChainRunReport> r = RunChain(
-      {.steps = 200, .slots = 2, .policy = "lru", .max_forward_steps = 3'000});
+  absl::StatusOr<ChainRunReport> r =
+      RunChain({.steps = 200, .slots = 2, .policy = "lru", .max_forward_steps = 3'000});
   ASSERT_EQ(r.status().code(), absl::StatusCode::kOutOfRange) << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr("stopped after 3000 forward steps"));
 }

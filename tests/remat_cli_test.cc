@@ -178,8 +178,8 @@ TEST_F(RematCliTest, ChainJsonHoldsTheScheduleAndTheWorkIsBounded) {
 
 TEST_F(RematCliTest, MalformedPolicySpecsAreRefused) {
   for (const char* spec : {"dtr:", "dtr:=1", "dtr:a=", "dtr::"}) {
-    const Outcome run =
-        Remat(absl::StrCat("sim ", Trace("chain_100.jsonl"), " --budget-ratio 0.5 --policy ", spec));
+    const Outcome run = Remat(
+        absl::StrCat("sim ", Trace("chain_100.jsonl"), " --budget-ratio 0.5 --policy ", spec));
     EXPECT_EQ(run.status, 2) << spec << ": " << run.out;
     EXPECT_THAT(run.out, HasSubstr("policy spec")) << spec;
   }
@@ -326,18 +326,18 @@ TEST_F(RematCliTest, AFailedSweepLeavesNoDirectoryItMadeAndKeepsTheUsers) {
   namespace fs = std::filesystem;
   const fs::path fresh = fs::path(::testing::TempDir()) / "sweep_fresh";
   fs::remove_all(fresh);
-  const Outcome failed = Remat("sweep " + Trace("chain_100.jsonl") +
-                               " --ratios 0.5 --policies nosuch --no-plot --out " +
-                               (fresh / "a" / "b").string());
+  const Outcome failed =
+      Remat("sweep " + Trace("chain_100.jsonl") +
+            " --ratios 0.5 --policies nosuch --no-plot --out " + (fresh / "a" / "b").string());
   EXPECT_EQ(failed.status, 2) << failed.out;
   EXPECT_FALSE(fs::exists(fresh)) << "the directories this run made are gone";
   // The user's own directory stays, with what was in it.
   const fs::path mine = fs::path(::testing::TempDir()) / "sweep_mine";
   fs::remove_all(mine);
   fs::create_directories(mine);
-  const Outcome again = Remat("sweep " + Trace("chain_100.jsonl") +
-                              " --ratios 0.5 --policies nosuch --no-plot --out " +
-                              (mine / "new").string());
+  const Outcome again =
+      Remat("sweep " + Trace("chain_100.jsonl") +
+            " --ratios 0.5 --policies nosuch --no-plot --out " + (mine / "new").string());
   EXPECT_EQ(again.status, 2) << again.out;
   EXPECT_TRUE(fs::is_directory(mine));
   EXPECT_FALSE(fs::exists(mine / "new"));
@@ -418,9 +418,8 @@ TEST_F(RematCliTest, RunNeverWritesOverTheProgramItRuns) {
   // Found through PATH, as exec finds it.
   const std::string path = Env("PATH");
   setenv("PATH", absl::StrCat(dir.string(), ":", path).c_str(), 1);
-  const Outcome searched =
-      Remat(absl::StrCat("run --device sim --snapshot ", (dir / "hard-link").string(),
-                         " -- my-program"));
+  const Outcome searched = Remat(
+      absl::StrCat("run --device sim --snapshot ", (dir / "hard-link").string(), " -- my-program"));
   setenv("PATH", path.c_str(), 1);
   EXPECT_EQ(searched.status, 2) << searched.out;
   EXPECT_THAT(searched.out, HasSubstr("is the program"));

@@ -55,8 +55,7 @@ int main(int argc, char** argv) {
     const CLI::Option* option = current->get_option_no_throw(std::string(arg.substr(0, eq)));
     if (option != nullptr && option->get_items_expected_max() == 0) {
       std::cerr << (current == &app ? "remat: " : "remat " + current->get_name() + ": ")
-                << arg.substr(0, eq)
-                << " is a flag and takes no value (got " << arg << ")\n";
+                << arg.substr(0, eq) << " is a flag and takes no value (got " << arg << ")\n";
       return kExitUsage;
     }
   }

@@ -177,8 +177,7 @@ class OutDirectory {
   absl::Status Create(const std::string& dir) {
     namespace fs = std::filesystem;
     std::error_code ec;
-    for (fs::path p = fs::absolute(dir, ec).lexically_normal(); !p.empty();
-         p = p.parent_path()) {
+    for (fs::path p = fs::absolute(dir, ec).lexically_normal(); !p.empty(); p = p.parent_path()) {
       if (fs::exists(p, ec) || p == p.parent_path()) break;
       created_.push_back(p);  // deepest first
     }
