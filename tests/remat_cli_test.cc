@@ -448,6 +448,21 @@ TEST_F(RematCliTest, RunStatsReportsAProgramThatMadeNoAllocation) {
   EXPECT_THAT(run.out, HasSubstr("made no CUDA allocation through remat"));
 }
 
+TEST_F(RematCliTest, RunStatsSpeaksOnceForAChildForkedBeforeAnyAllocation) {
+  // The child inherits the exit handler; it exits through exit(), not _exit.
+  const Outcome run = Remat(
+      "run --device sim --stats -- python3 -c "
+      "'import os, sys\npid = os.fork()\nif pid == 0: sys.exit(0)\nos.waitpid(pid, 0)'");
+  EXPECT_EQ(run.status, 0) << run.out;
+  const std::string said = "made no CUDA allocation through remat";
+  std::size_t times = 0;
+  for (std::size_t at = run.out.find(said); at != std::string::npos;
+       at = run.out.find(said, at + 1)) {
+    ++times;
+  }
+  EXPECT_EQ(times, 1u) << run.out;
+}
+
 TEST_F(RematCliTest, ARunThatDoesNotFitExitsThreeWithNoOverhead) {
   const Outcome json = Remat("sim " + Trace("chain_100.jsonl") +
                              " --budget-ratio 0.2 --accounting live --policy belady --json");

@@ -255,13 +255,17 @@ absl::StatusOr<Allocators::MemInfo> Allocators::GetMemInfo(int device) {
 // forked child, or a program a shell started under `remat run`, which names
 // its own child in REMAT_ROOT_PID) get the process id appended, so processes
 // never overwrite each other's files.
-std::string Allocators::OutputPath(const std::string& path) const {
+bool Allocators::IsRootProcess() const {
   const pid_t pid = getpid();
   bool root = pid == created_pid_;
   if (const char* r = std::getenv("REMAT_ROOT_PID"); r != nullptr && *r != '\0') {
     root = root && std::to_string(pid) == r;
   }
-  return root ? path : absl::StrFormat("%s.%d", path, pid);
+  return root;
+}
+
+std::string Allocators::OutputPath(const std::string& path) const {
+  return IsRootProcess() ? path : absl::StrFormat("%s.%d", path, static_cast<int>(getpid()));
 }
 
 void Allocators::Finish() {
@@ -270,6 +274,9 @@ void Allocators::Finish() {
   for (int i = 0; i < kMaxDevices; ++i) any = any || ready_[i].load() != nullptr;
   if (!any && (!config_->trace_path.empty() || !config_->snapshot_path.empty() ||
                config_->stats)) {
+    // Only the process the settings were given for says so: a child forked
+    // before any allocation (a data loader's worker) inherits this handler.
+    if (!IsRootProcess()) return;
     std::fprintf(stderr,
                  "remat: process %d made no CUDA allocation through remat: no trace, snapshot "
                  "or statistics of its own to write\n",

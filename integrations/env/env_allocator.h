@@ -118,6 +118,7 @@ class Allocators {
   Mutex mu_;  // guards creation; each allocator is thread-safe itself
   std::array<std::atomic<CachingAllocator*>, kMaxDevices> ready_{};
   std::array<PerDevice, kMaxDevices> devices_ ABSL_GUARDED_BY(mu_);
+  bool IsRootProcess() const;  // the process the settings were given for
   std::string OutputPath(const std::string& path) const;
   const int created_pid_;
   Mutex trace_mu_;  // a call and its trace record, together
