@@ -93,6 +93,28 @@ class Trace:
         return self.released_at[s] is None or self.released_at[s] > t
 
 
+# The longest line a trace may have, as the C++ readers cap it
+# (base/line_reader.h): a file with no newline is refused at the cap, not read
+# whole into memory first.
+MAX_LINE = 16 << 20
+
+
+def _lines(f, path, cap=None):
+    """(number, text) of each line of `f`, refusing one longer than `cap`
+    (MAX_LINE by default)."""
+    cap = MAX_LINE if cap is None else cap
+    line_no = 0
+    while True:
+        line = f.readline(cap + 1)
+        if not line:
+            return
+        line_no += 1
+        if len(line) > cap:
+            raise ValueError(f"{path}:{line_no}: the line is longer than {cap} characters "
+                             "(a trace's lines are short: is this an op trace?)")
+        yield line_no, line
+
+
 def read_trace(path):
     """Parses the op trace at `path` (trace/op_trace.h's format). Raises
     ValueError naming the line for what the bound cannot read."""
@@ -123,7 +145,7 @@ def read_trace(path):
         return s
 
     with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+        for line_no, line in _lines(f, path):
             if not line.strip():
                 continue
             where[0] = f"{path}:{line_no}"

@@ -375,6 +375,18 @@ def test_a_read_of_a_released_tensor_is_refused(tmp_path):
         optimal.read_trace(path)
 
 
+def test_a_line_past_the_cap_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
+    path = write(tmp_path, [{"op": "constant", "id": "x", "bytes": 1}])
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("x" * 5000)  # no newline
+    monkeypatch.setattr(optimal, "MAX_LINE", 1000)
+    with pytest.raises(ValueError, match=r"t.jsonl:2: the line is longer than 1000"):
+        optimal.read_trace(path)
+    monkeypatch.setattr(optimal, "MAX_LINE", 10000)
+    with pytest.raises(ValueError, match=r"t.jsonl:2"):  # read, and found not JSON
+        optimal.read_trace(path)
+
+
 def test_the_command_line(tmp_path, capsys):
     path = write(tmp_path, [
         {"op": "constant", "id": "x", "bytes": 1},
