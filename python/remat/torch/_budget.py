@@ -40,6 +40,7 @@ import ctypes
 import gc
 import threading
 import time
+import types
 import weakref
 
 import torch
@@ -803,6 +804,8 @@ class Engine:
         self.pending = []             # (kind, storage, tensor) events to act on outside the lock
         self.dead_handles = []
         self.error = None             # an exception raised inside a callback
+        self.too_small = None         # the last BudgetTooSmall the step raised
+        self.why_pinned = {}          # storage index -> why it is kept to the step's end
         self.counts = {"saved_tensors": 0, "saved_unmanaged": 0, "kept_not_replayable": 0,
                        "recomputed_calls": 0, "backwards_outside_recorder": 0,
                        "offload_not_drop": 0, "offload_not_drop_seen": 0,
@@ -846,7 +849,7 @@ class Engine:
                                "now: one budget per device at a time")
         held = a.memory_stats(d)["allocated"]
         if held >= self.budget_bytes:
-            raise BudgetTooSmall(
+            raise self._budget_too_small(
                 f"remat.torch.budget({self.budget_bytes} bytes) counts what the GPU holds "
                 f"(remat's allocator serves PyTorch), and device {d} holds {held} bytes "
                 "before the step begins (parameters, gradients, optimizer state, inputs): "
@@ -906,7 +909,7 @@ class Engine:
         if self.last_pressure is not None:
             nbytes, allocated, _ = self.last_pressure
             asked = f" for {nbytes} bytes with {allocated} allocated"
-        return BudgetTooSmall(
+        return self._budget_too_small(
             f"remat.torch.budget({self.budget_bytes} bytes) on device {self.device}: {func} "
             f"asked remat's allocator{asked}, and the runtime had nothing left to evict "
             f"({st['drops']} drops and {st['offloads']} offloads in this step; what the "
@@ -922,6 +925,13 @@ class Engine:
         if self.device_stats is not None and self.device_stats["ooms"] != self.ooms:
             return self._too_small("the step")
         return None
+
+    def _budget_too_small(self, message):
+        """A BudgetTooSmall for the step to raise, kept so that the
+        budget's exit can raise it again where something wrapped it
+        (TorchScript's interpreter)."""
+        self.too_small = BudgetTooSmall(message)
+        return self.too_small
 
     def _on_pressure(self, _user, pressure):
         """remat's allocator cannot serve a request within the budget, its
@@ -1260,12 +1270,12 @@ class Engine:
                 # can come.)
                 r.storage.ahead = None
                 if r.storage.leaf and r.storage.readers:
-                    self._keep_readers(r.storage)
+                    self._keep_readers(r.storage, func)
                 elif r.storage.id is not None and not r.storage.pinned_forever and \
                         self._overlaps(r.storage, r):
                     # A write into what a saved view reads: autograd will read
                     # the new bytes, so the live storage stays as it is.
-                    self._pin_forever(r.storage)
+                    self._pin_forever(r.storage, f"{func} wrote into it after it was saved")
                     r.storage.tensor = flat[i]
                     r.storage.tensor_version = r.storage.version
             result = func(*args, **kwargs)
@@ -1345,7 +1355,7 @@ class Engine:
             # far alone (else it would be pinned): the newer content serves all.
             _, _, why_not = self._frontier(s, s.version)
             if why_not:
-                self._pin_forever(s)
+                self._pin_forever(s, "written in place after it was saved, then saved again")
             else:
                 s.reg_version = s.version
                 self._hold_newest(s, t)
@@ -1390,17 +1400,19 @@ class Engine:
                 mask.as_strided(size, stride, offset).fill_(True)
             return bool(mask.as_strided(r.size, r.stride, r.offset).any())
 
-    def _pin_forever(self, s):
+    def _pin_forever(self, s, why):
         """Brings s back (recomputed from what its inputs are now) and keeps
-        it resident to the end."""
+        it resident to the end (`why`: for the error if the budget cannot
+        hold what is kept)."""
         if s.pinned_forever or s.freed:
             return
+        self.why_pinned[s.index] = why
         self._acquire(s)
         s.pinned_forever = True
         self.forever_bytes += s.nbytes
         self._drain()
 
-    def _keep_readers(self, leaf):
+    def _keep_readers(self, leaf, func):
         """A tensor made before the context is about to be written: what a
         recompute would read from it must be brought back now, while it still
         holds what they read, and kept."""
@@ -1411,7 +1423,8 @@ class Engine:
         for ref in readers:
             s = ref()
             if s is not None and s.id is not None:
-                self._pin_forever(s)
+                self._pin_forever(s, f"computed from a tensor made before the budget "
+                                     f"that {func} then wrote into")
 
     def _register(self, s, t):
         inputs, cost, why_not = self._frontier(s, s.version)
@@ -1474,11 +1487,7 @@ class Engine:
             s.tensor = None
             message = self.lib.remat_last_error().decode("utf-8", "replace")
             if status == _capi.OUT_OF_MEMORY:
-                raise BudgetTooSmall(
-                    f"remat.torch.budget({self.budget_bytes} bytes) cannot hold a saved tensor "
-                    f"of {s.nbytes} bytes ({tuple(t.shape)} {t.dtype}, made by "
-                    f"{call.func}) with what is pinned now "
-                    f"({len(self.pins)} tensors being read by the backward): {message}")
+                raise self._cannot_hold(s, t, call.func)
             raise _capi.RematError(status, message)
         if sibling is not None:
             self.groups[call.group].append(s)
@@ -1494,6 +1503,46 @@ class Engine:
         self.registered.append(s)
         self.lib.remat_tensor_release(self.runtime, s.id)
         self._drain()
+
+    def _cannot_hold(self, s, t, func):
+        """BudgetTooSmall for saved storage s (tensor t, made by func) that
+        the runtime could not make room for as it was saved."""
+        return self._budget_too_small(self._beside_what(
+            s, f"cannot hold a saved tensor of {s.nbytes} bytes ({tuple(t.shape)} {t.dtype}, "
+            f"made by {func})"))
+
+    def _beside_what(self, s, what):
+        """An error's two lines: the budget `what` (for storage s) beside
+        what it held that it could not let go, and why; the ways out."""
+        live = [k for k in self.registered if not k.freed and k is not s]
+        kept = [k for k in live if k.pinned_forever]
+        read_ids = set(self.pins)
+        read = [k for k in live if k.id in read_ids and not k.pinned_forever]
+        stuck = [k for k in live if not k.pinned_forever and k.id not in read_ids and
+                 not k.allow_drop and not self.offload and k.tensor is not None]
+        held = []
+        fixes = []
+        if kept:
+            whys = "; ".join(sorted({self.why_pinned.get(k.index, "") for k in kept} - {""}))
+            held.append(f"{_count(kept)} ({sum(k.nbytes for k in kept)} bytes) kept to "
+                        f"the step's end ({whys})")
+            fixes.append("make that write out of place (y = x + 1, not x.add_(1)) or do it "
+                         "after the backward")
+        if stuck:
+            whys = "; ".join(sorted({k.why_kept for k in stuck} - {""}))
+            held.append(f"{_count(stuck)} ({sum(k.nbytes for k in stuck)} bytes) that "
+                        f"cannot be replayed ({whys}) with offload off")
+            fixes.append("pass offload=True")
+        if read:
+            held.append(f"{_count(read)} ({sum(k.nbytes for k in read)} bytes) the "
+                        "backward is reading now")
+        need = s.nbytes + sum(k.nbytes for k in kept + stuck + read)
+        fixes.append(f"raise the budget to at least {need} bytes" if need > self.budget_bytes
+                     else "raise the budget")
+        beside = ", ".join(held) if held else "nothing it must keep"
+        fix = "; or ".join(fixes)
+        return (f"remat.torch.budget({self.budget_bytes} bytes) {what} beside {beside}.\n"
+                f"{fix[0].upper()}{fix[1:]}.")
 
     def _saw_fit(self, s):
         """A drop of s came back by replay, or was never needed again."""
@@ -1769,7 +1818,13 @@ class Engine:
         if status != _capi.OK:
             message = self.lib.remat_last_error().decode("utf-8", "replace")
             if status == _capi.OUT_OF_MEMORY:
-                raise BudgetTooSmall(f"remat.torch.budget({self.budget_bytes} bytes): {message}")
+                s = self.by_id.get(args[0]) if fn is self.lib.remat_tensor_acquire else None
+                if s is None:
+                    raise self._budget_too_small(
+                        f"remat.torch.budget({self.budget_bytes} bytes): {message}")
+                raise self._budget_too_small(self._beside_what(
+                    s, f"cannot make room to bring back a saved tensor of {s.nbytes} bytes "
+                    f"(made by {s.producer[0].func})"))
             raise _capi.RematError(status, message)
 
     def _on_recompute(self, user_data, _inputs, _n, _outs, _bytes, regenerate, num_outputs,
@@ -1919,6 +1974,80 @@ class Engine:
                 g.set_state(st)
 
 
+def _count(items):
+    return f"{len(items)} tensor" + ("" if len(items) == 1 else "s")
+
+
+def _hooks_disabled_code():
+    fn = getattr(torch.autograd.graph, "disable_saved_tensors_hooks", None)
+    fn = getattr(fn, "__wrapped__", None)
+    return getattr(fn, "__code__", None)
+
+
+_HOOKS_DISABLED_CODE = _hooks_disabled_code()
+
+
+def _raised_in(exc, code):
+    """Whether exc's traceback passes through a frame running `code`."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _chain(exc):
+    """exc and the exceptions it was raised from or during."""
+    seen = []
+    while exc is not None and all(exc is not e for e in seen):
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+def _translated(exc, engine):
+    """What a step's error should be where it leaves the budget, or None
+    for itself. TorchScript's interpreter turns an exception raised inside
+    a scripted module into a RuntimeError without it (not even its
+    message): a BudgetTooSmall the step raised there is raised again as
+    itself. A library that refuses saved-tensor hooks (torch.func, say)
+    raises its own message: the budget's hooks are why, keep_saved() the
+    way out."""
+    if not isinstance(exc, RuntimeError) or isinstance(exc, BudgetTooSmall):
+        return None
+    too_small = engine.too_small
+    if too_small is not None and "TorchScript interpreter" in str(exc) and \
+            all(e is not too_small for e in _chain(exc)):
+        return too_small
+    if _HOOKS_DISABLED_CODE is not None and _raised_in(exc, _HOOKS_DISABLED_CODE):
+        return RuntimeError(
+            f"{exc}\n(remat.torch.budget saves the step's tensors with saved-tensor hooks, "
+            "which this code refuses: run it inside `with run.keep_saved():`)")
+    return None
+
+
+# The largest budget: what a 64-bit address space holds (the runtime counts
+# bytes in 64 bits; a larger number would wrap).
+MAX_BUDGET_BYTES = (1 << 64) - 1
+
+
+def _budget_bytes(budget):
+    """A budget's bytes: 1 to MAX_BUDGET_BYTES, an int or a size string
+    (the same bound for both)."""
+    try:
+        nbytes = parse_size(budget)
+    except ValueError as e:
+        raise ValueError(f"remat.torch.budget: {e}; give bytes (an int) or a size such as "
+                         "'2GiB'") from None
+    if nbytes == 0:
+        raise ValueError("a budget of 0 bytes holds nothing; give bytes or a size like '2GiB'")
+    if nbytes > MAX_BUDGET_BYTES:
+        raise ValueError(f"a budget of {budget!r} is more bytes than any device addresses "
+                         f"(2**64); give at most {MAX_BUDGET_BYTES} bytes")
+    return nbytes
+
+
 class budget:
     """Runs what is inside the `with` under a budget of resident saved
     activations. See the package's README for the whole story. Enter it
@@ -1996,12 +2125,10 @@ class budget:
     def __init__(self, budget, policy="dtr", offload=False, recompute=True,
                  allow_nondeterministic=False, tflops=None, hbm_gbps=None,
                  offload_guard=True, copy_ahead=False, pause_gc=True, pressure="auto"):
-        self.budget_bytes = parse_size(budget)
+        self.budget_bytes = _budget_bytes(budget)
         if pressure not in ("auto", "saved", "allocator"):
             raise ValueError(f"pressure must be 'auto', 'saved' or 'allocator', not {pressure!r}")
         self._pressure = pressure
-        if self.budget_bytes == 0:
-            raise ValueError("a budget of 0 bytes holds nothing; give bytes or a size like '2GiB'")
         policies = [policy] if isinstance(policy, str) else list(policy) \
             if isinstance(policy, (list, tuple)) else None
         if not policies or not all(isinstance(p, str) and p for p in policies) or \
@@ -2313,11 +2440,34 @@ class budget:
                 torch._C._autograd._push_saved_tensors_default_hooks(*top)
 
     def live_stats(self):
-        """The runtime's figures now, inside the context."""
-        stats = self._engine.read_stats()
+        """The runtime's figures now: inside the context, the step's so far
+        (its number the step running); outside, the last step's (`stats`),
+        or before any step zeros and step 0."""
+        engine = self._engine
+        if engine is None or engine.closed:
+            if self.stats is not None:
+                return dict(self.stats)
+            return self._no_step_stats()
+        stats = engine.read_stats()
         stats["step"] = self._steps + 1
         stats["plan"] = self._plan_shown()
         stats["policy"] = self._plans[self._step_plan][0]
+        return stats
+
+    def _no_step_stats(self):
+        """live_stats() before any step: every figure 0, step 0."""
+        plan, _ = self._plan_now()
+        policy, offload, drop_first = self._plans[plan]
+        engine = Engine(self.budget_bytes, policy, offload, self._recompute,
+                        self._allow_nondeterministic, self._cost_model, drop_first=drop_first)
+        zero = _capi.RuntimeStats()
+        engine.start = zero
+        engine.session = types.SimpleNamespace(raw_stats=lambda: zero)
+        engine.closed = True
+        stats = engine.read_stats()
+        stats["step"] = 0
+        stats["plan"] = "trial" if self._plan == "trial" else plan
+        stats["policy"] = policy
         return stats
 
     def close(self):
