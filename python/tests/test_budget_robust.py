@@ -1,5 +1,13 @@
-"""remat.torch.budget with budgets out of range, and the errors a user
-meets: each says the cause and the way out."""
+"""remat.torch.budget under Ctrl-C, threads, budgets out of range, and the
+errors a user meets: each leaves the budget usable, says the cause and the
+way out."""
+
+import gc
+import os
+import signal
+import sys
+import threading
+import warnings
 
 import pytest
 
@@ -10,6 +18,8 @@ from remat.torch import BudgetTooSmall, models  # noqa: E402
 from remat.torch import _budget  # noqa: E402
 
 from test_budget import assert_same_grads  # noqa: E402
+
+_REMAT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(_budget.__file__)))
 
 
 def _tiny(seed):
@@ -29,6 +39,177 @@ def _grads_of(make, b=None):
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+def _assert_clean():
+    """Nothing a budget sets up is left behind in the process."""
+    assert gc.isenabled()
+    assert torch._C._len_torch_dispatch_stack() == 0
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    assert not _budget._active
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+class _InterruptAt:
+    """Raises SIGINT (as Ctrl-C does) at the k-th line remat's modules run
+    (those of `code`, where given) while the block runs; `reached`: whether
+    it got there."""
+
+    def __init__(self, k, code=None):
+        self.k = k
+        self.code = code
+        self.lines = 0
+        self.reached = False
+
+    def _line(self, frame, event, arg):
+        if event == "line":
+            self.lines += 1
+            if self.lines == self.k:
+                self.reached = True
+                signal.raise_signal(signal.SIGINT)
+        return self._line
+
+    def _call(self, frame, event, arg):
+        code = frame.f_code
+        if (code is self.code) if self.code is not None else \
+                code.co_filename.startswith(_REMAT_DIR):
+            return self._line(frame, event, arg)
+        return None
+
+    def __enter__(self):
+        sys.settrace(self._call)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(None)
+        return False
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                    reason="signals reach the main thread only")
+def test_an_interrupt_at_any_point_of_a_step_leaves_the_budget_usable():
+    # A step with drops and replays, interrupted at each line of remat's
+    # code it runs in turn (its entry, recording, saving, the replays the
+    # library calls back for, its exit), until one runs through without
+    # getting to that line. Each time the step raises KeyboardInterrupt (or
+    # ends: an interrupt in a finalizer is Python's to drop), nothing is left
+    # behind, and the same budget object, and another, run the next step with
+    # the plain step's gradients.
+    plain = _grads_of(_tiny)
+    full = 256
+    b = remat.torch.budget(full * 5 // 8, policy="dtr")
+    other = remat.torch.budget(full * 5 // 8, policy="dtr")
+    assert_same_grads(plain, _grads_of(_tiny, b))
+    assert b.stats["drops"] > 0 and b.stats["recomputes"] > 0
+    interrupted = 0
+    k = 0
+    while True:
+        k += 1
+        with _InterruptAt(k) as at:
+            try:
+                grads = _grads_of(_tiny, b)
+            except KeyboardInterrupt:
+                interrupted += 1
+            else:
+                assert_same_grads(plain, grads)
+        _assert_clean()
+        if not at.reached:
+            break
+        assert_same_grads(plain, _grads_of(_tiny, b))
+        assert b.stats["peak_saved_bytes"] <= b.budget_bytes
+        assert_same_grads(plain, _grads_of(_tiny, other))
+    assert k > 1000 and interrupted > k // 2
+    b.close()
+    other.close()
+
+
+def test_an_interrupt_inside_a_replay_comes_out_as_keyboard_interrupt():
+    # Ctrl-C as the library calls back for a replay, at each of the
+    # callback's first lines (before its own error handling, too): an
+    # exception cannot cross the library, so it is held and carried across,
+    # and comes out of the backward as itself.
+    plain = _grads_of(_tiny)
+    b = remat.torch.budget(160, policy="dtr")
+    for k in range(1, 4):
+        with _InterruptAt(k, code=_budget._Session._on_recompute.__code__) as at:
+            with pytest.raises(KeyboardInterrupt):
+                _grads_of(_tiny, b)
+        assert at.reached
+        _assert_clean()
+        assert_same_grads(plain, _grads_of(_tiny, b))
+        assert b.stats["recomputes"] > 0
+    b.close()
+
+
+class _Escape(BaseException):
+    pass
+
+
+def test_any_exception_of_a_replay_is_carried_across_the_library(monkeypatch):
+    plain = _grads_of(_tiny)
+    b = remat.torch.budget(160, policy="dtr")
+
+    def escape(*args):
+        raise _Escape("from the replay")
+    with monkeypatch.context() as m:
+        m.setattr(_budget.Engine, "_on_recompute", escape)
+        with pytest.raises(_Escape, match="from the replay"):
+            _grads_of(_tiny, b)
+    _assert_clean()
+    assert_same_grads(plain, _grads_of(_tiny, b))
+    b.close()
+
+
+def test_one_budget_entered_from_two_threads_lets_one_in():
+    # Two threads enter one budget object at once, round after round: one
+    # runs its step, the other is refused at once with a clear error (and
+    # nothing of the winner's step is touched), and the collector is on
+    # after each round.
+    b = remat.torch.budget(1 << 20)
+    w = torch.randn(8, 8, requires_grad=True)
+    rounds = 60
+    for r in range(rounds):
+        barrier = threading.Barrier(2)
+        refused = threading.Event()
+        won, errors = [], []
+
+        def enter(i):
+            barrier.wait()
+            try:
+                with b:
+                    won.append(i)
+                    refused.wait(10)  # open until the other was refused
+                    (torch.randn(4, 8) @ w).tanh().sum().backward()
+            except RuntimeError as e:
+                errors.append(str(e))
+                refused.set()
+        threads = [threading.Thread(target=enter, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1, f"round {r}: {len(won)} threads in"
+        assert len(errors) == 1 and "open on another thread" in errors[0], errors
+        assert gc.isenabled()
+        assert b.stats["step"] == r + 1
+    with pytest.raises(RuntimeError, match="open on another thread"):
+        entered = threading.Event()
+        leave = threading.Event()
+
+        def hold():
+            with b:
+                entered.set()
+                leave.wait(10)
+        t = threading.Thread(target=hold)
+        t.start()
+        entered.wait(10)
+        try:
+            b.close()
+        finally:
+            leave.set()
+            t.join()
+    b.close()
+    assert gc.isenabled()
+
+
 @pytest.mark.parametrize("size", [1 << 64, (1 << 65) + 30000, "20000000TB", 2.0 ** 70])
 def test_a_budget_beyond_64_bits_is_refused(size):
     # (It wrapped: 2**65 + 30000 enforced 30000 bytes.)
@@ -45,7 +226,7 @@ def test_a_budget_of_nothing_or_less_is_refused(size):
 
 def test_the_largest_budget_holds_everything():
     plain = _grads_of(_tiny)
-    b = remat.torch.budget(_budget.MAX_BUDGET_BYTES)
+    b = remat.torch.budget(remat.torch._budget.MAX_BUDGET_BYTES)
     assert_same_grads(plain, _grads_of(_tiny, b))
     assert b.stats["budget_bytes"] == (1 << 64) - 1 and b.stats["drops"] == 0
     b.close()
@@ -64,6 +245,30 @@ def test_live_stats_outside_the_with():
     with b:
         assert b.live_stats()["step"] == 3
     b.close()
+
+
+def test_budget_too_small_survives_torchscript():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return torch.tanh(self.lin(x)).exp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.jit.script is deprecated)
+        net = torch.jit.script(Net())
+    x = torch.randn(32, 64, requires_grad=True)
+    with pytest.raises(BudgetTooSmall, match="cannot hold a saved tensor"):
+        with remat.torch.budget(4096):
+            net(x).sum().backward()
+    # A RuntimeError of the user's own inside the budget stays as it was.
+    with pytest.raises(RuntimeError, match="^mine$"):
+        with remat.torch.budget(4096):
+            try:
+                net(x)
+            except RuntimeError:
+                raise RuntimeError("mine") from None
 
 
 def _short(message):
@@ -103,3 +308,15 @@ def test_a_budget_too_small_for_what_the_backward_reads_says_so():
     assert "the backward is reading now" in message and "at least 16384 bytes" in message
 
 
+def test_saved_tensor_hooks_refused_inside_a_budget_point_at_keep_saved():
+    with pytest.raises(RuntimeError, match="keep_saved") as info:
+        with remat.torch.budget(1 << 20):
+            with torch.autograd.graph.disable_saved_tensors_hooks("no hooks here, please"):
+                pass
+    assert "no hooks here, please" in str(info.value)
+    _short(str(info.value))
+    w = torch.randn(4, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="keep_saved"):
+        with remat.torch.budget(1 << 20):
+            torch.func.grad(lambda r: (r @ w).sum())(torch.randn(4))
+    _assert_clean()

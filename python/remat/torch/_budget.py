@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporaril
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from remat import _capi, parse_size
-from remat.torch import _allocator
+from remat.torch import _allocator, _interrupts
 from remat.torch._cost import CostModel
 
 # Calls whose outputs do not read the arguments they write into when they run
@@ -334,12 +334,14 @@ class _Handle:
         self.stride = tuple(t.stride())
         self.offset = t.storage_offset()
 
+    @_interrupts.critical
     def __del__(self):
-        engine = self.engine
-        if engine is not None:
+        # (None: its __init__ did not finish.)
+        engine, storage = getattr(self, "engine", None), getattr(self, "storage", None)
+        if engine is not None and storage is not None:
             # Never into the runtime from here (a finalizer may run anywhere,
             # even inside one of its callbacks): counted at the next safe point.
-            engine.dead_handles.append(self.storage)
+            engine.dead_handles.append(storage)
 
 
 class _OpInfo:
@@ -543,15 +545,26 @@ class _Session:
             raise ValueError(message)
         self.runtime = runtime
 
+    # The library's callbacks: an exception cannot cross it, and an
+    # interrupt that lands in them waits (_interrupts).
+    @_interrupts.critical
     def _on_event(self, user, event_p):
         if self.engine is not None:
             self.engine._on_event(user, event_p)
 
+    @_interrupts.critical
     def _on_recompute(self, *args):
-        if self.engine is None:  # cannot happen: a step frees all it made
-            self.lib.remat_recompute_set_error(b"remat: a recompute outside a step")
+        engine = self.engine
+        try:
+            if engine is None:  # cannot happen: a step frees all it made
+                self.lib.remat_recompute_set_error(b"remat: a recompute outside a step")
+                return 1
+            return engine._on_recompute(*args)
+        except BaseException as e:  # noqa: BLE001: carried across the library
+            if engine is not None:
+                engine.error = e
+            self.lib.remat_recompute_set_error(str(e).encode("utf-8", "replace")[:1000])
             return 1
-        return self.engine._on_recompute(*args)
 
     def raw_stats(self):
         st = _capi.RuntimeStats()
@@ -933,12 +946,14 @@ class Engine:
         self.too_small = BudgetTooSmall(message)
         return self.too_small
 
+    @_interrupts.critical
     def _on_pressure(self, _user, pressure):
         """remat's allocator cannot serve a request within the budget, its
         cache released: the runtime evicts saved activations by its policy,
         the bytes the request lacks (all of it, where the budget has room
         that is not in one place). Nonzero: something went."""
         try:
+            _interrupts.deliver()  # raised by the call that asked, as its error
             if self.closed or self.runtime is None:
                 return 0
             if threading.get_ident() != self.thread and \
@@ -1815,6 +1830,7 @@ class Engine:
                 raise error
             finally:
                 del error  # no cycle through this frame: the collector waits out the step
+        _interrupts.deliver()  # one that landed in a callback the call made
         if status != _capi.OK:
             message = self.lib.remat_last_error().decode("utf-8", "replace")
             if status == _capi.OUT_OF_MEMORY:
@@ -1833,6 +1849,7 @@ class Engine:
         done = []
         with _Internal(self):
             try:
+                _interrupts.deliver()  # one that landed in the library: the replay stops
                 self._drain()
                 memo = {}  # one run of the call serves every output it regenerates
                 # Below autograd (no graph, outputs that need no grad), each call
@@ -2178,6 +2195,11 @@ class budget:
         self._hooks = None
         self._keep_saved_block = None  # [remat's hooks] while a keep_saved() block is open
         self.stats = None
+        # Held by the thread whose step is open (one at a time), and who that is.
+        self._open = threading.Lock()
+        self._owner = None
+        self._interrupt_token = False
+        self._interrupts_at_start = 0
 
     def _start_over(self):
         """As new: no step run, no runtime, the trial (if any) to come."""
@@ -2202,21 +2224,53 @@ class budget:
             return self._plan, False
         return self._trial[0]
 
+    @_interrupts.critical
     def __enter__(self):
-        if self._engine is not None and not self._engine.closed:
-            raise RuntimeError("this remat.torch.budget is already open: leave it before "
-                               "entering it for the next step")
-        if _active.get(threading.get_ident()) is not None:
-            raise RuntimeError("remat.torch.budget contexts do not nest: one budget covers "
-                               "the whole step")
-        if self._pause_gc:
-            _pause_gc()
-            self._gc_paused = True
+        # First remat's SIGINT handler: an interrupt from here to the end of
+        # the entry waits for it, then the step is undone and it is raised.
+        token = _interrupts.install()
         try:
-            return self._enter()
+            self._claim()
+            try:
+                if _active.get(threading.get_ident()) is not None:
+                    raise RuntimeError("remat.torch.budget contexts do not nest: one budget "
+                                       "covers the whole step")
+                if self._pause_gc:
+                    _pause_gc()
+                    self._gc_paused = True
+                try:
+                    self._enter()
+                except BaseException:
+                    self._resume_gc()
+                    raise
+            except BaseException:
+                self._release()
+                raise
         except BaseException:
-            self._resume_gc()
+            _interrupts.uninstall(token)
             raise
+        self._interrupt_token = token
+        self._interrupts_at_start = _interrupts.delivered()
+        if _interrupts.pending():
+            # Interrupted while entering: the step never begins.
+            self.__exit__(None, None, None)
+            _interrupts.deliver()
+        return self
+
+    def _claim(self):
+        """This thread's hold on the object for one step: refused (and the
+        object left as it is) while it is open, on this thread or another."""
+        if not self._open.acquire(blocking=False):
+            if self._owner == threading.get_ident():
+                raise RuntimeError("this remat.torch.budget is already open: leave it before "
+                                   "entering it for the next step")
+            raise RuntimeError("this remat.torch.budget is open on another thread: give each "
+                               "thread a remat.torch.budget of its own")
+        self._owner = threading.get_ident()
+
+    def _release(self):
+        self._owner = None
+        self._open.release()
 
     def _resume_gc(self):
         if self._gc_paused:
@@ -2288,39 +2342,69 @@ class budget:
             raise
         return self
 
+    @_interrupts.critical
     def __exit__(self, exc_type, exc, tb):
+        # (An interrupt that lands in here waits for its end: remat's handler.)
+        engine = self._engine
+        # A step an interrupt went through may have stopped anywhere in
+        # remat's bookkeeping: its runtime is let go with it (the next step
+        # starts a fresh one, as the first did).
+        interrupted = _interrupts.delivered() != self._interrupts_at_start or \
+            (exc is not None and not isinstance(exc, Exception))
         late = None  # what the step's end raises (remat's allocator: a request that failed)
-        block, self._keep_saved_block = self._keep_saved_block, None
-        if block is not None:
-            # Left inside a keep_saved() block (a generator dropped there):
-            # remat's hooks go back on the stack, for the exit below to take off.
-            torch._C._autograd._push_saved_tensors_default_hooks(*block[0])
         try:
+            block, self._keep_saved_block = self._keep_saved_block, None
+            if block is not None:
+                # Left inside a keep_saved() block (a generator dropped there):
+                # remat's hooks go back on the stack, for the exit below to take off.
+                torch._C._autograd._push_saved_tensors_default_hooks(*block[0])
             try:
-                self._hooks.__exit__(exc_type, exc, tb)
-            finally:
-                self._backward.__exit__(exc_type, exc, tb)
-        finally:
-            try:
-                self._mode.__exit__(exc_type, exc, tb)
-            finally:
-                _active.pop(threading.get_ident(), None)
                 try:
-                    self._engine.close()
+                    self._hooks.__exit__(exc_type, exc, tb)
                 finally:
+                    self._backward.__exit__(exc_type, exc, tb)
+            finally:
+                try:
+                    self._mode.__exit__(exc_type, exc, tb)
+                finally:
+                    _active.pop(threading.get_ident(), None)
                     try:
-                        engine = self._engine
-                        if engine.allocator is not None and not isinstance(exc, BudgetTooSmall):
-                            late = engine.exit_error()
-                        # A step that raises here has failed: the plan trial
-                        # must not time it (nor keep a plan it did not fit).
-                        self._end_step(exc_type is None and late is None,
-                                       exc if exc is not None else late)
+                        self._close_engine(interrupted)
                     finally:
-                        self._resume_gc()
+                        try:
+                            if engine.allocator is not None and \
+                                    not isinstance(exc, BudgetTooSmall):
+                                late = engine.exit_error()
+                            # A step that raises here has failed: the plan trial
+                            # must not time it (nor keep a plan it did not fit).
+                            self._end_step(exc_type is None and late is None,
+                                           exc if exc is not None else late)
+                            if interrupted:
+                                session = self._sessions.pop(self._step_plan, None)
+                                if session is not None:
+                                    session.close()
+                        finally:
+                            self._resume_gc()
+            if late is None:
+                late = _translated(exc, engine)
+        finally:
+            self._release()
+            _interrupts.uninstall(self._interrupt_token)  # last: raises one held
         if late is not None:
             raise late from exc
         return False
+
+    def _close_engine(self, interrupted):
+        """Ends the step's engine. An interrupted step's records may be half
+        made: what its end says of them is not raised (its runtime goes)."""
+        engine = self._engine
+        try:
+            engine.close()
+        except BaseException:  # noqa: BLE001: raised unless interrupted
+            if not interrupted:
+                raise
+        if not hasattr(engine, "stats"):
+            engine.stats = engine.read_stats()
 
     def _time(self):
         # A GPU's work runs behind the host's: a timed step waits for it.
@@ -2403,6 +2487,7 @@ class budget:
         for plan in [p for p in self._sessions if p != self._plan]:
             self._sessions.pop(plan).close()
 
+    @_interrupts.critical
     @contextlib.contextmanager
     def keep_saved(self):
         """Inside the budget's `with`: what autograd saves for backward in
@@ -2470,16 +2555,32 @@ class budget:
         stats["policy"] = policy
         return stats
 
+    @_interrupts.critical
     def close(self):
         """Lets the runtime go (it is kept between steps to learn from them;
         the object's end lets it go too)."""
-        if self._engine is not None and not self._engine.closed:
-            raise RuntimeError("close the budget after leaving its `with`")
-        sessions, self._sessions = self._sessions, {}
-        for session in sessions.values():
-            session.close()
-        self._start_over()
+        token = _interrupts.install()
+        try:
+            self._claim_to_close()
+            try:
+                sessions, self._sessions = self._sessions, {}
+                for session in sessions.values():
+                    session.close()
+                self._start_over()
+            finally:
+                self._release()
+        finally:
+            _interrupts.uninstall(token)
 
+    def _claim_to_close(self):
+        if not self._open.acquire(blocking=False):
+            if self._owner == threading.get_ident():
+                raise RuntimeError("close the budget after leaving its `with`")
+            raise RuntimeError("this remat.torch.budget is open on another thread: close it "
+                               "after that thread leaves its `with`")
+        self._owner = threading.get_ident()
+
+    @_interrupts.critical
     def __del__(self):
         sessions = getattr(self, "_sessions", None)
         engine = getattr(self, "_engine", None)
