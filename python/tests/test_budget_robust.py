@@ -320,3 +320,31 @@ def test_saved_tensor_hooks_refused_inside_a_budget_point_at_keep_saved():
         with remat.torch.budget(1 << 20):
             torch.func.grad(lambda r: (r @ w).sum())(torch.randn(4))
     _assert_clean()
+
+
+def test_an_interrupt_held_for_the_main_thread_is_not_raised_on_another():
+    # Only the main thread gets signals: a step on another thread (its
+    # replays, its entry and exit) leaves an interrupt held for the main
+    # thread where it is.
+    from remat.torch import _interrupts
+    plain = _grads_of(_tiny)
+    b = remat.torch.budget(160, policy="dtr")
+    out = []
+
+    def step():
+        try:
+            out.append(_grads_of(_tiny, b))
+        except BaseException as e:  # noqa: BLE001: the test reads it
+            out.append(e)
+    _interrupts._State.pending = signal.SIGINT
+    try:
+        t = threading.Thread(target=step)
+        t.start()
+        t.join()
+        assert _interrupts._State.pending == signal.SIGINT
+    finally:
+        _interrupts._State.pending = None
+    assert isinstance(out[0], dict), out[0]
+    assert_same_grads(plain, out[0])
+    assert b.stats["recomputes"] > 0
+    b.close()

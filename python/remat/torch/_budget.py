@@ -2349,7 +2349,8 @@ class budget:
         # A step an interrupt went through may have stopped anywhere in
         # remat's bookkeeping: its runtime is let go with it (the next step
         # starts a fresh one, as the first did).
-        interrupted = _interrupts.delivered() != self._interrupts_at_start or \
+        interrupted = (self._interrupt_token and
+                       _interrupts.delivered() != self._interrupts_at_start) or \
             (exc is not None and not isinstance(exc, Exception))
         late = None  # what the step's end raises (remat's allocator: a request that failed)
         try:

@@ -102,14 +102,17 @@ def uninstall(token):
 
 
 def pending():
-    return _State.pending is not None
+    """Whether an interrupt is held (for the main thread: signals reach no
+    other)."""
+    return _State.pending is not None and threading.get_ident() == _MAIN
 
 
 def deliver():
     """A delivery point: an interrupt held is raised here (by the handler
-    before remat's: KeyboardInterrupt for Python's own)."""
+    before remat's: KeyboardInterrupt for Python's own). On another thread
+    than the main one, nothing: the interrupt is the main thread's."""
     signum = _State.pending
-    if signum is not None:
+    if signum is not None and threading.get_ident() == _MAIN:
         _State.pending = None
         _raise(signum, sys._getframe(1))
 
