@@ -348,3 +348,19 @@ def test_an_interrupt_held_for_the_main_thread_is_not_raised_on_another():
     assert_same_grads(plain, out[0])
     assert b.stats["recomputes"] > 0
     b.close()
+
+
+def test_a_step_interrupted_as_it_enters_is_not_taken_for_one_that_ran():
+    # Ctrl-C inside the entry: the step is undone and raises, and the plan
+    # trial neither times it nor moves on past it.
+    b = remat.torch.budget(160, policy="dtr", offload=True, recompute=True)
+    trial = list(b._trial)
+    with _InterruptAt(1, code=_budget.budget._enter.__code__) as at:
+        with pytest.raises(KeyboardInterrupt):
+            _grads_of(_tiny, b)
+    assert at.reached
+    _assert_clean()
+    assert b._trial == trial and not any(b._trial_times.values())
+    assert_same_grads(_grads_of(_tiny), _grads_of(_tiny, b))
+    assert b._trial == trial[1:]
+    b.close()

@@ -2252,8 +2252,9 @@ class budget:
         self._interrupt_token = token
         self._interrupts_at_start = _interrupts.delivered()
         if _interrupts.pending():
-            # Interrupted while entering: the step never begins.
-            self.__exit__(None, None, None)
+            # Interrupted while entering: the step never begins (nor counts
+            # as one that ran through: the plan trial does not time it).
+            self.__exit__(KeyboardInterrupt, KeyboardInterrupt(), None)
             _interrupts.deliver()
         return self
 
