@@ -364,3 +364,35 @@ def test_a_step_interrupted_as_it_enters_is_not_taken_for_one_that_ran():
     assert_same_grads(_grads_of(_tiny), _grads_of(_tiny, b))
     assert b._trial == trial[1:]
     b.close()
+
+
+def test_an_interrupt_inside_keep_saved_leaves_no_hooks_behind():
+    # Ctrl-C at each line of keep_saved() (as it takes remat's hooks off the
+    # stack, as it puts them back): the step raises, the hooks stack is as
+    # before it, and the next step runs.
+    def keep_saved_step(b):
+        model, step = _tiny(0)
+        torch.manual_seed(1)
+        with b as run:
+            with run.keep_saved():
+                loss = step()
+            loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+    plain = _grads_of(_tiny)
+    b = remat.torch.budget(160, policy="dtr")
+    code = _budget.budget.keep_saved.__wrapped__.__code__
+    k = 0
+    while True:
+        k += 1
+        with _InterruptAt(k, code=code) as at:
+            try:
+                keep_saved_step(b)
+            except KeyboardInterrupt:
+                pass
+        _assert_clean()
+        if not at.reached:
+            break
+        assert_same_grads(plain, keep_saved_step(b))
+        assert_same_grads(plain, _grads_of(_tiny, b))
+    assert k > 5
+    b.close()

@@ -34,10 +34,9 @@ class _State:
 def critical(fn):
     """Marks fn: an interrupt that lands while it runs (or anything it
     calls) waits for the next delivery point."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        code = fn.__wrapped__.__code__  # a contextmanager's generator
-    _critical.add(code)
+    # (A contextmanager: its generator's code, not the wrapper's, which
+    # every contextmanager shares.)
+    _critical.add(getattr(fn, "__wrapped__", fn).__code__)
     return fn
 
 
