@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/base/attributes.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/log.h"
 
@@ -1387,6 +1388,7 @@ absl::Status CachingAllocator::SetBudget(std::size_t budget) {
     HarvestStreams(nullptr, /*wait=*/true);
     ReleaseCachedSegments();
   }
+  reserved_at_budget_change_ = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
   return absl::OkStatus();
 }
 
@@ -1598,6 +1600,339 @@ MemoryMap CachingAllocator::GetMemoryMap() const {
     }
   }
   return map;
+}
+
+// ---------------------------------------------------------------------------
+// Invariants
+
+absl::Status CachingAllocator::CheckInvariants() const {
+  MutexLock lock(&mu_);
+  return CheckInvariantsLocked();
+}
+
+absl::Status CachingAllocator::CheckInvariantsLocked() const {
+#define REMAT_INVARIANT(cond, ...)                                                     \
+  do {                                                                                 \
+    if (!(cond)) [[unlikely]] {                                                        \
+      return absl::FailedPreconditionError(                                            \
+          absl::StrCat("allocator invariant broken: ", absl::StrFormat(__VA_ARGS__))); \
+    }                                                                                  \
+  } while (false)
+  // What the walk counts, per StatPool (the aggregate, small, large).
+  struct Counts {
+    std::int64_t allocation = 0, allocated_bytes = 0, requested_bytes = 0;
+    std::int64_t pending = 0, pending_bytes = 0;
+    std::int64_t reserved = 0, segments = 0;
+    std::int64_t inactive_split = 0, inactive_split_bytes = 0;
+  };
+  std::array<Counts, 3> counts{};
+  std::size_t free_blocks[2] = {0, 0};  // in the free sets, by pool (small, large)
+  std::size_t shared_blocks[2] = {0, 0};
+  std::size_t unmapped_blocks[2] = {0, 0};
+  std::size_t whole_free = 0;
+  std::size_t free_pages = 0;
+  std::size_t unbacking = 0;
+  std::size_t pending_blocks = 0;
+  const Pool* pools[2] = {&small_, &large_};
+
+  for (const auto& [key, seg] : segments_) {
+    REMAT_INVARIANT(seg != nullptr && seg->addr == key, "segment at %#x is filed under %#x",
+                    seg == nullptr ? 0 : seg->addr, key);
+    const int pi = seg->large ? 1 : 0;
+    const Pool* pool = pools[pi];
+    const StatPool sp = seg->large ? kLargePool : kSmallPool;
+    REMAT_INVARIANT(
+        seg->expandable == (page_size_ != 0),
+        "segment at %#x: expandable is %d in an allocator whose expandable segments are %d",
+        seg->addr, seg->expandable, page_size_ != 0);
+    if (seg->expandable) {
+      REMAT_INVARIANT(seg->addr % page_size_ == 0 && seg->size % page_size_ == 0 &&
+                          seg->pages.size() == seg->size / page_size_,
+                      "expandable segment at %#x (%d bytes, %d page entries) is not whole pages",
+                      seg->addr, seg->size, seg->pages.size());
+      REMAT_INVARIANT(seg->whole_size == std::numeric_limits<std::size_t>::max(),
+                      "expandable segment at %#x has a whole size", seg->addr);
+      REMAT_INVARIANT(seg->page_bounded == (!seg->large && page_size_ >= kSmallSize),
+                      "expandable segment at %#x: page_bounded is %d", seg->addr,
+                      seg->page_bounded);
+    } else {
+      REMAT_INVARIANT(seg->whole_size == seg->size && seg->size > 0 &&
+                          seg->size % (seg->large ? kRoundLarge : kSmallBuffer) == 0,
+                      "segment at %#x: size %d, whole size %d", seg->addr, seg->size,
+                      seg->whole_size);
+      REMAT_INVARIANT(!seg->page_bounded, "fixed segment at %#x is page-bounded", seg->addr);
+      counts[sp].reserved += static_cast<std::int64_t>(seg->size);
+    }
+    ++counts[sp].segments;
+    REMAT_INVARIANT(
+        seg->first != nullptr && seg->first->addr == seg->addr && seg->first->prev == nullptr,
+        "segment at %#x does not start with its first block", seg->addr);
+    std::uintptr_t at = seg->addr;
+    std::size_t mapped_pages = 0;  // pages the blocks say are mapped
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      REMAT_INVARIANT(b->addr == at,
+                      "segment at %#x: block at %#x where %#x was expected (a gap or an overlap)",
+                      seg->addr, b->addr, at);
+      REMAT_INVARIANT(b->segment == seg && b->pool == pool,
+                      "block at %#x names another segment or pool than the one it lies in",
+                      b->addr);
+      REMAT_INVARIANT(b->size > 0 && b->size % kMinBlockSize == 0 && b->addr % kMinBlockSize == 0,
+                      "block at %#x of %d bytes is not in %d-byte units", b->addr, b->size,
+                      kMinBlockSize);
+      REMAT_INVARIANT(b->next == nullptr || b->next->prev == b,
+                      "block at %#x: its next block's prev does not point back", b->addr);
+      REMAT_INVARIANT(b->addr + b->size <= seg->addr + seg->size,
+                      "block at %#x of %d bytes runs past its segment's end %#x", b->addr, b->size,
+                      seg->addr + seg->size);
+      at = b->addr + b->size;
+      const int states = int{b->allocated} + int{b->pending_free} + int{!b->mapped};
+      REMAT_INVARIANT(states <= 1,
+                      "block at %#x is in %d states at once (allocated %d, pending %d, mapped %d)",
+                      b->addr, states, b->allocated, b->pending_free, b->mapped);
+      REMAT_INVARIANT(b->unbacked_hi == 0 || b->allocated || b->pending_free,
+                      "free block at %#x is marked unbacked", b->addr);
+      if (seg->page_bounded && b->mapped) {
+        REMAT_INVARIANT(b->addr / page_size_ == (b->addr + b->size - 1) / page_size_,
+                        "small block at %#x of %d bytes crosses a page boundary", b->addr, b->size);
+      }
+      if (!b->mapped) {
+        REMAT_INVARIANT(
+            seg->expandable && b->addr % page_size_ == 0 && b->size % page_size_ == 0,
+            "unmapped block at %#x of %d bytes is not whole pages of an expandable segment",
+            b->addr, b->size);
+        REMAT_INVARIANT(b->prev == nullptr || b->prev->mapped,
+                        "unmapped blocks at %#x and %#x are left apart", b->prev->addr, b->addr);
+        REMAT_INVARIANT(pool->unmapped.contains(const_cast<Block*>(b)),
+                        "unmapped block at %#x is not in its pool's unmapped set", b->addr);
+        REMAT_INVARIANT(b->stream == seg->stream && !b->shared,
+                        "unmapped block at %#x is not its segment's stream's", b->addr);
+        ++unmapped_blocks[pi];
+        for (std::size_t i = (b->addr - seg->addr) / page_size_; i < (at - seg->addr) / page_size_;
+             ++i) {
+          REMAT_INVARIANT(seg->pages[i].handle == 0,
+                          "page at %#x under an unmapped block is mapped",
+                          seg->addr + i * page_size_);
+        }
+        continue;
+      }
+      if (seg->expandable) {
+        // Every page a mapped block touches is mapped, but for the pages an
+        // allocated block has had unmapped (Unback).
+        const std::size_t first = (b->addr - seg->addr) / page_size_;
+        const std::size_t last = (at - 1 - seg->addr) / page_size_;
+        for (std::size_t i = first; i <= last; ++i) {
+          const std::uintptr_t page = seg->addr + i * page_size_;
+          const bool given_up = b->unbacked_done && page >= b->unbacked_lo && page < b->unbacked_hi;
+          REMAT_INVARIANT((seg->pages[i].handle != 0) != given_up,
+                          "page at %#x under the block at %#x is %s", page, b->addr,
+                          given_up ? "mapped though unbacked" : "not mapped");
+          // A page shared by two blocks is counted once, by the first.
+          if (!given_up && (i != first || b->prev == nullptr || !b->prev->mapped ||
+                            (b->prev->addr + b->prev->size - 1 - seg->addr) / page_size_ != i)) {
+            ++mapped_pages;
+          }
+        }
+      }
+      if (b->unbacked_hi != 0) {
+        REMAT_INVARIANT(seg->expandable && b->unbacked_lo % page_size_ == 0 &&
+                            b->unbacked_hi % page_size_ == 0 && b->unbacked_lo >= b->addr &&
+                            b->unbacked_hi <= at && b->unbacked_lo < b->unbacked_hi,
+                        "block at %#x: unbacked range [%#x, %#x) is not whole pages inside it",
+                        b->addr, b->unbacked_lo, b->unbacked_hi);
+        if (!b->unbacked_done) {
+          ++unbacking;
+          REMAT_INVARIANT(std::find(unbacking_.begin(), unbacking_.end(), b) != unbacking_.end(),
+                          "block at %#x waits to be unbacked but is not listed", b->addr);
+        }
+      }
+      if (b->allocated) {
+        REMAT_INVARIANT(live_.Find(b->addr) == b, "allocated block at %#x is not in the live map",
+                        b->addr);
+        REMAT_INVARIANT(b->requested > 0 && b->size >= RoundRequest(b->requested),
+                        "allocated block at %#x of %d bytes holds a request of %d bytes", b->addr,
+                        b->size, b->requested);
+        REMAT_INVARIANT(!b->shared, "allocated block at %#x is marked shared", b->addr);
+        for (const StatPool p : {kAggregatePool, sp}) {
+          ++counts[p].allocation;
+          counts[p].allocated_bytes += static_cast<std::int64_t>(b->size);
+          counts[p].requested_bytes += static_cast<std::int64_t>(b->requested);
+        }
+        continue;
+      }
+      if (b->pending_free) {
+        REMAT_INVARIANT(b->pending_events > 0, "pending free at %#x waits for no event", b->addr);
+        ++pending_blocks;
+        for (const StatPool p : {kAggregatePool, sp}) {
+          ++counts[p].pending;
+          counts[p].pending_bytes += static_cast<std::int64_t>(b->size);
+        }
+        continue;
+      }
+      REMAT_INVARIANT(b->requested == 0 && b->owner == 0 && b->extra_streams.empty(),
+                      "free block at %#x keeps its allocation's request, owner or streams",
+                      b->addr);
+      if (b == undone_) continue;  // set aside by the undo fast path: outside the set
+      // A free mapped block: in its pool's set, under its key.
+      REMAT_INVARIANT(b->partition == PartitionOf(b->stream, b->shared),
+                      "free block at %#x is filed under partition %d, not %d", b->addr,
+                      b->partition, PartitionOf(b->stream, b->shared));
+      ++free_blocks[pi];
+      if (b->shared) ++shared_blocks[pi];
+      if (seg->expandable) free_pages += WholePageBytes(b->addr, b->size, page_size_);
+      if (b->size == seg->whole_size) {
+        ++whole_free;
+      } else {
+        for (const StatPool p : {kAggregatePool, sp}) {
+          ++counts[p].inactive_split;
+          counts[p].inactive_split_bytes += static_cast<std::int64_t>(b->size);
+        }
+      }
+      // Free neighbours that may merge either way were merged (a block
+      // shared after its private neighbour was freed stays apart from it).
+      const Block* n = b->next;
+      if (n != nullptr && n != undone_ && !n->allocated && !n->pending_free && n->mapped) {
+        REMAT_INVARIANT(!(CanMerge(b, n) && CanMerge(n, b)),
+                        "free neighbours at %#x and %#x were not coalesced", b->addr, n->addr);
+      }
+    }
+    REMAT_INVARIANT(at == seg->addr + seg->size,
+                    "the blocks of the segment at %#x end at %#x, not at its end %#x", seg->addr,
+                    at, seg->addr + seg->size);
+    if (seg->expandable) {
+      std::size_t handles = 0;
+      for (const PhysicalChunk& c : seg->pages) handles += c.handle != 0;
+      REMAT_INVARIANT(handles == mapped_pages,
+                      "expandable segment at %#x holds %d mapped pages, its blocks %d", seg->addr,
+                      handles, mapped_pages);
+      counts[sp].reserved += static_cast<std::int64_t>(mapped_pages * page_size_);
+    }
+  }
+  for (const StatPool sp : {kSmallPool, kLargePool}) {
+    counts[kAggregatePool].reserved += counts[sp].reserved;
+    counts[kAggregatePool].segments += counts[sp].segments;
+  }
+
+  // The free sets hold exactly the free blocks counted above, and the sentinel last.
+  for (int pi = 0; pi < 2; ++pi) {
+    const Pool& pool = *pools[pi];
+    REMAT_INVARIANT(!pool.free.empty() && *std::prev(pool.free.end()) == &pool.sentinel,
+                    "the %s pool's free set does not end with its sentinel",
+                    pi == 0 ? "small" : "large");
+    REMAT_INVARIANT(pool.free.size() == free_blocks[pi] + 1,
+                    "the %s pool's free set holds %d blocks, its segments %d free ones",
+                    pi == 0 ? "small" : "large", pool.free.size() - 1, free_blocks[pi]);
+    // Each entry is a free block of the pool that lies in its segment (so
+    // among those counted above) and knows where it is in the set: with the
+    // counts equal, the set holds exactly the segments' free blocks. (A
+    // block's own position is only followed from the set: a block left out
+    // may hold a stale one.)
+    for (auto it = pool.free.begin(); it != pool.free.end(); ++it) {
+      const Block* b = *it;
+      if (b == &pool.sentinel) continue;
+      REMAT_INVARIANT(
+          b->pool == &pool && !b->allocated && !b->pending_free && b->mapped && b != undone_,
+          "the %s pool's free set holds the block at %#x, which is not a free block of it",
+          pi == 0 ? "small" : "large", b->addr);
+      REMAT_INVARIANT(b->free_pos == it,
+                      "free block at %#x is not where its free-set position says", b->addr);
+      REMAT_INVARIANT(segments_.contains(b->segment->addr) &&
+                          segments_.at(b->segment->addr) == b->segment &&
+                          (b->prev != nullptr ? b->prev->next == b : b->segment->first == b),
+                      "the %s pool's free set holds the block at %#x, which is in no segment",
+                      pi == 0 ? "small" : "large", b->addr);
+    }
+    REMAT_INVARIANT(pool.shared_count == shared_blocks[pi],
+                    "the %s pool counts %d shared free blocks, its free set holds %d",
+                    pi == 0 ? "small" : "large", pool.shared_count, shared_blocks[pi]);
+    REMAT_INVARIANT(pool.unmapped.size() == unmapped_blocks[pi],
+                    "the %s pool's unmapped set holds %d blocks, its segments %d",
+                    pi == 0 ? "small" : "large", pool.unmapped.size(), unmapped_blocks[pi]);
+  }
+  REMAT_INVARIANT(whole_free_segments_ == whole_free, "%d whole free segments counted, %d found",
+                  whole_free_segments_, whole_free);
+  REMAT_INVARIANT(free_page_bytes_ == free_pages, "%d bytes of free whole pages counted, %d found",
+                  free_page_bytes_, free_pages);
+  REMAT_INVARIANT(unbacking_.size() == unbacking,
+                  "%d blocks listed as waiting to be unbacked, %d found", unbacking_.size(),
+                  unbacking);
+
+  // Allocated blocks are the live map; pending ones the pending frees.
+  REMAT_INVARIANT(live_.size() == static_cast<std::size_t>(counts[kAggregatePool].allocation),
+                  "the live map holds %d pointers, the segments %d allocated blocks", live_.size(),
+                  counts[kAggregatePool].allocation);
+  std::size_t listed_pending = 0;
+  for (const PendingFree& p : pending_frees_) {
+    REMAT_INVARIANT(p.block != nullptr && p.block->pending_free && !p.events.empty() &&
+                        p.block->pending_events == static_cast<int>(p.events.size()),
+                    "a pending free (block at %#x) disagrees with its block or has no event",
+                    p.block == nullptr ? 0 : p.block->addr);
+    ++listed_pending;
+  }
+  REMAT_INVARIANT(listed_pending == pending_blocks, "%d frees listed as pending, %d blocks pending",
+                  listed_pending, pending_blocks);
+  if (undone_ != nullptr) {
+    REMAT_INVARIANT(!undone_->allocated && !undone_->pending_free && undone_->mapped,
+                    "the block set aside by the undo fast path at %#x is not free", undone_->addr);
+  }
+
+  // The statistics are what the walk counted.
+  for (const StatPool sp : {kAggregatePool, kSmallPool, kLargePool}) {
+    const Counts& c = counts[sp];
+    const char* name = kStatPoolNames[sp];
+    auto check = [&](const char* what, const Stat& stat, std::int64_t want) -> absl::Status {
+      if (stat.current != want) {
+        return absl::FailedPreconditionError(
+            absl::StrFormat("allocator invariant broken: %s[%s] is %d, the walk counts %d", what,
+                            name, stat.current, want));
+      }
+      if (stat.current > stat.peak) {
+        return absl::FailedPreconditionError(
+            absl::StrFormat("allocator invariant broken: %s[%s] is %d, above its peak %d", what,
+                            name, stat.current, stat.peak));
+      }
+      return absl::OkStatus();
+    };
+    for (absl::Status s :
+         {check("allocation", stats_.allocation.pools[sp], c.allocation),
+          check("allocated_bytes", stats_.allocated_bytes.pools[sp], c.allocated_bytes),
+          check("requested_bytes", stats_.requested_bytes.pools[sp], c.requested_bytes),
+          check("reserved_bytes", stats_.reserved_bytes.pools[sp], c.reserved),
+          check("segment", stats_.segment.pools[sp], c.segments),
+          check("inactive_split", stats_.inactive_split.pools[sp], c.inactive_split),
+          check("inactive_split_bytes", stats_.inactive_split_bytes.pools[sp],
+                c.inactive_split_bytes)}) {
+      if (!s.ok()) return s;
+    }
+    REMAT_INVARIANT(pending_stats_.count.current[sp] == c.pending &&
+                        pending_stats_.bytes.current[sp] == c.pending_bytes,
+                    "pending frees[%s] counted as %d blocks, %d bytes; the walk finds %d, %d", name,
+                    pending_stats_.count.current[sp], pending_stats_.bytes.current[sp], c.pending,
+                    c.pending_bytes);
+  }
+  // Active is allocation plus the pending frees (StatsLocked derives it).
+  const AllocatorStats derived = StatsLocked();
+  REMAT_INVARIANT(
+      derived.active.all().current ==
+              counts[kAggregatePool].allocation + counts[kAggregatePool].pending &&
+          derived.active_bytes.all().current ==
+              counts[kAggregatePool].allocated_bytes + counts[kAggregatePool].pending_bytes &&
+          derived.active_bytes.all().current <= derived.active_bytes.all().peak,
+      "active is %d blocks, %d bytes (peak %d); the walk finds %d, %d",
+      derived.active.all().current, derived.active_bytes.all().current,
+      derived.active_bytes.all().peak,
+      counts[kAggregatePool].allocation + counts[kAggregatePool].pending,
+      counts[kAggregatePool].allocated_bytes + counts[kAggregatePool].pending_bytes);
+
+  // The budget: no growth passes it (a lowered budget keeps what was reserved then).
+  const auto reserved = static_cast<std::size_t>(counts[kAggregatePool].reserved);
+  REMAT_INVARIANT(reserved + reserving_bytes_ <= std::max(budget_, reserved_at_budget_change_),
+                  "%d bytes reserved (and %d being reserved), above the budget %d", reserved,
+                  reserving_bytes_, budget_);
+  REMAT_INVARIANT(page_size_ == 0 || reserved <= reserved_high_water_,
+                  "%d bytes reserved, above the high-water mark %d", reserved,
+                  reserved_high_water_);
+#undef REMAT_INVARIANT
+  return absl::OkStatus();
 }
 
 REMAT_HOT_INLINE void CachingAllocator::RecordTrace(TraceAction action, std::uintptr_t addr,

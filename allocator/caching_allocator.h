@@ -213,6 +213,19 @@ class CachingAllocator {
   // How many allocations the undo fast path served (AllocatorOptions::fast_undo).
   std::uint64_t fast_undo_count() const;
 
+  // Walks every segment, block, free set and counter, and returns
+  // FailedPrecondition naming the first broken invariant: blocks tile each
+  // segment and link both ways; no two free neighbours that may merge are
+  // left apart; every free block is in its pool's free set under its key and
+  // every entry of a set is such a block; live, pending and unmapped blocks
+  // are where their state says; sizes are rounded as promised; the
+  // statistics equal what the walk counts; reserved bytes stay within the
+  // budget; an expandable segment's mapped pages are those under its mapped
+  // blocks. Linear in blocks, pages and pending frees: cheap enough for
+  // tests and fuzzers to call after every operation. Changes nothing (a
+  // free the undo fast path set aside stays set aside).
+  absl::Status CheckInvariants() const;
+
   Device* device() const { return device_; }
   const AllocatorOptions& options() const { return options_; }
 
@@ -233,6 +246,9 @@ class CachingAllocator {
   }
 
  private:
+  // Tests reach the private state through it, to break an invariant on
+  // purpose and see CheckInvariants name it.
+  friend class CachingAllocatorTestPeer;
   struct Segment;
   struct Block;
   struct Pool;
@@ -445,6 +461,7 @@ class CachingAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string OomMessage(std::size_t requested, std::size_t size, Stream stream) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckInvariantsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The statistics with active and active_bytes filled in (see pending_stats_).
   AllocatorStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free of `bytes` in pool `sp` starts (+1) or stops (-1) pending.
@@ -469,6 +486,10 @@ class CachingAllocator {
   // The most bytes ever reserved: expandable segments pass it only after
   // unmapping the free pages they cache.
   std::size_t reserved_high_water_ ABSL_GUARDED_BY(mu_) = 0;
+  // Reserved bytes the last SetBudget left above a lowered budget (it keeps
+  // what is live); no growth passes the budget, so reserved never passes
+  // the larger of the two (CheckInvariants).
+  std::size_t reserved_at_budget_change_ ABSL_GUARDED_BY(mu_) = 0;
   // The free sets' nodes (declared first: destroyed after the sets).
   NodeResource free_nodes_;
   Pool small_ ABSL_GUARDED_BY(mu_){&free_nodes_};

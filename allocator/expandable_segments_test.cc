@@ -34,6 +34,8 @@ class ExpandableTest : public ::testing::Test {
   std::int64_t PeakReserved() { return alloc_->GetStats().reserved_bytes.all().peak; }
   // What every view of the allocator must agree on.
   void CheckConsistent() {
+    const absl::Status sound = alloc_->CheckInvariants();
+    EXPECT_TRUE(sound.ok()) << sound;
     const std::int64_t reserved = Reserved();
     EXPECT_EQ(static_cast<std::int64_t>(device_->ReservedBytes()), reserved);
     EXPECT_EQ(static_cast<std::int64_t>(device_->MappedBytes()), reserved);

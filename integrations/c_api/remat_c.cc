@@ -1017,3 +1017,17 @@ remat_status remat_runtime_get_stats(remat_runtime* runtime, remat_runtime_stats
 }
 
 }  // extern "C"
+
+namespace remat::c_api_testing {
+
+absl::Status CheckInvariants(const remat_allocator* allocator, const remat_runtime* runtime) {
+  if (allocator == nullptr) return absl::InvalidArgumentError("no allocator");
+  if (absl::Status s = allocator->allocator->CheckInvariants(); !s.ok()) return s;
+  if (runtime == nullptr) return absl::OkStatus();
+  if (runtime->owner != allocator) {
+    return absl::InvalidArgumentError("the runtime was not created over this allocator");
+  }
+  return runtime->runtime->CheckInvariants();
+}
+
+}  // namespace remat::c_api_testing

@@ -4,7 +4,9 @@
 // segments, blocks unbacked and backed again) run on a small unbacked
 // SimDevice. Whatever the program, the allocator must never crash, must reject
 // bad pointers without changing its statistics, and must agree with a model of
-// what is live. At the end everything is freed and the cache must empty.
+// what is live; after every operation its invariants must hold
+// (CachingAllocator::CheckInvariants). At the end everything is freed and the
+// cache must empty.
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
@@ -17,6 +19,7 @@
 namespace {
 
 using remat::fuzz::Check;
+using remat::fuzz::CheckOk;
 using remat::fuzz::Input;
 
 std::size_t SizeFrom(std::uint32_t w) {
@@ -119,13 +122,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       default: break;
     }
+    // Before GetStats, which puts back a free the undo fast path set aside.
+    CheckOk(alloc->CheckInvariants());
     const AllocatorStats s = alloc->GetStats();
     Check(s.allocation.all().current == static_cast<std::int64_t>(live.size()));
     if (unbacked.empty()) Check(s.allocated_bytes.all().current <= s.reserved_bytes.all().current);
     Check(static_cast<std::size_t>(s.reserved_bytes.all().current) == device->ReservedBytes());
   }
-  for (void* p : live) Check(alloc->Free(p).ok());
+  for (void* p : live) {
+    Check(alloc->Free(p).ok());
+    CheckOk(alloc->CheckInvariants());
+  }
   Check(alloc->EmptyCache().ok());
+  CheckOk(alloc->CheckInvariants());
   const AllocatorStats s = alloc->GetStats();
   Check(s.reserved_bytes.all().current == 0 && s.active_bytes.all().current == 0);
   return 0;

@@ -4,8 +4,10 @@
 // state, unknown ids, bad options) on a small backed simulated device. Whatever the
 // program, no call may crash; a failing call returns a status with a message
 // and changes nothing; every tensor, whenever acquired, holds the bytes it was
-// made with (a dropped one is recomputed, an offloaded one copied back). At
-// the end everything is destroyed.
+// made with (a dropped one is recomputed, an offloaded one copied back); after
+// every call the allocator's and the runtime's invariants hold (their
+// CheckInvariants, through remat_c_testing.h). At the end everything is
+// destroyed.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -14,11 +16,13 @@
 #include <vector>
 
 #include "integrations/c_api/remat.h"
+#include "integrations/c_api/remat_c_testing.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace {
 
 using remat::fuzz::Check;
+using remat::fuzz::CheckOk;
 using remat::fuzz::Input;
 
 // FUZZ_TRACE=1: each call as it is made (to read a crash's input).
@@ -350,10 +354,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         break;
       }
     }
+    CheckOk(remat::c_api_testing::CheckInvariants(a, rt));
   }
-  for (const Tensor& t : tensors) Check(remat_tensor_free(rt, t.id) == REMAT_OK);
+  for (const Tensor& t : tensors) {
+    Check(remat_tensor_free(rt, t.id) == REMAT_OK);
+    CheckOk(remat::c_api_testing::CheckInvariants(a, rt));
+  }
   for (void* p : raw) Check(remat_deallocate(a, p) == REMAT_OK);
+  CheckOk(remat::c_api_testing::CheckInvariants(a, rt));
   Check(remat_runtime_destroy(rt) == REMAT_OK);
+  CheckOk(remat::c_api_testing::CheckInvariants(a, nullptr));
   Check(remat_stream_destroy(a, side) == REMAT_OK);
   Check(remat_allocator_destroy(a) == REMAT_OK);
   return 0;

@@ -6,6 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+
+#include "absl/status/status.h"
 
 namespace remat::fuzz {
 
@@ -28,6 +31,13 @@ class Input {
 
 inline void Check(bool ok) {
   if (!ok) __builtin_trap();
+}
+
+// An invariant check's verdict: what broke is printed before the crash.
+inline void CheckOk(const absl::Status& status) {
+  if (status.ok()) return;
+  std::fprintf(stderr, "%s\n", status.ToString().c_str());
+  __builtin_trap();
 }
 
 }  // namespace remat::fuzz
