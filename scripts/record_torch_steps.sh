@@ -24,6 +24,14 @@
 #                                  with dropout (0.1), width 32, 16 tokens,
 #                                  batch 2, 64-token vocabulary
 #
+# and a step of thousands of small tensors, for the allocator's small pool:
+#
+#   tree_lstm_h96_l128_b24_v64.jsonl
+#                                  remat.torch.models.tree_lstm: a binary
+#                                  Tree-LSTM over trees of 128 leaves (255
+#                                  nodes) evaluated node by node, hidden 96,
+#                                  batch 24, 64 words and classes
+#
 # The LSTM's vocabulary is small on purpose: the log-softmax backward holds
 # three tensors of seq x batch x vocab floats at once, which with 10000 tokens
 # come, with the parameters, to 67% of the step's peak (304 of 453 MB at seq
@@ -64,6 +72,17 @@ import remat.torch
 from remat.torch import models
 
 _, step = models.gpt(0, batch=2, seq=16, layers=1, d=32, vocab=64)
+n = remat.torch.record(lambda: step().backward(), sys.argv[1], overwrite=True)
+print(f"wrote {n} records to {sys.argv[1]}")
+EOF
+PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$python" - \
+  "$out/tree_lstm_h96_l128_b24_v64.jsonl" <<'EOF'
+import sys
+
+import remat.torch
+from remat.torch import models
+
+_, step = models.tree_lstm(0, hidden=96, leaves=128, batch=24, vocab=64)
 n = remat.torch.record(lambda: step().backward(), sys.argv[1], overwrite=True)
 print(f"wrote {n} records to {sys.argv[1]}")
 EOF

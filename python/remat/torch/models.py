@@ -158,3 +158,49 @@ def lstm(seed, vocab=64, hidden=64, layers=2, seq=16, batch=8, ckpt=False, devic
         logits = model(tokens[:-1])
         return F.cross_entropy(logits.flatten(0, 1), tokens[1:].flatten())
     return model, step
+
+
+class TreeLstm(nn.Module):
+    """A binary tree-structured LSTM (the N-ary Tree-LSTM of Tai et al.,
+    2015) over a complete binary tree, evaluated node by node: every node's
+    gates, cell and state are tensors of their own, so a step makes
+    thousands of small ones."""
+
+    def __init__(self, vocab, hidden):
+        super().__init__()
+        self.hidden = hidden
+        self.emb = nn.Embedding(vocab, hidden)
+        self.leaf = nn.Linear(hidden, 3 * hidden)       # i, o, u from the word
+        self.inner = nn.Linear(2 * hidden, 5 * hidden)  # i, o, u, f_left, f_right
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, leaves):
+        level = []
+        for x in self.emb(leaves).unbind(0):
+            i, o, u = self.leaf(x).chunk(3, dim=1)
+            c = torch.sigmoid(i) * torch.tanh(u)
+            level.append((torch.sigmoid(o) * torch.tanh(c), c))
+        while len(level) > 1:
+            up = []
+            for (hl, cl), (hr, cr) in zip(level[0::2], level[1::2]):
+                i, o, u, fl, fr = self.inner(torch.cat([hl, hr], dim=1)).chunk(5, dim=1)
+                c = (torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(fl) * cl +
+                     torch.sigmoid(fr) * cr)
+                up.append((torch.sigmoid(o) * torch.tanh(c), c))
+            level = up
+        return self.head(level[0][0])
+
+
+def tree_lstm(seed, vocab=64, hidden=32, leaves=128, batch=16, device="cpu"):
+    """A binary Tree-LSTM classifying `batch` trees of `leaves` words each
+    (2 * leaves - 1 nodes), its root's state read out over `vocab` classes."""
+    if leaves < 1 or leaves & (leaves - 1):
+        raise ValueError(f"leaves must be a power of two, not {leaves}")
+    torch.manual_seed(seed)
+    model = TreeLstm(vocab, hidden).to(device)
+    words = torch.randint(0, vocab, (leaves, batch), device=device)
+    labels = torch.randint(0, vocab, (batch,), device=device)
+
+    def step():
+        return F.cross_entropy(model(words), labels)
+    return model, step
