@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/base/attributes.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/log.h"
@@ -1870,6 +1871,26 @@ absl::Status CachingAllocator::CheckInvariantsLocked() const {
   }
   REMAT_INVARIANT(listed_pending == pending_blocks, "%d frees listed as pending, %d blocks pending",
                   listed_pending, pending_blocks);
+  // Every event is in one place at a time: waited on by a pending free, in
+  // flight behind a stream's frees, or spare.
+  {
+    absl::flat_hash_set<std::uintptr_t> events;
+    for (const PendingFree& p : pending_frees_) {
+      for (const Event e : p.events) {
+        REMAT_INVARIANT(events.insert(e.handle).second, "event %#x is waited on twice", e.handle);
+      }
+    }
+    for (const auto& [stream, h] : harvest_) {
+      if (!h.in_flight) continue;
+      REMAT_INVARIANT(events.insert(h.event.handle).second,
+                      "event %#x is in flight for stream %d and waited on elsewhere",
+                      h.event.handle, stream.handle);
+    }
+    for (const Event e : spare_events_) {
+      REMAT_INVARIANT(events.insert(e.handle).second,
+                      "event %#x is spare and in use (or spare twice)", e.handle);
+    }
+  }
   if (undone_ != nullptr) {
     REMAT_INVARIANT(!undone_->allocated && !undone_->pending_free && undone_->mapped,
                     "the block set aside by the undo fast path at %#x is not free", undone_->addr);

@@ -3,6 +3,7 @@
 // free set, a page, a pending free) is named rather than let through.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "allocator/caching_allocator.h"
@@ -59,17 +60,25 @@ class CachingAllocatorTestPeer {
     a_->stats_.inactive_split.Increase(kSmallPool, 1);
     a_->stats_.inactive_split_bytes.Increase(kSmallPool, static_cast<std::int64_t>(b->size));
   }
-  // The page under the live block at `ptr` is unmapped behind its back.
-  void ForgetPage(void* ptr) {
+  // The allocator forgets the page under the live block at `ptr` (the
+  // device keeps it mapped); returns its chunk, for PutPage.
+  PhysicalChunk ForgetPage(void* ptr) {
     MutexLock lock(&a_->mu_);
-    CachingAllocator::Block* b = a_->live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
-    CachingAllocator::Segment* seg = b->segment;
-    seg->pages[(b->addr - seg->addr) / a_->page_size_].handle = 0;
+    return std::exchange(PageOf(ptr), PhysicalChunk{});
+  }
+  void PutPage(void* ptr, PhysicalChunk chunk) {
+    MutexLock lock(&a_->mu_);
+    PageOf(ptr) = chunk;
   }
   // The first pending free waits for no event.
   void ClearPendingEvents() {
     MutexLock lock(&a_->mu_);
     a_->pending_frees_.front().block->pending_events = 0;
+  }
+  // The first pending free's event is also put among the spares.
+  void SpareAPendingEvent() {
+    MutexLock lock(&a_->mu_);
+    a_->spare_events_.push_back(a_->pending_frees_.front().events.front());
   }
   void SetBudgetBehindItsBack(std::size_t budget) {
     MutexLock lock(&a_->mu_);
@@ -77,6 +86,12 @@ class CachingAllocatorTestPeer {
   }
 
  private:
+  PhysicalChunk& PageOf(void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(a_->mu_) {
+    CachingAllocator::Block* b = a_->live_.Find(reinterpret_cast<std::uintptr_t>(ptr));
+    CachingAllocator::Segment* seg = b->segment;
+    return seg->pages[(b->addr - seg->addr) / a_->page_size_];
+  }
+
   CachingAllocator* a_;
 };
 
@@ -201,8 +216,11 @@ TEST_F(InvariantsTest, NamesFreeNeighboursLeftUncoalesced) {
 TEST_F(InvariantsTest, NamesAPageUnmappedUnderALiveBlock) {
   Make(true);
   void* p = Alloc(4096);
-  CachingAllocatorTestPeer(alloc_.get()).ForgetPage(p);
+  CachingAllocatorTestPeer peer(alloc_.get());
+  const PhysicalChunk page = peer.ForgetPage(p);
   EXPECT_THAT(Broken(), HasSubstr("is not mapped"));
+  peer.PutPage(p, page);
+  EXPECT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
 }
 
 TEST_F(InvariantsTest, NamesAPendingFreeWithNoEvent) {
@@ -218,6 +236,17 @@ TEST_F(InvariantsTest, NamesAPendingFreeWithNoEvent) {
   ASSERT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
   CachingAllocatorTestPeer(alloc_.get()).ClearPendingEvents();
   EXPECT_THAT(Broken(), HasSubstr("waits for no event"));
+}
+
+TEST_F(InvariantsTest, NamesAnEventBothSpareAndWaitedOn) {
+  Make(false);
+  void* p = Alloc(4096);
+  const Stream other = *device_->CreateStream();
+  ASSERT_TRUE(alloc_->RecordStream(p, other).ok());
+  ASSERT_TRUE(device_->LaunchHostFunc(other, [] {}, 1000).ok());
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  CachingAllocatorTestPeer(alloc_.get()).SpareAPendingEvent();
+  EXPECT_THAT(Broken(), HasSubstr("is spare and in use"));
 }
 
 TEST_F(InvariantsTest, NamesReservedBytesAboveTheBudget) {
