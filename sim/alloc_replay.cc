@@ -138,6 +138,11 @@ absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOpt
         ++refusals_replayed;
         break;
     }
+    if (options.check_invariants) {
+      if (absl::Status s = allocator->CheckInvariants(); !s.ok()) {
+        return ReplayBug(log, record, s);
+      }
+    }
   }
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
 
@@ -278,10 +283,10 @@ std::string ReplayReportToText(const ReplayReport& r) {
                                                      Count(r.skipped_frees, "later free")));
   if (r.alloc_failures_in_log > 0) {
     row("log's failures",
-        r.budget == 0 ? absl::StrFormat("%d, left out (no budget to refuse them)",
-                                        r.alloc_failures_in_log)
-                      : absl::StrFormat("%d, each replayed as the refusal it was (cache given back)",
-                                        r.refusals_replayed));
+        r.budget == 0
+            ? absl::StrFormat("%d, left out (no budget to refuse them)", r.alloc_failures_in_log)
+            : absl::StrFormat("%d, each replayed as the refusal it was (cache given back)",
+                              r.refusals_replayed));
   }
   row("replay speed", absl::StrFormat("%s (%s for the replay loop)", Rate(r.events_per_second),
                                       Duration(r.replay_seconds)));

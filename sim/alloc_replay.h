@@ -50,6 +50,10 @@ struct ReplayOptions {
   bool snapshot = false;
   // Allocator settings with PyTorch's keys (allocator/alloc_conf.h).
   std::string alloc_conf;
+  // After every record, CachingAllocator::CheckInvariants(): a broken one is
+  // the replay's error, naming the line (for fuzzers and tests; linear in the
+  // allocator's blocks per record).
+  bool check_invariants = false;
 };
 
 // The event ring a replay of `log` uses for `history_events`: at most the 4
@@ -92,7 +96,7 @@ struct ReplayReport {
   // cached segments back, as it did then. Without a budget they are left
   // out (0).
   std::uint64_t refusals_replayed = 0;
-  double replay_seconds = 0;        // the replay loop alone (recording history included)
+  double replay_seconds = 0;  // the replay loop alone (recording history included)
   double events_per_second = 0;
 
   // With ReplayOptions::snapshot: the allocator at the end of the replay,

@@ -190,6 +190,19 @@ TEST(AllocReplayTest, ShippedLogsReplayWithoutOoms) {
   }
 }
 
+TEST(AllocReplayTest, TheAllocatorIsSoundAfterEveryRecordUnderABudget) {
+  const AllocLog log = MustRead("multistream.csv");
+  for (const char* conf : {"", "expandable_segments:True"}) {
+    SCOPED_TRACE(conf);
+    ReplayOptions options;
+    options.budget = log.peak_requested_bytes * 3 / 4;
+    options.alloc_conf = conf;
+    options.check_invariants = true;
+    const ReplayReport r = MustReplay(log, options);
+    EXPECT_EQ(r.events, log.records.size());
+  }
+}
+
 TEST(AllocReplayTest, TightBudgetOnTrainingStepOoms) {
   const AllocLog log = MustRead("training_step.csv");
   ReplayOptions options;

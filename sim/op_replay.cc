@@ -90,8 +90,7 @@ class Replayer final : public RuntimeObserver {
     if (absl::Status conf = ApplyAllocConf(options_.alloc_conf, &allocator_options); !conf.ok()) {
       return conf;
     }
-    absl::StatusOr<Stack> stack =
-        MakeStack(*std::move(device), allocator_options, std::move(rt));
+    absl::StatusOr<Stack> stack = MakeStack(*std::move(device), allocator_options, std::move(rt));
     if (!stack.ok()) return stack.status();
     stack_ = std::move(*stack);
     alloc_ = stack_.allocator.get();
@@ -110,7 +109,7 @@ class Replayer final : public RuntimeObserver {
     report_.future = FutureName(options_.future);
     if (timeline_ != nullptr) StartTimeline();
     auto loop_start = std::chrono::steady_clock::now();
-    RuntimeStats before{};     // the runtime's counters as the reported step began
+    RuntimeStats before{};               // the runtime's counters as the reported step began
     std::int64_t& start_ns = start_ns_;  // and the simulated time
     for (int step = learned ? 0 : 1; step < 2 && report_.status == "ok"; ++step) {
       if (step == 1 && learned) {
@@ -170,6 +169,17 @@ class Replayer final : public RuntimeObserver {
       absl::Status s = Step(r);
       if (s.ok() && hints_) s = LookAhead(r);
       if (s.ok()) s = CheckBeaten();
+      if (options_.check_invariants) {
+        // Whatever the record ended with (an oom or a thrash too), the
+        // allocator and the runtime must be sound.
+        absl::Status sound = alloc_->CheckInvariants();
+        if (sound.ok()) sound = runtime_->CheckInvariants();
+        if (!sound.ok()) {
+          return absl::InternalError(
+              absl::StrFormat("%s:%d: a broken invariant after this record: %s", trace_.name,
+                              r.line, sound.message()));
+        }
+      }
       ++report_.records;
       if (!s.ok() && (absl::IsResourceExhausted(s) || absl::IsAborted(s))) {
         // Aborted: the thrash limit, reached inside a recompute, the
@@ -191,8 +201,8 @@ class Replayer final : public RuntimeObserver {
       if (timeline_ != nullptr) EndRecord();
       if (options_.verify && device_->PendingWork() > options_.verify_queue_limit) {
         if (absl::Status waited = device_->Synchronize(); !waited.ok()) {
-          return absl::Status(waited.code(), absl::StrFormat("%s:%d: %s", trace_.name, r.line,
-                                                             waited.message()));
+          return absl::Status(waited.code(),
+                              absl::StrFormat("%s:%d: %s", trace_.name, r.line, waited.message()));
         }
         ++report_.verify_waits;
       }
@@ -530,9 +540,9 @@ class Replayer final : public RuntimeObserver {
     const std::int64_t so_far = Frontier() - start_ns_;
     if (so_far <= options_.beaten_after_ns) return absl::OkStatus();
     beaten_ = true;
-    return absl::AbortedError(absl::StrFormat(
-        "beaten: %d ns into the step, past the %d ns another run took", so_far,
-        options_.beaten_after_ns));
+    return absl::AbortedError(
+        absl::StrFormat("beaten: %d ns into the step, past the %d ns another run took", so_far,
+                        options_.beaten_after_ns));
   }
 
   // --- Listening to the runtime ------------------------------------------------------
@@ -561,8 +571,7 @@ class Replayer final : public RuntimeObserver {
         if (timeline_ != nullptr) {
           // (A copy made ahead was drawn then.)
           if (!e.ahead) AddCopyOut(e, s, SimTimeline::Kind::kOffload);
-          timeline_->Add(
-              {Frontier(), 0, e.bytes, s, SimTimeline::Kind::kEvictOffload, e.directed});
+          timeline_->Add({Frontier(), 0, e.bytes, s, SimTimeline::Kind::kEvictOffload, e.directed});
         }
         break;
       case TensorEvent::Kind::kCopiedAhead:
@@ -753,8 +762,8 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
     return absl::InvalidArgumentError("thrash limit must be positive");
   // Recompute may reach thrash_limit x the compute before the run stops: the
   // simulated clock (signed 64-bit ns) must hold that with room for copies.
-  const double limit = options.thrash_limit *
-                      (options.future == Future::kLearned ? kLearningThrashFactor + 1 : 1);
+  const double limit =
+      options.thrash_limit * (options.future == Future::kLearned ? kLearningThrashFactor + 1 : 1);
   if (limit * static_cast<double>(trace.total_cost_ns) > 0x1p62) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: thrash limit %g x the trace's compute (%d ns) passes 2^62 ns, more than the "

@@ -103,6 +103,11 @@ struct OpReplayOptions {
   // the run's kind (mixed or drop-only) so far.
   std::int64_t beaten_after_ns = 0;
   bool verify = false;
+  // After every record, the allocator's and the runtime's CheckInvariants():
+  // a broken one is the replay's error (kInternal, "a broken invariant after
+  // this record: ..."), naming the line (for fuzzers and tests; linear in the
+  // blocks and tensors per record).
+  bool check_invariants = false;
   // In verify mode the checks are host work queued on the simulated streams,
   // run only when the host waits. When this many are queued the host waits
   // for the device (Synchronize), which bounds memory (each queued check
@@ -175,8 +180,8 @@ struct OpReplayReport {
   // the action).
   std::uint64_t directed_evictions = 0;
   std::uint64_t skipped_evicts = 0;
-  std::uint64_t pressure_events = 0;   // times the runtime asked the policy for a plan
-  std::uint64_t covering_runs = 0;     // of those, met by a covering run (retry_in_one_place)
+  std::uint64_t pressure_events = 0;  // times the runtime asked the policy for a plan
+  std::uint64_t covering_runs = 0;    // of those, met by a covering run (retry_in_one_place)
   // copy_ahead: copies out made ahead, the offloads that used one, and their bytes.
   std::uint64_t copies_ahead = 0;
   std::uint64_t ahead_offloads = 0;

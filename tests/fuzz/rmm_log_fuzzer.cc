@@ -1,6 +1,7 @@
 // libFuzzer target: any text given to the RMM log parser either parses into a
 // self-consistent log or fails with an error naming a line; it never crashes.
-// A log that parses must replay without error.
+// A log that parses must replay without error, the allocator's invariants
+// holding after every record.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -21,6 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   remat::ReplayOptions options;
   options.capacity = std::size_t{1} << 40;
+  options.check_invariants = true;  // the allocator's, after every record
   absl::StatusOr<remat::ReplayReport> report = remat::ReplayAllocLog(*log, options);
   if (!report.ok()) __builtin_trap();
   return 0;
