@@ -38,6 +38,9 @@ it. Other storages may still be offloaded.
 import contextlib
 import ctypes
 import gc
+import random
+import re
+import sys
 import threading
 import time
 import types
@@ -312,7 +315,7 @@ class _Call:
         self.func = func
         self.spec = spec          # pytree spec of (args, kwargs)
         self.leaves = leaves      # flattened (args, kwargs), tensors as _Ref
-        self.rng = rng            # (cpu state, {cuda device: state}) for a random call
+        self.rng = rng            # _rng_states() before a random call
         self.cost_ns = cost_ns
         self.why_not = why_not    # why it cannot be replayed exactly ("" if it can)
         self.written = written    # indices into leaves of the arguments it writes
@@ -347,11 +350,17 @@ class _Handle:
 class _OpInfo:
     """What recording needs of an operator, read once from its schema and tags
     (reading them on every call was a fifth of the recording's time)."""
-    __slots__ = ("random", "why_not", "nondeterministic", "is_view", "writes", "writes_unread")
+    __slots__ = ("random", "custom", "why_not", "nondeterministic", "is_view", "writes",
+                 "writes_unread")
 
     def __init__(self, func):
         tags = getattr(func, "tags", ())
-        self.random = _tag("nondeterministic_seeded") in tags
+        # An operator outside PyTorch's own (a torch.library custom op, a
+        # library's kernel) may draw random numbers untagged, from any
+        # generator its body reaches: it runs, and is replayed, under the
+        # states of every generator remat can see (_rng_states).
+        self.custom = func.namespace not in _BUILTIN_NAMESPACES
+        self.random = self.custom or _tag("nondeterministic_seeded") in tags
         self.why_not = ""
         if func.namespace in _COLLECTIVES:
             self.why_not = f"{func} is a collective (a replay on one rank alone would hang)"
@@ -365,6 +374,41 @@ class _OpInfo:
 
 
 _op_infos = {}
+
+# Namespaces of PyTorch's own operators, whose random ones say so with the
+# nondeterministic_seeded tag.
+_BUILTIN_NAMESPACES = {"aten", "prims", "rngprims", "prim"}
+
+
+def _rng_states(custom, cuda_devices, gens):
+    """What a random call draws from, as it is before the call: the CPU
+    default generator, each CUDA device's in `cuda_devices`, the generator
+    arguments (`gens`), and for a custom op (`custom`), whose body may be
+    Python, the current CUDA device's too, numpy's global RNG (where numpy is
+    loaded) and Python's `random`."""
+    py = None
+    if custom:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            cuda_devices = set(cuda_devices)
+            cuda_devices.add(torch.device("cuda", torch.cuda.current_device()))
+        np = sys.modules.get("numpy")
+        py = (np.random.get_state() if np is not None else None, random.getstate())
+    return (torch.get_rng_state(),
+            {d: torch.cuda.get_rng_state(d) for d in cuda_devices},
+            [(g, g.get_state()) for g in gens], py)
+
+
+def _set_rng_states(rng):
+    cpu, cuda, gens, py = rng
+    torch.set_rng_state(cpu)
+    for d, st in cuda.items():
+        torch.cuda.set_rng_state(st, d)
+    for g, st in gens:
+        g.set_state(st)
+    if py is not None:
+        if py[0] is not None:
+            sys.modules["numpy"].random.set_state(py[0])
+        random.setstate(py[1])
 
 
 _CUDNN_RNN = torch.ops.aten._cudnn_rnn.default
@@ -1252,9 +1296,7 @@ class Engine:
             if dev is not None and torch.device(dev).type == "cuda":
                 cuda_devices.add(torch.device(dev))
             gens = [g for g in flat if isinstance(g, torch.Generator)]
-            rng = (torch.get_rng_state(),
-                   {d: torch.cuda.get_rng_state(d) for d in cuda_devices},
-                   [(g, g.get_state()) for g in gens])
+            rng = _rng_states(info.custom, cuda_devices, gens)
         storages = self.storages
         if not info.writes:
             # It writes nothing, so its arguments are as they were before it:
@@ -1973,22 +2015,14 @@ class Engine:
         """call.func(*a, **kw) in the random-number state it first ran in."""
         if call.rng is None:
             return call.func(*a, **kw)
-        cpu_state = torch.get_rng_state()
-        cuda_states = {d: torch.cuda.get_rng_state(d) for d in call.rng[1]}
-        gen_states = [(g, g.get_state()) for g, _ in call.rng[2]]
-        torch.set_rng_state(call.rng[0])
-        for d, st in call.rng[1].items():
-            torch.cuda.set_rng_state(st, d)
-        for g, st in call.rng[2]:  # a generator= of the user's own
-            g.set_state(st)
+        # The live states, as the recorded ones cover (a generator= of the
+        # user's own included), are put back after the replay.
+        live = _rng_states(call.rng[3] is not None, call.rng[1], [g for g, _ in call.rng[2]])
+        _set_rng_states(call.rng)
         try:
             return call.func(*a, **kw)
         finally:
-            torch.set_rng_state(cpu_state)
-            for d, st in cuda_states.items():
-                torch.cuda.set_rng_state(st, d)
-            for g, st in gen_states:
-                g.set_state(st)
+            _set_rng_states(live)
 
 
 def _count(items):
