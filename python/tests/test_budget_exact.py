@@ -132,3 +132,38 @@ def test_a_custom_op_drawing_random_numbers_replays_its_draws(source, ratio, con
     # Replayed under the generator states it drew from, whichever it drew
     # from, and the live states are as a plain step leaves them.
     _check_exact(_dropout_net(DROPOUTS[source]), config, ratio)
+
+
+# --- tensors made under torch.inference_mode() ------------------------------------------
+
+def _frozen_features(inside):
+    """A frozen backbone run under torch.inference_mode() (before the
+    budget, or inside it), and a trainable head on its features."""
+    def make(seed):
+        _seed(seed)
+        backbone = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU())
+        head = torch.nn.Sequential(*[m for _ in range(8) for m in (torch.nn.Linear(64, 64),
+                                                                    torch.nn.Tanh())])
+        x = torch.randn(32, 32)
+        with torch.inference_mode():
+            before = backbone(x)
+
+        def step():
+            if inside:
+                with torch.inference_mode():
+                    feat = backbone(x)
+                    feat.mul_(2)
+            else:
+                feat = before
+            # (autograd saves no inference tensor: the head reads a copy)
+            h = (feat.clone() + 1).sin()
+            return (head(h) * feat.sum()).square().mean()
+        return head, step
+    return make
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("ratio", [0.3, 0.6, None])
+@pytest.mark.parametrize("inside", [False, True])
+def test_inference_tensors_are_read_as_constants(inside, ratio, config):
+    _check_exact(_frozen_features(inside), config, ratio)

@@ -290,6 +290,16 @@ class _Storage:
         self.backup_version = 0       # the content version `backup` holds
 
 
+def _leaf_version(t):
+    """t's version counter, or None for a tensor made under
+    torch.inference_mode(), which has none: a constant (PyTorch allows no
+    write to it outside inference mode)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
 class _Ref:
     """A tensor argument of a recorded call: its storage (or, for a leaf, the
     tensor itself), its view and the content version it had."""
@@ -302,7 +312,7 @@ class _Ref:
         self.size = tuple(t.size())
         self.stride = tuple(t.stride())
         self.offset = t.storage_offset()
-        self.version = t._version if storage.leaf else storage.version
+        self.version = _leaf_version(t) if storage.leaf else storage.version
         self.dtype = t.dtype
         self.conj_or_neg = t.is_conj() or t.is_neg()
 
@@ -1278,9 +1288,12 @@ class Engine:
 
     def record(self, func, args, kwargs):
         info = _op_info(func)
-        if info.is_view and not info.writes:
+        if not info.writes and (info.is_view or torch.is_inference_mode_enabled()):
             # A view's outputs share its argument's storage: a replay
             # rebuilds views with as_strided, so there is nothing to keep.
+            # Under torch.inference_mode() the outputs are inference
+            # tensors, which autograd never saves: what reads them later
+            # reads them as constants (leaves), never replayed.
             return func(*args, **kwargs)
         flat = spec = rng = None
         random_why = ""
@@ -1728,7 +1741,7 @@ class Engine:
                     if r.storage.leaf:
                         if i in call.written:
                             continue  # replayed onto a scratch copy
-                        if r.leaf_tensor._version != r.version:
+                        if r.version is not None and r.leaf_tensor._version != r.version:
                             return [], 0, (f"{call.func} read a tensor made before the context "
                                            "that was modified in place since")
                         leaves.add(r.storage)
@@ -1993,7 +2006,8 @@ class Engine:
             if rebuild is not None and r.storage is rebuild[0]:
                 base = rebuild[1]
             elif r.storage.leaf:
-                if r.leaf_tensor._version != r.version and i not in call.written:
+                if r.version is not None and r.leaf_tensor._version != r.version and \
+                        i not in call.written:
                     raise RuntimeError(
                         f"remat cannot recompute {call.func}: an input made before the context "
                         f"({tuple(r.leaf_tensor.shape)} {r.leaf_tensor.dtype}) was modified "
