@@ -133,9 +133,10 @@ def test_copies_made_ahead_bring_back_the_same_gradients(policy):
 
 
 def test_a_write_lets_a_copy_made_ahead_go():
-    # Saved-tensor hooks turn autograd's version check off, so a recorded
-    # in-place op may write a storage copied ahead: its copy must not come
-    # back. (Multiplying by one writes the same bytes: the step stays valid.)
+    # A recorded in-place op may write a storage copied ahead through an
+    # alias autograd's version check does not cover (`.data`): its copy must
+    # not come back. (Multiplying by one writes the same bytes: the step
+    # stays valid.)
     budget = int(saved_bytes_of(models.mlp) * 0.4)
     b = remat.torch.budget(budget, policy="lru", offload=True, recompute=False,
                            copy_ahead=True, tflops=0.01)
@@ -156,7 +157,7 @@ def test_a_write_lets_a_copy_made_ahead_go():
                     continue
                 for a in acts:
                     if a.untyped_storage().data_ptr() == s.tensor.untyped_storage().data_ptr():
-                        a.mul_(1.0)
+                        a.data.mul_(1.0)
                         assert s.ahead is None
                         written += 1
                         break

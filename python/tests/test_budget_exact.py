@@ -167,3 +167,87 @@ def _frozen_features(inside):
 @pytest.mark.parametrize("inside", [False, True])
 def test_inference_tensors_are_read_as_constants(inside, ratio, config):
     _check_exact(_frozen_features(inside), config, ratio)
+
+
+# --- in-place writes autograd forbids ---------------------------------------------------
+
+def _raised(step):
+    """The message the step's backward raised with (a RuntimeError), or None."""
+    try:
+        step()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def _inplace_step(which):
+    _seed(0)
+    lin = torch.nn.Linear(64, 64)
+    tail = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+    x = torch.randn(32, 64)
+
+    def step():
+        h = lin(x)
+        if which == "input":
+            y = h.sin()          # saves h
+            h.mul_(2)
+        elif which == "output":
+            y = h.tanh()         # saves y
+            y.mul_(2)
+        else:                    # a view of a saved output, the output itself gone
+            y = h.exp()
+            v = y.view(-1)
+            y = y * 1
+            v.add_(1)
+        loss = tail(y).square().mean()
+        loss.backward()
+    return step
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("budget", [28 * 1024, 48 * 1024, 1 << 40])
+@pytest.mark.parametrize("which", ["input", "output", "view"])
+def test_a_saved_tensor_modified_in_place_raises_as_in_a_plain_step(which, budget, config):
+    plain = _raised(_inplace_step(which))
+    assert plain is not None and "modified by an inplace operation" in plain
+    step = _inplace_step(which)
+    with remat.torch.budget(budget, **CONFIGS[config]):
+        assert _raised(step) == plain
+
+
+def _gan(seed):
+    _seed(seed)
+    g = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 32))
+    d = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    opt_d = torch.optim.SGD(d.parameters(), lr=0.1)
+    z = torch.randn(32, 16)
+
+    def step():
+        out = d(g(z))
+        loss_d = out.mean()
+        loss_g = -out.mean()
+        loss_d.backward(retain_graph=True)
+        opt_d.step()             # D's weights, saved for loss_g's backward, move on
+        loss_g.backward()
+    return step
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("budget", [12 * 1024, 30 * 1024, 1 << 40])
+def test_an_optimizer_step_between_two_backwards_raises_as_in_a_plain_step(budget, config):
+    plain = _raised(_gan(0))
+    assert plain is not None and "modified by an inplace operation" in plain
+    step = _gan(0)
+    with remat.torch.budget(budget, **CONFIGS[config]):
+        assert _raised(step) == plain
+
+
+def test_the_in_place_error_names_anomaly_modes_hint():
+    with torch.autograd.set_detect_anomaly(True):
+        with pytest.warns(UserWarning):
+            plain = _raised(_inplace_step("input"))
+        step = _inplace_step("input")
+        with remat.torch.budget(1 << 40):
+            with pytest.warns(UserWarning):
+                assert _raised(step) == plain
+    assert "Good luck" in plain

@@ -336,16 +336,73 @@ class _Call:
         self.grad = grad
 
 
-class _Handle:
+_sequence_nr = torch._C._autograd._get_sequence_nr
+_set_versions = torch._C._autograd._unsafe_set_version_counter
+
+
+class _Facts:
+    """What autograd's own saved-tensor check needs of a saved tensor. With
+    saved-tensor hooks set, PyTorch skips its check that a saved tensor was
+    not modified in place since it was saved (the hooks own the content):
+    remat does it at unpack, and raises as PyTorch would (_check_version).
+
+    version: the tensor's version counter at the save. is_output: saved as
+    an output of the node that saves it (autograd saves a copy of its
+    TensorImpl, which a later `.data =` does not move) rather than as an
+    input (autograd holds the tensor itself). An output's grad_fn is the node
+    autograd made just before the save, the newest by sequence number."""
+    __slots__ = ("version", "is_output", "is_leaf", "output_nr")
+
+    def __init__(self, t):
+        self.version = t._version
+        now = _sequence_nr()
+        fn = t.grad_fn
+        self.is_output = fn is not None and fn._sequence_nr() == now - 1
+        self.is_leaf = t.is_leaf
+        self.output_nr = t.output_nr
+
+
+class _Kept(_Facts):
+    """What autograd holds for a saved tensor left to it (made before the
+    context, a parameter, one remat cannot hold): the tensor itself."""
+    __slots__ = ("tensor",)
+
+    def __init__(self, t):
+        super().__init__(t)
+        self.tensor = t
+
+
+def _counter_of(t):
+    """A tensor holding no bytes that shares t's version counter: it reads
+    the version of every tensor autograd counts as t (views, detached
+    aliases) once t itself is gone, without keeping t's storage alive."""
+    if type(t) is not torch.Tensor:
+        return None
+    version = t._version
+    with _below_python_dispatch():
+        alias = t.detach()
+        alias.set_()  # no storage (a write: the shared counter moves on ...)
+    _set_versions((alias,), (version,))  # (... and is put back)
+    return alias
+
+
+class _Handle(_Facts):
     """What autograd holds for a saved tensor that remat manages."""
-    __slots__ = ("engine", "storage", "size", "stride", "offset", "__weakref__")
+    __slots__ = ("engine", "storage", "size", "stride", "offset", "counter", "source",
+                 "grad_fn", "__weakref__")
 
     def __init__(self, engine, storage, t):
+        super().__init__(t)
         self.engine = engine
         self.storage = storage
         self.size = tuple(t.size())
         self.stride = tuple(t.stride())
         self.offset = t.storage_offset()
+        self.counter = _counter_of(t)
+        # Saved as an input: the tensor itself, weakly (autograd would read
+        # what it holds after a `.data =`), and its grad_fn for the message.
+        self.source = None if self.is_output else weakref.ref(t)
+        self.grad_fn = None if self.is_output else t.grad_fn
 
     @_interrupts.critical
     def __del__(self):
@@ -355,6 +412,79 @@ class _Handle:
             # Never into the runtime from here (a finalizer may run anywhere,
             # even inside one of its callbacks): counted at the next safe point.
             engine.dead_handles.append(storage)
+
+
+_NOT_OUTPUT = re.compile(r"Backward\d*$")
+_inplace_hints = {}
+
+
+def _inplace_hint():
+    """The hint PyTorch ends its in-place error with (it names the anomaly
+    mode's switch, and differs with the mode and by release): taken from
+    PyTorch's own error, raised on a thread of its own, where no saved-tensor
+    hooks or dispatch modes of this one are set."""
+    anomaly = torch.is_anomaly_enabled()
+    hint = _inplace_hints.get(anomaly)
+    if hint is None:
+        said = []
+
+        def probe():
+            try:
+                a = torch.ones(1, requires_grad=True)
+                b = a * 1
+                c = b.sin()
+                b.add_(1)
+                c.backward()
+            except RuntimeError as e:
+                said.append(str(e))
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (anomaly mode's traceback of the probe)
+            thread = threading.Thread(target=probe)
+            thread.start()
+            thread.join()
+        end = " instead."
+        hint = said[0][said[0].find(end) + len(end):] if said and end in said[0] else ""
+        _inplace_hints[anomaly] = hint
+    return hint
+
+
+def _check_version(facts, tensor, storage=None):
+    """Raises as autograd's SavedVariable::unpack does where a saved tensor
+    was modified in place since it was saved. `tensor`: the tensor as saved
+    (None where it is gone: the message is made of what the save recorded)."""
+    if type(facts) is _Kept:
+        current = tensor._version
+    else:
+        counter = facts.counter
+        if counter is None:
+            tensor = facts.source() if facts.source is not None else None
+            if tensor is None:
+                return  # (a tensor subclass, gone: nothing left to read)
+            current = tensor._version
+        else:
+            current = counter._version
+    if current == facts.version:
+        return
+    if facts.is_output and not facts.is_leaf:
+        node = torch._C._current_autograd_node()
+    else:
+        node = tensor.grad_fn if tensor is not None else facts.grad_fn
+        if node is None and not facts.is_leaf:
+            node = torch._C._current_autograd_node()
+    if tensor is not None:
+        kind = tensor.type()
+        size = list(tensor.size())
+    else:
+        with _below_python_dispatch():
+            kind = torch.empty(0, dtype=storage.dtype, device=storage.device).type()
+        size = list(facts.size)
+    message = ("one of the variables needed for gradient computation has been modified by an "
+               f"inplace operation: [{kind} [{', '.join(map(str, size))}]]")
+    if node is not None:
+        message += f", which is output {facts.output_nr} of {_NOT_OUTPUT.sub('', node.name())},"
+    message += f" is at version {current}; expected version {facts.version} instead."
+    raise RuntimeError(message + _inplace_hint())
 
 
 class _OpInfo:
@@ -1400,7 +1530,7 @@ class Engine:
             # No strided storage of its own (sparse, nested): kept as
             # autograd keeps it.
             self.counts["saved_unmanaged"] += 1
-            return t
+            return _Kept(t)
         if self.dead_handles:
             self._free_dead()
         if self.pins:
@@ -1411,7 +1541,7 @@ class Engine:
             # Made before the context, a parameter (wherever it was made), a
             # view of another dtype, or one whose conj/neg bit a view would lose.
             self.counts["saved_unmanaged"] += 1
-            return t
+            return _Kept(t)
         if s.id is not None and s.freed and not s.pinned_forever:
             # Saved again after the runtime let it go: a new runtime tensor.
             self.by_id.pop(s.id, None)
@@ -1433,7 +1563,7 @@ class Engine:
             s.regions.append((tuple(t.size()), tuple(t.stride()), t.storage_offset()))
         if s.pinned_forever:
             self.counts["saved_unmanaged"] += 1
-            return t
+            return _Kept(t)
         s.handles += 1
         self.counts["saved_tensors"] += 1
         return _Handle(self, s, t)
@@ -1756,12 +1886,18 @@ class Engine:
     # --- bringing back ----------------------------------------------------------------
 
     def unpack(self, h):
+        if type(h) is _Kept:
+            _check_version(h, h.tensor)
+            return h.tensor  # left to autograd at pack time
         if not isinstance(h, _Handle):
-            return h  # left to autograd at pack time
+            return h
         if self.closed:
             raise RuntimeError("a tensor saved under remat.torch.budget was used after the "
                                "context ended: run the backward inside the `with`")
         s = h.storage
+        # Before anything moves: a tensor modified in place since it was
+        # saved is an error, as in a plain step.
+        _check_version(h, h.source() if h.source is not None else None, s)
         # Pins last while the autograd node that unpacked them runs: the
         # engine unpacks a node's saved tensors just before applying it, and
         # they all stay until another node (or another backward: autograd's
