@@ -251,3 +251,45 @@ def test_the_in_place_error_names_anomaly_modes_hint():
             with pytest.warns(UserWarning):
                 assert _raised(step) == plain
     assert "Good luck" in plain
+
+
+# --- writes outside autograd: numpy, `.data =` ------------------------------------------
+
+def _written_outside(how):
+    """Saved activations written where no ATen call is recorded: through a
+    numpy array over their bytes, or by `.data =` (the tensor is moved onto
+    other bytes). Each is read by the backward, and by later calls whose
+    outputs are saved."""
+    def make(seed):
+        _seed(seed)
+        model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(16)])
+        x = torch.randn(32, 64)
+
+        def step():
+            first, *rest = model
+            h = first(x)
+            y = h.sin()                       # saves h (as an input)
+            z = h.tanh()                      # saves z (as an output)
+            if how == "numpy":
+                a = h.detach().numpy()
+                np.clip(a, -0.1, 0.1, out=a)  # h's bytes, written
+                b = z.detach().numpy()
+                b *= 0.5                      # z's bytes, written
+                del a, b
+            else:
+                h.data = h.data * 0.5         # h moved onto new bytes
+                z.data = z.data * 0.5         # so is z
+            u = (h * 3).exp()                 # reads h as written
+            out = y + z + u
+            for lin in rest:
+                out = torch.tanh(lin(out))
+            return out.square().mean()
+        return model, step
+    return make
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("ratio", [0.4, 0.7, None])  # (what must stay resident: 0.3 is too small)
+@pytest.mark.parametrize("how", ["numpy", "data"])
+def test_a_write_outside_autograd_reads_as_in_a_plain_step(how, ratio, config):
+    _check_exact(_written_outside(how), config, ratio)

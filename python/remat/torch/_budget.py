@@ -244,7 +244,7 @@ class _Storage:
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
                  "order", "ahead", "gen", "key", "tensor_version", "host_version", "allow_drop",
                  "replay_bytes", "beside_key", "group", "backup", "backup_version",
-                 "want_backup", "__weakref__")
+                 "want_backup", "exported", "__weakref__")
 
     def __init__(self, index, leaf, key, weak, producer=None, dtype=None, nbytes=0,
                  tensor=None):
@@ -276,7 +276,7 @@ class _Storage:
         self.pinned_forever = False
         self.freed = False
         self.device = None
-        self.readers = None           # a leaf: saved storages whose recompute reads it
+        self.readers = None           # weakrefs to saved storages whose recompute reads it
         self.regions = []             # (size, stride, offset) of each saved view of it
         self.order = -1               # its place in Engine.registered
         self.replay_bytes = None      # resident at once to bring it back (Engine._replay_bytes)
@@ -288,6 +288,9 @@ class _Storage:
         self.want_backup = False
         self.backup = None
         self.backup_version = 0       # the content version `backup` holds
+        # Its bytes were handed outside autograd (Engine.exported): written
+        # there, for all remat knows, at any time from then on.
+        self.exported = False
 
 
 def _leaf_version(t):
@@ -369,7 +372,16 @@ class _Kept(_Facts):
 
     def __init__(self, t):
         super().__init__(t)
-        self.tensor = t
+        # Saved as an output, autograd holds a copy of the TensorImpl: a
+        # later `.data =` on the tensor leaves what it saved as it was.
+        self.tensor = _alias(t) if self.is_output else t
+
+
+def _alias(t):
+    """A tensor over t's bytes and version counter, not moved by a later
+    `t.data = ...`."""
+    with _below_python_dispatch():
+        return t.detach()
 
 
 def _counter_of(t):
@@ -453,17 +465,12 @@ def _check_version(facts, tensor, storage=None):
     """Raises as autograd's SavedVariable::unpack does where a saved tensor
     was modified in place since it was saved. `tensor`: the tensor as saved
     (None where it is gone: the message is made of what the save recorded)."""
-    if type(facts) is _Kept:
-        current = tensor._version
+    if tensor is not None:
+        current = tensor._version  # (an input's own tensor: its counter now)
+    elif facts.counter is not None:
+        current = facts.counter._version
     else:
-        counter = facts.counter
-        if counter is None:
-            tensor = facts.source() if facts.source is not None else None
-            if tensor is None:
-                return  # (a tensor subclass, gone: nothing left to read)
-            current = tensor._version
-        else:
-            current = counter._version
+        return  # (a tensor subclass, gone: nothing left to read)
     if current == facts.version:
         return
     if facts.is_output and not facts.is_leaf:
@@ -648,6 +655,12 @@ if _SKIP_CODE:
 
 
 # What runs a backward from Python (Tensor.backward calls torch.autograd.backward).
+_SET_DATA = torch.Tensor.data.__set__
+# What hands a tensor's bytes outside autograd, where they may be written
+# with no ATen call to record (Engine.exported), and `.data =`, which moves a
+# tensor onto other bytes (Engine.data_set).
+_OUTSIDE = {torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.__dlpack__,
+            torch.Tensor.data_ptr, torch.Tensor.__cuda_array_interface__.__get__, _SET_DATA}
 _BACKWARDS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
 
 
@@ -669,6 +682,12 @@ class _Backward(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
+        if func in _OUTSIDE:
+            if func == _SET_DATA:
+                self.engine.data_set(args[0])
+            elif self._recording():
+                # (Not a custom op's body, run by the recorder, nor a backward.)
+                self.engine.exported(args[0])
         if func in _BACKWARDS and not self.engine.listening:
             depth = torch._C._len_torch_dispatch_stack()
             if depth and torch._C._get_dispatch_stack_at(depth - 1) is self.mode:
@@ -676,6 +695,11 @@ class _Backward(TorchFunctionMode):
                 with _pop_mode_temporarily():
                     return func(*args, **kwargs)
         return func(*args, **kwargs)
+
+    def _recording(self):
+        """Whether the recorder is on this thread's dispatch-mode stack."""
+        return any(torch._C._get_dispatch_stack_at(i) is self.mode
+                   for i in range(torch._C._len_torch_dispatch_stack()))
 
 
 class _Session:
@@ -1022,6 +1046,9 @@ class Engine:
         self.side_stream = None
         self.closed = False
         self.restores = 0
+        # Tensors moved onto other bytes by `.data =` (data_set), by id: held
+        # to the step's end, as autograd holds a tensor it saved as an input.
+        self.moved = {}
 
     # --- the runtime ------------------------------------------------------------------
 
@@ -1206,6 +1233,7 @@ class Engine:
             self.by_index = []
             self.registered = []
             self.groups = []
+            self.moved = {}
             self.storages.clear()
             self.by_id.clear()
             self.runtime = None
@@ -1536,10 +1564,11 @@ class Engine:
         if self.pins:
             self._release_pins()  # a forward again: the last backward node has run
         s = self.storages.get(st._cdata)
-        if s is None or s.leaf or t.dtype != s.dtype or s.nbytes == 0 or \
+        if s is None or s.leaf or s.exported or t.dtype != s.dtype or s.nbytes == 0 or \
                 (t.is_leaf and t.requires_grad) or t.is_conj() or t.is_neg():
-            # Made before the context, a parameter (wherever it was made), a
-            # view of another dtype, or one whose conj/neg bit a view would lose.
+            # Made before the context, a parameter (wherever it was made), one
+            # whose bytes were handed outside autograd (exported), a view of
+            # another dtype, or one whose conj/neg bit a view would lose.
             self.counts["saved_unmanaged"] += 1
             return _Kept(t)
         if s.id is not None and s.freed and not s.pinned_forever:
@@ -1625,6 +1654,57 @@ class Engine:
             if s is not None and s.id is not None:
                 self._pin_forever(s, f"computed from a tensor made before the budget "
                                      f"that {func} then wrote into")
+
+    def exported(self, t):
+        """t's bytes are handed outside autograd (numpy, DLPack, data_ptr):
+        from now on they may be written with no ATen call to record (a
+        numpy ufunc's out=, a kernel of another library), so remat cannot
+        know what they hold. Its rule: such a storage is never dropped and
+        never offloaded (its copy would miss a later write): saved before,
+        it stays resident from now on, as the program's own bytes, to the
+        step's end; saved after, it is left to autograd. And no replay reads
+        it: what was saved before and would is brought back now (while the
+        bytes still hold what it read) and kept; what is saved after and
+        would is not droppable (offloaded, if at all, as its own bytes)."""
+        if self.closed or self.internal:
+            return
+        st = _storage(t)
+        if st is None:
+            return
+        s = self.storages.get(st._cdata)
+        if s is None:
+            s = _Storage(len(self.by_index), True, st._cdata, StorageWeakRef(st))
+            self.storages[st._cdata] = s
+            self.by_index.append(s)
+        if s.exported:
+            return
+        s.exported = True
+        if s.readers:
+            self._keep_readers(s)
+        if not s.leaf and s.id is not None and not s.freed:
+            self._pin_forever(s)
+            if s.tensor is None or s.tensor.untyped_storage()._cdata != s.key:
+                with _below_python_dispatch():
+                    whole = torch.empty(0, dtype=s.dtype, device=t.device)
+                    s.tensor = whole.set_(st, 0, (s.nbytes // whole.element_size(),), (1,))
+            s.tensor_version = s.version
+
+    def data_set(self, t):
+        """`t.data = ...` is about to move t onto other bytes. Autograd reads
+        what t holds then where it saved t as an input (it holds t itself),
+        and the bytes it saved where it saved t as an output (a copy of its
+        TensorImpl): remat's own hold of t's present bytes must not follow
+        t, and the handles of t saved as an input read t (unpack)."""
+        if self.closed:
+            return
+        st = _storage(t)
+        s = self.storages.get(st._cdata) if st is not None else None
+        if s is not None and not s.leaf:
+            if s.tensor is t:
+                s.tensor = _alias(t)
+            if s.tensor_ref is not None and s.tensor_ref() is t:
+                s.tensor_ref = None  # (no longer a tensor over s)
+        self.moved[id(t)] = t
 
     def _register(self, s, t):
         inputs, cost, why_not = self._frontier(s, s.version)
@@ -1845,13 +1925,17 @@ class Engine:
         seen_inputs = set()
         cost = 0
         visited = set()
-        leaves = set()
+        read = set()  # the storages its recompute reads (Engine.exported)
         stack = [(s, version, True)]
         while stack:
             st, ver, top = stack.pop()
             if (st.index, ver) in visited:
                 continue
             visited.add((st.index, ver))
+            if st.exported:
+                return [], 0, "its recompute reads bytes handed outside autograd (numpy, ...)"
+            if not top:
+                read.add(st)
             if not top and st.id is not None and not st.freed and st.reg_version == ver and \
                     self._brings_back(st, ver):
                 if st.id not in seen_inputs:
@@ -1874,13 +1958,17 @@ class Engine:
                         if r.version is not None and r.leaf_tensor._version != r.version:
                             return [], 0, (f"{call.func} read a tensor made before the context "
                                            "that was modified in place since")
-                        leaves.add(r.storage)
+                        if r.storage.exported:
+                            return [], 0, ("its recompute reads bytes handed outside autograd "
+                                           "(numpy, ...)")
+                        read.add(r.storage)
                     elif r.storage is not st:  # (st itself: the content being rebuilt)
                         stack.append((r.storage, r.version, False))
-        for leaf in leaves:
-            if leaf.readers is None:
-                leaf.readers = []
-            leaf.readers.append(weakref.ref(s))
+        me = weakref.ref(s)
+        for st in read:
+            if st.readers is None:
+                st.readers = []
+            st.readers.append(me)
         return inputs, cost, ""
 
     # --- bringing back ----------------------------------------------------------------
@@ -1897,7 +1985,12 @@ class Engine:
         s = h.storage
         # Before anything moves: a tensor modified in place since it was
         # saved is an error, as in a plain step.
-        _check_version(h, h.source() if h.source is not None else None, s)
+        source = h.source() if h.source is not None else None
+        _check_version(h, source, s)
+        if source is not None and self.moved.get(id(source)) is source:
+            # Saved as an input and moved by `.data =` since: autograd
+            # reads what it holds now.
+            return _alias(source)
         # Pins last while the autograd node that unpacked them runs: the
         # engine unpacks a node's saved tensors just before applying it, and
         # they all stay until another node (or another backward: autograd's
