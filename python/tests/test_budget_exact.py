@@ -257,9 +257,9 @@ def test_the_in_place_error_names_anomaly_modes_hint():
 
 def _written_outside(how):
     """Saved activations written where no ATen call is recorded: through a
-    numpy array over their bytes, or by `.data =` (the tensor is moved onto
-    other bytes). Each is read by the backward, and by later calls whose
-    outputs are saved."""
+    numpy array over their bytes (or the input's, which made them), or by
+    `.data =` (the tensor is moved onto other bytes). Each is read by the
+    backward, and by later calls whose outputs are saved."""
     def make(seed):
         _seed(seed)
         model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(16)])
@@ -270,7 +270,10 @@ def _written_outside(how):
             h = first(x)
             y = h.sin()                       # saves h (as an input)
             z = h.tanh()                      # saves z (as an output)
-            if how == "numpy":
+            if how == "numpy input":
+                xs = x.numpy()
+                xs *= 0.5                     # the input's bytes, read by h's call
+            elif how == "numpy":
                 a = h.detach().numpy()
                 np.clip(a, -0.1, 0.1, out=a)  # h's bytes, written
                 b = z.detach().numpy()
@@ -290,6 +293,6 @@ def _written_outside(how):
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("ratio", [0.4, 0.7, None])  # (what must stay resident: 0.3 is too small)
-@pytest.mark.parametrize("how", ["numpy", "data"])
+@pytest.mark.parametrize("how", ["numpy", "numpy input", "data"])
 def test_a_write_outside_autograd_reads_as_in_a_plain_step(how, ratio, config):
     _check_exact(_written_outside(how), config, ratio)
