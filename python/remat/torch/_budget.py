@@ -33,7 +33,14 @@ replayed exactly: a random call with its RNG state captured, no call with
 data-dependent output shapes, no call that wrote a tensor made before the
 context unless its outputs do not read it (batch norm's running statistics),
 and on CUDA no kernel PyTorch marks nondeterministic unless the user allows
-it. Other storages may still be offloaded.
+it, and none that reads bytes handed outside autograd (Engine.exported).
+Other storages may still be offloaded.
+
+What a plain step would check or read, the budget does too: a saved tensor
+modified in place raises at its unpack as autograd raises (_check_version:
+PyTorch skips its check under saved-tensor hooks), a custom op's replay draws
+what it drew (_rng_states), and a tensor moved by `.data =` is read as
+autograd reads it (Engine.data_set).
 """
 import contextlib
 import ctypes
@@ -340,6 +347,7 @@ class _Call:
 
 
 _sequence_nr = torch._C._autograd._get_sequence_nr
+_NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _set_versions = torch._C._autograd._unsafe_set_version_counter
 
 
@@ -1551,6 +1559,12 @@ class Engine:
     # --- saving -----------------------------------------------------------------------
 
     def pack(self, t):
+        # Without the budget's torch-function mode (_Backward): else each
+        # metadata read below goes through it, about a microsecond each.
+        with _NO_TORCH_FUNCTION():
+            return self._pack(t)
+
+    def _pack(self, t):
         if self.closed or self.internal:
             return t
         st = _storage(t)
@@ -1974,6 +1988,10 @@ class Engine:
     # --- bringing back ----------------------------------------------------------------
 
     def unpack(self, h):
+        with _NO_TORCH_FUNCTION():  # (as pack)
+            return self._unpack(h)
+
+    def _unpack(self, h):
         if type(h) is _Kept:
             _check_version(h, h.tensor)
             return h.tensor  # left to autograd at pack time
