@@ -110,11 +110,11 @@ for _op in (_torch_dropout, _numpy_dropout, _python_dropout):
 DROPOUTS = {"torch": _torch_dropout, "numpy": _numpy_dropout, "python": _python_dropout}
 
 
-def _dropout_net(op):
+def _dropout_net(op, device="cpu"):
     def make(seed):
         _seed(seed)
-        model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(6)])
-        x = torch.randn(16, 32)
+        model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(6)]).to(device)
+        x = torch.randn(16, 32, device=device)
 
         def step():
             h = x
@@ -132,6 +132,23 @@ def test_a_custom_op_drawing_random_numbers_replays_its_draws(source, ratio, con
     # Replayed under the generator states it drew from, whichever it drew
     # from, and the live states are as a plain step leaves them.
     _check_exact(_dropout_net(DROPOUTS[source]), config, ratio)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_a_custom_op_drawing_on_cuda_replays_its_draws(config):
+    # Its draws come from the CUDA device's generator: saved and set as the
+    # CPU's are, and left where a plain step leaves it.
+    make = _dropout_net(_torch_dropout, "cuda")
+    states = []
+    for b in (None, remat.torch.budget(int(_saved_bytes(make) * 0.3), **CONFIGS[config])):
+        grads, loss, _, stats = _run(make, b)
+        states.append((grads, loss, torch.cuda.get_rng_state()))
+    (plain, plain_loss, plain_rng), (grads, loss, rng) = states
+    for name in plain:
+        assert torch.equal(grads[name], plain[name]), f"gradient of {name} differs"
+    assert torch.equal(loss, plain_loss) and torch.equal(rng, plain_rng)
+    assert stats["recomputes"] > 0
 
 
 # --- tensors made under torch.inference_mode() ------------------------------------------

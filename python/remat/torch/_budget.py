@@ -388,6 +388,8 @@ class _Kept(_Facts):
 def _alias(t):
     """A tensor over t's bytes and version counter, not moved by a later
     `t.data = ...`."""
+    if type(t) is not torch.Tensor:
+        return t.detach()  # (a subclass keeps its own dispatch; the recorder passes views)
     with _below_python_dispatch():
         return t.detach()
 
