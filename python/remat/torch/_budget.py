@@ -507,8 +507,8 @@ def _check_version(facts, tensor, storage=None):
 class _OpInfo:
     """What recording needs of an operator, read once from its schema and tags
     (reading them on every call was a fifth of the recording's time)."""
-    __slots__ = ("random", "custom", "why_not", "nondeterministic", "is_view", "writes",
-                 "writes_unread")
+    __slots__ = ("random", "custom", "python_body", "why_not", "nondeterministic", "is_view",
+                 "writes", "writes_unread")
 
     def __init__(self, func):
         tags = getattr(func, "tags", ())
@@ -518,6 +518,8 @@ class _OpInfo:
         # states of every generator remat can see (_rng_states).
         self.custom = func.namespace not in _BUILTIN_NAMESPACES
         self.random = self.custom or _tag("nondeterministic_seeded") in tags
+        # A body written in Python may draw from numpy's or Python's RNG too.
+        self.python_body = self.custom and _python_body(func)
         self.why_not = ""
         if func.namespace in _COLLECTIVES:
             self.why_not = f"{func} is a collective (a replay on one rank alone would hang)"
@@ -537,17 +539,43 @@ _op_infos = {}
 _BUILTIN_NAMESPACES = {"aten", "prims", "rngprims", "prim"}
 
 
-def _rng_states(custom, cuda_devices, gens):
+# Dispatch keys whose kernels are not an operator's body (its fake/meta
+# kernel, autograd's wrapper, ...): one of them registered from Python says
+# nothing of where the body draws from.
+_NOT_A_BODY = ("debug", "Meta", "Autograd", "ADInplaceOrView", "Functionalize", "Python",
+               "PreDispatch", "FuncTorch", "Autocast", "Batched", "Tracer", "Fake")
+_PYTHON_PLACE = re.compile(r"(^<.*>|\.py):\d+$")
+
+
+def _python_body(func):
+    """Whether a kernel of func's own was registered from Python (a
+    torch.library custom op's, a `Library.impl`): its body may then draw from
+    numpy's global RNG or Python's `random` too. Read once per operator from
+    the dispatcher's table (where each kernel was registered)."""
+    try:
+        table = torch._C._dispatch_dump(func.name())
+    except (RuntimeError, AttributeError):
+        return True
+    for line in table.splitlines():
+        key, found, rest = line.partition(": registered at ")
+        if found and not key.startswith(_NOT_A_BODY) and \
+                _PYTHON_PLACE.search(rest.split(" :: ")[0]):
+            return True
+    return False
+
+
+def _rng_states(custom, cuda_devices, gens, python_body=False):
     """What a random call draws from, as it is before the call: the CPU
     default generator, each CUDA device's in `cuda_devices`, the generator
-    arguments (`gens`), and for a custom op (`custom`), whose body may be
-    Python, the current CUDA device's too, numpy's global RNG (where numpy is
-    loaded) and Python's `random`."""
+    arguments (`gens`); for a custom op (`custom`) the current CUDA device's
+    too, and where its body is Python (`python_body`), numpy's global RNG
+    (where numpy is loaded) and Python's `random` (together some tens of
+    microseconds: numpy's state is 2.5 KB built into Python objects)."""
     py = None
-    if custom:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            cuda_devices = set(cuda_devices)
-            cuda_devices.add(torch.device("cuda", torch.cuda.current_device()))
+    if custom and torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda_devices = set(cuda_devices)
+        cuda_devices.add(torch.device("cuda", torch.cuda.current_device()))
+    if python_body:
         np = sys.modules.get("numpy")
         py = (np.random.get_state() if np is not None else None, random.getstate())
     return (torch.get_rng_state(),
@@ -1477,7 +1505,7 @@ class Engine:
             if dev is not None and torch.device(dev).type == "cuda":
                 cuda_devices.add(torch.device(dev))
             gens = [g for g in flat if isinstance(g, torch.Generator)]
-            rng = _rng_states(info.custom, cuda_devices, gens)
+            rng = _rng_states(info.custom, cuda_devices, gens, info.python_body)
         storages = self.storages
         if not info.writes:
             # It writes nothing, so its arguments are as they were before it:
@@ -2280,7 +2308,8 @@ class Engine:
             return call.func(*a, **kw)
         # The live states, as the recorded ones cover (a generator= of the
         # user's own included), are put back after the replay.
-        live = _rng_states(call.rng[3] is not None, call.rng[1], [g for g, _ in call.rng[2]])
+        live = _rng_states(False, call.rng[1], [g for g, _ in call.rng[2]],
+                           call.rng[3] is not None)
         _set_rng_states(call.rng)
         try:
             return call.func(*a, **kw)
