@@ -251,7 +251,7 @@ class _Storage:
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
                  "order", "ahead", "gen", "key", "tensor_version", "host_version", "allow_drop",
                  "replay_bytes", "beside_key", "group", "backup", "backup_version",
-                 "want_backup", "exported", "__weakref__")
+                 "want_backup", "exported", "counter", "__weakref__")
 
     def __init__(self, index, leaf, key, weak, producer=None, dtype=None, nbytes=0,
                  tensor=None):
@@ -298,6 +298,9 @@ class _Storage:
         # Its bytes were handed outside autograd (Engine.exported): written
         # there, for all remat knows, at any time from then on.
         self.exported = False
+        # (weakref to a tensor, _counter_of it): its saves' version counter
+        # once made (_Handle), for the next save of that tensor or a view.
+        self.counter = None
 
 
 def _leaf_version(t):
@@ -420,7 +423,17 @@ class _Handle(_Facts):
         self.size = tuple(t.size())
         self.stride = tuple(t.stride())
         self.offset = t.storage_offset()
-        self.counter = _counter_of(t)
+        # A tensor and its views share one counter: the alias made at the
+        # last save of the storage serves a save of the same tensor or its
+        # views (an activation is saved as one node's output and the next
+        # one's input), and the alias costs microseconds to make.
+        owner = t._base if t._is_view() else t
+        made = storage.counter
+        if made is not None and made[0]() is owner:
+            self.counter = made[1]
+        else:
+            self.counter = _counter_of(t)
+            storage.counter = (weakref.ref(owner), self.counter)
         # Saved as an input: the tensor itself, weakly (autograd would read
         # what it holds after a `.data =`), and its grad_fn for the message.
         self.source = None if self.is_output else weakref.ref(t)
