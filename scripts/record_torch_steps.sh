@@ -26,11 +26,12 @@
 #
 # and a step of thousands of small tensors, for the allocator's small pool:
 #
-#   tree_lstm_h96_l128_b24_v64.jsonl
+#   tree_lstm_h128_l128_b96_v64.jsonl
 #                                  remat.torch.models.tree_lstm: a binary
 #                                  Tree-LSTM over trees of 128 leaves (255
-#                                  nodes) evaluated node by node, hidden 96,
-#                                  batch 24, 64 words and classes
+#                                  nodes) evaluated node by node, hidden 128,
+#                                  batch 96, 64 words and classes: every
+#                                  tensor at most 640 KiB, a 92 MiB peak
 #
 # The LSTM's vocabulary is small on purpose: the log-softmax backward holds
 # three tensors of seq x batch x vocab floats at once, which with 10000 tokens
@@ -76,13 +77,13 @@ n = remat.torch.record(lambda: step().backward(), sys.argv[1], overwrite=True)
 print(f"wrote {n} records to {sys.argv[1]}")
 EOF
 PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$python" - \
-  "$out/tree_lstm_h96_l128_b24_v64.jsonl" <<'EOF'
+  "$out/tree_lstm_h128_l128_b96_v64.jsonl" <<'EOF'
 import sys
 
 import remat.torch
 from remat.torch import models
 
-_, step = models.tree_lstm(0, hidden=96, leaves=128, batch=24, vocab=64)
+_, step = models.tree_lstm(0, hidden=128, leaves=128, batch=96, vocab=64)
 n = remat.torch.record(lambda: step().backward(), sys.argv[1], overwrite=True)
 print(f"wrote {n} records to {sys.argv[1]}")
 EOF

@@ -176,8 +176,10 @@ class TreeLstm(nn.Module):
 
     def forward(self, leaves):
         level = []
-        for x in self.emb(leaves).unbind(0):
-            i, o, u = self.leaf(x).chunk(3, dim=1)
+        for words in leaves.unbind(0):
+            # Each leaf's words looked up on their own, so that no tensor
+            # holds the whole tree's embeddings (leaves x batch x hidden).
+            i, o, u = self.leaf(self.emb(words)).chunk(3, dim=1)
             c = torch.sigmoid(i) * torch.tanh(u)
             level.append((torch.sigmoid(o) * torch.tanh(c), c))
         while len(level) > 1:
