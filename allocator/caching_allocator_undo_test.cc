@@ -144,7 +144,9 @@ void RunBoth(const Config& config, std::uint64_t seed, int steps, std::uint64_t*
       const absl::StatusOr<std::size_t> a = fast.alloc->AdjacentFreeBytes(p);
       const absl::StatusOr<std::size_t> b = full.alloc->AdjacentFreeBytes(p);
       ASSERT_EQ(a.status(), b.status());
-      if (a.ok()) ASSERT_EQ(*a, *b);
+      if (a.ok()) {
+        ASSERT_EQ(*a, *b);
+      }
     } else if (op < 95) {
       ASSERT_EQ(fast.alloc->EmptyCache(), full.alloc->EmptyCache());
     } else if (op < 96) {
