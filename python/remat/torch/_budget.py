@@ -1549,7 +1549,8 @@ class Engine:
                 # can come.)
                 r.storage.ahead = None
                 if r.storage.leaf and r.storage.readers:
-                    self._keep_readers(r.storage, func)
+                    self._keep_readers(r.storage, f"computed from a tensor made before the "
+                                                  f"budget that {func} then wrote into")
                 elif r.storage.id is not None and not r.storage.pinned_forever and \
                         self._overlaps(r.storage, r):
                     # A write into what a saved view reads: autograd will read
@@ -1698,10 +1699,11 @@ class Engine:
         self.forever_bytes += s.nbytes
         self._drain()
 
-    def _keep_readers(self, leaf, func):
-        """A tensor made before the context is about to be written: what a
-        recompute would read from it must be brought back now, while it still
-        holds what they read, and kept."""
+    def _keep_readers(self, leaf, why):
+        """A tensor made before the context is about to be written (or its
+        bytes handed outside autograd): what a recompute would read from it
+        must be brought back now, while it still holds what they read, and
+        kept (`why`: for the error if the budget cannot hold what is kept)."""
         if self.pins:
             self._release_pins()
         self._free_dead()
@@ -1709,8 +1711,7 @@ class Engine:
         for ref in readers:
             s = ref()
             if s is not None and s.id is not None:
-                self._pin_forever(s, f"computed from a tensor made before the budget "
-                                     f"that {func} then wrote into")
+                self._pin_forever(s, why)
 
     def exported(self, t):
         """t's bytes are handed outside autograd (numpy, DLPack, data_ptr):
@@ -1737,9 +1738,11 @@ class Engine:
             return
         s.exported = True
         if s.readers:
-            self._keep_readers(s)
+            self._keep_readers(s, "computed from bytes handed outside autograd (numpy, DLPack, "
+                                  "data_ptr), which may be written there")
         if not s.leaf and s.id is not None and not s.freed:
-            self._pin_forever(s)
+            self._pin_forever(s, "its bytes were handed outside autograd (numpy, DLPack, "
+                                 "data_ptr)")
             if s.tensor is None or s.tensor.untyped_storage()._cdata != s.key:
                 with _below_python_dispatch():
                     whole = torch.empty(0, dtype=s.dtype, device=t.device)
