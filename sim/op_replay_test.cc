@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "gen/model_gen.h"
 #include "gmock/gmock.h"
@@ -194,7 +195,9 @@ TEST(OpReplayTest, TheAllocatorAndTheRuntimeAreSoundAfterEveryRecordUnderPressur
   for (const char* name : {"chain_100.jsonl", "lstm_tiny_h64_s8_b8_v64.jsonl"}) {
     const OpTrace trace = Load(name);
     const bool live = std::string_view(name).starts_with("lstm");
-    for (const char* policy : {"dtr", "hybrid", "window"}) {
+    // (Few runs: the checks after every record are slow under the sanitizers.)
+    for (const char* policy :
+         live ? std::vector<const char*>{"hybrid"} : std::vector<const char*>{"dtr", "window"}) {
       SCOPED_TRACE(testing::Message() << name << " " << policy);
       OpReplayOptions options;
       options.policy = policy;
