@@ -242,13 +242,14 @@ absl::Status CheckWork(const ChainRunOptions& o, std::uint64_t optimal) {
       most += step;
     }
   }
-  std::string fix = absl::StrFormat("at most %d steps with %d slots", most, o.slots);
+  const char* const slots = o.slots == 1 ? "slot" : "slots";
+  std::string fix = absl::StrFormat("at most %d steps with %d %s", most, o.slots, slots);
   if (hi > 0) fix = absl::StrFormat("--slots %d or more, or %s", hi, fix);
   return absl::InvalidArgumentError(absl::StrFormat(
-      "a chain of %d steps with %d slots takes at least %d forward steps (t(N,C) = %d "
+      "a chain of %d steps with %d %s takes at least %d forward steps (t(N,C) = %d "
       "advances and %d recorded), more than the %d a run may take (its time and memory grow "
       "with them): give %s",
-      o.steps, o.slots, least, optimal, o.steps, o.max_forward_steps, fix));
+      o.steps, o.slots, slots, least, optimal, o.steps, o.max_forward_steps, fix));
 }
 
 }  // namespace

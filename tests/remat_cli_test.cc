@@ -170,7 +170,7 @@ TEST_F(RematCliTest, ChainJsonHoldsTheScheduleAndTheWorkIsBounded) {
   const Outcome quadratic = Remat("chain --steps 20000 --slots 1");
   EXPECT_EQ(quadratic.status, 2) << quadratic.out;
   EXPECT_THAT(quadratic.out, HasSubstr("more than the 10000000 a run may take"));
-  EXPECT_THAT(quadratic.out, HasSubstr("at most 4471 steps with 1 slots"));
+  EXPECT_THAT(quadratic.out, HasSubstr("at most 4471 steps with 1 slot"));
   const Outcome belady = Remat("chain --steps 10 --slots 2 --policy belady");
   EXPECT_EQ(belady.status, 2) << belady.out;
   EXPECT_THAT(belady.out, HasSubstr("belady evicts by each state's next use"));
