@@ -183,10 +183,13 @@ struct RuntimeOptions {
   // as much of the policy's own ranking as makes room
   // (policies::StepsToMakeRoom). Not with keep_addresses (an offload keeps
   // its block), nor for the live budget. The check assumes one stream: free
-  // blocks private to another count as usable. false: the policy's plan,
-  // and the allocator asks again while it makes no room
-  // (bench/results/retry_in_one_place_2026-12-03.md).
-  bool retry_in_one_place = true;
+  // blocks private to another count as usable. false (the default): the
+  // policy's plan, and the allocator asks again while it makes no room.
+  // Off by default: where it finishes it is usually faster, but over the
+  // project's traces it made 41 policy-ratio cells fail (oom or thrash)
+  // that finish without it (bench/results/retry_in_one_place_2026-12-03.md,
+  // bench/results/finishing_cells_2026-12-06.md).
+  bool retry_in_one_place = false;
   // Copies out started before the pressure that evicts them. Once the
   // budget has bound (after the first pressure event), whenever the link
   // model has no copy out left queued (its backlog on NowNs's clock: the

@@ -90,7 +90,7 @@ struct OpReplayOptions {
   bool offload_guard = true;
   // RuntimeOptions::retry_in_one_place: a request the policy's plan would
   // not make room for is met in one place.
-  bool retry_in_one_place = true;
+  bool retry_in_one_place = false;
   // RuntimeOptions::copy_ahead: copies out started before the pressure that
   // offloads them (a trace's tensors are read_only). With offload allowed it
   // helps where the link has time to spare

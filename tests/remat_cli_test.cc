@@ -251,6 +251,18 @@ TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
               2)
         << bad;
   }
+  // A scattered request is retried as the policy plans it, by default: lru finishes the
+  // README's transformer at a reserved 0.5 (meeting such requests in one place made it
+  // thrash there); --retry-in-one-place still does, and contradicts --retry-anywhere.
+  const std::string transformer =
+      "sim " + Trace("transformer_small.jsonl") + " --budget-ratio 0.5 --policy lru --json";
+  const Outcome anywhere = Remat(transformer);
+  ASSERT_EQ(anywhere.status, 0) << anywhere.out;
+  EXPECT_THAT(anywhere.out, HasSubstr("\"status\":\"ok\""));
+  EXPECT_THAT(anywhere.out, HasSubstr("\"covering_runs\":0,"));
+  const Outcome one_place = Remat(transformer + " --retry-in-one-place");
+  EXPECT_THAT(one_place.out, Not(HasSubstr("\"covering_runs\":0,")));
+  EXPECT_EQ(Remat(transformer + " --retry-in-one-place --retry-anywhere").status, 2);
   // A sampling policy names its sample; a bad sample is a usage error.
   const Outcome sampled = Remat("sim " + Trace("chain_100.jsonl") +
                                 " --budget-ratio 0.5 --policy lru:sample=sqrt --json");

@@ -29,6 +29,7 @@ struct SimFlags {
   bool no_swap = false;
   bool no_offload_guard = false;
   bool retry_anywhere = false;
+  bool retry_in_one_place = false;
   bool no_copy_ahead = false;
   bool no_recompute = false;
   std::string accounting = "reserved";
@@ -304,7 +305,7 @@ int RunSim(const SimFlags& f) {
   options.enable_offload = !f.no_swap;
   options.enable_drop = !f.no_recompute;
   options.offload_guard = !f.no_offload_guard;
-  options.retry_in_one_place = !f.retry_anywhere;
+  options.retry_in_one_place = f.retry_in_one_place;
   options.copy_ahead = !f.no_copy_ahead;
   options.thrash_limit = f.thrash_limit;
   options.max_split_size = f.max_split;
@@ -380,11 +381,17 @@ Subcommand AddSimCommand(CLI::App& remat) {
                 "the budget has bound and whenever the link has time, the next tensor the "
                 "policy would offload is copied out ahead and stays resident until evicted, "
                 "which then frees its block with no copy to wait for)");
+  CLI::Option* one_place = cmd->add_flag(
+      "--retry-in-one-place", flags->retry_in_one_place,
+      "Where the policy's plan for a request would free its bytes in scattered places, meet "
+      "it in one place instead: a covering run of blocks, or as much of the policy's ranking "
+      "as makes room, whichever costs less (by default the plan is carried out and the "
+      "allocator asks again; one place is often faster, and makes some runs fail that finish "
+      "by default)");
   cmd->add_flag("--retry-anywhere", flags->retry_anywhere,
-                "Carry out the policy's plan for a request even where it frees the bytes in "
-                "scattered places, and let the allocator ask again (by default such a request "
-                "is met in one place: a covering run of blocks, or as much of the policy's "
-                "ranking as makes room, whichever costs less)");
+                "Carry out the policy's plan even where it scatters a request's bytes (the "
+                "default; kept for scripts that name it)")
+      ->excludes(one_place);
   cmd->add_option("--accounting", flags->accounting, "What the budget counts")
       ->capture_default_str()
       ->check(CLI::IsMember({"reserved", "live"}));

@@ -37,6 +37,7 @@ struct SweepFlags {
   bool no_swap = false;
   bool no_offload_guard = false;
   bool retry_anywhere = false;
+  bool retry_in_one_place = false;
   bool no_copy_ahead = false;
   bool no_recompute = false;
   std::string future = "known";
@@ -271,7 +272,7 @@ int RunSweepCommand(const SweepFlags& f) {
   o.live = f.accounting == "live";
   o.enable_offload = !f.no_swap;
   o.offload_guard = !f.no_offload_guard;
-  o.retry_in_one_place = !f.retry_anywhere;
+  o.retry_in_one_place = f.retry_in_one_place;
   o.copy_ahead = !f.no_copy_ahead;
   absl::StatusOr<Future> future = ParseFuture(f.future);
   if (!future.ok()) return ReportError("sweep", future.status());
@@ -404,9 +405,14 @@ Subcommand AddSweepCommand(CLI::App& remat) {
   cmd->add_flag("--no-copy-ahead", flags->no_copy_ahead,
                 "Start each copy out only when pressure offloads the tensor (as remat sim "
                 "--no-copy-ahead)");
+  CLI::Option* one_place =
+      cmd->add_flag("--retry-in-one-place", flags->retry_in_one_place,
+                    "Meet a request the policy's plan would scatter in one place (as remat sim "
+                    "--retry-in-one-place)");
   cmd->add_flag("--retry-anywhere", flags->retry_anywhere,
-                "Carry out each policy's plan even where it scatters a request's bytes "
-                "(as remat sim --retry-anywhere)");
+                "Carry out each policy's plan even where it scatters a request's bytes (the "
+                "default; kept for scripts that name it)")
+      ->excludes(one_place);
   cmd->add_option("--future", flags->future,
                   "What policies that read next uses are told (as remat sim --future)")
       ->capture_default_str()
