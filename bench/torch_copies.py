@@ -55,9 +55,9 @@ def loop(make, budget_bytes, plain, steps, copies, wants_backup):
         equal = equal and torch.equal(loss, plain[0]) and grads.keys() == plain[1].keys() and \
             all(torch.equal(grads[k], plain[1][k]) for k in grads) and \
             st["peak_saved_bytes"] <= st["budget_bytes"]
-        copied += st["backups"] > 0
-        used += st["backups_used"]
-        nbytes += st["backup_bytes"]
+        copied += st["debug"]["backups"] > 0
+        used += st["debug"]["backups_used"]
+        nbytes += st["debug"]["backup_bytes"]
     b.close()
     return raised, copied, used, nbytes, equal
 

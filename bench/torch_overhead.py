@@ -76,7 +76,7 @@ def run_models(names, steps):
         p = statistics.median(times["plain"]) * 1e3
         b = statistics.median(times["budget"]) * 1e3
         print(f"  {name:7s} plain {p:6.2f} ms, budget {b:6.2f} ms (median): {b - p:6.2f} ms "
-              f"more, {budget.stats['saved_tensors']} saved tensors, "
+              f"more, {budget.stats['debug']['saved_tensors']} saved tensors, "
               f"drops {budget.stats['drops']}")
 
 
@@ -150,7 +150,7 @@ def main():
             over_floor = (t[name] - t["pass-through mode"]) / calls * 1e6
             print(f"  {name}, {what}: {extra:.1f} us per forward call over plain, "
                   f"{over_floor:.1f} us over the pass-through mode")
-    print(f"  saved tensors per step: {budget.stats['saved_tensors']}, "
+    print(f"  saved tensors per step: {budget.stats['debug']['saved_tensors']}, "
           f"drops: {budget.stats['drops']}")
 
 

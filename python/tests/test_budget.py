@@ -93,6 +93,30 @@ def test_gradients_equal_under_drop(name, ratio):
         assert torch.equal(b1, b2), f"buffer {n} differs"
 
 
+def test_stats_show_the_user_figures_and_keep_the_rest_under_debug():
+    budget = int(saved_bytes_of(models.mlp) * 0.4)
+    _, _, dropped, _ = run_step(models.mlp, budget, policy="dtr")
+    assert set(dropped) == {"step", "budget_bytes", "peak_saved_bytes", "drops", "recomputes",
+                            "offloads", "restores", "plan", "policy", "recompute_seconds",
+                            "copy_seconds", "debug"}
+    assert dropped["step"] == 1 and dropped["budget_bytes"] == budget
+    assert "saved_tensors" in dropped["debug"] and "pressure_events" in dropped["debug"]
+    # Replays took time, copies none; offloading instead, the reverse.
+    assert dropped["recomputes"] > 0 and dropped["recompute_seconds"] > 0
+    assert dropped["copy_seconds"] == 0
+    _, _, offloaded, _ = run_step(models.mlp, budget, offload=True, recompute=False)
+    assert offloaded["offloads"] > 0 and offloaded["copy_seconds"] > 0
+    assert offloaded["recompute_seconds"] == 0
+    # Each read is a new dict: changing one changes nothing kept.
+    b = remat.torch.budget(1 << 40)
+    model, step = models.mlp(0)
+    with b:
+        step().backward()
+    outside = b.live_stats()
+    outside["debug"]["saved_tensors"] = -1
+    assert b.live_stats()["debug"]["saved_tensors"] == b.stats["debug"]["saved_tensors"] > 0
+
+
 @pytest.mark.parametrize("policy", ["lru", "largest", "dtr-eq", "msps"])
 def test_other_policies(policy):
     plain, _, _, _ = run_step(models.gpt)
@@ -108,7 +132,7 @@ def test_offload_only():
     grads, _, stats, _ = run_step(models.mlp, budget, offload=True, recompute=False)
     assert_same_grads(plain, grads)
     assert stats["offloads"] > 0 and stats["restores"] > 0
-    assert stats["prefetches"] > 0  # copied in ahead of the backward node that reads it
+    assert stats["debug"]["prefetches"] > 0  # copied in ahead of the backward node that reads it
     assert stats["drops"] == 0
     assert stats["peak_saved_bytes"] <= budget
 
@@ -124,12 +148,12 @@ def test_copies_made_ahead_bring_back_the_same_gradients(policy):
     b = remat.torch.budget(budget, policy=policy, offload=True, recompute=False,
                            copy_ahead=True, tflops=0.01)
     figures = steps_under(b, models.mlp, 3)
-    assert sum(f["copies_ahead"] for f in figures) > 0
-    assert sum(f["ahead_offloads"] for f in figures) > 0
-    assert all(f["ahead_offloads"] <= f["offloads"] for f in figures)
+    assert sum(f["debug"]["copies_ahead"] for f in figures) > 0
+    assert sum(f["debug"]["ahead_offloads"] for f in figures) > 0
+    assert all(f["debug"]["ahead_offloads"] <= f["offloads"] for f in figures)
     plain = remat.torch.budget(budget, policy=policy, offload=True, recompute=False,
                                tflops=0.01)
-    assert all(f["copies_ahead"] == 0 for f in steps_under(plain, models.mlp, 2))
+    assert all(f["debug"]["copies_ahead"] == 0 for f in steps_under(plain, models.mlp, 2))
 
 
 def test_a_write_lets_a_copy_made_ahead_go():
@@ -205,7 +229,7 @@ def test_the_offload_guard_keeps_the_quicker_plan(faster):
     assert all(f["offloads"] == 0 and f["drops"] > 0 for f in figures[half:trial])
     kept = figures[trial:]
     assert all((f["offloads"] > 0) == (faster == "mixed") for f in kept)
-    times = figures[-1]["plan_trial_seconds"]
+    times = figures[-1]["debug"]["plan_trial_seconds"]
     assert len(times["mixed"]) == len(times["drop-first"]) == half - 1
     b.close()
 
@@ -234,7 +258,7 @@ def test_a_list_of_policies_is_tried_and_the_quickest_plan_kept(fastest):
         elif plan == "lru mixed":
             assert all(f["offloads"] > 0 for f in ran)
     assert all(f["policy"] == fastest.split()[0] for f in figures[trial:])
-    assert sorted(figures[-1]["plan_trial_seconds"]) == sorted(plans)
+    assert sorted(figures[-1]["debug"]["plan_trial_seconds"]) == sorted(plans)
     b.close()
 
 
@@ -303,10 +327,10 @@ def test_a_plan_whose_trial_step_does_not_fit_leaves_the_trial():
     with pytest.raises(BudgetTooSmall):
         with b:  # the first drop-first step
             raise BudgetTooSmall("as if drops alone did not fit")
-    assert b.stats["plans_refused"] == {"drop-first": "as if drops alone did not fit"}
+    assert b.stats["debug"]["plans_refused"] == {"drop-first": "as if drops alone did not fit"}
     with b:  # the trial is over: mixed is the plan left
         pass
-    assert b.stats["plan"] == "mixed" and "drop-first" in b.stats["plans_refused"]
+    assert b.stats["plan"] == "mixed" and "drop-first" in b.stats["debug"]["plans_refused"]
     b.close()
     # The last plan left is never refused: each step then says what did not fit.
     b = remat.torch.budget("1GiB", offload=True, recompute=False)
@@ -314,7 +338,7 @@ def test_a_plan_whose_trial_step_does_not_fit_leaves_the_trial():
         with pytest.raises(BudgetTooSmall):
             with b:
                 raise BudgetTooSmall("too small")
-        assert "plans_refused" not in b.stats and b.stats["plan"] == "offload-only"
+        assert "plans_refused" not in b.stats["debug"] and b.stats["plan"] == "offload-only"
     b.close()
 
 
@@ -338,19 +362,19 @@ def test_a_replay_that_does_not_fit_comes_back_from_a_copy_and_its_kind_is_offlo
     figures = steps_under(b, zoo.transformer, 2 * trial + 4)
     first = figures[trial]  # the drop-first plan's first step
     assert first["plan"] == "trial" and first["drops"] > 0 and first["offloads"] == 0
-    assert first["backups"] > 0 and 0 < first["backups_used"] <= first["backups"]
-    assert 0 < first["backup_bytes"] <= first["backups"] * first["budget_bytes"]
-    assert first["offload_not_drop_failed"] == 0
+    assert first["debug"]["backups"] > 0 and 0 < first["debug"]["backups_used"] <= first["debug"]["backups"]
+    assert 0 < first["debug"]["backup_bytes"] <= first["debug"]["backups"] * first["budget_bytes"]
+    assert first["debug"]["offload_not_drop_failed"] == 0
     # Its next steps offload those kinds.
-    assert all(f["offload_not_drop_failed"] > 0 for f in figures[trial + 1:])
-    assert "plans_refused" not in figures[-1]
+    assert all(f["debug"]["offload_not_drop_failed"] > 0 for f in figures[trial + 1:])
+    assert "plans_refused" not in figures[-1]["debug"]
     assert figures[-1]["plan"] == "drop-first"
-    assert figures[-1]["backups"] == 0 and figures[-1]["drops"] > 0
+    assert figures[-1]["debug"]["backups"] == 0 and figures[-1]["drops"] > 0
     # The mixed plan's first two steps copied what they dropped (a runtime's
     # first step evicts blind, its second by what it learned); its drops
     # having come back by replay in the second, its third copied nothing.
-    assert all(f["backups"] > 0 and f["backups_used"] == 0 for f in figures[:2])
-    assert figures[trial - 1]["backups"] == 0
+    assert all(f["debug"]["backups"] > 0 and f["debug"]["backups_used"] == 0 for f in figures[:2])
+    assert figures[trial - 1]["debug"]["backups"] == 0
     b.close()
 
 
@@ -365,8 +389,8 @@ def test_a_copy_with_no_host_memory_is_skipped_not_fatal(monkeypatch):
     b = remat.torch.budget(int(saved_bytes_of(models.gpt) * 0.4), policy="dtr", offload=True,
                            recompute=True)
     figures = steps_under(b, models.gpt, 2)
-    assert figures[0]["drops"] > 0 and figures[0]["backups_skipped"] > 0
-    assert figures[0]["backups"] == 0 and figures[0]["backup_bytes"] == 0
+    assert figures[0]["drops"] > 0 and figures[0]["debug"]["backups_skipped"] > 0
+    assert figures[0]["debug"]["backups"] == 0 and figures[0]["debug"]["backup_bytes"] == 0
     b.close()
 
 
@@ -484,7 +508,7 @@ def test_without_the_copies_that_step_raises(monkeypatch):
     steps_under(b, zoo.transformer, remat.torch.budget.TRIAL_STEPS)
     with pytest.raises(BudgetTooSmall):
         steps_under(b, zoo.transformer, 1)
-    assert "drop-first" in b.stats["plans_refused"]
+    assert "drop-first" in b.stats["debug"]["plans_refused"]
     b.close()
 
 
@@ -500,7 +524,7 @@ def test_a_replay_that_did_not_fit_with_no_copy_has_its_kind_offloaded_next_step
     with pytest.raises(BudgetTooSmall, match="cannot make room"):
         steps_under(b, zoo.transformer, 1)
     figures = steps_under(b, zoo.transformer, 2)
-    assert all(f["offload_not_drop_failed"] > 0 and f["drops"] > 0 for f in figures)
+    assert all(f["debug"]["offload_not_drop_failed"] > 0 and f["drops"] > 0 for f in figures)
     b.close()
 
 
@@ -580,7 +604,7 @@ def test_a_step_that_did_not_fit_with_what_the_runtime_learned_leaves_it_off():
         except BudgetTooSmall:
             outcomes.append("b")
     assert "".join(outcomes) == ".b...."
-    assert b.stats["next_uses_off"] and b.stats["recomputes"] > 0
+    assert b.stats["debug"]["next_uses_off"] and b.stats["recomputes"] > 0
     b.close()
 
 
@@ -609,7 +633,7 @@ def test_hybrid_offloads_what_could_not_come_back_within_the_budget():
     for guard in (False, True):
         b = remat.torch.budget(budget, policy="dtr", offload=True, offload_guard=guard)
         for figures in steps_under(b, _two_backwards, 7 if guard else 1):
-            assert figures["offload_not_drop"] > 0 and figures["offloads"] > 0
+            assert figures["debug"]["offload_not_drop"] > 0 and figures["offloads"] > 0
         b.close()
 
 
@@ -860,7 +884,7 @@ class TestEdgeCases:
             h = self.x @ w
             return self.tail(h.sin() * w.sum())
         same, stats = _grads_match(f, [self.W], 3 * 8192)
-        assert same and stats["drops"] > 0 and stats["saved_unmanaged"] > 0
+        assert same and stats["drops"] > 0 and stats["debug"]["saved_unmanaged"] > 0
 
     def test_an_alias_of_an_activation_is_recomputed_through_it(self):
         def f():
@@ -906,7 +930,7 @@ class TestEdgeCases:
             torch.ops.aten._unsafe_view(h, (32 * 64,)).mul_(2)
             return self.tail(s * 2)                           # s * 2 read the old h
         same, stats = _grads_match(f, [self.W], 4 * 8192)
-        assert same and stats["kept_not_replayable"] >= 2
+        assert same and stats["debug"]["kept_not_replayable"] >= 2
 
     def test_a_write_after_its_readers_were_saved_into_what_cannot_be_replayed_is_an_error(self):
         # The same write after s * 2 was saved: what h held when s * 2 was
@@ -995,7 +1019,7 @@ class TestEdgeCases:
         got, stats = self._saved_again_grad(
             n, before, after, remat.torch.budget("256KiB", offload=True, recompute=False,
                                                  copy_ahead=True, tflops=0.01, hbm_gbps=0.5))
-        assert stats["copies_ahead"] > 0 and stats["ahead_offloads"] > 0
+        assert stats["debug"]["copies_ahead"] > 0 and stats["debug"]["ahead_offloads"] > 0
         assert torch.equal(got, plain)
 
     def test_several_steps_with_an_optimizer_inside(self):
@@ -1109,7 +1133,7 @@ def test_a_compiled_module_runs_as_eager_inside_the_budget():
     assert not counters["frames"], dict(counters["frames"])
     assert torch.equal(loss, eager_loss)
     assert_same_grads(eager, grads)
-    assert stats["saved_tensors"] > 0 and stats["drops"] > 0
+    assert stats["debug"]["saved_tensors"] > 0 and stats["drops"] > 0
     assert stats["peak_saved_bytes"] <= budget
 
 
@@ -1121,10 +1145,10 @@ def test_a_budget_entered_each_step_learns_from_the_step_before():
     b = remat.torch.budget(int(saved_bytes_of(models.lstm) * 0.5), policy="belady")
     figures = steps_under(b, models.lstm, 3)
     assert [f["step"] for f in figures] == [1, 2, 3]
-    assert figures[0]["learned_next_uses"] == 0
-    assert figures[1]["learned_next_uses"] > 0
-    assert figures[1]["recomputed_calls"] < figures[0]["recomputed_calls"]
-    assert figures[2]["recomputed_calls"] == figures[1]["recomputed_calls"]
+    assert figures[0]["debug"]["learned_next_uses"] == 0
+    assert figures[1]["debug"]["learned_next_uses"] > 0
+    assert figures[1]["debug"]["recomputed_calls"] < figures[0]["debug"]["recomputed_calls"]
+    assert figures[2]["debug"]["recomputed_calls"] == figures[1]["debug"]["recomputed_calls"]
     b.close()
 
 
@@ -1150,7 +1174,7 @@ def test_a_step_that_raises_leaves_nothing_behind_for_the_next():
         with b:
             step()  # the forward saved activations; no backward
             raise ValueError("the user's own error")
-    assert b.stats["saved_bytes"] == 0  # every tensor of the failed step went
+    assert b.stats["debug"]["saved_bytes"] == 0  # every tensor of the failed step went
     plain, _, _, _ = run_step(models.mlp)
     model, step = models.mlp(0)
     torch.manual_seed(1)
@@ -1211,7 +1235,7 @@ def test_the_backward_runs_outside_the_recorder(how):
     torch.manual_seed(1)
     with remat.torch.budget(budget) as run:
         BACKWARDS[how](step(), params)
-    assert run.stats["backwards_outside_recorder"] == 1
+    assert run.stats["debug"]["backwards_outside_recorder"] == 1
     assert run.stats["drops"] > 0 and run.stats["recomputes"] > 0
     assert_same_grads(plain, {n: p.grad for n, p in model.named_parameters()})
 
@@ -1235,7 +1259,7 @@ def test_a_dispatch_mode_inside_the_budget_keeps_the_backward_in_the_recorder():
             step().backward()
     # The user's mode sits above the recorder: it stays where it is, and it
     # sees the backward's calls.
-    assert run.stats["backwards_outside_recorder"] == 0
+    assert run.stats["debug"]["backwards_outside_recorder"] == 0
     assert Counting.calls > 0 and run.stats["recomputes"] > 0
     assert_same_grads(plain, {n: p.grad for n, p in model.named_parameters()})
 
@@ -1272,7 +1296,7 @@ def test_a_nodes_saved_tensors_stay_pinned_together(user_mode):
             step()
     assert torch.equal(plain, w.grad)
     assert run.stats["peak_saved_bytes"] <= 16 * 1024
-    assert run.stats["backwards_outside_recorder"] == (0 if user_mode else 1)
+    assert run.stats["debug"]["backwards_outside_recorder"] == (0 if user_mode else 1)
 
 
 def test_two_backwards_over_one_graph():
@@ -1292,7 +1316,7 @@ def test_two_backwards_over_one_graph():
     budget = int(saved_bytes_of(models.mlp) * 0.4)
     grads, _, stats, _ = run_step(both(models.mlp), budget)
     assert_same_grads(plain, grads)
-    assert stats["backwards_outside_recorder"] == 2
+    assert stats["debug"]["backwards_outside_recorder"] == 2
     assert stats["recomputes"] > 0 and stats["peak_saved_bytes"] <= budget
 
 
@@ -1345,7 +1369,7 @@ def test_a_step_leaves_nothing_for_the_garbage_collector(offload):
         left = gc.collect()
     finally:
         gc.enable()
-    assert b.stats["saved_tensors"] >= 50
+    assert b.stats["debug"]["saved_tensors"] >= 50
     assert left <= plain + 10, (left, plain)
 
 
@@ -1383,8 +1407,8 @@ def test_torch_func_runs_inside_a_keep_saved_block(offload):
     assert torch.equal(loss, plain_loss)
     assert all(torch.equal(a, c) for a, c in zip(grads, plain_grads))
     # The hooks were back after the block: what came after it was saved in remat.
-    assert b.stats["keep_saved_blocks"] == 1
-    assert b.stats["saved_tensors"] > 0
+    assert b.stats["debug"]["keep_saved_blocks"] == 1
+    assert b.stats["debug"]["saved_tensors"] > 0
     assert b.stats["offloads" if offload else "drops"] > 0
     assert b.stats["peak_saved_bytes"] <= b.stats["budget_bytes"]
     b.close()
@@ -1460,7 +1484,7 @@ def test_saved_tensors_without_strided_storage_are_kept_as_autograd_keeps_them(k
     loss, got = grads(b)
     assert torch.equal(loss, plain_loss) and all(torch.equal(a, c) for a, c in zip(got, plain))
     # Every tensor autograd saved is counted, as held by remat or not.
-    assert b.stats["saved_tensors"] + b.stats["saved_unmanaged"] == len(saves)
+    assert b.stats["debug"]["saved_tensors"] + b.stats["debug"]["saved_unmanaged"] == len(saves)
     assert any(t.layout is not torch.strided for t in saves)
     b.close()
 

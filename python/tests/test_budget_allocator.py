@@ -93,8 +93,8 @@ for name, kw in (("mlp", dict(policy="dtr")), ("gpt", dict(policy="dtr-eq")),
     make = getattr(models, name)
     plain, _ = grads(make)
     got, (stats, inside) = grads(make, "64MiB", request=30 * MIB, pressure="allocator", **kw)
-    assert stats["pressure"] == "allocator", stats
-    assert stats["allocator_pressure_events"] >= 1, stats
+    assert stats["debug"]["pressure"] == "allocator", stats
+    assert stats["debug"]["allocator_pressure_events"] >= 1, stats
     assert inside["drops"] + inside["offloads"] > 0, inside
     assert stats["device_peak_bytes"] <= 64 * MIB, stats
     assert all(torch.equal(x, y) for x, y in zip(plain, got)), name
@@ -120,7 +120,7 @@ for i in range(3):
         free(hold, 40 * MIB, 0, None)
     assert run.stats["drops"] > 0, run.stats
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), plain)), i
-assert run.stats["learned_next_uses"] > 0, run.stats
+assert run.stats["debug"]["learned_next_uses"] > 0, run.stats
 kept.close()
 
 # A budget below what the GPU holds before the step: refused, naming it.
@@ -174,15 +174,15 @@ free(hold, 40 * MIB, 0, None)
 assert a.budget(0) == 1 << 30 and not _allocator._listening
 # Attached but not PyTorch's allocator: "auto" keeps the saved-bytes budget.
 _, (stats, _) = grads(models.mlp, 1 << 40)
-assert stats["pressure"] == "saved", stats
+assert stats["debug"]["pressure"] == "saved", stats
 assert a.budget(0) == 1 << 30 and not _allocator._listening
 # A budget beyond the device caps nothing (the device's capacity).
 _, (stats, _) = grads(models.mlp, 1 << 50, pressure="allocator")
-assert stats["pressure"] == "allocator" and stats["drops"] == 0, stats
+assert stats["debug"]["pressure"] == "allocator" and stats["drops"] == 0, stats
 assert a.budget(0) == 1 << 30
 # pressure="saved": the allocator is left alone.
 _, (stats, _) = grads(models.mlp, 1 << 40, pressure="saved")
-assert stats["pressure"] == "saved" and "device_peak_bytes" not in stats
+assert stats["debug"]["pressure"] == "saved" and "device_peak_bytes" not in stats
 print("done")
 """
 
@@ -215,7 +215,7 @@ for held in (60 * MIB, 0):
                             pressure="allocator") as run:
         step().backward()
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), plain))
-    print(held, run.stats["offload_not_drop"])
+    print(held, run.stats["debug"]["offload_not_drop"])
     if hold:
         free(hold, held, 0, None)
 """, REMAT_TORCH_LIB=_torch_library(), REMAT_DEVICE="sim", REMAT_SIM_CAPACITY="1GiB")
@@ -261,8 +261,8 @@ with remat.torch.budget("64MiB", policy="dtr", offload=True, offload_guard=False
     free(hold, 40 * MIB, 0, None)
 assert failed == [None], failed
 assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), plain))
-print(run.stats["drops"], run.stats["offloads"], run.stats["backups"], run.stats["backups_used"])
-assert run.stats["backups_used"] == 1, run.stats
+print(run.stats["drops"], run.stats["offloads"], run.stats["debug"]["backups"], run.stats["debug"]["backups_used"])
+assert run.stats["debug"]["backups_used"] == 1, run.stats
 print("done")
 ''', REMAT_TORCH_LIB=_torch_library(), REMAT_DEVICE="sim", REMAT_SIM_CAPACITY="1GiB")
     assert "done" in out, out
@@ -347,7 +347,7 @@ for name, kw in (("mlp", dict(policy="dtr-eq")), ("gpt", dict(policy="dtr-eq")),
     make = getattr(models, name)
     plain, _, base, plain_peak, _ = grads(make)
     got, stats, _, _, budget = grads(make, ratio=0.7, need=plain_peak - base, **kw)
-    assert stats["pressure"] == "allocator", stats
+    assert stats["debug"]["pressure"] == "allocator", stats
     assert stats["drops"] + stats["offloads"] > 0, stats
     # The budget caps what the allocator reserves: the step ran in 70% of
     # what the plain step needed beyond its parameters and inputs.
@@ -355,7 +355,7 @@ for name, kw in (("mlp", dict(policy="dtr-eq")), ("gpt", dict(policy="dtr-eq")),
     same = all(torch.equal(x, y) for x, y in zip(plain, got))
     print(f"{name} {kw['policy']}: plain peak {plain_peak} budget {budget} "
           f"remat peak {stats['device_peak_bytes']} drops {stats['drops']} "
-          f"offloads {stats['offloads']} pressure {stats['allocator_pressure_events']} "
+          f"offloads {stats['offloads']} pressure {stats['debug']['allocator_pressure_events']} "
           f"equal {same}")
     assert same, name
 
@@ -476,7 +476,7 @@ def test_a_step_that_raises_at_its_end_leaves_the_plan_trial(monkeypatch):
     with pytest.raises(BudgetTooSmall):
         with b:  # the first drop-first step
             stand_in.ooms += 1
-    assert list(b.stats["plans_refused"]) == ["drop-first"]
+    assert list(b.stats["debug"]["plans_refused"]) == ["drop-first"]
     with b:
         pass
     assert b.stats["plan"] == "mixed"

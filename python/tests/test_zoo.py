@@ -50,7 +50,7 @@ def test_the_same_step_under_a_budget(name, mode):
             assert torch.equal(got_buffers[n], buffers[n]), f"buffer {n} differs"
         assert stats["peak_saved_bytes"] <= stats["budget_bytes"]
         assert stats["drops"] + stats["offloads"] > 0, stats
-    assert "plans_refused" not in stats
+    assert "plans_refused" not in stats["debug"]
     budget.close()
 
 
@@ -66,7 +66,7 @@ def test_running_statistics_written_after_a_recomputed_input_was_read(ratio):
     assert torch.equal(got_loss, loss)
     assert all(torch.equal(got_grads[n], grads[n]) for n in grads)
     assert all(torch.equal(got_buffers[n], buffers[n]) for n in buffers)
-    assert run.stats["drops"] > 0 and run.stats["kept_not_replayable"] > 0
+    assert run.stats["drops"] > 0 and run.stats["debug"]["kept_not_replayable"] > 0
 
 
 def test_a_loop_in_hybrid_runs_both_plans_of_the_trial():
@@ -81,8 +81,8 @@ def test_a_loop_in_hybrid_runs_both_plans_of_the_trial():
         got_loss, got_grads, _, run = _step(MODELS["lstm"], b)
         assert torch.equal(got_loss, loss)
         assert all(torch.equal(got_grads[n], grads[n]) for n in grads)
-    assert "plans_refused" not in b.stats
-    assert set(b.stats["plan_trial_seconds"]) == {"mixed", "drop-first"}
+    assert "plans_refused" not in b.stats["debug"]
+    assert set(b.stats["debug"]["plan_trial_seconds"]) == {"mixed", "drop-first"}
     b.close()
 
 
@@ -99,7 +99,7 @@ def test_the_drop_first_plan_does_what_drops_alone_do_where_they_fit():
     steps = 2 * remat.torch.budget.TRIAL_STEPS
     figures = [_step(MODELS["lstm"], b)[3].stats for _ in range(steps)]
     mixed, drop_first = figures[:steps // 2], figures[steps // 2:]
-    assert all(f["offload_not_drop"] > 0 and f["offloads"] > 0 for f in mixed)
+    assert all(f["debug"]["offload_not_drop"] > 0 and f["offloads"] > 0 for f in mixed)
     assert all(f["offloads"] == 0 and f["drops"] == alone.stats["drops"] for f in drop_first)
     b.close()
     alone.close()
@@ -131,13 +131,13 @@ def test_a_hybrid_loop_runs_where_offload_alone_does(name, ratio):
         assert all(torch.equal(got_grads[n], grads[n]) for n in grads)
         assert run.stats["peak_saved_bytes"] <= run.stats["budget_bytes"]
         figures.append(run.stats)
-    assert "plans_refused" not in b.stats
+    assert "plans_refused" not in b.stats["debug"]
     drop_first = figures[remat.torch.budget.TRIAL_STEPS:2 * remat.torch.budget.TRIAL_STEPS]
     assert all(f["drops"] > 0 for f in drop_first)
     if name == "transformer":
-        assert all(f["offload_not_drop_seen"] > 0 for f in drop_first)
+        assert all(f["debug"]["offload_not_drop_seen"] > 0 for f in drop_first)
     if name == "rnn_cell":
-        assert all(f["rebuilt_in_replay"] > 0 for f in drop_first)
+        assert all(f["debug"]["rebuilt_in_replay"] > 0 for f in drop_first)
     b.close()
 
 

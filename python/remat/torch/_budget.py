@@ -106,6 +106,24 @@ def _resume_gc():
 _OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", RuntimeError)
 
 
+# The figures `run.stats` shows (python/README.md says what each means);
+# every other figure is under stats["debug"], for remat's own tests and
+# benchmarks, and may change between versions.
+USER_STATS = ("step", "budget_bytes", "peak_saved_bytes", "drops", "recomputes", "offloads",
+              "restores", "plan", "policy", "recompute_seconds", "copy_seconds",
+              "device_peak_bytes")
+
+
+def _user_stats(figures):
+    """`figures` (flat, or already shaped) as run.stats shows them: the
+    user's figures, the rest under "debug". A new dict each time."""
+    if "debug" in figures:
+        return {**figures, "debug": dict(figures["debug"])}
+    shown = {k: figures[k] for k in USER_STATS if k in figures}
+    shown["debug"] = {k: v for k, v in figures.items() if k not in shown}
+    return shown
+
+
 class BudgetTooSmall(_OUT_OF_MEMORY):
     """The budget cannot hold what must be resident at once. A
     torch.OutOfMemoryError: code that catches PyTorch's out-of-memory (to
@@ -1097,6 +1115,11 @@ class Engine:
         self.side_stream = None
         self.closed = False
         self.restores = 0
+        # Host seconds in replays (the copies they make included) and in
+        # copies out and in.
+        self.recompute_seconds = 0.0
+        self.copy_seconds = 0.0
+        self.in_replay = False
         # Tensors moved onto other bytes by `.data =` (data_set), by id: held
         # to the step's end, as autograd holds a tensor it saved as an input.
         self.moved = {}
@@ -1301,6 +1324,8 @@ class Engine:
             "recomputes": step["recomputes"],
             "offloads": step["offloads"],
             "restores": self.restores,
+            "recompute_seconds": self.recompute_seconds,
+            "copy_seconds": self.copy_seconds,
             "prefetches": step["prefetches"],
             "offloaded_bytes": step["offloaded_bytes"],
             "restored_bytes": step["restored_bytes"],
@@ -1406,6 +1431,13 @@ class Engine:
         return self._copy_out(t)
 
     def _copy_out(self, t):
+        start = time.perf_counter()
+        try:
+            return self._copy_out_timed(t)
+        finally:
+            self.copy_seconds += time.perf_counter() - start
+
+    def _copy_out_timed(self, t):
         # The whole storage, flat (no allocation: it may run inside the
         # allocator's pressure callback).
         base = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
@@ -1426,6 +1458,14 @@ class Engine:
         return host
 
     def _copy_in(self, host, device):
+        start = time.perf_counter()
+        try:
+            return self._copy_in_timed(host, device)
+        finally:
+            self.copy_seconds += time.perf_counter() - start
+
+    @staticmethod
+    def _copy_in_timed(host, device):
         if device.type == "cuda":
             if self.side_stream is not None:
                 torch.cuda.current_stream(device).wait_stream(self.side_stream)
@@ -2195,6 +2235,9 @@ class Engine:
                       _stream):
         group = self.groups[user_data or 0]
         done = []
+        start = time.perf_counter()
+        outer = not self.in_replay  # (a replay may ask for another: counted once)
+        self.in_replay = True
         with _Internal(self):
             try:
                 _interrupts.deliver()  # one that landed in the library: the replay stops
@@ -2220,6 +2263,10 @@ class Engine:
                 self.error = e
                 self.lib.remat_recompute_set_error(str(e).encode("utf-8", "replace")[:1000])
                 return 1
+            finally:
+                if outer:
+                    self.in_replay = False
+                    self.recompute_seconds += time.perf_counter() - start
 
     def _materialize(self, s, version, memo, top=False):
         """A tensor over a storage holding (s, version)'s content, recomputed
@@ -2438,16 +2485,16 @@ class budget:
         (`stats["plan"]`: "trial", then "mixed" or "drop-first"; with
         several policies, the policy's spec and the plan, as "dtr-eq
         drop-first"). A plan whose trial step raised BudgetTooSmall leaves
-        the trial (`stats["plans_refused"]`). False: mixed plans throughout.
+        the trial (`stats["debug"]["plans_refused"]`). False: mixed plans throughout.
         With both allowed, a drop of a tensor whose kind and size no replay
         has yet been seen to fit is copied to host memory first; where its
         replay then cannot fit, it comes back from that copy
-        (`stats["backups_used"]`) and its kind is offloaded from then on.
+        (`stats["debug"]["backups_used"]`) and its kind is offloaded from then on.
     copy_ahead: with offload allowed, once the budget has bound the runtime
         copies the next tensor its policy would offload to host memory
         while it is still resident (on CUDA on a side stream), so that its
-        eviction later frees it at once (`stats["copies_ahead"]`,
-        `stats["ahead_offloads"]`). Off by default: its effect on a GPU
+        eviction later frees it at once (`stats["debug"]["copies_ahead"]`,
+        `stats["debug"]["ahead_offloads"]`). Off by default: its effect on a GPU
         step is not measured yet (the simulator's is, see the README).
     allow_nondeterministic: on CUDA, let kernels PyTorch marks as not
         bitwise deterministic be recomputed too.
@@ -2461,8 +2508,8 @@ class budget:
         fit, its pressure makes the runtime evict, by its policy, what the
         request lacks. "auto" (default): "allocator" where use_allocator()
         was called, else "saved". stats then add device_peak_bytes (what the
-        allocator reserved at most over the step) and
-        allocator_pressure_events.
+        allocator reserved at most over the step; under "debug",
+        allocator_pressure_events).
     tflops, hbm_gbps: the device rates recompute costs are estimated at.
     pause_gc: Python's automatic garbage collection waits while the context
         is open (on any thread; as it was once no budget is open). The
@@ -2794,7 +2841,7 @@ class budget:
             stats["next_uses_off"] = True
         if self._plan_trial_done():
             stats["plan_trial_seconds"] = {k: list(v) for k, v in self._trial_times.items()}
-        self.stats = stats
+        self.stats = _user_stats(stats)
 
     def _plan_trial_done(self):
         return all(self._trial_times.values()) and not self._trial
@@ -2875,13 +2922,13 @@ class budget:
         engine = self._engine
         if engine is None or engine.closed:
             if self.stats is not None:
-                return dict(self.stats)
+                return _user_stats(self.stats)
             return self._no_step_stats()
         stats = engine.read_stats()
         stats["step"] = self._steps + 1
         stats["plan"] = self._plan_shown()
         stats["policy"] = self._plans[self._step_plan][0]
-        return stats
+        return _user_stats(stats)
 
     def _no_step_stats(self):
         """live_stats() before any step: every figure 0, step 0."""
@@ -2897,7 +2944,7 @@ class budget:
         stats["step"] = 0
         stats["plan"] = "trial" if self._plan == "trial" else plan
         stats["policy"] = policy
-        return stats
+        return _user_stats(stats)
 
     @_interrupts.critical
     def close(self):
