@@ -2409,7 +2409,7 @@ def _budget_bytes(budget):
 
 class budget:
     """Runs what is inside the `with` under a budget of resident saved
-    activations. See the package's README for the whole story. Enter it
+    activations. See docs/torch_budget.md for the whole story. Enter it
     once per step: it keeps its runtime between steps, which learns each
     step's next uses for the next; close() (or the object's end) lets it go.
 
@@ -2448,7 +2448,7 @@ class budget:
         while it is still resident (on CUDA on a side stream), so that its
         eviction later frees it at once (`stats["copies_ahead"]`,
         `stats["ahead_offloads"]`). Off by default: its effect on a GPU
-        step is not measured yet (the simulator's is, see the README).
+        step is not measured yet (the simulator's is: docs/torch_budget.md).
     allow_nondeterministic: on CUDA, let kernels PyTorch marks as not
         bitwise deterministic be recomputed too.
     pressure: what the budget counts, and so what drives the evictions.
