@@ -1464,8 +1464,7 @@ class Engine:
         finally:
             self.copy_seconds += time.perf_counter() - start
 
-    @staticmethod
-    def _copy_in_timed(host, device):
+    def _copy_in_timed(self, host, device):
         if device.type == "cuda":
             if self.side_stream is not None:
                 torch.cuda.current_stream(device).wait_stream(self.side_stream)
@@ -2456,7 +2455,7 @@ def _budget_bytes(budget):
 
 class budget:
     """Runs what is inside the `with` under a budget of resident saved
-    activations. See the package's README for the whole story. Enter it
+    activations. See docs/torch_budget.md for the whole story. Enter it
     once per step: it keeps its runtime between steps, which learns each
     step's next uses for the next; close() (or the object's end) lets it go.
 
@@ -2495,7 +2494,7 @@ class budget:
         while it is still resident (on CUDA on a side stream), so that its
         eviction later frees it at once (`stats["debug"]["copies_ahead"]`,
         `stats["debug"]["ahead_offloads"]`). Off by default: its effect on a GPU
-        step is not measured yet (the simulator's is, see the README).
+        step is not measured yet (the simulator's is: docs/torch_budget.md).
     allow_nondeterministic: on CUDA, let kernels PyTorch marks as not
         bitwise deterministic be recomputed too.
     pressure: what the budget counts, and so what drives the evictions.
