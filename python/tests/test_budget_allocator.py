@@ -152,6 +152,13 @@ for request, said in ((30 * MIB, "asked remat's allocator for 31457280 bytes"),
             loss.backward()
     except remat.torch.BudgetTooSmall as e:
         assert said in str(e) and "nothing left to evict" in str(e), e
+        # Two lines: what did not fit, then the way out (with the least budget
+        # where the request asked for room: 40 MiB held beside 30 MiB asked).
+        lines = str(e).split("\\n")
+        assert len(lines) == 2 and lines[1].startswith("Raise the budget"), e
+        if request == 30 * MIB:
+            least = int(lines[1].split("at least ")[1].split(" ")[0])
+            assert least >= 70 * MIB, e
     else:
         raise AssertionError(f"no BudgetTooSmall for {request}")
     free(hold, 40 * MIB, 0, None)

@@ -1202,17 +1202,22 @@ class Engine:
                 raise self._too_small(func) from exc
 
     def _too_small(self, func):
+        """BudgetTooSmall for a request remat's allocator could not meet:
+        two lines, what did not fit and the least budget that would have
+        held it beside what could not be evicted (where the request is
+        known: a request larger than the whole budget asks no pressure)."""
         st = self.read_stats()
-        asked = ""
+        asked, fix = "", "Raise the budget."
         if self.last_pressure is not None:
             nbytes, allocated, _ = self.last_pressure
             asked = f" for {nbytes} bytes with {allocated} allocated"
+            if allocated + nbytes > self.budget_bytes:
+                fix = f"Raise the budget to at least {allocated + nbytes} bytes."
         return self._budget_too_small(
             f"remat.torch.budget({self.budget_bytes} bytes) on device {self.device}: {func} "
             f"asked remat's allocator{asked}, and the runtime had nothing left to evict "
             f"({st['drops']} drops and {st['offloads']} offloads in this step; what the "
-            "backward reads now, the parameters, gradients and optimizer state stay). Raise "
-            "the budget.")
+            "backward reads now, the parameters, gradients and optimizer state stay).\n" + fix)
 
     def exit_error(self):
         """What the step's end must raise, if anything: an error of the
