@@ -128,3 +128,20 @@ def test_the_zoo_sweep_prints_a_row_per_model_and_mode():
         assert len(r[2]) == 4 and set(r[2]) <= {".", "b"} and r[2][-1] == ".", r
     status, text = _overhead("--models", "nope", script="torch_zoo.py")
     assert status != 0 and "unknown model 'nope'" in text
+
+
+def test_the_thread_count_is_pinned_and_said_and_the_spread_shown(tiny, capsys):
+    before = torch.get_num_threads()
+    try:
+        bench.main(["--models", tiny, "--ratios", "0.5", "--repeat", "3", "--threads", "1",
+                    "--methods", "plain,remat-drop"])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    text = capsys.readouterr().out
+    assert "1 thread(s)" in text.splitlines()[0]
+    for row in table(text):
+        low, high = (float(x) for x in row["step ms min-max"].split("-"))
+        assert low <= float(row["step ms"]) <= high, row
+    with pytest.raises(SystemExit):
+        bench.main(["--threads", "0"])

@@ -13,7 +13,8 @@ Columns: peak activation memory (the most bytes of tensors the step made that
 were alive at once on the device, all of them, not only the saved ones, so the
 schemes compare on what the device really held; on the CPU the host copies of
 save_on_cpu and remat-offload are on the same device and count), step time
-(median of --repeat steps without the meter, after the metered one), samples per second, the largest
+(median of --repeat steps without the meter, after the metered one, and their min-max),
+samples per second, the largest
 batch (x1, x2, x4) whose peak activation memory stays under the plain step's at
 x1 (the "does it fit" figure), and whether the gradients equal the plain
 step's bit for bit.
@@ -287,9 +288,9 @@ def rows(names, ratios, repeat, device, out, compile_too=False, only=None):
             methods.append(("compile-budget", r))
     if only is not None:
         methods = [(m, r) for m, r in methods if m in only]
-    header = ("| model | method | budget | peak activation MiB | step ms | samples/s | "
-              "fits (batch) | plan | drops | recomputes | offloads | grads equal |")
-    out.write(header + "\n" + "|---" * 12 + "|\n")
+    header = ("| model | method | budget | peak activation MiB | step ms | step ms min-max | "
+              "samples/s | fits (batch) | plan | drops | recomputes | offloads | grads equal |")
+    out.write(header + "\n" + "|---" * 13 + "|\n")
     for name in names:
         saved = plain_saved_bytes(name, device)
         ref, cap, _, _, _ = one_step(name, "plain", None, saved, device)
@@ -329,18 +330,19 @@ def rows(names, ratios, repeat, device, out, compile_too=False, only=None):
                     if ratio else 0
                 budget = f"{ratio:.1f} ({kib} KiB)" if ratio else "-"
                 s = stats or {}
+                spread = f"{min(times) * 1e3:.1f}-{max(times) * 1e3:.1f}"
                 out.write(f"| {name} | {method} | {budget} | {peak / (1 << 20):.2f} | {ms:.1f} | "
-                          f"{batch / (ms / 1e3):.0f} | {fits} | {s.get('plan', '-')} | "
+                          f"{spread} | {batch / (ms / 1e3):.0f} | {fits} | {s.get('plan', '-')} | "
                           f"{s.get('drops', '-')} | {s.get('recomputes', '-')} | "
                           f"{s.get('offloads', '-')} | {'yes' if equal else 'NO'} |\n")
             except remat.torch.BudgetTooSmall as e:
                 out.write(f"| {name} | {method} | {ratio} | too small: {str(e)[:60]} |"
-                          + " |" * 8 + "\n")
+                          + " |" * 9 + "\n")
             except Exception as e:  # noqa: BLE001: a compile that fails is a row, not the end
                 if not method.startswith("compile"):
                     raise
                 out.write(f"| {name} | {method} | {ratio} | failed: {type(e).__name__}: "
-                          f"{str(e)[:80]} |" + " |" * 8 + "\n")
+                          f"{str(e)[:80]} |" + " |" * 9 + "\n")
             finally:
                 if session is not None:
                     session.close()
@@ -355,6 +357,9 @@ def main(argv=None):
     parser.add_argument("--models", default="gpt,resnet,lstm")
     parser.add_argument("--ratios", default="0.3,0.5,0.7,0.9")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch's intra-op threads, pinned for every row (default 1: "
+                             "timings that other work on the machine disturbs least)")
     parser.add_argument("--compile", action="store_true",
                         help="also torch.compile, plain and with activation_memory_budget at "
                              "each ratio (slow: one compile per row)")
@@ -385,6 +390,8 @@ def main(argv=None):
         parser.error(f"--ratios: numbers between 0 and 1, not {args.ratios!r}")
     if not ratios or any(not 0 < r <= 1 for r in ratios):
         parser.error("--ratios: numbers in (0, 1]")
+    if args.threads < 1:
+        parser.error(f"--threads: at least 1, not {args.threads}")
     if args.repeat < 1:
         parser.error("--repeat: at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -415,6 +422,11 @@ def main(argv=None):
     md = open(args.markdown, "x") if args.markdown else None
     if md:
         files.append(md)
+    torch.set_num_threads(args.threads)
+    Tee(*files).write(
+        f"torch {torch.__version__} on {args.device}, {torch.get_num_threads()} thread(s) "
+        f"(torch.set_num_threads; --threads), step ms: median of {args.repeat} timed steps, "
+        "with their min-max\n\n")
     try:
         rows(names, ratios, args.repeat, args.device, Tee(*files), compile_too=args.compile,
              only=only)
