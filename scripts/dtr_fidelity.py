@@ -7,6 +7,7 @@ writes the overheads side by side: a CSV and a Markdown agreement table.
     python3 scripts/dtr_fidelity.py --simrd DIR TRACE.jsonl... \\
         [--ratios 0.3,0.4,...] [--heuristics lru,largest,...] \\
         [--csv OUT.csv] [--md OUT.md] [--jobs N] [--timeout S]
+    python3 scripts/dtr_fidelity.py --from-csv OUT.csv [--md OUT.md]
 
 The pairs: remat `lru`, `largest`, `dtr`, `dtr-eq`, `dtr-local`, `msps`
 against simrd's LRU, LargestStorage, DTR, DTREqClass, DTRLocal and MSPS.
@@ -212,8 +213,10 @@ def markdown(rows, ratios, tolerance):
                     cells.append("")
                     continue
                 r = row[0]
-                d = r["dtr_overhead"] or r["dtr_status"]
-                m = r["remat_overhead"] or r["remat_status"]
+                d = ("%.4f" % float(r["dtr_overhead"])
+                     if r["dtr_overhead"] else r["dtr_status"])
+                m = ("%.4f" % float(r["remat_overhead"])
+                     if r["remat_overhead"] else r["remat_status"])
                 mark = "=" if r["agree"] == "yes" else "**x**"
                 cells.append("%s / %s %s" % (d, m, mark))
             lines.append("| %s | %s |" % (h, " | ".join(cells)))
@@ -223,9 +226,12 @@ def markdown(rows, ratios, tolerance):
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("traces", nargs="+", help="remat op traces")
-    parser.add_argument("--simrd", required=True,
+    parser.add_argument("traces", nargs="*", help="remat op traces")
+    parser.add_argument("--simrd",
                         help="folder holding simrd's `simrd` package")
+    parser.add_argument("--from-csv", metavar="CSV",
+                        help="run nothing: write the table of a CSV this "
+                             "script wrote (a run cut short included)")
     parser.add_argument("--remat", default=os.path.join(root, "build", "bin",
                                                         "remat"),
                         help="the remat binary (default build/bin/remat)")
@@ -243,6 +249,19 @@ def main():
     parser.add_argument("--timeout", type=float, default=0,
                         help="seconds per simrd run (0: none)")
     args = parser.parse_args()
+    if args.from_csv:
+        with open(args.from_csv, newline="") as f:
+            rows = list(csv.DictReader(f))
+        ratios = sorted({r["ratio"] for r in rows}, key=float)
+        table = markdown(rows, ratios, args.tolerance)
+        if args.md:
+            with open(args.md, "w") as f:
+                f.write(table)
+        else:
+            sys.stdout.write(table)
+        return
+    if not args.simrd or not args.traces:
+        parser.error("give --simrd and at least one trace (or --from-csv)")
 
     simrd = load_simrd(args.simrd)
     pairs = dict(PAIRS)
