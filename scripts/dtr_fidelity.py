@@ -25,7 +25,8 @@ the baseline compute is `thrash` on both sides (simrd's `remat_limit`,
 as its experiments set it; remat is given a far limit and its finished
 overhead is judged the same way); `oom` where nothing is left to evict.
 A pair agrees when both finish within --tolerance (default 0.5%) of each
-other, or both end with the same status.
+other, or both end with the same status; a simrd run past --timeout is
+`timeout` and not compared (agree `n/a`).
 """
 import argparse
 import csv
@@ -183,16 +184,15 @@ def markdown(rows, ratios, tolerance):
     lines = []
     heuristics = [p for p, _ in PAIRS if any(r["heuristic"] == p
                                              for r in rows)]
-    lines.append("| heuristic | cells | agree (within %.1f%% or same "
-                 "status) |" % (tolerance * 100))
-    lines.append("| --- | ---: | ---: |")
-    for h in heuristics:
-        cells = [r for r in rows if r["heuristic"] == h]
+    lines.append("| heuristic | cells compared | agree (within %.1f%% or "
+                 "same status) | simrd timed out |" % (tolerance * 100))
+    lines.append("| --- | ---: | ---: | ---: |")
+    for h in heuristics + [None]:
+        cells = [r for r in rows if h is None or r["heuristic"] == h]
         good = sum(1 for r in cells if r["agree"] == "yes")
-        lines.append("| %s | %d | %d |" % (h, len(cells), good))
-    total = len(rows)
-    good = sum(1 for r in rows if r["agree"] == "yes")
-    lines.append("| all | %d | %d |" % (total, good))
+        late = sum(1 for r in cells if r["agree"] == "n/a")
+        lines.append("| %s | %d | %d | %d |" % (h or "all", len(cells) - late,
+                                                good, late))
     traces = []
     for r in rows:
         if r["trace"] not in traces:
@@ -217,7 +217,7 @@ def markdown(rows, ratios, tolerance):
                      if r["dtr_overhead"] else r["dtr_status"])
                 m = ("%.4f" % float(r["remat_overhead"])
                      if r["remat_overhead"] else r["remat_status"])
-                mark = "=" if r["agree"] == "yes" else "**x**"
+                mark = {"yes": "=", "n/a": "?"}.get(r["agree"], "**x**")
                 cells.append("%s / %s %s" % (d, m, mark))
             lines.append("| %s | %s |" % (h, " | ".join(cells)))
     return "\n".join(lines) + "\n"
@@ -295,6 +295,8 @@ def main():
             p, r = key
             remat = remat_cell(args.remat, trace, p, budgets[r], args.limit)
             ok = agree(result, remat, args.tolerance)
+            if result[0] == "timeout":
+                ok = None
             row = {
                 "trace": os.path.basename(trace), "ratio": r,
                 "heuristic": p, "simrd_heuristic": pairs[p],
@@ -305,7 +307,7 @@ def main():
                 "remat_status": remat[0],
                 "remat_overhead": ("%.6f" % remat[1]
                                    if remat[0] == "ok" else ""),
-                "agree": "yes" if ok else "no",
+                "agree": "n/a" if ok is None else "yes" if ok else "no",
             }
             rows.append(row)
             if writer:
@@ -313,7 +315,7 @@ def main():
                 out.flush()
             print("  %-10s %s  simrd %-8s remat %-8s %s"
                   % (p, r, fmt(*result), fmt(*remat),
-                     "agree" if ok else "DIFFER"),
+                     "?" if ok is None else "agree" if ok else "DIFFER"),
                   file=sys.stderr, flush=True)
     if out:
         out.close()
