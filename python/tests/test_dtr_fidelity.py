@@ -44,6 +44,14 @@ CELLS = {
     # candidate index, a swap-remove array.
     ("chain_100.jsonl", "0.9", "largest"): "ties",
     ("chain_100.jsonl", "0.7", "msps"): "ties",
+    ("densenet121_b8.jsonl", "0.9", "lru"): None,
+    # A released tensor that a recompute regenerates stays resident in
+    # simrd until evicted; remat frees it when the regeneration ends (worse
+    # here: DenseNet's concatenations read it again in later recomputes).
+    ("densenet121_b8.jsonl", "0.5", "msps"): "released tensors regenerated",
+    # That, remat's one ranking per pressure event (simrd re-scores after
+    # each eviction) and the recompute stamps, together.
+    ("transformer_small.jsonl", "0.8", "dtr"): "released, ranking, stamps",
 }
 
 
