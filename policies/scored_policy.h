@@ -16,8 +16,10 @@ class ScoredPolicy : public EvictionPolicy {
   Plan Choose(const PressureContext& ctx) final;
 
  protected:
-  // Lower scores are evicted first. Ties go to the lower tensor id, so plans
-  // are deterministic.
+  // Lower scores are evicted first. Ties go to the lower Candidate::id, so
+  // plans are deterministic: the candidate's slot in the runtime's candidate
+  // index (an array that moves its last entry into a freed slot), not the
+  // tensor's id or age.
   virtual double Score(const Candidate& c, const PressureContext& ctx) const = 0;
   // How to evict a chosen candidate: CheaperAction unless a policy knows better.
   virtual EvictAction Action(const Candidate& c, const PressureContext& ctx) const;
