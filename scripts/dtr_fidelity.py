@@ -249,16 +249,14 @@ def main():
     parser.add_argument("--timeout", type=float, default=0,
                         help="seconds per simrd run (0: none)")
     args = parser.parse_args()
+    for path in (args.csv, args.md):
+        if path and os.path.exists(path):
+            parser.error(f"{path} exists; nothing is overwritten")
     if args.from_csv:
         with open(args.from_csv, newline="") as f:
             rows = list(csv.DictReader(f))
         ratios = sorted({r["ratio"] for r in rows}, key=float)
-        table = markdown(rows, ratios, args.tolerance)
-        if args.md:
-            with open(args.md, "w") as f:
-                f.write(table)
-        else:
-            sys.stdout.write(table)
+        write_table(markdown(rows, ratios, args.tolerance), args.md)
         return
     if not args.simrd or not args.traces:
         parser.error("give --simrd and at least one trace (or --from-csv)")
@@ -271,7 +269,7 @@ def main():
             parser.error("unknown heuristic %r" % p)
     ratios = args.ratios.split(",")
     rows = []
-    out = open(args.csv, "w", newline="") if args.csv else None
+    out = open(args.csv, "x", newline="") if args.csv else None
     writer = csv.DictWriter(out, FIELDS) if out else None
     if writer:
         writer.writeheader()
@@ -328,9 +326,13 @@ def main():
             w = csv.DictWriter(f, FIELDS)
             w.writeheader()
             w.writerows(rows)
-    table = markdown(rows, ratios, args.tolerance)
-    if args.md:
-        with open(args.md, "w") as f:
+    write_table(markdown(rows, ratios, args.tolerance), args.md)
+
+
+def write_table(table, path):
+    """The agreement table to `path` (a new file), or to stdout."""
+    if path:
+        with open(path, "x") as f:
             f.write(table)
     else:
         sys.stdout.write(table)

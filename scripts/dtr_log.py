@@ -54,6 +54,7 @@ What does not carry over, and how each simulator then differs:
 """
 import argparse
 import json
+import os
 import sys
 
 
@@ -138,11 +139,13 @@ def main():
                         help="leave the tensors live at the end referenced "
                              "(simrd then rematerializes and pins them)")
     args = parser.parse_args()
+    if args.output and os.path.exists(args.output):
+        parser.error(f"{args.output} exists; nothing is overwritten")
     with open(args.trace) as f:
         out_lines = list(convert(f, keep_live=args.keep_live))
     text = "\n".join(out_lines) + "\n"
     if args.output:
-        with open(args.output, "w") as f:
+        with open(args.output, "x") as f:
             f.write(text)
     else:
         sys.stdout.write(text)

@@ -153,3 +153,16 @@ def test_log_maps_calls_views_uses_and_live_tensors():
     # The evict is dropped; what is left live (constants aside) is released.
     assert [x["NAME"] for x in lines[20:]] == ["v", "a", "b"]
     assert all(x["INSTRUCTION"] == "RELEASE" for x in lines[20:])
+
+
+@pytest.mark.parametrize("script, args", [
+    ("dtr_log.py", [os.path.join(TRACES, "mlp_small_l4_h256_t512.jsonl"), "-o"]),
+    ("dtr_fidelity.py", ["--from-csv", REFERENCE, "--md"]),
+])
+def test_an_output_that_exists_is_refused_and_left_as_it_was(tmp_path, script, args):
+    given = tmp_path / "given.txt"
+    given.write_text("the user's\n")
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", script)] + args
+                         + [str(given)], capture_output=True, text=True)
+    assert run.returncode == 2 and "nothing is overwritten" in run.stderr, run.stderr
+    assert given.read_text() == "the user's\n"
