@@ -60,7 +60,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporaril
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from remat import _capi, parse_size
-from remat.torch import _allocator, _interrupts
+from remat.torch import _allocator, _interrupts, _native
 from remat.torch._cost import CostModel
 
 # Calls whose outputs do not read the arguments they write into when they run
@@ -2407,6 +2407,20 @@ def _raised_in(exc, code):
     return False
 
 
+class _NativeRecording:
+    """The native recorder on this thread while the step is open."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __enter__(self):
+        self.engine.start_recording()
+
+    def __exit__(self, *exc):
+        self.engine.stop_recording()
+        return False
+
+
 def _chain(exc):
     """exc and the exceptions it was raised from or during."""
     seen = []
@@ -2534,8 +2548,14 @@ class budget:
 
     def __init__(self, budget, policy="dtr", offload=False, recompute=True,
                  allow_nondeterministic=False, tflops=None, hbm_gbps=None,
-                 offload_guard=True, copy_ahead=False, pause_gc=True, pressure="auto"):
+                 offload_guard=True, copy_ahead=False, pause_gc=True, pressure="auto",
+                 native=False):
         self.budget_bytes = _budget_bytes(budget)
+        self._native = bool(native)
+        if self._native and (offload or pressure == "allocator" or not isinstance(policy, str)):
+            raise ValueError("native=True records in C++ and drops only, under the saved-bytes "
+                             "budget, with one policy: offload, pressure='allocator' and a list "
+                             "of policies need the Python recorder (native=False)")
         if pressure not in ("auto", "saved", "allocator"):
             raise ValueError(f"pressure must be 'auto', 'saved' or 'allocator', not {pressure!r}")
         self._pressure = pressure
@@ -2700,6 +2720,9 @@ class budget:
                 replays = session.replays
             self._sessions.pop(plan).close()
             session = None
+        if session is None and self._native:
+            session = self._sessions[plan] = _native.NativeSession(self.budget_bytes, policy,
+                                                                   self._recompute)
         if session is None:
             session = self._sessions[plan] = _Session(self.budget_bytes, policy, offload,
                                                       self._recompute, self._copy_ahead,
@@ -2709,6 +2732,8 @@ class budget:
         device = 0
         if allocator is not None and torch.cuda.is_available():
             device = torch.cuda.current_device()
+        if self._native:
+            return self._enter_native(plan, policy, session)
         engine = Engine(self.budget_bytes, policy, offload, self._recompute,
                         self._allow_nondeterministic, self._cost_model, self._copy_ahead,
                         allocator=allocator, device=device, drop_first=drop_first,
@@ -2733,6 +2758,28 @@ class budget:
             self._mode.__exit__(None, None, None)
             _active.pop(threading.get_ident(), None)
             engine.close()  # the allocator gets its budget back
+            raise
+        return self
+
+    def _enter_native(self, plan, policy, session):
+        """A step on the native path: the recorder is a C++ callback and the
+        hooks are C functions (remat.torch._native)."""
+        engine = _native.NativeEngine(self.budget_bytes, policy, self._recompute,
+                                      self._allow_nondeterministic)
+        engine.open(session)
+        self._engine = engine
+        self._step_plan = plan
+        _active[threading.get_ident()] = self
+        self._mode = contextlib.nullcontext()
+        self._backward = _NativeRecording(engine)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(engine.pack, engine.unpack)
+        self._step_start = None
+        try:
+            self._hooks.__enter__()
+            self._backward.__enter__()
+        except BaseException:
+            _active.pop(threading.get_ident(), None)
+            engine.close()
             raise
         return self
 

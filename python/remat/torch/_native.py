@@ -1,0 +1,177 @@
+"""The native per-call path of remat.torch.budget (budget(..., native=True)).
+
+The forward's ATen calls are recorded by a C++ RecordFunction callback, and
+saved tensors go through saved-tensor hooks that are C functions: nothing
+per call runs in Python. Dropped tensors are replayed through the
+dispatcher. The C++ sources are in csrc/ beside this file; they are built
+against the torch that is installed the first time a native budget opens
+(about a minute, once per torch version) and cached under
+$REMAT_CACHE_DIR (default ~/.cache/remat).
+
+What it does not do yet (the Python recorder does; budget(native=True)
+refuses those options): offload, the allocator-driven mode, the plan trial
+and what steps learn about replays, custom operators' replays (their
+tensors are kept), and the in-place checks at unpack.
+"""
+import os
+import pathlib
+import re
+import sys
+import threading
+
+import torch
+
+from remat import _capi
+
+_HERE = pathlib.Path(__file__).resolve().parent
+_SOURCES = [_HERE / "csrc" / "step.cc", _HERE / "csrc" / "module.cc"]
+
+_lock = threading.Lock()
+_module = None
+
+
+def _header_dir():
+    """Where remat.h is: the package's copy, or a checkout's."""
+    for d in (_HERE.parent / "include", _HERE.parents[2] / "integrations" / "c_api"):
+        if (d / "remat.h").is_file():
+            return d
+    raise ImportError("remat.h not found beside the package or in a checkout: reinstall remat "
+                      "(`pip install .`)")
+
+
+def _build_dir(name):
+    root = pathlib.Path(os.environ.get("REMAT_CACHE_DIR") or
+                        pathlib.Path.home() / ".cache" / "remat")
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def module():
+    """The extension, built on first use against the installed torch."""
+    global _module
+    with _lock:
+        if _module is not None:
+            return _module
+        from torch.utils import cpp_extension
+        library = pathlib.Path(_capi.find_library())
+        version = re.sub(r"[^0-9A-Za-z]+", "_", torch.__version__)
+        name = f"remat_native_torch_{version}"
+        build = _build_dir(name)
+        if not any(build.glob(f"{name}*.so")):
+            print(f"remat: building the native recorder for torch {torch.__version__} "
+                  f"(once; about a minute) in {build}", file=sys.stderr, flush=True)
+        try:
+            mod = cpp_extension.load(
+                name=name, sources=[str(s) for s in _SOURCES],
+                extra_include_paths=[str(_header_dir())],
+                extra_cflags=["-O2", "-DNDEBUG"],
+                extra_ldflags=[str(library), f"-Wl,-rpath,{library.parent}"],
+                build_directory=str(build), verbose=False)
+        except (RuntimeError, OSError, ImportError) as e:
+            raise ImportError(
+                f"remat could not build its native recorder for torch {torch.__version__}: "
+                f"{e}\n(it needs a C++ compiler and ninja: `pip install ninja`; or use "
+                "remat.torch.budget without native=True)") from e
+        if mod.TORCH_VERSION.split("+")[0] != torch.__version__.split("+")[0]:
+            raise ImportError(f"remat's native recorder in {build} was built for torch "
+                              f"{mod.TORCH_VERSION}, and torch {torch.__version__} is installed: "
+                              f"remove {build} to rebuild it")
+        from remat.torch._budget import BudgetTooSmall
+        mod.set_budget_too_small(BudgetTooSmall)
+        _module = mod
+        return mod
+
+
+class NativeSession:
+    """One runtime across a budget's steps (what _budget._Session is for
+    the Python recorder)."""
+
+    def __init__(self, budget_bytes, policy, recompute):
+        from remat.torch._budget import _Replays
+        self.native = module().Session(budget_bytes, policy, recompute)
+        self.live_budget = True
+        self.steps_run = 0
+        self.replays = _Replays()
+        self.engine = None
+
+    def raw_stats(self):
+        return self.native.stats()
+
+    def close(self):
+        self.native = None
+
+
+class NativeEngine:
+    """A step on the native path, with what budget's exit reads of an
+    Engine."""
+
+    allocator = None
+    too_small = None
+    closed = False
+    listening = False
+
+    def __init__(self, budget_bytes, policy, recompute, allow_nondeterministic):
+        from remat.torch._budget import _Beside, _Replays
+        self.budget_bytes = budget_bytes
+        self.policy = policy
+        self.recompute = recompute
+        self.allow_nondeterministic = allow_nondeterministic
+        self.beside = _Beside()
+        self.replays = _Replays()
+        self.session = None
+        self.step = None
+
+    def open(self, session):
+        self.session = session
+        self.start = session.raw_stats()
+        self.step = module().Step(session.native, self.recompute, self.allow_nondeterministic)
+        session.engine = self
+        self.pack = self.step.pack
+        self.unpack = self.step.unpack
+
+    def start_recording(self):
+        self.step.start()
+
+    def stop_recording(self):
+        self.step.stop()
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.step.close()
+            self.stats = self.read_stats()
+        finally:
+            self.session.engine = None
+
+    def exit_error(self):
+        return None
+
+    def failed_replays(self):
+        return self.replays
+
+    def read_stats(self):
+        st = self.session.raw_stats()
+        counts = self.step.counts()
+
+        def step(name):
+            return st[name] - self.start[name]
+        return {
+            "budget_bytes": self.budget_bytes,
+            "peak_saved_bytes": st["peak_resident_bytes"],
+            "saved_bytes": st["resident_bytes"],
+            "drops": step("drops"),
+            "recomputes": step("recomputes"),
+            "offloads": 0,
+            "restores": 0,
+            "recompute_seconds": self.step.recompute_seconds,
+            "copy_seconds": 0.0,
+            "pressure_events": step("pressure_events"),
+            "learned_next_uses": step("learned_next_uses"),
+            "step": st["steps_ended"] + (0 if self.closed else 1),
+            "pressure": "saved",
+            "native": True,
+            **counts,
+        }

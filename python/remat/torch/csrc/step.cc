@@ -1,0 +1,815 @@
+// The step: recording, saving, bringing back. See step.h.
+#include "step.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/TensorBody.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/node.h>
+
+#include <chrono>
+#include <mutex>
+#include <unordered_set>
+
+namespace remat_torch {
+namespace {
+
+// Calls whose outputs do not read the arguments they write in training mode
+// (batch norm's running statistics): replayed onto scratch copies.
+bool WritesUnread(const std::string& name) {
+  static const std::unordered_set<std::string> names = {
+      "aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::cudnn_batch_norm",
+      "aten::miopen_batch_norm", "aten::_batch_norm_with_update",
+      "aten::_native_batch_norm_legit_functional"};
+  return names.count(name) != 0;
+}
+
+bool BuiltinNamespace(const std::string& name) {
+  for (const char* ns : {"aten::", "prims::", "rngprims::", "prim::"}) {
+    if (name.rfind(ns, 0) == 0) return true;
+  }
+  return false;
+}
+
+bool Collective(const std::string& name) {
+  for (const char* ns : {"c10d::", "_c10d_functional::", "c10d_functional::",
+                         "_c10d_functional_autograd::", "_dtensor::"}) {
+    if (name.rfind(ns, 0) == 0) return true;
+  }
+  return false;
+}
+
+int64_t VersionOf(const at::Tensor& t) {
+  if (t.is_inference()) return -1;
+  return static_cast<int64_t>(t._version());
+}
+
+// The strided tensors among a call's boxed values, with where each sits.
+template <typename F>
+void ForEachTensor(const std::vector<c10::IValue>& values, F&& f) {
+  for (size_t a = 0; a < values.size(); ++a) {
+    const c10::IValue& v = values[a];
+    if (v.isTensor()) {
+      f(v.toTensor(), static_cast<int32_t>(a), -1);
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t k = 0; k < list.size(); ++k) {
+        f(static_cast<at::Tensor>(list.get(k)), static_cast<int32_t>(a),
+          static_cast<int32_t>(k));
+      }
+    } else if (v.isList()) {
+      auto list = v.toList();
+      for (size_t k = 0; k < list.size(); ++k) {
+        c10::IValue item = list.get(k);
+        if (item.isTensor()) {
+          f(item.toTensor(), static_cast<int32_t>(a), static_cast<int32_t>(k));
+        }
+      }
+    }
+  }
+}
+
+// Puts generators back as they were, the last taken first (a generator
+// named twice gets its first state back).
+void Restore(std::vector<std::pair<at::Generator, at::Tensor>>& live) {
+  for (auto it = live.rbegin(); it != live.rend(); ++it) {
+    std::lock_guard<std::mutex> lock(it->first.mutex());
+    it->first.set_state(it->second);
+  }
+}
+
+bool HasStorage(const at::Tensor& t) {
+  return t.defined() && t.layout() == at::kStrided && t.has_storage() &&
+         !t.is_meta() && t.storage().unsafeGetStorageImpl() != nullptr;
+}
+
+}  // namespace
+
+at::Tensor ViewOf(const c10::Storage& storage, at::ScalarType dtype, c10::IntArrayRef sizes,
+                  c10::IntArrayRef strides, int64_t offset) {
+  c10::Device device = storage.device();
+  c10::DispatchKeySet keys(c10::computeDispatchKey(dtype, at::kStrided, device));
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), keys,
+                                                     caffe2::TypeMeta::fromScalarType(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  return t;
+}
+
+const OpInfo& InfoOf(const at::RecordFunction& fn) {
+  // Keyed by the schema's name (one string per operator overload, owned by
+  // the dispatcher for the process's life).
+  static std::mutex mu;
+  static std::unordered_map<const char*, std::unique_ptr<OpInfo>> infos;
+  const char* key = fn.name();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = infos.find(key);
+  if (it != infos.end()) return *it->second;
+  auto info = std::make_unique<OpInfo>();
+  std::optional<c10::OperatorName> name = fn.operator_name();
+  if (name) {
+    info->op = c10::Dispatcher::singleton().findOp(*name);
+  }
+  if (info->op) {
+    const c10::FunctionSchema& schema = info->op->schema();
+    const std::string& full = schema.name();
+    bool custom = !BuiltinNamespace(full);
+    info->random = info->op->hasTag(at::Tag::nondeterministic_seeded);
+    info->nondeterministic = info->op->hasTag(at::Tag::nondeterministic_bitwise);
+    info->writes_unread = WritesUnread(full);
+    for (size_t i = 0; i < schema.arguments().size(); ++i) {
+      const auto* alias = schema.arguments()[i].alias_info();
+      if (alias != nullptr && alias->isWrite()) {
+        info->written_args.push_back(static_cast<int32_t>(i));
+      }
+    }
+    if (info->writes_unread) {
+      info->written_args.push_back(3);
+      info->written_args.push_back(4);
+    }
+    info->writes = !info->written_args.empty();
+    for (const auto& ret : schema.returns()) {
+      const auto* alias = ret.alias_info();
+      if (alias != nullptr && !alias->isWrite()) info->is_view = true;
+    }
+    if (Collective(full)) {
+      info->why_not = full + " is a collective (a replay on one rank alone would hang)";
+    } else if (info->op->hasTag(at::Tag::data_dependent_output) ||
+               info->op->hasTag(at::Tag::dynamic_output_shape)) {
+      info->why_not = full + " has a data-dependent output";
+    } else if (custom) {
+      // A custom op's body may draw from any generator (numpy's too):
+      // the Python recorder replays those; this one keeps them.
+      info->why_not = full + " is a custom operator (not replayed by the native recorder yet)";
+    }
+  } else {
+    info->why_not = std::string(key) + " has no dispatcher entry";
+  }
+  return *infos.emplace(key, std::move(info)).first->second;
+}
+
+Step::Step(Session* session, StepOptions options)
+    : session_(session), runtime_(session->runtime()), options_(options) {}
+
+Step::~Step() {
+  if (!closed_) {
+    try {
+      Close();
+    } catch (...) {
+    }
+  }
+}
+
+bool Step::WantsCall(const at::RecordFunction& fn) const {
+  (void)fn;
+  if (closed_ || internal) return false;
+  // Below autograd (a kernel's own calls) or in a backward: not the forward's calls.
+  if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::AutogradFunctionality)) {
+    return false;
+  }
+  return torch::autograd::get_current_graph_task_id() == -1;
+}
+
+int32_t Step::StorageOf(c10::StorageImpl* impl) const {
+  auto it = by_impl_.find(impl);
+  return it == by_impl_.end() ? -1 : it->second;
+}
+
+int32_t Step::NewStorage(const c10::Storage& st, bool leaf) {
+  Storage s{c10::weak_intrusive_ptr<c10::StorageImpl>(
+      c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(st.unsafeGetStorageImpl()))};
+  s.leaf = leaf;
+  s.nbytes = static_cast<int64_t>(st.nbytes());
+  int32_t index = static_cast<int32_t>(storages_.size());
+  storages_.push_back(std::move(s));
+  by_impl_.emplace(st.unsafeGetStorageImpl(), index);
+  return index;
+}
+
+void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
+                  const std::vector<c10::IValue>& inputs, const std::vector<c10::IValue>& outputs,
+                  std::optional<RngState> rng, bool grad, int64_t cost_ns) {
+  if (!info.writes && (info.is_view || c10::InferenceMode::is_enabled())) return;
+  if (!info.writes) {
+    // Writes nothing: recorded only where it made a storage (many calls
+    // that make none are views under another name).
+    bool made = false;
+    ForEachTensor(outputs, [&](const at::Tensor& t, int32_t, int32_t) {
+      if (!made && HasStorage(t) && StorageOf(t.storage().unsafeGetStorageImpl()) < 0) {
+        made = true;
+      }
+    });
+    if (!made) return;
+  }
+  int32_t index = static_cast<int32_t>(calls_.size());
+  calls_.emplace_back(op);
+  Call& call = calls_.back();
+  call.args = inputs;
+  call.grad = grad;
+  call.cost_ns = cost_ns;
+  call.rng = std::move(rng);
+  call.why_not = info.why_not;
+  const std::string& name = op.schema().name();
+  bool on_cuda = false;
+  ForEachTensor(inputs, [&](const at::Tensor& t, int32_t arg, int32_t item) {
+    if (!HasStorage(t)) return;  // (undefined, sparse, ...: kept in the arguments as is)
+    on_cuda = on_cuda || t.is_cuda();
+    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    int32_t s = StorageOf(impl);
+    if (s < 0) s = NewStorage(t.storage(), /*leaf=*/true);
+    Ref r;
+    r.storage = s;
+    r.sizes = t.sizes().vec();
+    r.strides = t.strides().vec();
+    r.offset = t.storage_offset();
+    r.dtype = t.scalar_type();
+    const Storage& st = storages_[s];
+    if (st.leaf) {
+      r.leaf = t;
+      r.version = VersionOf(t);
+    } else {
+      r.version = st.version;
+    }
+    if (t.is_conj() || t.is_neg() || (!st.leaf && r.dtype != st.dtype)) {
+      if (call.why_not.empty()) {
+        call.why_not = name + " reads a view a replay would not rebuild (conj, neg or dtype)";
+      }
+    }
+    call.refs.push_back(std::move(r));
+    call.slots.push_back({arg, item});
+  });
+  // Tensors leave the recorded arguments (a recorded call must not keep an
+  // activation alive); the refs say how to rebuild them.
+  for (const Slot& slot : call.slots) {
+    c10::IValue& v = call.args[slot.arg];
+    if (slot.item < 0) {
+      v = c10::IValue();
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList().copy();
+      list.set(slot.item, at::Tensor());
+      v = c10::IValue(std::move(list));
+    } else {
+      auto list = v.toList().copy();
+      list.set(slot.item, c10::IValue());
+      v = c10::IValue(std::move(list));
+    }
+  }
+  for (int32_t arg : info.written_args) {
+    for (size_t i = 0; i < call.slots.size(); ++i) {
+      if (call.slots[i].arg == arg) call.written.push_back(static_cast<int32_t>(i));
+    }
+  }
+  if (call.why_not.empty() && !options_.allow_nondeterministic && info.nondeterministic &&
+      on_cuda) {
+    call.why_not = name + " is not bitwise deterministic on CUDA";
+  }
+  if (call.why_not.empty() && name == "aten::_cudnn_rnn" && inputs.size() > 12 &&
+      inputs[12].isBool() && inputs[12].toBool() && inputs[11].isDouble() &&
+      inputs[11].toDouble() > 0) {
+    call.why_not = name + " draws its dropout from cuDNN's own random state";
+  }
+  for (int32_t i : call.written) {
+    Storage& s = storages_[call.refs[i].storage];
+    if (s.leaf) {
+      if (!info.writes_unread && call.why_not.empty()) {
+        call.why_not = name + " writes into a tensor made before the context";
+      }
+      continue;
+    }
+    if (s.registered && !s.freed && !s.pinned_forever) {
+      // A write into what autograd saved: autograd reads the new bytes, so
+      // the live storage stays as it is for the rest of the step.
+      s.pinned_forever = true;
+      counts["pinned_by_write"] += 1;
+      // The program's own tensor holds the newest bytes.
+      ForEachTensor(inputs, [&](const at::Tensor& t, int32_t arg, int32_t item) {
+        if (arg == call.slots[i].arg && item == call.slots[i].item) s.held = t;
+      });
+      s.held_version = s.version + 1;
+    }
+    s.writers.push_back(index);
+    s.version += 1;
+    if (s.held.defined() && !s.pinned_forever &&
+        s.held.storage().unsafeGetStorageImpl() == s.weak._unsafe_get_target()) {
+      s.held_version = s.version;  // remat holds the program's own storage
+    }
+  }
+  int32_t j = 0;
+  ForEachTensor(outputs, [&](const at::Tensor& t, int32_t, int32_t) {
+    int32_t out = j++;
+    if (!HasStorage(t)) return;
+    if (StorageOf(t.storage().unsafeGetStorageImpl()) >= 0) return;
+    int32_t s = NewStorage(t.storage(), /*leaf=*/false);
+    storages_[s].producer = index;
+    storages_[s].output = out;
+    storages_[s].dtype = t.scalar_type();
+  });
+}
+
+bool Step::BringsBack(const Storage& s, int64_t version) const {
+  if (s.held.defined()) return s.held_version == version;
+  return true;  // dropped: a recompute brings back its registered version
+}
+
+Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
+  Frontier f;
+  std::unordered_set<uint64_t> seen_inputs;
+  std::unordered_set<int64_t> visited;
+  struct Item {
+    int32_t s;
+    int64_t version;
+    bool top;
+  };
+  std::vector<Item> stack = {{root, root_version, true}};
+  while (!stack.empty()) {
+    Item it = stack.back();
+    stack.pop_back();
+    int64_t key = (static_cast<int64_t>(it.s) << 24) ^ it.version;
+    if (!visited.insert(key).second) continue;
+    const Storage& st = storages_[it.s];
+    if (!it.top && st.registered && !st.freed && st.reg_version == it.version &&
+        BringsBack(st, it.version)) {
+      if (seen_inputs.insert(st.id).second) f.inputs.push_back(it.s);
+      continue;
+    }
+    if (st.leaf) continue;
+    std::vector<int32_t> chain = {st.producer};
+    for (int64_t w = 0; w < it.version && w < static_cast<int64_t>(st.writers.size()); ++w) {
+      chain.push_back(st.writers[w]);
+    }
+    for (int32_t c : chain) {
+      const Call& call = calls_[c];
+      if (!call.why_not.empty()) return {{}, 0, call.why_not};
+      f.cost += call.cost_ns;
+      for (size_t i = 0; i < call.refs.size(); ++i) {
+        const Ref& r = call.refs[i];
+        const Storage& in = storages_[r.storage];
+        if (in.leaf) {
+          bool written = false;
+          for (int32_t w : call.written) written = written || w == static_cast<int32_t>(i);
+          if (written) continue;  // replayed onto a scratch copy
+          if (r.version >= 0 && VersionOf(r.leaf) != r.version) {
+            return {{},
+                    0,
+                    call.op.schema().name() +
+                        " read a tensor made before the context that was modified in place "
+                        "since"};
+          }
+          continue;
+        }
+        if (r.storage != it.s) stack.push_back({r.storage, r.version, false});
+      }
+    }
+  }
+  return f;
+}
+
+int32_t Step::Sibling(int32_t index) const {
+  const Storage& s = storages_[index];
+  const Call& call = calls_[s.producer];
+  if (s.reg_version != 0 || call.group < 0) return -1;
+  for (int32_t m : groups_[call.group]) {
+    const Storage& o = storages_[m];
+    if (o.registered && !o.freed && o.reg_version == 0 && o.allow_drop == s.allow_drop) return m;
+  }
+  return -1;
+}
+
+[[noreturn]] void Step::Fail(remat_status status, const std::string& what) {
+  std::string message = remat_last_error();
+  if (status == REMAT_OUT_OF_MEMORY) {
+    throw BudgetTooSmall("remat.torch.budget(" + std::to_string(session_->budget_bytes()) +
+                         " bytes) " + what + ".\nRaise the budget.");
+  }
+  throw std::runtime_error("remat: " + what + ": " + message);
+}
+
+void Step::Register(int32_t index, const at::Tensor& t) {
+  Frontier f = FrontierOf(index, storages_[index].version);
+  Storage& s = storages_[index];
+  s.droppable = f.why_not.empty();
+  s.why_kept = f.why_not;
+  if (!s.droppable) counts["kept_not_replayable"] += 1;
+  s.allow_drop = options_.recompute && s.droppable;
+  s.held = t;
+  s.held_version = s.version;
+  s.reg_version = s.version;
+  int32_t sibling = Sibling(index);
+  uint64_t id = 0;
+  remat_status status;
+  Call& call = calls_[s.producer];
+  if (sibling >= 0) {
+    status = remat_call_add_output(runtime_, storages_[sibling].id, s.nbytes,
+                                   s.allow_drop ? 1 : 0, 0, 0, &id, nullptr);
+  } else {
+    std::vector<uint64_t> ids;
+    ids.reserve(f.inputs.size());
+    for (int32_t i : f.inputs) ids.push_back(storages_[i].id);
+    remat_call_options opts{};
+    opts.inputs = ids.empty() ? nullptr : ids.data();
+    opts.num_inputs = ids.size();
+    opts.compute_ns = std::max<int64_t>(1, f.cost);
+    opts.allow_drop = s.allow_drop ? 1 : 0;
+    opts.allow_offload = 0;
+    opts.recompute = s.allow_drop ? &Session::OnRecompute : nullptr;
+    auto* ref = new GroupRef{session_, static_cast<int32_t>(groups_.size())};
+    opts.user_data = ref;
+    opts.destroy = [](void* p) { delete static_cast<GroupRef*>(p); };
+    size_t bytes = static_cast<size_t>(s.nbytes);
+    status = remat_call_create(runtime_, 1, &bytes, &opts, 0, &id, nullptr);
+  }
+  if (status != REMAT_OK) {
+    storages_[index].held = at::Tensor();
+    Fail(status, "cannot hold a saved tensor of " + std::to_string(storages_[index].nbytes) +
+                     " bytes (made by " + call.op.schema().name() + ")");
+  }
+  Storage& r = storages_[index];
+  if (sibling >= 0) {
+    r.group = storages_[sibling].group;
+    groups_[r.group].push_back(index);
+  } else {
+    groups_.push_back({index});
+    r.group = static_cast<int32_t>(groups_.size()) - 1;
+    if (r.reg_version == 0) call.group = r.group;  // later outputs may join it
+  }
+  r.id = id;
+  r.registered = true;
+  by_id_[id] = index;
+  registered_.push_back(index);
+  remat_tensor_release(runtime_, id);
+}
+
+int32_t Step::Pack(const at::Tensor& t) {
+  if (closed_ || internal) return -1;
+  if (!HasStorage(t)) {
+    counts["saved_unmanaged"] += 1;
+    return -1;
+  }
+  if (!dead_.empty()) FreeDead();
+  if (!pins_.empty()) ReleasePins();  // a forward again: the last backward node has run
+  int32_t index = StorageOf(t.storage().unsafeGetStorageImpl());
+  if (index < 0) {
+    counts["saved_unmanaged"] += 1;
+    return -1;
+  }
+  {
+    Storage& s = storages_[index];
+    if (s.leaf || t.scalar_type() != s.dtype || s.nbytes == 0 ||
+        (t.is_leaf() && t.requires_grad()) || t.is_conj() || t.is_neg()) {
+      counts["saved_unmanaged"] += 1;
+      return -1;
+    }
+    if (s.registered && s.freed && !s.pinned_forever) {
+      // Saved again after the runtime let it go: a new runtime tensor.
+      by_id_.erase(s.id);
+      s.registered = false;
+      s.freed = false;
+      s.id = 0;
+    }
+  }
+  if (!storages_[index].registered) {
+    Register(index, t);
+  } else {
+    Storage& s = storages_[index];
+    if (s.reg_version != s.version && !s.pinned_forever) {
+      // Written since it was saved, beside its saved views: keep the live bytes.
+      s.pinned_forever = true;
+      s.held = t;
+      s.held_version = s.version;
+      counts["pinned_by_write"] += 1;
+    }
+  }
+  Storage& s = storages_[index];
+  if (s.pinned_forever) {
+    counts["saved_unmanaged"] += 1;
+    return -1;
+  }
+  s.handles += 1;
+  counts["saved_tensors"] += 1;
+  return index;
+}
+
+void Step::HandleDied(int32_t storage) { dead_.push_back(storage); }
+
+void Step::FreeDead() {
+  while (!dead_.empty()) {
+    int32_t index = dead_.back();
+    dead_.pop_back();
+    Storage& s = storages_[index];
+    s.handles -= 1;
+    if (s.handles == 0 && s.registered && !closed_) {
+      bool pinned = false;
+      for (uint64_t p : pins_) pinned = pinned || p == s.id;
+      if (!pinned) Free(index);
+    }
+  }
+}
+
+void Step::Free(int32_t index) {
+  Storage& s = storages_[index];
+  if (s.freed || s.pinned_forever || !s.registered) return;
+  s.freed = true;
+  remat_tensor_free(runtime_, s.id);
+}
+
+void Step::ReleasePins() {
+  pin_node_ = nullptr;
+  std::vector<uint64_t> pins;
+  pins.swap(pins_);
+  for (uint64_t id : pins) remat_tensor_release(runtime_, id);
+  for (uint64_t id : pins) {
+    auto it = by_id_.find(id);
+    if (it != by_id_.end() && storages_[it->second].handles == 0) Free(it->second);
+  }
+}
+
+void Step::Acquire(int32_t index) {
+  void* p = nullptr;
+  error_ = nullptr;
+  remat_status status = remat_tensor_acquire(runtime_, storages_[index].id, 0, &p);
+  if (error_) {
+    // What failed inside a replay, as itself (a BudgetTooSmall stays one).
+    std::exception_ptr error = error_;
+    error_ = nullptr;
+    if (status == REMAT_OK) remat_tensor_release(runtime_, storages_[index].id);
+    std::rethrow_exception(error);
+  }
+  if (status != REMAT_OK) {
+    Fail(status, "cannot make room to bring back a saved tensor of " +
+                     std::to_string(storages_[index].nbytes) + " bytes (made by " +
+                     calls_[storages_[index].producer].op.schema().name() + ")");
+  }
+}
+
+at::Tensor Step::Unpack(int32_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                        int64_t offset, at::ScalarType dtype) {
+  if (closed_) {
+    throw std::runtime_error(
+        "a tensor saved under remat.torch.budget was used after the context ended: run the "
+        "backward inside the `with`");
+  }
+  // Pins last while the node that unpacked them runs: the engine unpacks a
+  // node's saved tensors just before applying it.
+  auto node = torch::autograd::get_current_node();
+  int task = torch::autograd::get_current_graph_task_id();
+  if (node.get() == nullptr || node.get() != pin_node_ || task != pin_task_) {
+    ReleasePins();
+    pin_node_ = node.get();
+    pin_task_ = task;
+  }
+  FreeDead();
+  Acquire(index);
+  Storage& s = storages_[index];
+  pins_.push_back(s.id);
+  if (!s.held.defined()) {
+    throw std::runtime_error("remat: saved storage " + std::to_string(index) +
+                             " is resident in the runtime but has no tensor (a bug)");
+  }
+  return ViewOf(s.held.storage(), dtype, sizes, strides, offset);
+}
+
+void Step::OnEvent(const remat_event& e) {
+  auto it = by_id_.find(e.tensor);
+  if (it == by_id_.end()) return;
+  Storage& s = storages_[it->second];
+  if (e.kind == REMAT_EVENT_DROPPED || e.kind == REMAT_EVENT_COLLECTED) {
+    s.held = at::Tensor();
+  }
+}
+
+int Step::OnRecompute(int32_t group, const int* regenerate, size_t num_outputs) {
+  auto start = std::chrono::steady_clock::now();
+  bool outer = !in_replay_;
+  in_replay_ = true;
+  bool was_internal = internal;
+  internal = true;
+  std::vector<int32_t> done;
+  int result = 0;
+  try {
+    Memo memo;
+    std::unordered_map<int32_t, std::vector<at::Tensor>> runs;
+    at::AutoDispatchBelowAutograd below;
+    const std::vector<int32_t> members = groups_[group];
+    for (size_t i = 0; i < num_outputs && i < members.size(); ++i) {
+      if (!regenerate[i]) continue;
+      int32_t index = members[i];
+      done.push_back(index);
+      at::Tensor t = Materialize(index, storages_[index].reg_version, memo, runs, true);
+      storages_[index].held = t;
+      storages_[index].held_version = storages_[index].reg_version;
+    }
+  } catch (const std::exception& e) {
+    for (int32_t index : done) storages_[index].held = at::Tensor();
+    if (!error_) error_ = std::current_exception();
+    remat_recompute_set_error(e.what());
+    result = 1;
+  }
+  internal = was_internal;
+  if (outer) {
+    in_replay_ = false;
+    recompute_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return result;
+}
+
+at::Tensor Step::Materialize(int32_t index, int64_t version, Memo& memo,
+                             std::unordered_map<int32_t, std::vector<at::Tensor>>& runs,
+                             bool top) {
+  int64_t key = (static_cast<int64_t>(index) << 24) ^ version;
+  auto found = memo.find(key);
+  if (found != memo.end()) return found->second;
+  const bool managed = !top && storages_[index].registered && !storages_[index].freed &&
+                       storages_[index].reg_version == version;
+  if (managed && storages_[index].held.defined() &&
+      storages_[index].held_version == version) {
+    return storages_[index].held;
+  }
+  if (managed && !storages_[index].held.defined()) {
+    // Saved since this recompute's inputs were listed: the runtime brings it.
+    Acquire(index);
+    at::Tensor held = storages_[index].held;
+    int64_t held_version = storages_[index].held_version;
+    remat_tensor_release(runtime_, storages_[index].id);
+    if (held.defined() && held_version == version) return held;
+  }
+  if (managed && !storages_[index].droppable) {
+    throw std::runtime_error("remat cannot recompute what storage " + std::to_string(index) +
+                             " held when it was saved: it was written since, and its content "
+                             "cannot be replayed (" + storages_[index].why_kept + ")");
+  }
+  Storage& s = storages_[index];
+  if (s.version == version) {
+    // Still alive (the program holds it): nothing to run.
+    c10::intrusive_ptr<c10::StorageImpl> alive = s.weak.lock();
+    if (alive && alive->data() != nullptr && s.nbytes == static_cast<int64_t>(alive->nbytes())) {
+      c10::Storage st(std::move(alive));
+      at::Tensor t = ViewOf(st, s.dtype, {s.nbytes / static_cast<int64_t>(c10::elementSize(s.dtype))},
+                            {1}, 0);
+      memo[key] = t;
+      return t;
+    }
+  }
+  int32_t producer = storages_[index].producer;
+  int32_t output = storages_[index].output;
+  at::Tensor base;
+  if (version == 0) {
+    auto run = runs.find(producer);
+    if (run == runs.end()) {
+      run = runs.emplace(producer, Run(producer, memo, runs, -1, at::Tensor())).first;
+    }
+    base = run->second.at(output);
+  } else {
+    base = Run(producer, memo, runs, -1, at::Tensor()).at(output);
+  }
+  std::vector<int32_t> writers = storages_[index].writers;
+  for (int64_t w = 0; w < version && w < static_cast<int64_t>(writers.size()); ++w) {
+    Run(writers[w], memo, runs, index, base);
+  }
+  memo[key] = base;
+  return base;
+}
+
+std::vector<at::Tensor> Step::Run(int32_t index, Memo& memo,
+                                  std::unordered_map<int32_t, std::vector<at::Tensor>>& runs,
+                                  int32_t rebuild_storage, const at::Tensor& rebuild) {
+  std::vector<c10::IValue> stack = calls_[index].args;
+  const size_t n = calls_[index].refs.size();
+  for (size_t i = 0; i < n; ++i) {
+    const Ref r = calls_[index].refs[i];
+    const Slot slot = calls_[index].slots[i];
+    bool written = false;
+    for (int32_t w : calls_[index].written) written = written || w == static_cast<int32_t>(i);
+    at::Tensor base;
+    if (rebuild_storage >= 0 && r.storage == rebuild_storage) {
+      base = rebuild;
+    } else if (storages_[r.storage].leaf) {
+      if (r.version >= 0 && VersionOf(r.leaf) != r.version && !written) {
+        throw std::runtime_error("remat cannot recompute " + calls_[index].op.schema().name() +
+                                 ": an input made before the context was modified in place "
+                                 "after the forward used it");
+      }
+      base = r.leaf;
+    } else {
+      base = Materialize(r.storage, r.version, memo, runs, false);
+    }
+    at::Tensor v = ViewOf(base.storage(), r.dtype, r.sizes, r.strides, r.offset);
+    if (written && !(rebuild_storage >= 0 && r.storage == rebuild_storage)) v = v.clone();
+    c10::IValue& arg = stack[slot.arg];
+    if (slot.item < 0) {
+      arg = c10::IValue(v);
+    } else if (arg.isTensorList()) {
+      auto list = arg.toTensorList().copy();
+      list.set(slot.item, v);
+      arg = c10::IValue(std::move(list));
+    } else {
+      auto list = arg.toList().copy();
+      list.set(slot.item, c10::IValue(v));
+      arg = c10::IValue(std::move(list));
+    }
+  }
+  const Call& call = calls_[index];
+  counts["recomputed_calls"] += 1;
+  c10::AutoGradMode grad(call.grad);
+  std::vector<std::pair<at::Generator, at::Tensor>> live;
+  if (call.rng) {
+    for (const auto& [gen, state] : call.rng->states) {
+      at::Generator g = gen;
+      std::lock_guard<std::mutex> lock(g.mutex());
+      live.emplace_back(g, g.get_state());
+      g.set_state(state);
+    }
+  }
+  try {
+    call.op.callBoxed(stack);
+  } catch (...) {
+    Restore(live);
+    throw;
+  }
+  Restore(live);
+  std::vector<at::Tensor> out;
+  ForEachTensor(stack, [&](const at::Tensor& t, int32_t, int32_t) { out.push_back(t); });
+  return out;
+}
+
+void Step::Close() {
+  if (closed_) return;
+  closed_ = true;
+  std::string error;
+  ReleasePins();
+  dead_.clear();
+  for (int32_t index : registered_) {
+    Storage& s = storages_[index];
+    if (s.pinned_forever && !s.freed) s.pinned_forever = false;
+    if (!s.freed) {
+      s.freed = true;
+      remat_tensor_free(runtime_, s.id);
+    }
+  }
+  session_->EndStep();
+  for (Storage& s : storages_) s.held = at::Tensor();
+  for (Call& c : calls_) c.refs.clear();
+  by_impl_.clear();
+  by_id_.clear();
+}
+
+// --- Session ------------------------------------------------------------------------------
+
+Session::Session(uint64_t budget_bytes, const std::string& policy, bool recompute)
+    : budget_bytes_(budget_bytes) {
+  remat_allocator_options ao;
+  remat_allocator_options_init(&ao);
+  ao.device = REMAT_DEVICE_SIM;
+  ao.sim_backed = 0;
+  ao.sim_capacity_bytes = uint64_t{16} << 40;  // addresses only: the books of the saved bytes
+  if (remat_allocator_create(&ao, &allocator_) != REMAT_OK) {
+    throw std::runtime_error(std::string("remat_allocator_create: ") + remat_last_error());
+  }
+  remat_runtime_options ro;
+  remat_runtime_options_init(&ro);
+  ro.policy = policy.c_str();
+  ro.enable_drop = recompute ? 1 : 0;
+  ro.enable_offload = 0;
+  ro.live_budget = budget_bytes;
+  ro.host_pool_bytes = uint64_t{16} << 40;
+  ro.learn_next_use = 1;
+  if (remat_runtime_create_observed(allocator_, &ro, &Session::OnEvent, this, &runtime_) !=
+      REMAT_OK) {
+    std::string message = remat_last_error();
+    remat_allocator_destroy(allocator_);
+    allocator_ = nullptr;
+    throw std::invalid_argument(message);
+  }
+}
+
+Session::~Session() {
+  remat_runtime_destroy(runtime_);
+  remat_allocator_destroy(allocator_);
+}
+
+remat_runtime_stats Session::Stats() const {
+  remat_runtime_stats st{};
+  remat_runtime_get_stats(runtime_, &st);
+  return st;
+}
+
+void Session::EndStep() { remat_runtime_end_step(runtime_); }
+
+void Session::OnEvent(void* user, const remat_event* e) {
+  auto* self = static_cast<Session*>(user);
+  if (self->step_ != nullptr) self->step_->OnEvent(*e);
+}
+
+int Session::OnRecompute(void* user, void* const*, size_t, void* const*, const size_t*,
+                         const int* regenerate, size_t num_outputs, uint64_t) {
+  auto* ref = static_cast<GroupRef*>(user);
+  Step* step = ref->session->step();
+  if (step == nullptr) {
+    remat_recompute_set_error("remat: a recompute outside a step");
+    return 1;
+  }
+  return step->OnRecompute(ref->group, regenerate, num_outputs);
+}
+
+}  // namespace remat_torch

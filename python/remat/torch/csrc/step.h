@@ -1,0 +1,243 @@
+// remat.torch's per-call path: the forward's ATen calls recorded, saved
+// tensors handed to remat's runtime, and dropped ones replayed through the
+// dispatcher, all in C++ (python/remat/torch/_native.py builds and loads it).
+//
+// A Session owns one runtime (and its simulated allocator, which keeps the
+// books of the saved bytes) across a budget's steps; a Step is one `with`.
+// Python opens a step, installs pack/unpack as saved-tensor hooks and the
+// recorder as a thread-local RecordFunction callback, and closes the step:
+// nothing per call crosses into Python but the two hooks, which are C
+// functions.
+//
+// Invariants:
+// - storages_[i].weak keeps its StorageImpl's address from being reused, so
+//   a StorageImpl* names one storage for the whole step.
+// - A storage the runtime holds (registered, not freed) has `held` defined
+//   exactly while the runtime says it is resident; the event callback drops
+//   `held` when the runtime drops the storage.
+// - Calls and storages refer to each other by index, never by pointer:
+//   nothing dangles when the vectors grow.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+#include <c10/core/StorageImpl.h>
+
+#include <cstdint>
+#include <exception>
+#include <stdexcept>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "remat.h"
+
+namespace remat_torch {
+
+// A tensor argument of a recorded call: the storage under it, its view, and
+// the content version it read (for a leaf: its version counter, -1 where it
+// has none, an inference tensor).
+struct Ref {
+  int32_t storage = -1;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t offset = 0;
+  int64_t version = 0;
+  at::ScalarType dtype = at::kFloat;
+  at::Tensor leaf;  // the tensor itself, where the storage is a leaf
+};
+
+// Where a Ref sits in the boxed arguments: argument `arg`, and item `item`
+// of it where it is a list (-1: the argument itself).
+struct Slot {
+  int32_t arg;
+  int32_t item;
+};
+
+// Random-number states a random call drew from, as they were before it.
+struct RngState {
+  std::vector<std::pair<at::Generator, at::Tensor>> states;
+};
+
+struct Call {
+  explicit Call(c10::OperatorHandle o) : op(std::move(o)) {}
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;  // as called, each tensor taken out (Slots say where)
+  std::vector<Slot> slots;        // one per ref
+  std::vector<Ref> refs;
+  std::vector<int32_t> written;   // indices into refs of the arguments it writes
+  std::optional<RngState> rng;
+  bool grad = true;               // grad mode when it ran
+  std::string why_not;            // why it cannot be replayed exactly ("" if it can)
+  int64_t cost_ns = 0;
+  int32_t group = -1;             // its runtime call: an index into Step::groups_
+};
+
+struct Storage {
+  explicit Storage(c10::weak_intrusive_ptr<c10::StorageImpl> w) : weak(std::move(w)) {}
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak;
+  bool leaf = true;               // made before the step or by something unrecorded
+  int32_t producer = -1;          // the call that made it, and which output
+  int32_t output = -1;
+  std::vector<int32_t> writers;   // calls that wrote it: version i+1 = writers[i]
+  int64_t version = 0;
+  at::ScalarType dtype = at::kFloat;
+  int64_t nbytes = 0;
+  // The runtime's side, once saved.
+  uint64_t id = 0;
+  bool registered = false;
+  bool freed = false;
+  int64_t reg_version = 0;        // the content version the runtime holds
+  at::Tensor held;                // a tensor over it while resident
+  int64_t held_version = 0;       // the content version `held` holds
+  bool pinned_forever = false;    // written after it was saved: the live bytes stay
+  bool droppable = false;
+  bool allow_drop = false;
+  int64_t handles = 0;
+  int32_t group = -1;
+  std::string why_kept;
+};
+
+// Which operators' properties recording needs, read once per operator.
+struct OpInfo {
+  std::optional<c10::OperatorHandle> op;
+  bool random = false;
+  bool is_view = false;
+  bool writes = false;
+  bool writes_unread = false;     // batch norm: writes its running statistics, outputs do not read them
+  bool nondeterministic = false;
+  std::string why_not;
+  std::vector<int32_t> written_args;
+};
+
+struct StepOptions {
+  bool recompute = true;
+  bool allow_nondeterministic = false;
+};
+
+class Session;
+
+class Step {
+ public:
+  Step(Session* session, StepOptions options);
+  ~Step();
+  Step(const Step&) = delete;
+  Step& operator=(const Step&) = delete;
+
+  // The recorder's halves (RecordFunction callbacks on the step's thread).
+  bool WantsCall(const at::RecordFunction& fn) const;
+  void Record(const OpInfo& info, const c10::OperatorHandle& op,
+              const std::vector<c10::IValue>& inputs, const std::vector<c10::IValue>& outputs,
+              std::optional<RngState> rng, bool grad, int64_t cost_ns);
+
+  // Saved-tensor hooks. Pack: -1 where autograd keeps the tensor itself,
+  // else the storage index a handle names (with its view).
+  int32_t Pack(const at::Tensor& t);
+  at::Tensor Unpack(int32_t storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                    int64_t offset, at::ScalarType dtype);
+  void HandleDied(int32_t storage);
+
+  // Ends the step: every pin and tensor it holds goes.
+  void Close();
+  bool closed() const { return closed_; }
+
+  bool internal = false;  // remat's own calls (a replay): not recorded
+  std::unordered_map<std::string, int64_t> counts;
+  double recompute_seconds = 0;
+
+  // The runtime's callbacks.
+  void OnEvent(const remat_event& e);
+  int OnRecompute(int32_t group, const int* regenerate, size_t num_outputs);
+
+ private:
+  int32_t StorageOf(c10::StorageImpl* impl) const;
+  int32_t NewStorage(const c10::Storage& st, bool leaf);
+  void Register(int32_t s, const at::Tensor& t);
+  struct Frontier {
+    std::vector<int32_t> inputs;
+    int64_t cost = 0;
+    std::string why_not;
+  };
+  Frontier FrontierOf(int32_t s, int64_t version);
+  bool BringsBack(const Storage& s, int64_t version) const;
+  int32_t Sibling(int32_t s) const;
+  void Acquire(int32_t s);
+  void ReleasePins();
+  void FreeDead();
+  void Free(int32_t s);
+  using Memo = std::unordered_map<int64_t, at::Tensor>;
+  at::Tensor Materialize(int32_t s, int64_t version, Memo& memo,
+                         std::unordered_map<int32_t, std::vector<at::Tensor>>& runs, bool top);
+  std::vector<at::Tensor> Run(int32_t call, Memo& memo,
+                              std::unordered_map<int32_t, std::vector<at::Tensor>>& runs,
+                              int32_t rebuild_storage, const at::Tensor& rebuild);
+  [[noreturn]] void Fail(remat_status status, const std::string& what);
+
+  Session* session_;
+  remat_runtime* runtime_;
+  StepOptions options_;
+  bool closed_ = false;
+  std::vector<Storage> storages_;
+  std::vector<Call> calls_;
+  std::unordered_map<const c10::StorageImpl*, int32_t> by_impl_;
+  std::unordered_map<uint64_t, int32_t> by_id_;
+  std::vector<std::vector<int32_t>> groups_;
+  std::vector<int32_t> registered_;
+  std::vector<uint64_t> pins_;
+  std::vector<int32_t> dead_;
+  const void* pin_node_ = nullptr;
+  int pin_task_ = -2;
+  bool in_replay_ = false;
+  std::exception_ptr error_;  // what a replay inside an acquire raised
+};
+
+// One runtime across a budget's steps.
+class Session {
+ public:
+  Session(uint64_t budget_bytes, const std::string& policy, bool recompute);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  remat_runtime* runtime() const { return runtime_; }
+  uint64_t budget_bytes() const { return budget_bytes_; }
+  Step* step() const { return step_; }
+  void set_step(Step* step) { step_ = step; }
+  remat_runtime_stats Stats() const;
+  void EndStep();
+
+  static void OnEvent(void* user, const remat_event* e);
+  static int OnRecompute(void* user, void* const* inputs, size_t num_inputs,
+                         void* const* outputs, const size_t* output_bytes,
+                         const int* regenerate, size_t num_outputs, uint64_t stream);
+
+ private:
+  uint64_t budget_bytes_;
+  remat_allocator* allocator_ = nullptr;
+  remat_runtime* runtime_ = nullptr;
+  Step* step_ = nullptr;
+};
+
+// A runtime call's callback data: which session, which group of the step.
+struct GroupRef {
+  Session* session;
+  int32_t group;
+};
+
+// The error a step raises where the budget cannot hold what it must.
+class BudgetTooSmall : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A tensor over `storage` with the given view, made without a dispatch.
+at::Tensor ViewOf(const c10::Storage& storage, at::ScalarType dtype, c10::IntArrayRef sizes,
+                  c10::IntArrayRef strides, int64_t offset);
+
+const OpInfo& InfoOf(const at::RecordFunction& fn);
+
+}  // namespace remat_torch
