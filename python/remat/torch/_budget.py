@@ -45,6 +45,7 @@ autograd reads it (Engine.data_set).
 import contextlib
 import ctypes
 import gc
+import os
 import random
 import re
 import sys
@@ -2549,8 +2550,12 @@ class budget:
     def __init__(self, budget, policy="dtr", offload=False, recompute=True,
                  allow_nondeterministic=False, tflops=None, hbm_gbps=None,
                  offload_guard=True, copy_ahead=False, pause_gc=True, pressure="auto",
-                 native=False):
+                 native=None):
         self.budget_bytes = _budget_bytes(budget)
+        if native is None:
+            # REMAT_TORCH_NATIVE=1: the native recorder wherever the options allow it.
+            native = os.environ.get("REMAT_TORCH_NATIVE") == "1" and not offload and \
+                pressure != "allocator" and isinstance(policy, str)
         self._native = bool(native)
         if self._native and (offload or pressure == "allocator" or not isinstance(policy, str)):
             raise ValueError("native=True records in C++ and drops only, under the saved-bytes "

@@ -39,7 +39,13 @@ PyObject* SetPythonError() {
 
 thread_local Step* tls_step = nullptr;
 
+struct HandleData;
+
 struct Frame : at::ObserverContext {
+  // Tensors autograd saved inside this call (its own outputs, or an
+  // argument it wrote): handed over once the call has ended and its
+  // outputs and writes are recorded.
+  std::vector<HandleData*> pending;
   const OpInfo* info = nullptr;
   std::vector<c10::IValue> inputs;
   std::optional<RngState> rng;
@@ -62,9 +68,16 @@ void Take(RngState& rng, at::Generator g) {
 std::unique_ptr<at::ObserverContext> OnCallStart(const at::RecordFunction& fn) {
   Step* step = tls_step;
   if (step == nullptr || !step->WantsCall(fn)) return nullptr;
+  const OpInfo& info = InfoOf(fn);
+  if (info.is_view && !info.writes) {
+    // Its outputs share its input's storage: nothing to record (a replay
+    // rebuilds views), but a composite that calls it is not a leaf call.
+    if (tls_top != nullptr) tls_top->nested = true;
+    return nullptr;
+  }
   if (tls_top != nullptr) tls_top->nested = true;
   auto frame = std::make_unique<Frame>();
-  frame->info = &InfoOf(fn);
+  frame->info = &info;
   auto inputs = fn.inputs();
   frame->inputs.assign(inputs.begin(), inputs.end());
   frame->grad = c10::GradMode::is_enabled();
@@ -85,32 +98,83 @@ std::unique_ptr<at::ObserverContext> OnCallStart(const at::RecordFunction& fn) {
   return frame;
 }
 
+void ResolvePending(Frame* frame, bool hand_over);
+
 void OnCallEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (ctx == nullptr) return;
   auto* frame = static_cast<Frame*>(ctx);
   tls_top = frame->parent;
   Step* step = tls_step;
-  if (frame->nested || step == nullptr || step->closed() || !frame->info->op ||
-      std::uncaught_exceptions() > 0) {
+  bool failed = std::uncaught_exceptions() > 0;
+  if (frame->nested || step == nullptr || step->closed() || !frame->info->op || failed) {
+    if (!frame->pending.empty()) {
+      try {
+        ResolvePending(frame, step != nullptr && !step->closed() && !failed);
+      } catch (...) {
+        if (step != nullptr) step->Defer(std::current_exception());
+      }
+    }
     return;
   }
   int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                    std::chrono::steady_clock::now() - frame->start)
                    .count();
-  step->Record(*frame->info, *frame->info->op, frame->inputs, fn.outputs(),
-               std::move(frame->rng), frame->grad, ns);
+  try {
+    step->Record(*frame->info, *frame->info->op, std::move(frame->inputs), fn.outputs(),
+                 std::move(frame->rng), frame->grad, ns);
+    ResolvePending(frame, true);
+  } catch (...) {
+    // (RecordFunction swallows a callback's exception: the step raises it
+    // at its next hook or at its end.)
+    step->Defer(std::current_exception());
+  }
 }
 
 // --- saved-tensor handles -----------------------------------------------------------------
 
+// What the pack hook hands autograd: a storage the runtime holds (with the
+// view saved), or, where autograd keeps the tensor as it would without
+// remat, the tensor itself (returning the tensor's own Python object from
+// the hook costs microseconds more: its object then lives with the graph).
 struct HandleData {
   std::shared_ptr<Step> step;
-  int32_t storage;
+  at::Tensor kept;      // defined: autograd's tensor, kept as is
+  int32_t storage;      // else the storage the runtime holds
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;
   int64_t offset;
   at::ScalarType dtype;
+  bool grad_leaf;       // a leaf that requires grad (a parameter)
+  Frame* pending_in;    // the call whose end hands it over, if any
 };
+
+// Hands the saved tensor t to the step, or keeps it as autograd would.
+void Resolve(HandleData* d, const at::Tensor& t) {
+  int32_t storage = d->step->Pack(t, d->grad_leaf);
+  if (storage < 0) {
+    if (!d->kept.defined()) d->kept = t.tensor_data();
+    return;
+  }
+  d->storage = storage;
+  d->sizes = t.sizes().vec();
+  d->strides = t.strides().vec();
+  d->offset = t.storage_offset();
+  d->dtype = t.scalar_type();
+  d->kept = at::Tensor();
+}
+
+void ResolvePending(Frame* frame, bool hand_over) {
+  std::vector<HandleData*> pending;
+  pending.swap(frame->pending);
+  for (HandleData* d : pending) {
+    if (d == nullptr) continue;  // (its handle is gone)
+    d->pending_in = nullptr;
+    if (hand_over) {
+      at::Tensor t = d->kept;
+      Resolve(d, t);
+    }
+  }
+}
 
 struct HandleObject {
   PyObject_HEAD HandleData* data;
@@ -119,7 +183,14 @@ struct HandleObject {
 void HandleDealloc(PyObject* self) {
   auto* h = reinterpret_cast<HandleObject*>(self);
   if (h->data != nullptr) {
-    if (!h->data->step->closed()) h->data->step->HandleDied(h->data->storage);
+    if (h->data->pending_in != nullptr) {
+      for (HandleData*& p : h->data->pending_in->pending) {
+        if (p == h->data) p = nullptr;
+      }
+    }
+    if (!h->data->kept.defined() && !h->data->step->closed()) {
+      h->data->step->HandleDied(h->data->storage);
+    }
     delete h->data;
   }
   Py_TYPE(self)->tp_free(self);
@@ -151,15 +222,22 @@ PyObject* PackHook(PyObject* self, PyObject* arg) {
       return arg;
     }
     const at::Tensor& t = THPVariable_Unpack(arg);
-    int32_t storage = (*step)->Pack(t);
-    if (storage < 0) {
-      Py_INCREF(arg);
-      return arg;  // autograd keeps it as it would without remat
-    }
     auto* h = PyObject_New(HandleObject, &HandleType);
     if (h == nullptr) return nullptr;
-    h->data = new HandleData{*step, storage, t.sizes().vec(), t.strides().vec(),
-                             t.storage_offset(), t.scalar_type()};
+    // (What a handle keeps is a shallow copy sharing the version counter: a
+    // reference to t's own TensorImpl would make its Python object outlive
+    // the hook, which costs microseconds.)
+    h->data = new HandleData{*step, at::Tensor(), -1, {}, {}, 0, t.scalar_type(),
+                             t.is_leaf() && t.requires_grad(), nullptr};
+    if (tls_step == step->get() && tls_top != nullptr) {
+      // Saved inside a call still running: its outputs and writes are not
+      // recorded yet. Kept until the call ends, then handed over.
+      h->data->kept = t.tensor_data();
+      h->data->pending_in = tls_top;
+      tls_top->pending.push_back(h->data);
+    } else {
+      Resolve(h->data, t);
+    }
     return reinterpret_cast<PyObject*>(h);
   } catch (...) {
     return SetPythonError();
@@ -173,6 +251,7 @@ PyObject* UnpackHook(PyObject* /*self*/, PyObject* arg) {
   }
   try {
     HandleData* h = reinterpret_cast<HandleObject*>(arg)->data;
+    if (h->kept.defined()) return THPVariable_Wrap(h->kept);
     at::Tensor t = h->step->Unpack(h->storage, h->sizes, h->strides, h->offset, h->dtype);
     return THPVariable_Wrap(std::move(t));
   } catch (...) {
@@ -240,8 +319,13 @@ class StepBox {
   }
 
   py::dict Counts() const {
+    const Step::Counts& c = step_->counts;
     py::dict d;
-    for (const auto& [k, v] : step_->counts) d[py::str(k)] = v;
+    d["saved_tensors"] = c.saved_tensors;
+    d["saved_unmanaged"] = c.saved_unmanaged;
+    d["kept_not_replayable"] = c.kept_not_replayable;
+    d["pinned_by_write"] = c.pinned_by_write;
+    d["recomputed_calls"] = c.recomputed_calls;
     return d;
   }
   double recompute_seconds() const { return step_->recompute_seconds; }

@@ -87,6 +87,8 @@ bool HasStorage(const at::Tensor& t) {
 
 }  // namespace
 
+const OpInfo& SharedInfoOf(const at::RecordFunction& fn);
+
 at::Tensor ViewOf(const c10::Storage& storage, at::ScalarType dtype, c10::IntArrayRef sizes,
                   c10::IntArrayRef strides, int64_t offset) {
   c10::Device device = storage.device();
@@ -99,7 +101,17 @@ at::Tensor ViewOf(const c10::Storage& storage, at::ScalarType dtype, c10::IntArr
 
 const OpInfo& InfoOf(const at::RecordFunction& fn) {
   // Keyed by the schema's name (one string per operator overload, owned by
-  // the dispatcher for the process's life).
+  // the dispatcher for the process's life); each thread keeps its own
+  // index in front of the shared table.
+  thread_local std::unordered_map<const char*, const OpInfo*> mine;
+  auto hit = mine.find(fn.name());
+  if (hit != mine.end()) return *hit->second;
+  const OpInfo& info = SharedInfoOf(fn);
+  mine.emplace(fn.name(), &info);
+  return info;
+}
+
+const OpInfo& SharedInfoOf(const at::RecordFunction& fn) {
   static std::mutex mu;
   static std::unordered_map<const char*, std::unique_ptr<OpInfo>> infos;
   const char* key = fn.name();
@@ -188,7 +200,7 @@ int32_t Step::NewStorage(const c10::Storage& st, bool leaf) {
 }
 
 void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
-                  const std::vector<c10::IValue>& inputs, const std::vector<c10::IValue>& outputs,
+                  std::vector<c10::IValue>&& inputs, const std::vector<c10::IValue>& outputs,
                   std::optional<RngState> rng, bool grad, int64_t cost_ns) {
   if (!info.writes && (info.is_view || c10::InferenceMode::is_enabled())) return;
   if (!info.writes) {
@@ -205,7 +217,6 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
   int32_t index = static_cast<int32_t>(calls_.size());
   calls_.emplace_back(op);
   Call& call = calls_.back();
-  call.args = inputs;
   call.grad = grad;
   call.cost_ns = cost_ns;
   call.rng = std::move(rng);
@@ -220,8 +231,8 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
     if (s < 0) s = NewStorage(t.storage(), /*leaf=*/true);
     Ref r;
     r.storage = s;
-    r.sizes = t.sizes().vec();
-    r.strides = t.strides().vec();
+    r.sizes.assign(t.sizes().begin(), t.sizes().end());
+    r.strides.assign(t.strides().begin(), t.strides().end());
     r.offset = t.storage_offset();
     r.dtype = t.scalar_type();
     const Storage& st = storages_[s];
@@ -241,6 +252,7 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
   });
   // Tensors leave the recorded arguments (a recorded call must not keep an
   // activation alive); the refs say how to rebuild them.
+  call.args = inputs;
   for (const Slot& slot : call.slots) {
     c10::IValue& v = call.args[slot.arg];
     if (slot.item < 0) {
@@ -277,16 +289,18 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
       }
       continue;
     }
-    if (s.registered && !s.freed && !s.pinned_forever) {
-      // A write into what autograd saved: autograd reads the new bytes, so
-      // the live storage stays as it is for the rest of the step.
-      s.pinned_forever = true;
-      counts["pinned_by_write"] += 1;
+    if (s.registered && !s.freed && !s.pinned_forever && Overlaps(s, call.refs[i])) {
+      // A write into what a saved view reads: autograd reads the new bytes,
+      // so the live storage stays as it is for the rest of the step.
+      PinForever(call.refs[i].storage);
+      counts.pinned_by_write += 1;
       // The program's own tensor holds the newest bytes.
       ForEachTensor(inputs, [&](const at::Tensor& t, int32_t arg, int32_t item) {
-        if (arg == call.slots[i].arg && item == call.slots[i].item) s.held = t;
+        if (arg == call.slots[i].arg && item == call.slots[i].item) {
+          storages_[call.refs[i].storage].held = t.tensor_data();
+        }
       });
-      s.held_version = s.version + 1;
+      storages_[call.refs[i].storage].held_version = s.version + 1;
     }
     s.writers.push_back(index);
     s.version += 1;
@@ -305,6 +319,36 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
     storages_[s].output = out;
     storages_[s].dtype = t.scalar_type();
   });
+}
+
+bool Step::Overlaps(const Storage& s, const Ref& r) {
+  if (s.regions.empty()) return false;
+  const int64_t item = static_cast<int64_t>(c10::elementSize(s.dtype));
+  const int64_t n = s.nbytes / item;
+  if (r.dtype != s.dtype || n > (int64_t{1} << 24)) return true;  // unsure: as if it did
+  bool was = internal;
+  internal = true;
+  at::AutoDispatchBelowAutograd below;
+  at::Tensor mask = at::zeros({n}, at::TensorOptions().dtype(at::kBool));
+  for (const Region& g : s.regions) mask.as_strided(g.sizes, g.strides, g.offset).fill_(true);
+  bool hit = mask.as_strided(r.sizes, r.strides, r.offset).any().item<bool>();
+  internal = was;
+  return hit;
+}
+
+void Step::PinForever(int32_t index) {
+  Storage& s = storages_[index];
+  if (s.pinned_forever || s.freed || !s.registered) return;
+  bool was = internal;
+  internal = true;
+  try {
+    Acquire(index);  // (one pin, released at the step's end)
+  } catch (...) {
+    internal = was;
+    throw;
+  }
+  internal = was;
+  storages_[index].pinned_forever = true;
 }
 
 bool Step::BringsBack(const Storage& s, int64_t version) const {
@@ -390,9 +434,9 @@ void Step::Register(int32_t index, const at::Tensor& t) {
   Storage& s = storages_[index];
   s.droppable = f.why_not.empty();
   s.why_kept = f.why_not;
-  if (!s.droppable) counts["kept_not_replayable"] += 1;
+  if (!s.droppable) counts.kept_not_replayable += 1;
   s.allow_drop = options_.recompute && s.droppable;
-  s.held = t;
+  s.held = t.tensor_data();  // (not t's own TensorImpl: see module.cc's PackHook)
   s.held_version = s.version;
   s.reg_version = s.version;
   int32_t sibling = Sibling(index);
@@ -440,24 +484,25 @@ void Step::Register(int32_t index, const at::Tensor& t) {
   remat_tensor_release(runtime_, id);
 }
 
-int32_t Step::Pack(const at::Tensor& t) {
+int32_t Step::Pack(const at::Tensor& t, bool grad_leaf) {
   if (closed_ || internal) return -1;
+  RaiseDeferred();
   if (!HasStorage(t)) {
-    counts["saved_unmanaged"] += 1;
+    counts.saved_unmanaged += 1;
     return -1;
   }
   if (!dead_.empty()) FreeDead();
   if (!pins_.empty()) ReleasePins();  // a forward again: the last backward node has run
   int32_t index = StorageOf(t.storage().unsafeGetStorageImpl());
   if (index < 0) {
-    counts["saved_unmanaged"] += 1;
+    counts.saved_unmanaged += 1;
     return -1;
   }
   {
     Storage& s = storages_[index];
-    if (s.leaf || t.scalar_type() != s.dtype || s.nbytes == 0 ||
-        (t.is_leaf() && t.requires_grad()) || t.is_conj() || t.is_neg()) {
-      counts["saved_unmanaged"] += 1;
+    if (s.leaf || t.scalar_type() != s.dtype || s.nbytes == 0 || grad_leaf || t.is_conj() ||
+        t.is_neg()) {
+      counts.saved_unmanaged += 1;
       return -1;
     }
     if (s.registered && s.freed && !s.pinned_forever) {
@@ -466,6 +511,7 @@ int32_t Step::Pack(const at::Tensor& t) {
       s.registered = false;
       s.freed = false;
       s.id = 0;
+      s.regions.clear();
     }
   }
   if (!storages_[index].registered) {
@@ -474,19 +520,22 @@ int32_t Step::Pack(const at::Tensor& t) {
     Storage& s = storages_[index];
     if (s.reg_version != s.version && !s.pinned_forever) {
       // Written since it was saved, beside its saved views: keep the live bytes.
-      s.pinned_forever = true;
-      s.held = t;
-      s.held_version = s.version;
-      counts["pinned_by_write"] += 1;
+      PinForever(index);
+      storages_[index].held = t.tensor_data();
+      storages_[index].held_version = storages_[index].version;
+      counts.pinned_by_write += 1;
     }
   }
   Storage& s = storages_[index];
   if (s.pinned_forever) {
-    counts["saved_unmanaged"] += 1;
+    counts.saved_unmanaged += 1;
     return -1;
   }
+  s.regions.push_back({{t.sizes().begin(), t.sizes().end()},
+                       {t.strides().begin(), t.strides().end()},
+                       t.storage_offset()});
   s.handles += 1;
-  counts["saved_tensors"] += 1;
+  counts.saved_tensors += 1;
   return index;
 }
 
@@ -559,6 +608,7 @@ at::Tensor Step::Unpack(int32_t index, c10::IntArrayRef sizes, c10::IntArrayRef 
     pin_task_ = task;
   }
   FreeDead();
+  RaiseDeferred();
   Acquire(index);
   Storage& s = storages_[index];
   pins_.push_back(s.id);
@@ -710,7 +760,7 @@ std::vector<at::Tensor> Step::Run(int32_t index, Memo& memo,
     }
   }
   const Call& call = calls_[index];
-  counts["recomputed_calls"] += 1;
+  counts.recomputed_calls += 1;
   c10::AutoGradMode grad(call.grad);
   std::vector<std::pair<at::Generator, at::Tensor>> live;
   if (call.rng) {
@@ -736,12 +786,16 @@ std::vector<at::Tensor> Step::Run(int32_t index, Memo& memo,
 void Step::Close() {
   if (closed_) return;
   closed_ = true;
-  std::string error;
+  std::exception_ptr deferred = deferred_;
+  deferred_ = nullptr;
   ReleasePins();
   dead_.clear();
   for (int32_t index : registered_) {
     Storage& s = storages_[index];
-    if (s.pinned_forever && !s.freed) s.pinned_forever = false;
+    if (s.pinned_forever && !s.freed) {
+      s.pinned_forever = false;
+      remat_tensor_release(runtime_, s.id);
+    }
     if (!s.freed) {
       s.freed = true;
       remat_tensor_free(runtime_, s.id);
@@ -752,6 +806,7 @@ void Step::Close() {
   for (Call& c : calls_) c.refs.clear();
   by_impl_.clear();
   by_id_.clear();
+  if (deferred) std::rethrow_exception(deferred);
 }
 
 // --- Session ------------------------------------------------------------------------------

@@ -23,6 +23,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstdint>
 #include <exception>
@@ -43,8 +44,8 @@ namespace remat_torch {
 // has none, an inference tensor).
 struct Ref {
   int32_t storage = -1;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
   int64_t offset = 0;
   int64_t version = 0;
   at::ScalarType dtype = at::kFloat;
@@ -77,6 +78,13 @@ struct Call {
   int32_t group = -1;             // its runtime call: an index into Step::groups_
 };
 
+// A view of a storage that autograd saved.
+struct Region {
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+  int64_t offset = 0;
+};
+
 struct Storage {
   explicit Storage(c10::weak_intrusive_ptr<c10::StorageImpl> w) : weak(std::move(w)) {}
   c10::weak_intrusive_ptr<c10::StorageImpl> weak;
@@ -100,6 +108,7 @@ struct Storage {
   int64_t handles = 0;
   int32_t group = -1;
   std::string why_kept;
+  std::vector<Region> regions;    // the views of it saved so far
 };
 
 // Which operators' properties recording needs, read once per operator.
@@ -131,22 +140,34 @@ class Step {
   // The recorder's halves (RecordFunction callbacks on the step's thread).
   bool WantsCall(const at::RecordFunction& fn) const;
   void Record(const OpInfo& info, const c10::OperatorHandle& op,
-              const std::vector<c10::IValue>& inputs, const std::vector<c10::IValue>& outputs,
+              std::vector<c10::IValue>&& inputs, const std::vector<c10::IValue>& outputs,
               std::optional<RngState> rng, bool grad, int64_t cost_ns);
 
   // Saved-tensor hooks. Pack: -1 where autograd keeps the tensor itself,
-  // else the storage index a handle names (with its view).
-  int32_t Pack(const at::Tensor& t);
+  // else the storage index a handle names (with its view). grad_leaf: t is
+  // a leaf that requires grad (a parameter, wherever it was made).
+  int32_t Pack(const at::Tensor& t, bool grad_leaf);
   at::Tensor Unpack(int32_t storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                     int64_t offset, at::ScalarType dtype);
   void HandleDied(int32_t storage);
+  // An error the recorder met, raised at the next hook or at Close.
+  void Defer(std::exception_ptr error) {
+    if (!deferred_) deferred_ = error;
+  }
 
   // Ends the step: every pin and tensor it holds goes.
   void Close();
   bool closed() const { return closed_; }
 
   bool internal = false;  // remat's own calls (a replay): not recorded
-  std::unordered_map<std::string, int64_t> counts;
+  // What the step did, for stats["debug"].
+  struct Counts {
+    int64_t saved_tensors = 0;      // handed to the runtime
+    int64_t saved_unmanaged = 0;    // left to autograd (leaves, parameters, ...)
+    int64_t kept_not_replayable = 0;
+    int64_t pinned_by_write = 0;    // written after they were saved: kept to the end
+    int64_t recomputed_calls = 0;
+  } counts;
   double recompute_seconds = 0;
 
   // The runtime's callbacks.
@@ -164,6 +185,8 @@ class Step {
   };
   Frontier FrontierOf(int32_t s, int64_t version);
   bool BringsBack(const Storage& s, int64_t version) const;
+  bool Overlaps(const Storage& s, const Ref& r);
+  void PinForever(int32_t s);
   int32_t Sibling(int32_t s) const;
   void Acquire(int32_t s);
   void ReleasePins();
@@ -193,6 +216,14 @@ class Step {
   int pin_task_ = -2;
   bool in_replay_ = false;
   std::exception_ptr error_;  // what a replay inside an acquire raised
+  std::exception_ptr deferred_;
+  void RaiseDeferred() {
+    if (deferred_) {
+      std::exception_ptr e = deferred_;
+      deferred_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
 };
 
 // One runtime across a budget's steps.
