@@ -57,6 +57,12 @@ def module():
         library = pathlib.Path(_capi.find_library())
         version = re.sub(r"[^0-9A-Za-z]+", "_", torch.__version__)
         name = f"remat_native_torch_{version}"
+        flags = ["-O2", "-DNDEBUG"]
+        if os.environ.get("REMAT_NATIVE_DEBUG") == "1":
+            # (remat's own debugging: symbols, no optimisation; NDEBUG stays,
+            # as torch's headers were built with it.)
+            name += "_debug"
+            flags = ["-O0", "-g", "-DNDEBUG"]
         build = _build_dir(name)
         if not any(build.glob(f"{name}*.so")):
             print(f"remat: building the native recorder for torch {torch.__version__} "
@@ -65,7 +71,7 @@ def module():
             mod = cpp_extension.load(
                 name=name, sources=[str(s) for s in _SOURCES],
                 extra_include_paths=[str(_header_dir())],
-                extra_cflags=["-O2", "-DNDEBUG"],
+                extra_cflags=flags,
                 extra_ldflags=[str(library), f"-Wl,-rpath,{library.parent}"],
                 build_directory=str(build), verbose=False)
         except (RuntimeError, OSError, ImportError) as e:

@@ -128,6 +128,9 @@ void OnCallEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     // at its next hook or at its end.)
     step->Defer(std::current_exception());
   }
+  // Whatever failed, no handle may point at this frame once it is gone:
+  // those not handed over stay with autograd.
+  if (!frame->pending.empty()) ResolvePending(frame, false);
 }
 
 // --- saved-tensor handles -----------------------------------------------------------------
@@ -167,13 +170,20 @@ void ResolvePending(Frame* frame, bool hand_over) {
   std::vector<HandleData*> pending;
   pending.swap(frame->pending);
   for (HandleData* d : pending) {
-    if (d == nullptr) continue;  // (its handle is gone)
-    d->pending_in = nullptr;
-    if (hand_over) {
+    if (d != nullptr) d->pending_in = nullptr;  // (null: its handle is gone)
+  }
+  if (!hand_over) return;
+  std::exception_ptr error;
+  for (HandleData* d : pending) {
+    if (d == nullptr) continue;
+    try {
       at::Tensor t = d->kept;
       Resolve(d, t);
+    } catch (...) {
+      if (!error) error = std::current_exception();  // (the rest are still handed over)
     }
   }
+  if (error) std::rethrow_exception(error);
 }
 
 struct HandleObject {

@@ -519,11 +519,22 @@ int32_t Step::Pack(const at::Tensor& t, bool grad_leaf) {
   } else {
     Storage& s = storages_[index];
     if (s.reg_version != s.version && !s.pinned_forever) {
-      // Written since it was saved, beside its saved views: keep the live bytes.
-      PinForever(index);
-      storages_[index].held = t.tensor_data();
-      storages_[index].held_version = storages_[index].version;
-      counts.pinned_by_write += 1;
+      // Saved again after writes that left the views saved so far alone
+      // (else it would be pinned): the newer content serves them all.
+      Frontier f = FrontierOf(index, s.version);
+      Storage& now = storages_[index];
+      if (f.why_not.empty()) {
+        now.reg_version = now.version;
+        if (now.held.defined() && now.held_version != now.version) {
+          now.held = t.tensor_data();  // the program's own storage holds the newer bytes
+          now.held_version = now.version;
+        }
+      } else {
+        PinForever(index);
+        storages_[index].held = t.tensor_data();
+        storages_[index].held_version = storages_[index].version;
+        counts.pinned_by_write += 1;
+      }
     }
   }
   Storage& s = storages_[index];
