@@ -536,6 +536,45 @@ def _check_version(facts, tensor, storage=None):
     raise RuntimeError(message + _inplace_hint())
 
 
+def _native_inplace_error(is_output, is_leaf, output_nr, grad_fn, like, size, current,
+                          expected):
+    """The error autograd's unpack raises for a saved tensor modified in
+    place since its save, for the native recorder's hook (which found the
+    versions differ): `like` an empty tensor of the saved one's type."""
+    if is_output and not is_leaf:
+        node = torch._C._current_autograd_node()
+    else:
+        node = grad_fn
+        if node is None and not is_leaf:
+            node = torch._C._current_autograd_node()
+    message = ("one of the variables needed for gradient computation has been modified by an "
+               f"inplace operation: [{like.type()} [{', '.join(map(str, size))}]]")
+    if node is not None:
+        message += f", which is output {output_nr} of {_NOT_OUTPUT.sub('', node.name())},"
+    message += f" is at version {current}; expected version {expected} instead."
+    return RuntimeError(message + _inplace_hint())
+
+
+def _native_python_body(name, overload):
+    """_python_body for the native recorder, which names an operator
+    ("ns::op", "overload")."""
+    ns, op = name.split("::", 1)
+    packet = getattr(getattr(torch.ops, ns), op)
+    return _python_body(getattr(packet, overload or "default"))
+
+
+def _native_foreign_rng():
+    """numpy's global RNG state (where numpy is loaded) and Python's."""
+    np = sys.modules.get("numpy")
+    return (np.random.get_state() if np is not None else None, random.getstate())
+
+
+def _native_set_foreign_rng(state):
+    if state[0] is not None:
+        sys.modules["numpy"].random.set_state(state[0])
+    random.setstate(state[1])
+
+
 class _OpInfo:
     """What recording needs of an operator, read once from its schema and tags
     (reading them on every call was a fifth of the recording's time)."""

@@ -83,10 +83,66 @@ def module():
             raise ImportError(f"remat's native recorder in {build} was built for torch "
                               f"{mod.TORCH_VERSION}, and torch {torch.__version__} is installed: "
                               f"remove {build} to rebuild it")
-        from remat.torch._budget import BudgetTooSmall
+        from remat.torch._budget import (BudgetTooSmall, _native_foreign_rng,
+                                         _native_inplace_error, _native_python_body,
+                                         _native_set_foreign_rng)
+        mod.set_python_hooks(_native_python_body, _native_foreign_rng, _native_set_foreign_rng)
         mod.set_budget_too_small(BudgetTooSmall)
+        mod.set_inplace_error(_native_inplace_error)
         _module = mod
         return mod
+
+
+# What hands a tensor's bytes outside autograd, where they may be written
+# with no ATen call to record: wrapped while a native step is open, so that
+# its step hears of it (Step.exported). Wrapping the few methods costs
+# nothing per ATen call, where a torch-function mode costs every call.
+_OUTSIDE = ("numpy", "__array__", "__dlpack__", "data_ptr")
+_patch_lock = threading.Lock()
+_patch_count = 0
+_originals = {}
+_steps = {}  # thread id -> the native step open there
+
+
+def _exporting(name, original):
+    def wrapper(self, *args, **kwargs):
+        step = _steps.get(threading.get_ident())
+        if step is not None and type(self) is torch.Tensor or isinstance(self, torch.Tensor):
+            if step is not None:
+                step.exported(self)
+        return original(self, *args, **kwargs)
+    wrapper.__name__ = name
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    return wrapper
+
+
+def _patch():
+    global _patch_count
+    with _patch_lock:
+        if _patch_count == 0:
+            for name in _OUTSIDE:
+                own = name in torch.Tensor.__dict__
+                original = getattr(torch.Tensor, name)
+                _originals[name] = (own, torch.Tensor.__dict__.get(name))
+                setattr(torch.Tensor, name, _exporting(name, original))
+            prop = torch.Tensor.__cuda_array_interface__
+            _originals["__cuda_array_interface__"] = (True, prop)
+            torch.Tensor.__cuda_array_interface__ = property(
+                _exporting("__cuda_array_interface__", prop.__get__))
+        _patch_count += 1
+
+
+def _unpatch():
+    global _patch_count
+    with _patch_lock:
+        _patch_count -= 1
+        if _patch_count == 0:
+            for name, (own, value) in _originals.items():
+                if own:
+                    setattr(torch.Tensor, name, value)
+                else:
+                    delattr(torch.Tensor, name)
+            _originals.clear()
 
 
 class NativeSession:
@@ -137,10 +193,20 @@ class NativeEngine:
         self.unpack = self.step.unpack
 
     def start_recording(self):
-        self.step.start()
+        _patch()
+        try:
+            self.step.start()
+        except BaseException:
+            _unpatch()
+            raise
+        _steps[threading.get_ident()] = self.step
 
     def stop_recording(self):
-        self.step.stop()
+        _steps.pop(threading.get_ident(), None)
+        try:
+            self.step.stop()
+        finally:
+            _unpatch()
 
     def close(self):
         if self.closed:

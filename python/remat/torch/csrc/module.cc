@@ -3,7 +3,9 @@
 // handle type of their own), and the Session and Step objects _native.py
 // drives once per step.
 #include <torch/extension.h>
+#include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <chrono>
 #include <memory>
@@ -16,6 +18,44 @@ namespace remat_torch {
 namespace {
 
 PyObject* g_budget_too_small = nullptr;  // remat.torch.BudgetTooSmall
+PyObject* g_python_body_fn = nullptr;    // remat.torch._budget._native_python_body
+PyObject* g_rng_get = nullptr;           // ... _native_foreign_rng (numpy's and Python's state)
+PyObject* g_rng_set = nullptr;           // ... _native_set_foreign_rng
+
+// numpy's and Python's RNG state, held as a Python object.
+class PythonRng : public ForeignRng {
+ public:
+  static std::shared_ptr<PythonRng> Now() {
+    py::gil_scoped_acquire gil;
+    auto r = std::make_shared<PythonRng>();
+    r->state_ = py::reinterpret_borrow<py::object>(g_rng_get)();
+    return r;
+  }
+  ~PythonRng() override {
+    py::gil_scoped_acquire gil;
+    state_ = py::object();
+  }
+  void Put() override {
+    py::gil_scoped_acquire gil;
+    py::reinterpret_borrow<py::object>(g_rng_set)(state_);
+  }
+  std::shared_ptr<ForeignRng> Take() override { return Now(); }
+
+ private:
+  py::object state_;
+};
+
+bool PythonBody(const c10::OperatorHandle& op) {
+  if (g_python_body_fn == nullptr) return true;
+  py::gil_scoped_acquire gil;
+  try {
+    return py::reinterpret_borrow<py::object>(g_python_body_fn)(op.schema().name(),
+                                                                op.schema().overload_name())
+        .cast<bool>();
+  } catch (const py::error_already_set&) {
+    return true;  // (unsure: as if it were)
+  }
+}
 
 // Raises the Python error for a C++ one (inside a C function: returns NULL).
 PyObject* SetPythonError() {
@@ -69,6 +109,17 @@ std::unique_ptr<at::ObserverContext> OnCallStart(const at::RecordFunction& fn) {
   Step* step = tls_step;
   if (step == nullptr || !step->WantsCall(fn)) return nullptr;
   const OpInfo& info = InfoOf(fn);
+  if (info.writes) {
+    // Before the write: what replays read from a leaf it writes comes back now.
+    try {
+      step->BeforeWrite(info, fn.inputs());
+    } catch (...) {
+      step->Defer(std::current_exception());
+    }
+  }
+  if (info.moves && fn.inputs().size() > 0 && fn.inputs()[0].isTensor()) {
+    step->DataSet(fn.inputs()[0].toTensor());
+  }
   if (info.is_view && !info.writes) {
     // Its outputs share its input's storage: nothing to record (a replay
     // rebuilds views), but a composite that calls it is not a leaf call.
@@ -90,6 +141,7 @@ std::unique_ptr<at::ObserverContext> OnCallStart(const at::RecordFunction& fn) {
         Take(rng, at::globalContext().defaultGenerator(v.toTensor().device()));
       }
     }
+    if (frame->info->python_body && g_rng_get != nullptr) rng.foreign = PythonRng::Now();
     frame->rng = std::move(rng);
   }
   frame->parent = tls_top;
@@ -149,7 +201,78 @@ struct HandleData {
   at::ScalarType dtype;
   bool grad_leaf;       // a leaf that requires grad (a parameter)
   Frame* pending_in;    // the call whose end hands it over, if any
+  // What autograd's own in-place check needs (PyTorch skips it where
+  // saved-tensor hooks are set): the version counter and its value at the
+  // save, and how the tensor was saved, for the message.
+  std::optional<c10::VariableVersion> counter;
+  uint32_t version = 0;
+  bool is_output = false;
+  bool is_leaf = false;
+  uint32_t output_nr = 0;
+  c10::intrusive_ptr<torch::autograd::Node> grad_fn;  // saved as an input: its grad_fn
+  // Saved as an input: the tensor itself, weakly. Autograd holds such a
+  // tensor, so a `.data =` that moves it onto other bytes moves what the
+  // backward reads; remat reads it there too.
+  c10::weak_intrusive_ptr<c10::TensorImpl> source{c10::intrusive_ptr<c10::TensorImpl>()};
+  c10::StorageImpl* source_storage = nullptr;
+  c10::Device device{c10::kCPU};
+  std::vector<int64_t> shape;  // its sizes, for the message
 };
+
+PyObject* g_inplace_error = nullptr;  // remat.torch._budget._native_inplace_error
+
+// Takes what the in-place check needs of t as it is saved.
+void SaveFacts(HandleData* d, const at::Tensor& t) {
+  if (t.is_inference()) return;  // (no version counter: a constant)
+  d->counter = torch::autograd::impl::version_counter(t);
+  d->device = t.device();
+  d->version = d->counter->current_version();
+  d->is_leaf = t.is_leaf();
+  d->output_nr = static_cast<uint32_t>(t.output_nr());
+  auto fn = t.grad_fn();
+  d->is_output = fn && fn->sequence_nr() + 1 == at::sequence_number::peek();
+  if (!d->is_output) {
+    d->grad_fn = fn;
+    d->source = c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr());
+    if (t.has_storage()) d->source_storage = t.storage().unsafeGetStorageImpl();
+  }
+}
+
+// Raises what autograd's unpack raises where a saved tensor was modified in
+// place since its save; returns the tensor autograd would read where the
+// program moved it with `.data =` (else an undefined tensor).
+at::Tensor CheckSaved(HandleData* d) {
+  at::Tensor moved;
+  at::Tensor source;  // saved as an input and still alive: the tensor itself
+  if (!d->is_output) {
+    c10::intrusive_ptr<c10::TensorImpl> src = d->source.lock();
+    if (src) {
+      source = at::Tensor(std::move(src));
+      if (source.has_storage() &&
+          source.storage().unsafeGetStorageImpl() != d->source_storage) {
+        moved = source.tensor_data();
+      }
+    }
+  }
+  if (!d->counter) return moved;
+  uint32_t current = moved.defined() ? static_cast<uint32_t>(moved._version())
+                                     : d->counter->current_version();
+  if (current == d->version) return moved;
+  // The node the message names: an input's grad_fn as it is now (an
+  // in-place write moves it), as autograd reads it from the tensor it holds.
+  c10::intrusive_ptr<torch::autograd::Node> fn =
+      source.defined() ? c10::intrusive_ptr<torch::autograd::Node>(source.grad_fn())
+                       : d->grad_fn;
+  py::object error = py::reinterpret_borrow<py::object>(g_inplace_error)(
+      d->is_output, d->is_leaf, d->output_nr,
+      fn ? py::reinterpret_steal<py::object>(torch::autograd::functionToPyObject(fn))
+         : py::none(),
+      py::reinterpret_steal<py::object>(THPVariable_Wrap(at::empty(
+          {0}, at::TensorOptions().dtype(d->dtype).device(d->device)))),
+      d->kept.defined() ? d->kept.sizes().vec() : d->sizes, current, d->version);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+  throw py::error_already_set();
+}
 
 // Hands the saved tensor t to the step, or keeps it as autograd would.
 void Resolve(HandleData* d, const at::Tensor& t) {
@@ -239,6 +362,7 @@ PyObject* PackHook(PyObject* self, PyObject* arg) {
     // the hook, which costs microseconds.)
     h->data = new HandleData{*step, at::Tensor(), -1, {}, {}, 0, t.scalar_type(),
                              t.is_leaf() && t.requires_grad(), nullptr};
+    SaveFacts(h->data, t);
     if (tls_step == step->get() && tls_top != nullptr) {
       // Saved inside a call still running: its outputs and writes are not
       // recorded yet. Kept until the call ends, then handed over.
@@ -261,6 +385,8 @@ PyObject* UnpackHook(PyObject* /*self*/, PyObject* arg) {
   }
   try {
     HandleData* h = reinterpret_cast<HandleObject*>(arg)->data;
+    at::Tensor moved = CheckSaved(h);
+    if (moved.defined()) return THPVariable_Wrap(std::move(moved));
     if (h->kept.defined()) return THPVariable_Wrap(h->kept);
     at::Tensor t = h->step->Unpack(h->storage, h->sizes, h->strides, h->offset, h->dtype);
     return THPVariable_Wrap(std::move(t));
@@ -338,6 +464,7 @@ class StepBox {
     d["recomputed_calls"] = c.recomputed_calls;
     return d;
   }
+  void Exported(const at::Tensor& t) { step_->Exported(t); }
   double recompute_seconds() const { return step_->recompute_seconds; }
   bool closed() const { return step_->closed(); }
   py::object pack() const { return pack_; }
@@ -387,6 +514,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   Py_INCREF(&HandleType);
   m.add_object("SavedHandle", reinterpret_cast<PyObject*>(&HandleType));
   m.attr("TORCH_VERSION") = TORCH_VERSION;
+  m.def("set_python_hooks", [](py::object python_body, py::object rng_get, py::object rng_set) {
+    g_python_body_fn = python_body.release().ptr();
+    g_rng_get = rng_get.release().ptr();
+    g_rng_set = rng_set.release().ptr();
+    g_python_body = &PythonBody;
+  });
+  m.def("set_inplace_error", [](py::object fn) {
+    Py_XDECREF(g_inplace_error);
+    g_inplace_error = fn.release().ptr();
+  });
   m.def("set_budget_too_small", [](py::object cls) {
     Py_XDECREF(g_budget_too_small);
     g_budget_too_small = cls.release().ptr();
@@ -402,6 +539,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("stop", &StepBox::Stop)
       .def("close", &StepBox::Close)
       .def("counts", &StepBox::Counts)
+      .def("exported", &StepBox::Exported)
       .def_property_readonly("recompute_seconds", &StepBox::recompute_seconds)
       .def_property_readonly("closed", &StepBox::closed)
       .def_property_readonly("pack", &StepBox::pack)

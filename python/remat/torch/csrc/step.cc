@@ -14,6 +14,9 @@
 #include <unordered_set>
 
 namespace remat_torch {
+
+bool (*g_python_body)(const c10::OperatorHandle& op) = nullptr;
+
 namespace {
 
 // Calls whose outputs do not read the arguments they write in training mode
@@ -140,6 +143,18 @@ const OpInfo& SharedInfoOf(const at::RecordFunction& fn) {
       info->written_args.push_back(3);
       info->written_args.push_back(4);
     }
+    if (full == "aten::set_data") {
+      // `t.data = u` moves t's TensorImpl onto u's bytes: it writes no
+      // bytes (what autograd saved of t stays as it is).
+      info->written_args.clear();
+      info->is_view = true;
+    }
+    if (full == "aten::_has_compatible_shallow_copy_type") {
+      // What `t.data = u` asks first, with t: RecordFunction does not see
+      // aten::set_data itself (an unobserved operator), this it does.
+      info->is_view = true;
+      info->moves = true;
+    }
     info->writes = !info->written_args.empty();
     for (const auto& ret : schema.returns()) {
       const auto* alias = ret.alias_info();
@@ -150,10 +165,14 @@ const OpInfo& SharedInfoOf(const at::RecordFunction& fn) {
     } else if (info->op->hasTag(at::Tag::data_dependent_output) ||
                info->op->hasTag(at::Tag::dynamic_output_shape)) {
       info->why_not = full + " has a data-dependent output";
-    } else if (custom) {
-      // A custom op's body may draw from any generator (numpy's too):
-      // the Python recorder replays those; this one keeps them.
-      info->why_not = full + " is a custom operator (not replayed by the native recorder yet)";
+    }
+    if (custom) {
+      // An operator outside PyTorch's own (a torch.library custom op) may
+      // draw random numbers untagged: it runs, and is replayed, under the
+      // states of the generators it can reach; where its kernel is Python,
+      // numpy's and Python's too.
+      info->random = true;
+      info->python_body = g_python_body != nullptr && g_python_body(*info->op);
     }
   } else {
     info->why_not = std::string(key) + " has no dispatcher entry";
@@ -358,6 +377,7 @@ bool Step::BringsBack(const Storage& s, int64_t version) const {
 
 Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
   Frontier f;
+  std::unordered_set<int32_t> read;  // leaves its replay reads
   std::unordered_set<uint64_t> seen_inputs;
   std::unordered_set<int64_t> visited;
   struct Item {
@@ -372,6 +392,7 @@ Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
     int64_t key = (static_cast<int64_t>(it.s) << 24) ^ it.version;
     if (!visited.insert(key).second) continue;
     const Storage& st = storages_[it.s];
+    if (st.exported) return {{}, 0, "its recompute reads bytes handed outside autograd (numpy, ...)", {}};
     if (!it.top && st.registered && !st.freed && st.reg_version == it.version &&
         BringsBack(st, it.version)) {
       if (seen_inputs.insert(st.id).second) f.inputs.push_back(it.s);
@@ -384,7 +405,7 @@ Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
     }
     for (int32_t c : chain) {
       const Call& call = calls_[c];
-      if (!call.why_not.empty()) return {{}, 0, call.why_not};
+      if (!call.why_not.empty()) return {{}, 0, call.why_not, {}};
       f.cost += call.cost_ns;
       for (size_t i = 0; i < call.refs.size(); ++i) {
         const Ref& r = call.refs[i];
@@ -398,14 +419,20 @@ Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
                     0,
                     call.op.schema().name() +
                         " read a tensor made before the context that was modified in place "
-                        "since"};
+                        "since",
+                    {}};
           }
+          if (in.exported) {
+            return {{}, 0, "its recompute reads bytes handed outside autograd (numpy, ...)", {}};
+          }
+          read.insert(r.storage);
           continue;
         }
         if (r.storage != it.s) stack.push_back({r.storage, r.version, false});
       }
     }
   }
+  f.read.assign(read.begin(), read.end());
   return f;
 }
 
@@ -477,6 +504,7 @@ void Step::Register(int32_t index, const at::Tensor& t) {
     r.group = static_cast<int32_t>(groups_.size()) - 1;
     if (r.reg_version == 0) call.group = r.group;  // later outputs may join it
   }
+  for (int32_t leaf : f.read) storages_[leaf].readers.push_back(index);
   r.id = id;
   r.registered = true;
   by_id_[id] = index;
@@ -500,8 +528,8 @@ int32_t Step::Pack(const at::Tensor& t, bool grad_leaf) {
   }
   {
     Storage& s = storages_[index];
-    if (s.leaf || t.scalar_type() != s.dtype || s.nbytes == 0 || grad_leaf || t.is_conj() ||
-        t.is_neg()) {
+    if (s.leaf || s.exported || t.scalar_type() != s.dtype || s.nbytes == 0 || grad_leaf ||
+        t.is_conj() || t.is_neg()) {
       counts.saved_unmanaged += 1;
       return -1;
     }
@@ -551,6 +579,55 @@ int32_t Step::Pack(const at::Tensor& t, bool grad_leaf) {
 }
 
 void Step::HandleDied(int32_t storage) { dead_.push_back(storage); }
+
+void Step::KeepReaders(int32_t leaf) {
+  if (!pins_.empty()) ReleasePins();
+  FreeDead();
+  std::vector<int32_t> readers;
+  readers.swap(storages_[leaf].readers);
+  for (int32_t r : readers) PinForever(r);
+}
+
+void Step::BeforeWrite(const OpInfo& info, c10::ArrayRef<c10::IValue> inputs) {
+  if (closed_ || internal) return;
+  RaiseDeferred();
+  for (int32_t arg : info.written_args) {
+    if (arg >= static_cast<int32_t>(inputs.size())) continue;
+    std::vector<c10::IValue> one = {inputs[arg]};
+    ForEachTensor(one, [&](const at::Tensor& t, int32_t, int32_t) {
+      if (!HasStorage(t)) return;
+      int32_t s = StorageOf(t.storage().unsafeGetStorageImpl());
+      if (s >= 0 && storages_[s].leaf && !storages_[s].readers.empty()) KeepReaders(s);
+    });
+  }
+}
+
+void Step::Exported(const at::Tensor& t) {
+  if (closed_ || internal || !HasStorage(t)) return;
+  int32_t index = StorageOf(t.storage().unsafeGetStorageImpl());
+  if (index < 0) index = NewStorage(t.storage(), /*leaf=*/true);
+  if (storages_[index].exported) return;
+  storages_[index].exported = true;
+  if (!storages_[index].readers.empty()) KeepReaders(index);
+  Storage& s = storages_[index];
+  if (!s.leaf && s.registered && !s.freed) {
+    PinForever(index);
+    // From now on remat holds the program's own bytes.
+    Storage& now = storages_[index];
+    now.held = ViewOf(t.storage(), now.dtype,
+                      {now.nbytes / static_cast<int64_t>(c10::elementSize(now.dtype))}, {1}, 0);
+    now.held_version = now.version;
+  }
+}
+
+void Step::DataSet(const at::Tensor& t) {
+  // remat holds shallow copies (tensor_data), which `.data =` does not
+  // move: nothing of remat's follows t. Autograd holds a tensor it saved as
+  // an input, and reads where it was moved: so does remat, which keeps t
+  // alive to the step's end for those handles to read.
+  if (closed_ || internal) return;
+  moved_.push_back(t);
+}
 
 void Step::FreeDead() {
   while (!dead_.empty()) {
@@ -774,6 +851,7 @@ std::vector<at::Tensor> Step::Run(int32_t index, Memo& memo,
   counts.recomputed_calls += 1;
   c10::AutoGradMode grad(call.grad);
   std::vector<std::pair<at::Generator, at::Tensor>> live;
+  std::shared_ptr<ForeignRng> live_foreign;
   if (call.rng) {
     for (const auto& [gen, state] : call.rng->states) {
       at::Generator g = gen;
@@ -781,14 +859,20 @@ std::vector<at::Tensor> Step::Run(int32_t index, Memo& memo,
       live.emplace_back(g, g.get_state());
       g.set_state(state);
     }
+    if (call.rng->foreign) {
+      live_foreign = call.rng->foreign->Take();
+      call.rng->foreign->Put();
+    }
   }
   try {
     call.op.callBoxed(stack);
   } catch (...) {
     Restore(live);
+    if (live_foreign) live_foreign->Put();
     throw;
   }
   Restore(live);
+  if (live_foreign) live_foreign->Put();
   std::vector<at::Tensor> out;
   ForEachTensor(stack, [&](const at::Tensor& t, int32_t, int32_t) { out.push_back(t); });
   return out;
@@ -817,6 +901,7 @@ void Step::Close() {
   for (Call& c : calls_) c.refs.clear();
   by_impl_.clear();
   by_id_.clear();
+  moved_.clear();
   if (deferred) std::rethrow_exception(deferred);
 }
 

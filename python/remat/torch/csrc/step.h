@@ -59,9 +59,20 @@ struct Slot {
   int32_t item;
 };
 
+// A state of generators outside torch (numpy's global one, Python's
+// `random`), which a custom op whose body is Python may draw from: held by
+// the host language (python/remat/torch/csrc/module.cc), set back by Put.
+struct ForeignRng {
+  virtual ~ForeignRng() = default;
+  virtual void Put() = 0;
+  // The live state now, to put back after a replay.
+  virtual std::shared_ptr<ForeignRng> Take() = 0;
+};
+
 // Random-number states a random call drew from, as they were before it.
 struct RngState {
   std::vector<std::pair<at::Generator, at::Tensor>> states;
+  std::shared_ptr<ForeignRng> foreign;
 };
 
 struct Call {
@@ -109,15 +120,19 @@ struct Storage {
   int32_t group = -1;
   std::string why_kept;
   std::vector<Region> regions;    // the views of it saved so far
+  std::vector<int32_t> readers;   // saved storages whose replay reads it (a leaf's)
+  bool exported = false;          // its bytes were handed outside autograd
 };
 
 // Which operators' properties recording needs, read once per operator.
 struct OpInfo {
   std::optional<c10::OperatorHandle> op;
   bool random = false;
+  bool python_body = false;       // a custom op whose kernel is Python: may draw from numpy's RNG
   bool is_view = false;
   bool writes = false;
-  bool writes_unread = false;     // batch norm: writes its running statistics, outputs do not read them
+  bool writes_unread = false;
+  bool moves = false;             // `t.data = u` (aten::set_data)     // batch norm: writes its running statistics, outputs do not read them
   bool nondeterministic = false;
   std::string why_not;
   std::vector<int32_t> written_args;
@@ -150,6 +165,17 @@ class Step {
   at::Tensor Unpack(int32_t storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                     int64_t offset, at::ScalarType dtype);
   void HandleDied(int32_t storage);
+
+  // A call about to write `inputs`' written arguments (the recorder's
+  // start): what a replay would read from a leaf it writes comes back now,
+  // while the leaf holds what the replay read, and stays.
+  void BeforeWrite(const OpInfo& info, c10::ArrayRef<c10::IValue> inputs);
+  // t's bytes are handed outside autograd (numpy, DLPack, data_ptr): they
+  // may be written there, unseen. Never dropped from now on, and no replay
+  // reads them.
+  void Exported(const at::Tensor& t);
+  // `t.data = ...` moves t onto other bytes: remat's hold stays on the old.
+  void DataSet(const at::Tensor& t);
   // An error the recorder met, raised at the next hook or at Close.
   void Defer(std::exception_ptr error) {
     if (!deferred_) deferred_ = error;
@@ -182,11 +208,13 @@ class Step {
     std::vector<int32_t> inputs;
     int64_t cost = 0;
     std::string why_not;
+    std::vector<int32_t> read;  // the leaves it reads
   };
   Frontier FrontierOf(int32_t s, int64_t version);
   bool BringsBack(const Storage& s, int64_t version) const;
   bool Overlaps(const Storage& s, const Ref& r);
   void PinForever(int32_t s);
+  void KeepReaders(int32_t leaf);
   int32_t Sibling(int32_t s) const;
   void Acquire(int32_t s);
   void ReleasePins();
@@ -215,6 +243,7 @@ class Step {
   const void* pin_node_ = nullptr;
   int pin_task_ = -2;
   bool in_replay_ = false;
+  std::vector<at::Tensor> moved_;  // tensors moved by `.data =` (DataSet)
   std::exception_ptr error_;  // what a replay inside an acquire raised
   std::exception_ptr deferred_;
   void RaiseDeferred() {
@@ -270,5 +299,9 @@ at::Tensor ViewOf(const c10::Storage& storage, at::ScalarType dtype, c10::IntArr
                   c10::IntArrayRef strides, int64_t offset);
 
 const OpInfo& InfoOf(const at::RecordFunction& fn);
+
+// Whether a custom operator's own kernel is Python (set by the module: the
+// answer comes from Python).
+extern bool (*g_python_body)(const c10::OperatorHandle& op);
 
 }  // namespace remat_torch
