@@ -13,6 +13,7 @@ refuses those options): offload, the allocator-driven mode, the plan trial
 and what steps learn about replays, custom operators' replays (their
 tensors are kept), and the in-place checks at unpack.
 """
+import collections
 import os
 import pathlib
 import re
@@ -183,6 +184,8 @@ class NativeEngine:
         self.replays = _Replays()
         self.session = None
         self.step = None
+        # What the Python side counts (keep_saved blocks), beside the step's own.
+        self.counts = collections.Counter()
 
     def open(self, session):
         self.session = session
@@ -246,4 +249,5 @@ class NativeEngine:
             "pressure": "saved",
             "native": True,
             **counts,
+            **self.counts,
         }

@@ -109,6 +109,12 @@ std::unique_ptr<at::ObserverContext> OnCallStart(const at::RecordFunction& fn) {
   Step* step = tls_step;
   if (step == nullptr || !step->WantsCall(fn)) return nullptr;
   const OpInfo& info = InfoOf(fn);
+  if (tls_top != nullptr && tls_top->info == &info) {
+    // The call again, inside itself: a Python dispatch mode's handler runs
+    // it with the dispatch state of the outer call. One call, recorded once
+    // (as the outer one).
+    return nullptr;
+  }
   if (info.writes) {
     // Before the write: what replays read from a leaf it writes comes back now.
     try {
@@ -120,10 +126,11 @@ std::unique_ptr<at::ObserverContext> OnCallStart(const at::RecordFunction& fn) {
   if (info.moves && fn.inputs().size() > 0 && fn.inputs()[0].isTensor()) {
     step->DataSet(fn.inputs()[0].toTensor());
   }
-  if (info.is_view && !info.writes) {
+  if ((info.is_view && !info.writes) || !info.op) {
     // Its outputs share its input's storage: nothing to record (a replay
-    // rebuilds views), but a composite that calls it is not a leaf call.
-    if (tls_top != nullptr) tls_top->nested = true;
+    // rebuilds views). Nor does it make the call around it a composite: a
+    // composite that makes a storage does so by a call of its own, and a
+    // Python dispatch mode detaches the arguments it hands its handler.
     return nullptr;
   }
   if (tls_top != nullptr) tls_top->nested = true;
@@ -462,6 +469,7 @@ class StepBox {
     d["kept_not_replayable"] = c.kept_not_replayable;
     d["pinned_by_write"] = c.pinned_by_write;
     d["recomputed_calls"] = c.recomputed_calls;
+    d["recorded_calls"] = c.recorded_calls;
     return d;
   }
   void Exported(const at::Tensor& t) { step_->Exported(t); }

@@ -234,6 +234,7 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
     if (!made) return;
   }
   int32_t index = static_cast<int32_t>(calls_.size());
+  counts.recorded_calls += 1;
   calls_.emplace_back(op);
   Call& call = calls_.back();
   call.grad = grad;

@@ -193,6 +193,7 @@ class Step {
     int64_t kept_not_replayable = 0;
     int64_t pinned_by_write = 0;    // written after they were saved: kept to the end
     int64_t recomputed_calls = 0;
+    int64_t recorded_calls = 0;
   } counts;
   double recompute_seconds = 0;
 
