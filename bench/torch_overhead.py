@@ -12,7 +12,9 @@ taking turns, on one thread:
   forward call recorded, every saved activation handed to the runtime and
   brought back, nothing dropped);
 - the same budget, entered each step (the steady state of a training loop);
-- the same with pause_gc=False: Python's garbage collector left running.
+- the same with pause_gc=False: Python's garbage collector left running;
+- the same budget with native=True: the recorder and the saved-tensor hooks
+  in C++ (remat.torch._native).
 
 Prints the median and the mean step time of each (the mean counts the rare
 full collections of the garbage collector, which the median hides) and the
@@ -58,26 +60,36 @@ def run_models(names, steps):
         _, step = TINY[name]()
         budget = remat.torch.budget(1 << 40, policy="dtr")
 
+        native = remat.torch.budget(1 << 40, policy="dtr", native=True)
+
         def plain():
             step().backward()
 
         def budgeted():
             with budget:
                 step().backward()
-        times = {"plain": [], "budget": []}
-        for f in (plain, budgeted):
+
+        def native_step():
+            with native:
+                step().backward()
+        ways = {"plain": plain, "budget": budgeted, "native": native_step}
+        times = {way: [] for way in ways}
+        for f in ways.values():
             for _ in range(3):
                 f()
         for _ in range(steps):
-            for way, f in (("plain", plain), ("budget", budgeted)):
+            for way, f in ways.items():
                 start = time.perf_counter()
                 f()
                 times[way].append(time.perf_counter() - start)
         p = statistics.median(times["plain"]) * 1e3
         b = statistics.median(times["budget"]) * 1e3
-        print(f"  {name:7s} plain {p:6.2f} ms, budget {b:6.2f} ms (median): {b - p:6.2f} ms "
-              f"more, {budget.stats['debug']['saved_tensors']} saved tensors, "
-              f"drops {budget.stats['drops']}")
+        n = statistics.median(times["native"]) * 1e3
+        print(f"  {name:7s} plain {p:6.2f} ms, budget {b:6.2f} ms ({b / p:.2f}x), native "
+              f"{n:6.2f} ms ({n / p:.2f}x) (medians); saved tensors "
+              f"{budget.stats['debug']['saved_tensors']} / "
+              f"{native.stats['debug']['saved_tensors']}, drops {budget.stats['drops']} / "
+              f"{native.stats['drops']}")
 
 
 def main():
@@ -111,6 +123,7 @@ def main():
 
     budget = remat.torch.budget(1 << 40, policy="dtr-eq")
     budget_gc = remat.torch.budget(1 << 40, policy="dtr-eq", pause_gc=False)
+    native = remat.torch.budget(1 << 40, policy="dtr-eq", native=True)
 
     def mode_step():
         with PassThrough():
@@ -125,8 +138,12 @@ def main():
         with budget_gc:
             step()
 
+    def native_step():
+        with native:
+            step()
+
     ways = {"plain": step, "pass-through mode": mode_step, "budget": budget_step,
-            "budget, gc running": budget_gc_step}
+            "budget, gc running": budget_gc_step, "native budget": native_step}
     times = {name: [] for name in ways}
     for f in ways.values():  # warm up: first dispatches import and cache
         for _ in range(3):
@@ -144,7 +161,9 @@ def main():
     for name in ways:
         print(f"  {name:20s} {median[name] * 1e3:8.2f} ms per step (median), "
               f"{mean[name] * 1e3:8.2f} ms (mean)")
-    for name in ("budget", "budget, gc running"):
+    for name in ways:
+        print(f"  {name:20s} {median[name] / median['plain']:.2f}x plain (medians)")
+    for name in ("budget", "budget, gc running", "native budget"):
         for what, t in (("median", median), ("mean", mean)):
             extra = (t[name] - t["plain"]) / calls * 1e6
             over_floor = (t[name] - t["pass-through mode"]) / calls * 1e6
