@@ -90,7 +90,6 @@ struct Frame : at::ObserverContext {
   std::vector<c10::IValue> inputs;
   std::optional<RngState> rng;
   bool grad = true;
-  bool nested = false;  // a call of its own ran inside (a composite): not recorded itself
   Frame* parent = nullptr;
   std::chrono::steady_clock::time_point start;
 };
@@ -126,14 +125,13 @@ std::unique_ptr<at::ObserverContext> OnCallStart(const at::RecordFunction& fn) {
   if (info.moves && fn.inputs().size() > 0 && fn.inputs()[0].isTensor()) {
     step->DataSet(fn.inputs()[0].toTensor());
   }
-  if ((info.is_view && !info.writes) || !info.op) {
-    // Its outputs share its input's storage: nothing to record (a replay
-    // rebuilds views). Nor does it make the call around it a composite: a
-    // composite that makes a storage does so by a call of its own, and a
-    // Python dispatch mode detaches the arguments it hands its handler.
+  if ((info.is_view && !info.writes) || !info.op || info.composite) {
+    // A view's outputs share its input's storage: nothing to record (a
+    // replay rebuilds views). A composite's work is the calls it makes,
+    // recorded each (an autograd kernel's own calls, as the clone of an
+    // in-place multiply's input, are recorded beside its call).
     return nullptr;
   }
-  if (tls_top != nullptr) tls_top->nested = true;
   auto frame = std::make_unique<Frame>();
   frame->info = &info;
   auto inputs = fn.inputs();
@@ -165,7 +163,7 @@ void OnCallEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   tls_top = frame->parent;
   Step* step = tls_step;
   bool failed = std::uncaught_exceptions() > 0;
-  if (frame->nested || step == nullptr || step->closed() || !frame->info->op || failed) {
+  if (step == nullptr || step->closed() || !frame->info->op || failed) {
     if (!frame->pending.empty()) {
       try {
         ResolvePending(frame, step != nullptr && !step->closed() && !failed);

@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/node.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <unordered_set>
 
@@ -130,6 +131,11 @@ const OpInfo& SharedInfoOf(const at::RecordFunction& fn) {
     const c10::FunctionSchema& schema = info->op->schema();
     const std::string& full = schema.name();
     bool custom = !BuiltinNamespace(full);
+    const c10::OperatorHandle& op = *info->op;
+    info->composite = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+                      !op.hasKernelForDispatchKey(c10::DispatchKey::Autograd) &&
+                      !op.hasKernelForDispatchKey(c10::DispatchKey::AutogradCPU) &&
+                      !op.hasKernelForDispatchKey(c10::DispatchKey::AutogradCUDA);
     info->random = info->op->hasTag(at::Tag::nondeterministic_seeded);
     info->nondeterministic = info->op->hasTag(at::Tag::nondeterministic_bitwise);
     info->writes_unread = WritesUnread(full);
@@ -181,7 +187,34 @@ const OpInfo& SharedInfoOf(const at::RecordFunction& fn) {
 }
 
 Step::Step(Session* session, StepOptions options)
-    : session_(session), runtime_(session->runtime()), options_(options) {}
+    : session_(session), runtime_(session->runtime()), options_(options) {
+  const char* verify = std::getenv("REMAT_NATIVE_VERIFY");
+  verify_ = verify != nullptr && std::string(verify) == "1";
+}
+
+void Step::Verify(int32_t index, const at::Tensor& t) {
+  auto it = verify_copies_.find(index);
+  if (it == verify_copies_.end()) return;
+  const Storage& s = storages_[index];
+  bool was = internal;
+  internal = true;
+  const at::Tensor& old = it->second.first;
+  int64_t n = std::min<int64_t>(old.numel(), t.storage().nbytes() / old.element_size());
+  at::Tensor now = ViewOf(t.storage(), old.scalar_type(), old.sizes(), old.strides(),
+                          old.storage_offset());
+  bool same = old.sizes() == now.sizes() && at::equal(old, now);
+  internal = was;
+  if (!same) {
+    std::string chain = calls_[s.producer].op.schema().name();
+    for (int64_t w = 0; w < s.reg_version && w < static_cast<int64_t>(s.writers.size()); ++w) {
+      chain += " > " + calls_[s.writers[w]].op.schema().name();
+    }
+    fprintf(stderr, "remat verify: storage %d (version %lld, held %lld, n %lld) came back different: %s\n",
+            index, (long long)s.reg_version, (long long)it->second.second, (long long)n,
+            chain.c_str());
+  }
+  verify_copies_.erase(it);
+}
 
 Step::~Step() {
   if (!closed_) {
@@ -713,6 +746,12 @@ void Step::OnEvent(const remat_event& e) {
   if (it == by_id_.end()) return;
   Storage& s = storages_[it->second];
   if (e.kind == REMAT_EVENT_DROPPED || e.kind == REMAT_EVENT_COLLECTED) {
+    if (verify_ && e.kind == REMAT_EVENT_DROPPED && s.held.defined()) {
+      bool was = internal;
+      internal = true;
+      verify_copies_[it->second] = {s.held.clone(), s.held_version};
+      internal = was;
+    }
     s.held = at::Tensor();
   }
 }
@@ -735,6 +774,7 @@ int Step::OnRecompute(int32_t group, const int* regenerate, size_t num_outputs) 
       int32_t index = members[i];
       done.push_back(index);
       at::Tensor t = Materialize(index, storages_[index].reg_version, memo, runs, true);
+      if (verify_) Verify(index, t);
       storages_[index].held = t;
       storages_[index].held_version = storages_[index].reg_version;
     }

@@ -132,7 +132,10 @@ struct OpInfo {
   bool is_view = false;
   bool writes = false;
   bool writes_unread = false;
-  bool moves = false;             // `t.data = u` (aten::set_data)     // batch norm: writes its running statistics, outputs do not read them
+  bool moves = false;             // `t.data = u` (aten::set_data)
+  // Its autograd kernel is its decomposition (CompositeImplicitAutograd):
+  // not recorded, the calls it makes are.
+  bool composite = false;     // batch norm: writes its running statistics, outputs do not read them
   bool nondeterministic = false;
   std::string why_not;
   std::vector<int32_t> written_args;
@@ -244,6 +247,11 @@ class Step {
   const void* pin_node_ = nullptr;
   int pin_task_ = -2;
   bool in_replay_ = false;
+  // REMAT_NATIVE_VERIFY=1 (remat's own debugging): each drop keeps a copy,
+  // each recompute is compared with it.
+  bool verify_ = false;
+  std::unordered_map<int32_t, std::pair<at::Tensor, int64_t>> verify_copies_;
+  void Verify(int32_t index, const at::Tensor& t);
   std::vector<at::Tensor> moved_;  // tensors moved by `.data =` (DataSet)
   std::exception_ptr error_;  // what a replay inside an acquire raised
   std::exception_ptr deferred_;
