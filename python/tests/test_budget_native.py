@@ -1,0 +1,109 @@
+"""remat.torch.budget(native=True): the recorder and the saved-tensor hooks
+in C++ (remat.torch._native). The exactness tests of the Python recorder run
+again on the native path (every budget they make, unless it offloads or
+lists policies, is native: REMAT_TORCH_NATIVE=1), and the native path's own
+checks follow. The extension is built against the installed torch on first
+use (about a minute; it needs a C++ compiler and ninja)."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
+pytest.importorskip("ninja", reason="the native recorder is built with ninja (pip install ninja)")
+
+import remat.torch  # noqa: E402
+from remat.torch import _native, models, zoo  # noqa: E402
+
+# The Python recorder's exactness tests, collected again here under the
+# native path (the autouse fixture below).
+from test_budget import (  # noqa: E402,F401
+    TestEdgeCases, test_activation_mutated_after_use, test_backward_after_the_context_is_refused,
+    test_budgets_do_not_nest, test_double_backward_gradients_equal_under_a_budget,
+    test_dropout_masks_replayed_and_rng_left_as_plain, test_gradients_equal_under_drop,
+    test_input_mutated_after_forward_keeps_its_dependents, test_other_policies,
+    test_a_calls_saved_outputs_come_back_in_one_run, test_a_step_that_raises_leaves_nothing_behind_for_the_next,
+    test_saved_tensors_without_strided_storage_are_kept_as_autograd_keeps_them,
+    test_torch_func_runs_inside_a_keep_saved_block, test_torch_func_needs_the_keep_saved_block,
+    test_keep_saved_outside_the_budget_or_under_other_hooks_is_refused,
+    test_leaving_the_budget_inside_a_keep_saved_block_leaves_no_hooks,
+    test_garbage_collection_waits_inside_and_is_as_before_after)
+from test_budget_exact import (  # noqa: E402,F401
+    test_a_custom_op_drawing_random_numbers_replays_its_draws,
+    test_a_saved_tensor_modified_in_place_raises_as_in_a_plain_step,
+    test_a_write_outside_autograd_reads_as_in_a_plain_step,
+    test_an_optimizer_step_between_two_backwards_raises_as_in_a_plain_step,
+    test_inference_tensors_are_read_as_constants, test_the_in_place_error_names_anomaly_modes_hint)
+from test_zoo import test_the_same_step_under_a_budget  # noqa: E402,F401
+
+
+@pytest.fixture(autouse=True)
+def _native_path(monkeypatch):
+    monkeypatch.setenv("REMAT_TORCH_NATIVE", "1")
+
+
+def _grads(make, budget=None):
+    model, step = make(0)
+    torch.manual_seed(1)
+    if budget is None:
+        loss = step()
+        loss.backward()
+    else:
+        with budget:
+            loss = step()
+            loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                           if p.grad is not None}
+
+
+def test_the_env_switch_and_the_argument_choose_the_native_path():
+    with remat.torch.budget(1 << 40) as run:
+        models.mlp(0)[1]().backward()
+    assert run.stats["debug"]["native"]
+    with remat.torch.budget(1 << 40, native=False) as run:
+        models.mlp(0)[1]().backward()
+    assert "native" not in run.stats["debug"]
+    # Offload, the allocator's pressure and a list of policies need the
+    # Python recorder: the switch leaves those alone, the argument refuses them.
+    with remat.torch.budget(1 << 40, offload=True) as run:
+        models.mlp(0)[1]().backward()
+    assert "native" not in run.stats["debug"]
+    for kw in ({"offload": True}, {"policy": ["dtr", "lru"]}, {"pressure": "allocator"}):
+        with pytest.raises(ValueError, match="native=True"):
+            remat.torch.budget(1 << 40, native=True, **kw)
+
+
+@pytest.mark.parametrize("name", ["gru", "transformer", "norms"])
+def test_an_autograd_kernels_own_calls_do_not_hide_its_call(name):
+    # A GRU cell's in-place multiply has autograd clone its input before the
+    # write, at autograd's level: both calls are recorded (the clone's output
+    # is what the node saves; the multiply is a write a replay must run).
+    make = getattr(zoo, name)
+    loss, grads = _grads(make)
+    full = remat.torch.budget(1 << 40, native=True)
+    _grads(make, full)
+    b = remat.torch.budget(int(full.stats["peak_saved_bytes"] * 0.5), native=True)
+    got_loss, got = _grads(make, b)
+    assert b.stats["drops"] > 0 and b.stats["recomputes"] > 0
+    assert torch.equal(got_loss, loss)
+    for n in grads:
+        assert torch.equal(got[n], grads[n]), n
+
+
+def test_a_python_dispatch_mode_around_the_budget_is_seen_through():
+    # A mode's handler runs the call again with the outer call's dispatch
+    # state: one call, recorded once, so the saved tensors stay remat's.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    loss, grads = _grads(models.mlp)
+    with Count():
+        b = remat.torch.budget(1 << 40, native=True)
+        got_loss, got = _grads(models.mlp, b)
+    assert b.stats["debug"]["saved_tensors"] > 0
+    assert torch.equal(got_loss, loss)
+    assert all(torch.equal(got[n], grads[n]) for n in grads)
+
+
+def test_the_extension_names_the_torch_it_was_built_for():
+    mod = _native.module()
+    assert mod.TORCH_VERSION.split("+")[0] == torch.__version__.split("+")[0]
