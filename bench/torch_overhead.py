@@ -53,11 +53,15 @@ TINY = {
 }
 
 
-def run_models(names, steps):
+# The same models at the package's own sizes (python/remat/torch/models.py).
+DEFAULT = {name: (lambda name=name: getattr(models, name)(0)) for name in TINY}
+
+
+def run_models(names, steps, sizes=TINY):
     print(f"{steps} steps each, plain and under a budget nothing reaches, taking turns; "
           f"one thread, torch {torch.__version__}")
     for name in names:
-        _, step = TINY[name]()
+        _, step = sizes[name]()
         budget = remat.torch.budget(1 << 40, policy="dtr")
 
         native = remat.torch.budget(1 << 40, policy="dtr", native=True)
@@ -99,6 +103,9 @@ def main():
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--models", default=None,
                         help=f"comma-separated, of {','.join(TINY)}: those models instead")
+    parser.add_argument("--sizes", choices=("tiny", "default"), default="tiny",
+                        help="--models at tiny sizes (where per-call costs show most) or at "
+                             "the package's own")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.models is not None:
@@ -106,7 +113,7 @@ def main():
         unknown = [n for n in names if n not in TINY]
         if unknown or not names:
             parser.error(f"--models: unknown {unknown or args.models!r}; known: {','.join(TINY)}")
-        return run_models(names, args.steps)
+        return run_models(names, args.steps, TINY if args.sizes == "tiny" else DEFAULT)
     torch.manual_seed(0)
     w = torch.randn(args.width, args.width, requires_grad=True)
     x0 = torch.randn(16, args.width)

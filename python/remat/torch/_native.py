@@ -102,6 +102,7 @@ _OUTSIDE = ("numpy", "__array__", "__dlpack__", "data_ptr")
 _patch_lock = threading.Lock()
 _patch_count = 0
 _originals = {}
+_backwards_before = []
 _steps = {}  # thread id -> the native step open there
 
 
@@ -117,10 +118,35 @@ def _exporting(name, original):
     return wrapper
 
 
+def _backward(original):
+    """A backward with the recorder off on this thread: it records
+    nothing there, and each call through RecordFunction costs its boxing."""
+    def wrapper(*args, **kwargs):
+        step = _steps.get(threading.get_ident())
+        if step is None:
+            return original(*args, **kwargs)
+        step.pause()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            step.resume()
+    wrapper.__name__ = original.__name__
+    wrapper.__doc__ = original.__doc__
+    return wrapper
+
+
+# Where a backward starts from Python (Tensor.backward calls autograd.backward).
+_BACKWARDS = ((torch.Tensor, "backward"), (torch.autograd, "backward"), (torch.autograd, "grad"))
+
+
 def _patch():
     global _patch_count
     with _patch_lock:
         if _patch_count == 0:
+            for owner, name in _BACKWARDS:
+                original = getattr(owner, name)
+                _backwards_before.append((owner, name, original))
+                setattr(owner, name, _backward(original))
             for name in _OUTSIDE:
                 own = name in torch.Tensor.__dict__
                 original = getattr(torch.Tensor, name)
@@ -138,6 +164,9 @@ def _unpatch():
     with _patch_lock:
         _patch_count -= 1
         if _patch_count == 0:
+            while _backwards_before:
+                owner, name, original = _backwards_before.pop()
+                setattr(owner, name, original)
             for name, (own, value) in _originals.items():
                 if own:
                     setattr(torch.Tensor, name, value)

@@ -431,6 +431,10 @@ class StepBox {
     if (tls_step != nullptr) throw std::runtime_error("remat: a step is recording on this thread");
     tls_step = step_.get();
     tls_top = nullptr;
+    AddCallback();
+  }
+
+  void AddCallback() {
     callback_ = at::addThreadLocalCallback(
         at::RecordFunctionCallback(&OnCallStart, &OnCallEnd)
             .needsInputs(true)
@@ -439,12 +443,22 @@ class StepBox {
   }
 
   void Stop() {
+    Pause();
+    if (tls_step == step_.get()) tls_step = nullptr;
+    tls_top = nullptr;
+  }
+
+  // The recorder off while a backward runs on this thread (it records
+  // nothing there, and every call through RecordFunction costs its boxing).
+  void Pause() {
     if (callback_ != 0) {
       at::removeCallback(callback_);
       callback_ = 0;
     }
-    if (tls_step == step_.get()) tls_step = nullptr;
-    tls_top = nullptr;
+  }
+
+  void Resume() {
+    if (callback_ == 0 && tls_step == step_.get() && !step_->closed()) AddCallback();
   }
 
   void Close() {
@@ -543,6 +557,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("recompute"), py::arg("allow_nondeterministic"))
       .def("start", &StepBox::Start)
       .def("stop", &StepBox::Stop)
+      .def("pause", &StepBox::Pause)
+      .def("resume", &StepBox::Resume)
       .def("close", &StepBox::Close)
       .def("counts", &StepBox::Counts)
       .def("exported", &StepBox::Exported)
