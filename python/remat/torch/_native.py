@@ -14,6 +14,7 @@ and what steps learn about replays, custom operators' replays (their
 tensors are kept), and the in-place checks at unpack.
 """
 import collections
+import hashlib
 import os
 import pathlib
 import re
@@ -64,7 +65,10 @@ def module():
             # as torch's headers were built with it.)
             name += "_debug"
             flags = ["-O0", "-g", "-DNDEBUG"]
-        build = _build_dir(name)
+        # One build per torch version and libremat.so (checkouts and installs
+        # side by side do not rebuild each other's).
+        where = hashlib.sha1(str(library).encode()).hexdigest()[:10]
+        build = _build_dir(f"{name}/{where}")
         if not any(build.glob(f"{name}*.so")):
             print(f"remat: building the native recorder for torch {torch.__version__} "
                   f"(once; about a minute) in {build}", file=sys.stderr, flush=True)
@@ -246,8 +250,8 @@ class NativeEngine:
         self.closed = True
         try:
             self.step.close()
-            self.stats = self.read_stats()
         finally:
+            self.stats = self.read_stats()
             self.session.engine = None
 
     def exit_error(self):

@@ -534,6 +534,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   Py_INCREF(&HandleType);
   m.add_object("SavedHandle", reinterpret_cast<PyObject*>(&HandleType));
   m.attr("TORCH_VERSION") = TORCH_VERSION;
+  // A C++ BudgetTooSmall out of a Step method is remat.torch.BudgetTooSmall.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const BudgetTooSmall& e) {
+      PyErr_SetString(g_budget_too_small != nullptr ? g_budget_too_small : PyExc_RuntimeError,
+                      e.what());
+    }
+  });
   m.def("set_python_hooks", [](py::object python_body, py::object rng_get, py::object rng_set) {
     g_python_body_fn = python_body.release().ptr();
     g_rng_get = rng_get.release().ptr();

@@ -9,7 +9,10 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/node.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <set>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_set>
@@ -92,6 +95,15 @@ bool HasStorage(const at::Tensor& t) {
 }  // namespace
 
 const OpInfo& SharedInfoOf(const at::RecordFunction& fn);
+
+std::string OpName(const c10::OperatorHandle& op) {
+  // As Python prints an operator: aten.add_.Tensor, aten.tanh.default.
+  std::string name = op.schema().name();
+  auto colons = name.find("::");
+  if (colons != std::string::npos) name.replace(colons, 2, ".");
+  const std::string& overload = op.schema().overload_name();
+  return name + "." + (overload.empty() ? std::string("default") : overload);
+}
 
 at::Tensor ViewOf(const c10::Storage& storage, at::ScalarType dtype, c10::IntArrayRef sizes,
                   c10::IntArrayRef strides, int64_t offset) {
@@ -274,7 +286,7 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
   call.cost_ns = cost_ns;
   call.rng = std::move(rng);
   call.why_not = info.why_not;
-  const std::string& name = op.schema().name();
+  const std::string name = OpName(op);
   bool on_cuda = false;
   ForEachTensor(inputs, [&](const at::Tensor& t, int32_t arg, int32_t item) {
     if (!HasStorage(t)) return;  // (undefined, sparse, ...: kept in the arguments as is)
@@ -345,7 +357,7 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
     if (s.registered && !s.freed && !s.pinned_forever && Overlaps(s, call.refs[i])) {
       // A write into what a saved view reads: autograd reads the new bytes,
       // so the live storage stays as it is for the rest of the step.
-      PinForever(call.refs[i].storage);
+      PinForever(call.refs[i].storage, name + " wrote into it after it was saved");
       counts.pinned_by_write += 1;
       // The program's own tensor holds the newest bytes.
       ForEachTensor(inputs, [&](const at::Tensor& t, int32_t arg, int32_t item) {
@@ -389,9 +401,10 @@ bool Step::Overlaps(const Storage& s, const Ref& r) {
   return hit;
 }
 
-void Step::PinForever(int32_t index) {
+void Step::PinForever(int32_t index, const std::string& why) {
   Storage& s = storages_[index];
   if (s.pinned_forever || s.freed || !s.registered) return;
+  s.why_pinned = why;
   bool was = internal;
   internal = true;
   try {
@@ -451,7 +464,7 @@ Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
           if (r.version >= 0 && VersionOf(r.leaf) != r.version) {
             return {{},
                     0,
-                    call.op.schema().name() +
+                    OpName(call.op) +
                         " read a tensor made before the context that was modified in place "
                         "since",
                     {}};
@@ -481,13 +494,93 @@ int32_t Step::Sibling(int32_t index) const {
   return -1;
 }
 
-[[noreturn]] void Step::Fail(remat_status status, const std::string& what) {
-  std::string message = remat_last_error();
-  if (status == REMAT_OUT_OF_MEMORY) {
-    throw BudgetTooSmall("remat.torch.budget(" + std::to_string(session_->budget_bytes()) +
-                         " bytes) " + what + ".\nRaise the budget.");
+namespace {
+// A dtype as Python names it (torch.float32, ...).
+std::string DtypeName(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kShort: return "int16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    case at::kComplexFloat: return "complex64";
+    case at::kComplexDouble: return "complex128";
+    default: {
+      std::string name = c10::toString(t);
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return name;
+    }
   }
-  throw std::runtime_error("remat: " + what + ": " + message);
+}
+
+std::string Count(size_t n) { return std::to_string(n) + (n == 1 ? " tensor" : " tensors"); }
+}  // namespace
+
+[[noreturn]] void Step::Fail(remat_status status, int32_t index, const std::string& what) {
+  std::string message = remat_last_error();
+  if (status != REMAT_OUT_OF_MEMORY) throw std::runtime_error("remat: " + what + ": " + message);
+  // Two lines: what did not fit beside what the budget could not let go
+  // (and why), and the ways out, the least budget among them.
+  std::vector<int32_t> kept, stuck, read;
+  std::set<std::string> kept_why, stuck_why;
+  for (int32_t k : registered_) {
+    const Storage& s = storages_[k];
+    if (s.freed || k == index) continue;
+    bool reading = std::find(pins_.begin(), pins_.end(), s.id) != pins_.end();
+    if (s.pinned_forever) {
+      kept.push_back(k);
+      kept_why.insert(s.why_pinned);
+    } else if (reading) {
+      read.push_back(k);
+    } else if (!s.allow_drop && s.held.defined()) {
+      stuck.push_back(k);
+      if (!s.why_kept.empty()) stuck_why.insert(s.why_kept);
+    }
+  }
+  auto bytes = [&](const std::vector<int32_t>& v) {
+    int64_t n = 0;
+    for (int32_t k : v) n += storages_[k].nbytes;
+    return n;
+  };
+  auto joined = [](const std::set<std::string>& v) {
+    std::string out;
+    for (const std::string& w : v) out += (out.empty() ? "" : "; ") + w;
+    return out;
+  };
+  std::vector<std::string> held, fixes;
+  if (!kept.empty()) {
+    held.push_back(Count(kept.size()) + " (" + std::to_string(bytes(kept)) +
+                   " bytes) kept to the step's end (" + joined(kept_why) + ")");
+    fixes.push_back("make that write out of place (y = x + 1, not x.add_(1)) or do it after the "
+                    "backward");
+  }
+  if (!stuck.empty()) {
+    held.push_back(Count(stuck.size()) + " (" + std::to_string(bytes(stuck)) +
+                   " bytes) that cannot be replayed (" + joined(stuck_why) + ") with offload off");
+    fixes.push_back("pass offload=True");
+  }
+  if (!read.empty()) {
+    held.push_back(Count(read.size()) + " (" + std::to_string(bytes(read)) +
+                   " bytes) the backward is reading now");
+  }
+  const uint64_t budget = session_->budget_bytes();
+  const uint64_t need = static_cast<uint64_t>(storages_[index].nbytes + bytes(kept) +
+                                              bytes(stuck) + bytes(read));
+  fixes.push_back(need > budget ? "raise the budget to at least " + std::to_string(need) + " bytes"
+                                : std::string("raise the budget"));
+  std::string beside;
+  for (const std::string& h : held) beside += (beside.empty() ? "" : ", ") + h;
+  if (beside.empty()) beside = "nothing it must keep";
+  std::string fix;
+  for (const std::string& f : fixes) fix += (fix.empty() ? "" : "; or ") + f;
+  fix[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(fix[0])));
+  throw BudgetTooSmall("remat.torch.budget(" + std::to_string(budget) + " bytes) " + what +
+                       " beside " + beside + ".\n" + fix + ".");
 }
 
 void Step::Register(int32_t index, const at::Tensor& t) {
@@ -526,8 +619,15 @@ void Step::Register(int32_t index, const at::Tensor& t) {
   }
   if (status != REMAT_OK) {
     storages_[index].held = at::Tensor();
-    Fail(status, "cannot hold a saved tensor of " + std::to_string(storages_[index].nbytes) +
-                     " bytes (made by " + call.op.schema().name() + ")");
+    std::string shape = "(";
+    for (size_t d = 0; d < t.sizes().size(); ++d) {
+      shape += (d ? ", " : "") + std::to_string(t.sizes()[d]);
+    }
+    shape += t.sizes().size() == 1 ? ",)" : ")";
+    Fail(status, index,
+         "cannot hold a saved tensor of " + std::to_string(storages_[index].nbytes) + " bytes (" +
+             shape + " torch." + DtypeName(t.scalar_type()) +
+             ", made by " + OpName(call.op) + ")");
   }
   Storage& r = storages_[index];
   if (sibling >= 0) {
@@ -592,7 +692,7 @@ int32_t Step::Pack(const at::Tensor& t, bool grad_leaf) {
           now.held_version = now.version;
         }
       } else {
-        PinForever(index);
+        PinForever(index, "written in place after it was saved, then saved again");
         storages_[index].held = t.tensor_data();
         storages_[index].held_version = storages_[index].version;
         counts.pinned_by_write += 1;
@@ -614,12 +714,12 @@ int32_t Step::Pack(const at::Tensor& t, bool grad_leaf) {
 
 void Step::HandleDied(int32_t storage) { dead_.push_back(storage); }
 
-void Step::KeepReaders(int32_t leaf) {
+void Step::KeepReaders(int32_t leaf, const std::string& why) {
   if (!pins_.empty()) ReleasePins();
   FreeDead();
   std::vector<int32_t> readers;
   readers.swap(storages_[leaf].readers);
-  for (int32_t r : readers) PinForever(r);
+  for (int32_t r : readers) PinForever(r, why);
 }
 
 void Step::BeforeWrite(const OpInfo& info, c10::ArrayRef<c10::IValue> inputs) {
@@ -631,7 +731,10 @@ void Step::BeforeWrite(const OpInfo& info, c10::ArrayRef<c10::IValue> inputs) {
     ForEachTensor(one, [&](const at::Tensor& t, int32_t, int32_t) {
       if (!HasStorage(t)) return;
       int32_t s = StorageOf(t.storage().unsafeGetStorageImpl());
-      if (s >= 0 && storages_[s].leaf && !storages_[s].readers.empty()) KeepReaders(s);
+      if (s >= 0 && storages_[s].leaf && !storages_[s].readers.empty()) {
+        KeepReaders(s, "computed from a tensor made before the budget that " +
+                           OpName(*info.op) + " then wrote into");
+      }
     });
   }
 }
@@ -642,10 +745,13 @@ void Step::Exported(const at::Tensor& t) {
   if (index < 0) index = NewStorage(t.storage(), /*leaf=*/true);
   if (storages_[index].exported) return;
   storages_[index].exported = true;
-  if (!storages_[index].readers.empty()) KeepReaders(index);
+  if (!storages_[index].readers.empty()) {
+    KeepReaders(index, "computed from bytes handed outside autograd (numpy, DLPack, data_ptr), "
+                       "which may be written there");
+  }
   Storage& s = storages_[index];
   if (!s.leaf && s.registered && !s.freed) {
-    PinForever(index);
+    PinForever(index, "its bytes were handed outside autograd (numpy, DLPack, data_ptr)");
     // From now on remat holds the program's own bytes.
     Storage& now = storages_[index];
     now.held = ViewOf(t.storage(), now.dtype,
@@ -707,9 +813,9 @@ void Step::Acquire(int32_t index) {
     std::rethrow_exception(error);
   }
   if (status != REMAT_OK) {
-    Fail(status, "cannot make room to bring back a saved tensor of " +
+    Fail(status, index, "cannot make room to bring back a saved tensor of " +
                      std::to_string(storages_[index].nbytes) + " bytes (made by " +
-                     calls_[storages_[index].producer].op.schema().name() + ")");
+                     OpName(calls_[storages_[index].producer].op) + ")");
   }
 }
 
@@ -865,7 +971,7 @@ std::vector<at::Tensor> Step::Run(int32_t index, Memo& memo,
       base = rebuild;
     } else if (storages_[r.storage].leaf) {
       if (r.version >= 0 && VersionOf(r.leaf) != r.version && !written) {
-        throw std::runtime_error("remat cannot recompute " + calls_[index].op.schema().name() +
+        throw std::runtime_error("remat cannot recompute " + OpName(calls_[index].op) +
                                  ": an input made before the context was modified in place "
                                  "after the forward used it");
       }

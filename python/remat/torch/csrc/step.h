@@ -119,6 +119,7 @@ struct Storage {
   int64_t handles = 0;
   int32_t group = -1;
   std::string why_kept;
+  std::string why_pinned;         // why it is kept to the step's end
   std::vector<Region> regions;    // the views of it saved so far
   std::vector<int32_t> readers;   // saved storages whose replay reads it (a leaf's)
   bool exported = false;          // its bytes were handed outside autograd
@@ -217,8 +218,8 @@ class Step {
   Frontier FrontierOf(int32_t s, int64_t version);
   bool BringsBack(const Storage& s, int64_t version) const;
   bool Overlaps(const Storage& s, const Ref& r);
-  void PinForever(int32_t s);
-  void KeepReaders(int32_t leaf);
+  void PinForever(int32_t s, const std::string& why);
+  void KeepReaders(int32_t leaf, const std::string& why);
   int32_t Sibling(int32_t s) const;
   void Acquire(int32_t s);
   void ReleasePins();
@@ -230,7 +231,7 @@ class Step {
   std::vector<at::Tensor> Run(int32_t call, Memo& memo,
                               std::unordered_map<int32_t, std::vector<at::Tensor>>& runs,
                               int32_t rebuild_storage, const at::Tensor& rebuild);
-  [[noreturn]] void Fail(remat_status status, const std::string& what);
+  [[noreturn]] void Fail(remat_status status, int32_t index, const std::string& what);
 
   Session* session_;
   remat_runtime* runtime_;
@@ -308,6 +309,9 @@ at::Tensor ViewOf(const c10::Storage& storage, at::ScalarType dtype, c10::IntArr
                   c10::IntArrayRef strides, int64_t offset);
 
 const OpInfo& InfoOf(const at::RecordFunction& fn);
+
+// An operator as Python prints it (aten.add_.Tensor).
+std::string OpName(const c10::OperatorHandle& op);
 
 // Whether a custom operator's own kernel is Python (set by the module: the
 // answer comes from Python).
