@@ -119,7 +119,7 @@ const OpInfo& InfoOf(const at::RecordFunction& fn) {
   // Keyed by the schema's name (one string per operator overload, owned by
   // the dispatcher for the process's life); each thread keeps its own
   // index in front of the shared table.
-  thread_local std::unordered_map<const char*, const OpInfo*> mine;
+  thread_local ska::flat_hash_map<const char*, const OpInfo*> mine;
   auto hit = mine.find(fn.name());
   if (hit != mine.end()) return *hit->second;
   const OpInfo& info = SharedInfoOf(fn);
@@ -200,6 +200,8 @@ const OpInfo& SharedInfoOf(const at::RecordFunction& fn) {
 
 Step::Step(Session* session, StepOptions options)
     : session_(session), runtime_(session->runtime()), options_(options) {
+  calls_.reserve(1024);
+  storages_.reserve(1024);
   const char* verify = std::getenv("REMAT_NATIVE_VERIFY");
   verify_ = verify != nullptr && std::string(verify) == "1";
 }

@@ -24,6 +24,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <cstdint>
 #include <exception>
@@ -239,8 +240,8 @@ class Step {
   bool closed_ = false;
   std::vector<Storage> storages_;
   std::vector<Call> calls_;
-  std::unordered_map<const c10::StorageImpl*, int32_t> by_impl_;
-  std::unordered_map<uint64_t, int32_t> by_id_;
+  ska::flat_hash_map<const c10::StorageImpl*, int32_t> by_impl_;
+  ska::flat_hash_map<uint64_t, int32_t> by_id_;
   std::vector<std::vector<int32_t>> groups_;
   std::vector<int32_t> registered_;
   std::vector<uint64_t> pins_;
