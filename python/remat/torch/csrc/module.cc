@@ -415,7 +415,7 @@ class StepBox {
     StepOptions options;
     options.recompute = recompute;
     options.allow_nondeterministic = allow_nondeterministic;
-    step_ = std::make_shared<Step>(session_.get(), options);
+    step_ = std::make_shared<Step>(session_, options);
     session_->set_step(step_.get());
     auto* holder = new std::shared_ptr<Step>(step_);
     capsule_ = py::reinterpret_steal<py::object>(

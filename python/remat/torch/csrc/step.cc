@@ -198,8 +198,8 @@ const OpInfo& SharedInfoOf(const at::RecordFunction& fn) {
   return *infos.emplace(key, std::move(info)).first->second;
 }
 
-Step::Step(Session* session, StepOptions options)
-    : session_(session), runtime_(session->runtime()), options_(options) {
+Step::Step(std::shared_ptr<Session> session, StepOptions options)
+    : session_(std::move(session)), runtime_(session_->runtime()), options_(options) {
   calls_.reserve(1024);
   storages_.reserve(1024);
   const char* verify = std::getenv("REMAT_NATIVE_VERIFY");
@@ -613,7 +613,7 @@ void Step::Register(int32_t index, const at::Tensor& t) {
     opts.allow_drop = s.allow_drop ? 1 : 0;
     opts.allow_offload = 0;
     opts.recompute = s.allow_drop ? &Session::OnRecompute : nullptr;
-    auto* ref = new GroupRef{session_, static_cast<int32_t>(groups_.size())};
+    auto* ref = new GroupRef{session_.get(), static_cast<int32_t>(groups_.size())};
     opts.user_data = ref;
     opts.destroy = [](void* p) { delete static_cast<GroupRef*>(p); };
     size_t bytes = static_cast<size_t>(s.nbytes);

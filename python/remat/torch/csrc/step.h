@@ -152,7 +152,9 @@ class Session;
 
 class Step {
  public:
-  Step(Session* session, StepOptions options);
+  // The step keeps its session (and so the runtime) alive while anything
+  // holds the step: a handle autograd keeps past the step's end.
+  Step(std::shared_ptr<Session> session, StepOptions options);
   ~Step();
   Step(const Step&) = delete;
   Step& operator=(const Step&) = delete;
@@ -234,7 +236,7 @@ class Step {
                               int32_t rebuild_storage, const at::Tensor& rebuild);
   [[noreturn]] void Fail(remat_status status, int32_t index, const std::string& what);
 
-  Session* session_;
+  std::shared_ptr<Session> session_;
   remat_runtime* runtime_;
   StepOptions options_;
   bool closed_ = false;
