@@ -2580,6 +2580,11 @@ class budget:
         own code makes waits for the first collection after it. A context
         never left (a generator suspended inside it and dropped) leaves the
         collector paused: leave every budget you enter, or pass False.
+    native: True records the calls and saves the tensors in C++
+        (remat.torch._native: a torch extension built on first use), several
+        times less per call; drops only, one policy, the saved-bytes budget
+        (other options are refused). None: native where REMAT_TORCH_NATIVE=1
+        and the options allow it, else the Python recorder.
     """
 
     # Steps of each plan in the offload guard's trial: one that learns the
