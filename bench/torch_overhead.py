@@ -57,14 +57,23 @@ TINY = {
 DEFAULT = {name: (lambda name=name: getattr(models, name)(0)) for name in TINY}
 
 
-def run_models(names, steps, sizes=TINY):
-    print(f"{steps} steps each, plain and under a budget nothing reaches, taking turns; "
+def _saved_bytes(step):
+    """The step's peak of saved bytes, measured under a budget nothing reaches."""
+    with remat.torch.budget(1 << 40, policy="dtr") as run:
+        step().backward()
+    return run.stats["peak_saved_bytes"]
+
+
+def run_models(names, steps, sizes=TINY, ratio=None):
+    what = "a budget nothing reaches" if ratio is None else \
+        f"a budget of {ratio} of the step's saved bytes"
+    print(f"{steps} steps each, plain and under {what}, taking turns; "
           f"one thread, torch {torch.__version__}")
     for name in names:
         _, step = sizes[name]()
-        budget = remat.torch.budget(1 << 40, policy="dtr")
-
-        native = remat.torch.budget(1 << 40, policy="dtr", native=True)
+        nbytes = 1 << 40 if ratio is None else max(1, int(_saved_bytes(step) * ratio))
+        budget = remat.torch.budget(nbytes, policy="dtr")
+        native = remat.torch.budget(nbytes, policy="dtr", native=True)
 
         def plain():
             step().backward()
@@ -103,6 +112,9 @@ def main():
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--models", default=None,
                         help=f"comma-separated, of {','.join(TINY)}: those models instead")
+    parser.add_argument("--ratio", type=float, default=None,
+                        help="--models under a budget of this share of the step's saved bytes "
+                             "(default: one nothing reaches)")
     parser.add_argument("--sizes", choices=("tiny", "default"), default="tiny",
                         help="--models at tiny sizes (where per-call costs show most) or at "
                              "the package's own")
@@ -113,7 +125,10 @@ def main():
         unknown = [n for n in names if n not in TINY]
         if unknown or not names:
             parser.error(f"--models: unknown {unknown or args.models!r}; known: {','.join(TINY)}")
-        return run_models(names, args.steps, TINY if args.sizes == "tiny" else DEFAULT)
+        if args.ratio is not None and not 0 < args.ratio <= 1:
+            parser.error(f"--ratio must be in (0, 1], not {args.ratio}")
+        return run_models(names, args.steps, TINY if args.sizes == "tiny" else DEFAULT,
+                          args.ratio)
     torch.manual_seed(0)
     w = torch.randn(args.width, args.width, requires_grad=True)
     x0 = torch.randn(16, args.width)
