@@ -223,7 +223,9 @@ void Step::Verify(int32_t index, const at::Tensor& t) {
     for (int64_t w = 0; w < s.reg_version && w < static_cast<int64_t>(s.writers.size()); ++w) {
       chain += " > " + calls_[s.writers[w]].op.schema().name();
     }
-    fprintf(stderr, "remat verify: storage %d (version %lld, held %lld, n %lld) came back different: %s\n",
+    fprintf(stderr,
+            "remat verify: storage %d (version %lld, held %lld, n %lld) came back different: "
+            "%s\n",
             index, (long long)s.reg_version, (long long)it->second.second, (long long)n,
             chain.c_str());
   }
@@ -441,7 +443,9 @@ Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
     int64_t key = (static_cast<int64_t>(it.s) << 24) ^ it.version;
     if (!visited.insert(key).second) continue;
     const Storage& st = storages_[it.s];
-    if (st.exported) return {{}, 0, "its recompute reads bytes handed outside autograd (numpy, ...)", {}};
+    if (st.exported) {
+      return {{}, 0, "its recompute reads bytes handed outside autograd (numpy, ...)", {}};
+    }
     if (!it.top && st.registered && !st.freed && st.reg_version == it.version &&
         BringsBack(st, it.version)) {
       if (seen_inputs.insert(st.id).second) f.inputs.push_back(it.s);
@@ -932,8 +936,8 @@ at::Tensor Step::Materialize(int32_t index, int64_t version, Memo& memo,
     c10::intrusive_ptr<c10::StorageImpl> alive = s.weak.lock();
     if (alive && alive->data() != nullptr && s.nbytes == static_cast<int64_t>(alive->nbytes())) {
       c10::Storage st(std::move(alive));
-      at::Tensor t = ViewOf(st, s.dtype, {s.nbytes / static_cast<int64_t>(c10::elementSize(s.dtype))},
-                            {1}, 0);
+      const int64_t n = s.nbytes / static_cast<int64_t>(c10::elementSize(s.dtype));
+      at::Tensor t = ViewOf(st, s.dtype, {n}, {1}, 0);
       memo[key] = t;
       return t;
     }
