@@ -325,3 +325,83 @@ def _written_outside(how):
 @pytest.mark.parametrize("how", ["numpy", "numpy input", "data"])
 def test_a_write_outside_autograd_reads_as_in_a_plain_step(how, ratio, config):
     _check_exact(_written_outside(how), config, ratio)
+
+
+# --- reads of what the step writes where no version counter moves ------------------------
+
+def _written_unseen(which):
+    """Steps whose saved tensors are made from bytes written later in ways
+    a tensor's version counter does not show: through `.data`, by batch
+    norm's kernel (its running statistics), under inference mode; and a
+    Python number's type promotion, which a replay must keep."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 64, requires_grad=True)
+    w = torch.randn(64, 64)
+    k = torch.randint(0, 10, (64, 64))
+    bn = torch.nn.BatchNorm1d(64)
+    bn.running_mean.normal_()
+    bn.running_var.uniform_(0.5, 2)
+    lin = torch.nn.Linear(64, 64)
+    x2 = torch.randn(64, 64) * 3 + 2
+    state = {n: v.clone() for n, v in bn.state_dict().items()}
+    w0 = w.clone()
+
+    def step():
+        x.grad = None
+        lin.zero_grad()
+        w.copy_(w0)
+        bn.load_state_dict(state)
+        # (Each intermediate is let go as soon as it is read: a replay must
+        # then run its call again, from what that call read.)
+        if which == "data":
+            h = torch.sin(x) * 1.0
+            g = h + w                     # reads w (and saves nothing)
+            del h
+            w.data.mul_(0.5)              # written through .data: w's counter stays
+            y = g.sin()                   # saves g
+            del g
+        elif which == "inference mode":
+            h = torch.sin(x) * 1.5        # the program keeps h
+            g = h * 2                     # reads h (and saves nothing)
+            y = g.sin()                   # saves g
+            del g
+        elif which == "batch norm in evaluation":
+            bn.eval()
+            a = bn(lin(x))                # reads the running statistics
+            y = a.sin()
+            del a
+            bn.train()
+            b = bn(lin(x2))               # writes them, in its kernel
+            y = (y * 2).tanh() + (b.cos() * 2).tanh()
+            del b
+        else:                             # a Python number's promotion
+            s = k * 0.5                   # int64 tensor times a float: float32
+            y = x * s                     # saves s
+            del s
+        z = (y * 3).cos()
+        del y
+        u = (z * 2).tanh()
+        del z
+        if which == "inference mode":
+            with torch.inference_mode():
+                h.add_(1)                 # after g's call read h
+        u.sum().backward()
+        return x.grad.clone() if which != "batch norm in evaluation" else lin.weight.grad.clone()
+    return step
+
+
+@pytest.mark.parametrize("which", ["data", "inference mode", "batch norm in evaluation",
+                                   "python number"])
+def test_what_a_replay_reads_is_what_the_call_read(which):
+    plain = _written_unseen(which)()
+    replayed = 0
+    for nbytes in (20_000, 40_000, 60_000, 1 << 40):
+        step = _written_unseen(which)
+        try:
+            with remat.torch.budget(nbytes, **CONFIGS["drop"]) as run:
+                got = step()
+        except remat.torch.BudgetTooSmall:
+            continue  # (what it must keep does not fit: said, not wrong)
+        assert torch.equal(got, plain), f"{which}, budget {nbytes}"
+        replayed += run.stats["recomputes"]
+    assert replayed > 0, "nothing replayed: proves nothing"

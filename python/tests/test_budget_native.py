@@ -31,7 +31,8 @@ from test_budget_exact import (  # noqa: E402,F401
     test_a_saved_tensor_modified_in_place_raises_as_in_a_plain_step,
     test_a_write_outside_autograd_reads_as_in_a_plain_step,
     test_an_optimizer_step_between_two_backwards_raises_as_in_a_plain_step,
-    test_inference_tensors_are_read_as_constants, test_the_in_place_error_names_anomaly_modes_hint)
+    test_inference_tensors_are_read_as_constants, test_the_in_place_error_names_anomaly_modes_hint,
+    test_what_a_replay_reads_is_what_the_call_read)
 from test_zoo import test_the_same_step_under_a_budget  # noqa: E402,F401
 
 

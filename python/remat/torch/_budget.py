@@ -336,7 +336,7 @@ class _Ref:
     """A tensor argument of a recorded call: its storage (or, for a leaf, the
     tensor itself), its view and the content version it had."""
     __slots__ = ("storage", "leaf_tensor", "size", "stride", "offset", "version", "dtype",
-                 "conj_or_neg")
+                 "conj_or_neg", "storage_writes")
 
     def __init__(self, storage, t):
         self.storage = storage
@@ -345,6 +345,9 @@ class _Ref:
         self.stride = tuple(t.stride())
         self.offset = t.storage_offset()
         self.version = _leaf_version(t) if storage.leaf else storage.version
+        # A leaf's writes the recorder saw into its storage before the call
+        # (through `.data`, an alias, or a kernel that moves no counter).
+        self.storage_writes = storage.version
         self.dtype = t.dtype
         self.conj_or_neg = t.is_conj() or t.is_neg()
 
@@ -690,8 +693,10 @@ def _written_indices(func, args, kwargs, flat_len, spec):
                 written_names.add(arg.name)
             else:
                 written_pos.add(i)
-    if schema.name.split("::")[-1] in _WRITES_UNREAD:
-        # native_batch_norm writes its running statistics without saying so.
+    if schema.name.split("::")[-1] in _WRITES_UNREAD and \
+            not (len(args) > 5 and isinstance(args[5], bool) and not args[5]):
+        # native_batch_norm writes its running statistics without saying so,
+        # in training (in evaluation it reads them).
         written_pos.update((3, 4))
     if not written_names and not written_pos:
         return []
@@ -1667,7 +1672,9 @@ class Engine:
         # Writes move the written storages to their next version.
         for i in written:
             r = refs[i]
-            if isinstance(r, _Ref) and not r.storage.leaf:
+            if isinstance(r, _Ref) and r.storage.leaf:
+                r.storage.version += 1  # (what read its bytes cannot be replayed from them now)
+            elif isinstance(r, _Ref):
                 s = r.storage
                 s.writers.append(call)
                 s.version += 1
@@ -2099,7 +2106,8 @@ class Engine:
                     if r.storage.leaf:
                         if i in call.written:
                             continue  # replayed onto a scratch copy
-                        if r.version is not None and r.leaf_tensor._version != r.version:
+                        if (r.version is not None and r.leaf_tensor._version != r.version) or \
+                                r.storage.version != r.storage_writes:
                             return [], 0, (f"{call.func} read a tensor made before the context "
                                            "that was modified in place since")
                         if r.storage.exported:
@@ -2390,8 +2398,8 @@ class Engine:
             if rebuild is not None and r.storage is rebuild[0]:
                 base = rebuild[1]
             elif r.storage.leaf:
-                if r.version is not None and r.leaf_tensor._version != r.version and \
-                        i not in call.written:
+                if ((r.version is not None and r.leaf_tensor._version != r.version) or
+                        r.storage.version != r.storage_writes) and i not in call.written:
                     raise RuntimeError(
                         f"remat cannot recompute {call.func}: an input made before the context "
                         f"({tuple(r.leaf_tensor.shape)} {r.leaf_tensor.dtype}) was modified "

@@ -10,8 +10,8 @@ $REMAT_CACHE_DIR (default ~/.cache/remat).
 
 What it does not do yet (the Python recorder does; budget(native=True)
 refuses those options): offload, the allocator-driven mode, the plan trial
-and what steps learn about replays, custom operators' replays (their
-tensors are kept), and the in-place checks at unpack.
+and what steps learn about replays. Bytes handed outside autograd (numpy,
+DLPack, data_ptr) are seen on the thread that records only.
 """
 import collections
 import hashlib
@@ -113,9 +113,8 @@ _steps = {}  # thread id -> the native step open there
 def _exporting(name, original):
     def wrapper(self, *args, **kwargs):
         step = _steps.get(threading.get_ident())
-        if step is not None and type(self) is torch.Tensor or isinstance(self, torch.Tensor):
-            if step is not None:
-                step.exported(self)
+        if step is not None and isinstance(self, torch.Tensor):
+            step.exported(self)
         return original(self, *args, **kwargs)
     wrapper.__name__ = name
     wrapper.__doc__ = getattr(original, "__doc__", None)

@@ -106,7 +106,7 @@ void Take(RngState& rng, at::Generator g) {
 
 std::unique_ptr<at::ObserverContext> OnCallStart(const at::RecordFunction& fn) {
   Step* step = tls_step;
-  if (step == nullptr || !step->WantsCall(fn)) return nullptr;
+  if (step == nullptr || !step->WantsCall(fn, tls_top == nullptr)) return nullptr;
   const OpInfo& info = InfoOf(fn);
   if (tls_top != nullptr && tls_top->info == &info) {
     // The call again, inside itself: a Python dispatch mode's handler runs
@@ -142,6 +142,11 @@ std::unique_ptr<at::ObserverContext> OnCallStart(const at::RecordFunction& fn) {
     Take(rng, at::detail::getDefaultCPUGenerator());
     for (const c10::IValue& v : frame->inputs) {
       if (v.isGenerator()) Take(rng, v.toGenerator());
+      // A factory call on a GPU (randn(..., device="cuda")) has no tensor
+      // there: its device argument says whose generator it draws from.
+      if (v.isDevice() && v.toDevice().is_cuda()) {
+        Take(rng, at::globalContext().defaultGenerator(v.toDevice()));
+      }
       if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_cuda()) {
         Take(rng, at::globalContext().defaultGenerator(v.toTensor().device()));
       }
@@ -375,7 +380,15 @@ PyObject* PackHook(PyObject* self, PyObject* arg) {
       h->data->pending_in = tls_top;
       tls_top->pending.push_back(h->data);
     } else {
-      Resolve(h->data, t);
+      try {
+        Resolve(h->data, t);
+      } catch (...) {
+        // The handle goes as one that kept its tensor (it names no storage).
+        h->data->kept = t.tensor_data();
+        h->data->storage = -1;
+        Py_DECREF(reinterpret_cast<PyObject*>(h));
+        throw;
+      }
     }
     return reinterpret_cast<PyObject*>(h);
   } catch (...) {

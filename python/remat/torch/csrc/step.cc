@@ -210,14 +210,15 @@ void Step::Verify(int32_t index, const at::Tensor& t) {
   auto it = verify_copies_.find(index);
   if (it == verify_copies_.end()) return;
   const Storage& s = storages_[index];
-  bool was = internal;
-  internal = true;
   const at::Tensor& old = it->second.first;
   int64_t n = std::min<int64_t>(old.numel(), t.storage().nbytes() / old.element_size());
-  at::Tensor now = ViewOf(t.storage(), old.scalar_type(), old.sizes(), old.strides(),
-                          old.storage_offset());
-  bool same = old.sizes() == now.sizes() && at::equal(old, now);
-  internal = was;
+  bool same = false;
+  if (static_cast<int64_t>(t.storage().nbytes()) >= old.numel() * old.element_size()) {
+    InternalScope mine(this);
+    at::Tensor now = ViewOf(t.storage(), old.scalar_type(), old.sizes(), old.strides(),
+                            old.storage_offset());
+    same = at::equal(old, now);
+  }
   if (!same) {
     std::string chain = calls_[s.producer].op.schema().name();
     for (int64_t w = 0; w < s.reg_version && w < static_cast<int64_t>(s.writers.size()); ++w) {
@@ -239,16 +240,33 @@ Step::~Step() {
     } catch (...) {
     }
   }
+  if (session_->step() == this) session_->set_step(nullptr);
 }
 
-bool Step::WantsCall(const at::RecordFunction& fn) const {
+std::vector<int32_t> Step::WrittenArgs(const OpInfo& info, c10::ArrayRef<c10::IValue> inputs) {
+  if (!info.writes_unread || inputs.size() <= 5 || !inputs[5].isBool() || inputs[5].toBool()) {
+    return info.written_args;
+  }
+  // Batch norm in evaluation: its running statistics are read, not written.
+  std::vector<int32_t> written;
+  for (int32_t a : info.written_args) {
+    if (a != 3 && a != 4) written.push_back(a);
+  }
+  return written;
+}
+
+bool Step::WantsCall(const at::RecordFunction& fn, bool outermost) const {
   (void)fn;
   if (closed_ || internal) return false;
-  // Below autograd (a kernel's own calls) or in a backward: not the forward's calls.
+  // In a backward: not the forward's calls.
+  if (torch::autograd::get_current_graph_task_id() != -1) return false;
+  // Below autograd: a kernel's own calls, not the forward's; but under
+  // torch.inference_mode(), which leaves autograd out altogether, a call no
+  // recorded call runs is the program's own (a write there must be seen).
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::AutogradFunctionality)) {
-    return false;
+    return outermost && c10::InferenceMode::is_enabled();
   }
-  return torch::autograd::get_current_graph_task_id() == -1;
+  return true;
 }
 
 int32_t Step::StorageOf(c10::StorageImpl* impl) const {
@@ -308,6 +326,7 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
     if (st.leaf) {
       r.leaf = t;
       r.version = VersionOf(t);
+      r.storage_writes = st.version;
     } else {
       r.version = st.version;
     }
@@ -336,7 +355,7 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
       v = c10::IValue(std::move(list));
     }
   }
-  for (int32_t arg : info.written_args) {
+  for (int32_t arg : WrittenArgs(info, inputs)) {
     for (size_t i = 0; i < call.slots.size(); ++i) {
       if (call.slots[i].arg == arg) call.written.push_back(static_cast<int32_t>(i));
     }
@@ -356,6 +375,7 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
       if (!info.writes_unread && call.why_not.empty()) {
         call.why_not = name + " writes into a tensor made before the context";
       }
+      s.version += 1;  // (what read its bytes before cannot be replayed from them now)
       continue;
     }
     if (s.registered && !s.freed && !s.pinned_forever && Overlaps(s, call.refs[i])) {
@@ -395,29 +415,25 @@ bool Step::Overlaps(const Storage& s, const Ref& r) {
   const int64_t item = static_cast<int64_t>(c10::elementSize(s.dtype));
   const int64_t n = s.nbytes / item;
   if (r.dtype != s.dtype || n > (int64_t{1} << 24)) return true;  // unsure: as if it did
-  bool was = internal;
-  internal = true;
-  at::AutoDispatchBelowAutograd below;
-  at::Tensor mask = at::zeros({n}, at::TensorOptions().dtype(at::kBool));
-  for (const Region& g : s.regions) mask.as_strided(g.sizes, g.strides, g.offset).fill_(true);
-  bool hit = mask.as_strided(r.sizes, r.strides, r.offset).any().item<bool>();
-  internal = was;
-  return hit;
+  InternalScope mine(this);
+  try {
+    at::AutoDispatchBelowAutograd below;
+    at::Tensor mask = at::zeros({n}, at::TensorOptions().dtype(at::kBool));
+    for (const Region& g : s.regions) mask.as_strided(g.sizes, g.strides, g.offset).fill_(true);
+    return mask.as_strided(r.sizes, r.strides, r.offset).any().item<bool>();
+  } catch (const std::exception&) {
+    return true;  // (a view beyond what it knows of the storage: unsure, as if it did)
+  }
 }
 
 void Step::PinForever(int32_t index, const std::string& why) {
   Storage& s = storages_[index];
   if (s.pinned_forever || s.freed || !s.registered) return;
   s.why_pinned = why;
-  bool was = internal;
-  internal = true;
-  try {
+  {
+    InternalScope mine(this);
     Acquire(index);  // (one pin, released at the step's end)
-  } catch (...) {
-    internal = was;
-    throw;
   }
-  internal = was;
   storages_[index].pinned_forever = true;
 }
 
@@ -467,7 +483,8 @@ Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
           bool written = false;
           for (int32_t w : call.written) written = written || w == static_cast<int32_t>(i);
           if (written) continue;  // replayed onto a scratch copy
-          if (r.version >= 0 && VersionOf(r.leaf) != r.version) {
+          if ((r.version >= 0 && VersionOf(r.leaf) != r.version) ||
+              in.version != r.storage_writes) {
             return {{},
                     0,
                     OpName(call.op) +
@@ -692,6 +709,7 @@ int32_t Step::Pack(const at::Tensor& t, bool grad_leaf) {
       Frontier f = FrontierOf(index, s.version);
       Storage& now = storages_[index];
       if (f.why_not.empty()) {
+        for (int32_t leaf : f.read) storages_[leaf].readers.push_back(index);
         now.reg_version = now.version;
         if (now.held.defined() && now.held_version != now.version) {
           now.held = t.tensor_data();  // the program's own storage holds the newer bytes
@@ -731,7 +749,7 @@ void Step::KeepReaders(int32_t leaf, const std::string& why) {
 void Step::BeforeWrite(const OpInfo& info, c10::ArrayRef<c10::IValue> inputs) {
   if (closed_ || internal) return;
   RaiseDeferred();
-  for (int32_t arg : info.written_args) {
+  for (int32_t arg : WrittenArgs(info, inputs)) {
     if (arg >= static_cast<int32_t>(inputs.size())) continue;
     std::vector<c10::IValue> one = {inputs[arg]};
     ForEachTensor(one, [&](const at::Tensor& t, int32_t, int32_t) {
@@ -859,10 +877,8 @@ void Step::OnEvent(const remat_event& e) {
   Storage& s = storages_[it->second];
   if (e.kind == REMAT_EVENT_DROPPED || e.kind == REMAT_EVENT_COLLECTED) {
     if (verify_ && e.kind == REMAT_EVENT_DROPPED && s.held.defined()) {
-      bool was = internal;
-      internal = true;
+      InternalScope mine(this);
       verify_copies_[it->second] = {s.held.clone(), s.held_version};
-      internal = was;
     }
     s.held = at::Tensor();
   }
@@ -872,8 +888,7 @@ int Step::OnRecompute(int32_t group, const int* regenerate, size_t num_outputs) 
   auto start = std::chrono::steady_clock::now();
   bool outer = !in_replay_;
   in_replay_ = true;
-  bool was_internal = internal;
-  internal = true;
+  InternalScope mine(this);
   std::vector<int32_t> done;
   int result = 0;
   try {
@@ -895,8 +910,12 @@ int Step::OnRecompute(int32_t group, const int* regenerate, size_t num_outputs) 
     if (!error_) error_ = std::current_exception();
     remat_recompute_set_error(e.what());
     result = 1;
+  } catch (...) {  // (nothing may cross into the C runtime)
+    for (int32_t index : done) storages_[index].held = at::Tensor();
+    if (!error_) error_ = std::current_exception();
+    remat_recompute_set_error("remat: a replay raised");
+    result = 1;
   }
-  internal = was_internal;
   if (outer) {
     in_replay_ = false;
     recompute_seconds +=
@@ -976,7 +995,9 @@ std::vector<at::Tensor> Step::Run(int32_t index, Memo& memo,
     if (rebuild_storage >= 0 && r.storage == rebuild_storage) {
       base = rebuild;
     } else if (storages_[r.storage].leaf) {
-      if (r.version >= 0 && VersionOf(r.leaf) != r.version && !written) {
+      if (((r.version >= 0 && VersionOf(r.leaf) != r.version) ||
+           storages_[r.storage].version != r.storage_writes) &&
+          !written) {
         throw std::runtime_error("remat cannot recompute " + OpName(calls_[index].op) +
                                  ": an input made before the context was modified in place "
                                  "after the forward used it");
@@ -985,7 +1006,14 @@ std::vector<at::Tensor> Step::Run(int32_t index, Memo& memo,
     } else {
       base = Materialize(r.storage, r.version, memo, runs, false);
     }
-    at::Tensor v = ViewOf(base.storage(), r.dtype, r.sizes, r.strides, r.offset);
+    at::Tensor v;
+    if (storages_[r.storage].leaf && !(rebuild_storage >= 0 && r.storage == rebuild_storage)) {
+      // The tensor itself: its metadata too (a Python number's wrapped-number
+      // flag, which type promotion reads).
+      v = r.leaf;
+    } else {
+      v = ViewOf(base.storage(), r.dtype, r.sizes, r.strides, r.offset);
+    }
     if (written && !(rebuild_storage >= 0 && r.storage == rebuild_storage)) v = v.clone();
     c10::IValue& arg = stack[slot.arg];
     if (slot.item < 0) {

@@ -51,6 +51,9 @@ struct Ref {
   int64_t version = 0;
   at::ScalarType dtype = at::kFloat;
   at::Tensor leaf;  // the tensor itself, where the storage is a leaf
+  // A leaf's writes the recorder saw in its storage before the call (a
+  // write through `.data` or an alias moves no counter of the tensor's).
+  int64_t storage_writes = 0;
 };
 
 // Where a Ref sits in the boxed arguments: argument `arg`, and item `item`
@@ -104,7 +107,7 @@ struct Storage {
   int32_t producer = -1;          // the call that made it, and which output
   int32_t output = -1;
   std::vector<int32_t> writers;   // calls that wrote it: version i+1 = writers[i]
-  int64_t version = 0;
+  int64_t version = 0;             // a leaf: the writes the recorder saw into it
   at::ScalarType dtype = at::kFloat;
   int64_t nbytes = 0;
   // The runtime's side, once saved.
@@ -160,7 +163,8 @@ class Step {
   Step& operator=(const Step&) = delete;
 
   // The recorder's halves (RecordFunction callbacks on the step's thread).
-  bool WantsCall(const at::RecordFunction& fn) const;
+  // outermost: no recorded call is running on this thread.
+  bool WantsCall(const at::RecordFunction& fn, bool outermost) const;
   void Record(const OpInfo& info, const c10::OperatorHandle& op,
               std::vector<c10::IValue>&& inputs, const std::vector<c10::IValue>& outputs,
               std::optional<RngState> rng, bool grad, int64_t cost_ns);
@@ -172,6 +176,10 @@ class Step {
   at::Tensor Unpack(int32_t storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                     int64_t offset, at::ScalarType dtype);
   void HandleDied(int32_t storage);
+
+  // The arguments `info`'s call writes, as called with `inputs` (batch
+  // norm writes its running statistics only in training).
+  static std::vector<int32_t> WrittenArgs(const OpInfo& info, c10::ArrayRef<c10::IValue> inputs);
 
   // A call about to write `inputs`' written arguments (the recorder's
   // start): what a replay would read from a leaf it writes comes back now,
@@ -193,6 +201,21 @@ class Step {
   bool closed() const { return closed_; }
 
   bool internal = false;  // remat's own calls (a replay): not recorded
+
+  // `internal` set for a scope, and put back as it was however it ends.
+  class InternalScope {
+   public:
+    explicit InternalScope(Step* step) : step_(step), was_(step->internal) {
+      step->internal = true;
+    }
+    ~InternalScope() { step_->internal = was_; }
+    InternalScope(const InternalScope&) = delete;
+    InternalScope& operator=(const InternalScope&) = delete;
+
+   private:
+    Step* step_;
+    bool was_;
+  };
   // What the step did, for stats["debug"].
   struct Counts {
     int64_t saved_tensors = 0;      // handed to the runtime
