@@ -6,6 +6,7 @@ by, side by side in one run, for a GPT-2-style model (with dropout), a ResNet
   checkpoint   torch.utils.checkpoint around every block
   save_on_cpu  torch.autograd.graph.save_on_cpu
   remat-drop   remat.torch.budget(ratio x plain saved bytes), recompute only
+  remat-native                                             the same, native=True
   remat-offload                                            offload only
   remat-hybrid                                             both, policy hybrid
 
@@ -158,6 +159,8 @@ def _sync(device):
 
 
 REMAT_MODES = {"remat-drop": dict(recompute=True, offload=False, policy="dtr-eq"),
+               "remat-native": dict(recompute=True, offload=False, policy="dtr-eq",
+                                    native=True),
                "remat-offload": dict(recompute=False, offload=True, policy="lru"),
                "remat-hybrid": dict(recompute=True, offload=True, policy="hybrid")}
 
@@ -272,8 +275,8 @@ def plain_saved_bytes(name, device):
     return run.stats["peak_saved_bytes"]
 
 
-METHODS = ("plain", "checkpoint", "save_on_cpu", "compile", "remat-drop", "remat-offload",
-           "remat-hybrid", "compile-budget")
+METHODS = ("plain", "checkpoint", "save_on_cpu", "compile", "remat-drop", "remat-native",
+           "remat-offload", "remat-hybrid", "compile-budget")
 
 
 def rows(names, ratios, repeat, device, out, compile_too=False, only=None):
@@ -283,11 +286,15 @@ def rows(names, ratios, repeat, device, out, compile_too=False, only=None):
     if compile_too:
         methods.append(("compile", None))
     for r in ratios:
-        methods += [("remat-drop", r), ("remat-offload", r), ("remat-hybrid", r)]
+        methods += [("remat-drop", r), ("remat-native", r), ("remat-offload", r),
+                    ("remat-hybrid", r)]
         if compile_too:
             methods.append(("compile-budget", r))
     if only is not None:
         methods = [(m, r) for m, r in methods if m in only]
+    if _ALLOCATOR is not None:
+        # (The native path counts saved bytes only: no row beside the allocator's budgets.)
+        methods = [(m, r) for m, r in methods if m != "remat-native"]
     header = ("| model | method | budget | peak activation MiB | step ms | step ms min-max | "
               "samples/s | fits (batch) | plan | drops | recomputes | offloads | grads equal |")
     out.write(header + "\n" + "|---" * 13 + "|\n")
