@@ -42,17 +42,8 @@ def _native_path(monkeypatch):
 
 
 def _grads(make, budget=None):
-    model, step = make(0)
-    torch.manual_seed(1)
-    if budget is None:
-        loss = step()
-        loss.backward()
-    else:
-        with budget:
-            loss = step()
-            loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                           if p.grad is not None}
+    loss, grads, _ = zoo.run_step(make, budget)
+    return loss, grads
 
 
 def test_the_env_switch_and_the_argument_choose_the_native_path():

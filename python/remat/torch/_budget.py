@@ -518,12 +518,7 @@ def _check_version(facts, tensor, storage=None):
         return  # (a tensor subclass, gone: nothing left to read)
     if current == facts.version:
         return
-    if facts.is_output and not facts.is_leaf:
-        node = torch._C._current_autograd_node()
-    else:
-        node = tensor.grad_fn if tensor is not None else facts.grad_fn
-        if node is None and not facts.is_leaf:
-            node = torch._C._current_autograd_node()
+    grad_fn = tensor.grad_fn if tensor is not None else facts.grad_fn
     if tensor is not None:
         kind = tensor.type()
         size = list(tensor.size())
@@ -531,19 +526,14 @@ def _check_version(facts, tensor, storage=None):
         with _below_python_dispatch():
             kind = torch.empty(0, dtype=storage.dtype, device=storage.device).type()
         size = list(facts.size)
-    message = ("one of the variables needed for gradient computation has been modified by an "
-               f"inplace operation: [{kind} [{', '.join(map(str, size))}]]")
-    if node is not None:
-        message += f", which is output {facts.output_nr} of {_NOT_OUTPUT.sub('', node.name())},"
-    message += f" is at version {current}; expected version {facts.version} instead."
-    raise RuntimeError(message + _inplace_hint())
+    raise _inplace_error(facts.is_output, facts.is_leaf, facts.output_nr, grad_fn, kind, size,
+                         current, facts.version)
 
 
-def _native_inplace_error(is_output, is_leaf, output_nr, grad_fn, like, size, current,
-                          expected):
-    """The error autograd's unpack raises for a saved tensor modified in
-    place since its save, for the native recorder's hook (which found the
-    versions differ): `like` an empty tensor of the saved one's type."""
+def _inplace_error(is_output, is_leaf, output_nr, grad_fn, kind, size, current, expected):
+    """The RuntimeError autograd's unpack raises for a saved tensor modified
+    in place since its save (current != expected versions). `kind`: its type
+    as `Tensor.type()` says it; `grad_fn`: an input's node (as it is now)."""
     if is_output and not is_leaf:
         node = torch._C._current_autograd_node()
     else:
@@ -551,31 +541,11 @@ def _native_inplace_error(is_output, is_leaf, output_nr, grad_fn, like, size, cu
         if node is None and not is_leaf:
             node = torch._C._current_autograd_node()
     message = ("one of the variables needed for gradient computation has been modified by an "
-               f"inplace operation: [{like.type()} [{', '.join(map(str, size))}]]")
+               f"inplace operation: [{kind} [{', '.join(map(str, size))}]]")
     if node is not None:
         message += f", which is output {output_nr} of {_NOT_OUTPUT.sub('', node.name())},"
     message += f" is at version {current}; expected version {expected} instead."
     return RuntimeError(message + _inplace_hint())
-
-
-def _native_python_body(name, overload):
-    """_python_body for the native recorder, which names an operator
-    ("ns::op", "overload")."""
-    ns, op = name.split("::", 1)
-    packet = getattr(getattr(torch.ops, ns), op)
-    return _python_body(getattr(packet, overload or "default"))
-
-
-def _native_foreign_rng():
-    """numpy's global RNG state (where numpy is loaded) and Python's."""
-    np = sys.modules.get("numpy")
-    return (np.random.get_state() if np is not None else None, random.getstate())
-
-
-def _native_set_foreign_rng(state):
-    if state[0] is not None:
-        sys.modules["numpy"].random.set_state(state[0])
-    random.setstate(state[1])
 
 
 class _OpInfo:
@@ -2455,20 +2425,6 @@ def _raised_in(exc, code):
     return False
 
 
-class _NativeRecording:
-    """The native recorder on this thread while the step is open."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def __enter__(self):
-        self.engine.start_recording()
-
-    def __exit__(self, *exc):
-        self.engine.stop_recording()
-        return False
-
-
 def _chain(exc):
     """exc and the exceptions it was raised from or during."""
     seen = []
@@ -2790,7 +2746,8 @@ class budget:
         if allocator is not None and torch.cuda.is_available():
             device = torch.cuda.current_device()
         if self._native:
-            return self._enter_native(plan, policy, session)
+            _native.enter(self, plan, policy, session)
+            return self
         engine = Engine(self.budget_bytes, policy, offload, self._recompute,
                         self._allow_nondeterministic, self._cost_model, self._copy_ahead,
                         allocator=allocator, device=device, drop_first=drop_first,
@@ -2815,28 +2772,6 @@ class budget:
             self._mode.__exit__(None, None, None)
             _active.pop(threading.get_ident(), None)
             engine.close()  # the allocator gets its budget back
-            raise
-        return self
-
-    def _enter_native(self, plan, policy, session):
-        """A step on the native path: the recorder is a C++ callback and the
-        hooks are C functions (remat.torch._native)."""
-        engine = _native.NativeEngine(self.budget_bytes, policy, self._recompute,
-                                      self._allow_nondeterministic)
-        engine.open(session)
-        self._engine = engine
-        self._step_plan = plan
-        _active[threading.get_ident()] = self
-        self._mode = contextlib.nullcontext()
-        self._backward = _NativeRecording(engine)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(engine.pack, engine.unpack)
-        self._step_start = None
-        try:
-            self._hooks.__enter__()
-            self._backward.__enter__()
-        except BaseException:
-            _active.pop(threading.get_ident(), None)
-            engine.close()
             raise
         return self
 

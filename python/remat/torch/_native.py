@@ -14,9 +14,11 @@ and what steps learn about replays. Bytes handed outside autograd (numpy,
 DLPack, data_ptr) are seen on the thread that records only.
 """
 import collections
+import contextlib
 import hashlib
 import os
 import pathlib
+import random
 import re
 import sys
 import threading
@@ -88,12 +90,10 @@ def module():
             raise ImportError(f"remat's native recorder in {build} was built for torch "
                               f"{mod.TORCH_VERSION}, and torch {torch.__version__} is installed: "
                               f"remove {build} to rebuild it")
-        from remat.torch._budget import (BudgetTooSmall, _native_foreign_rng,
-                                         _native_inplace_error, _native_python_body,
-                                         _native_set_foreign_rng)
-        mod.set_python_hooks(_native_python_body, _native_foreign_rng, _native_set_foreign_rng)
+        from remat.torch._budget import BudgetTooSmall
+        mod.set_python_hooks(_python_body, _foreign_rng, _set_foreign_rng)
         mod.set_budget_too_small(BudgetTooSmall)
-        mod.set_inplace_error(_native_inplace_error)
+        mod.set_inplace_error(_inplace_error)
         _module = mod
         return mod
 
@@ -176,6 +176,34 @@ def _unpatch():
                 else:
                     delattr(torch.Tensor, name)
             _originals.clear()
+
+
+def _inplace_error(is_output, is_leaf, output_nr, grad_fn, like, size, current, expected):
+    """The in-place error for the C++ unpack hook (which found the versions
+    differ): `like`, an empty tensor of the saved one's type."""
+    from remat.torch._budget import _inplace_error as error
+    return error(is_output, is_leaf, output_nr, grad_fn, like.type(), size, current, expected)
+
+
+def _python_body(name, overload):
+    """Whether an operator ("ns::op", "overload") has a kernel of its own
+    written in Python (the Python recorder's rule, _budget._python_body)."""
+    from remat.torch._budget import _python_body as python_body
+    ns, op = name.split("::", 1)
+    packet = getattr(getattr(torch.ops, ns), op)
+    return python_body(getattr(packet, overload or "default"))
+
+
+def _foreign_rng():
+    """numpy's global RNG state (where numpy is loaded) and Python's."""
+    np = sys.modules.get("numpy")
+    return (np.random.get_state() if np is not None else None, random.getstate())
+
+
+def _set_foreign_rng(state):
+    if state[0] is not None:
+        sys.modules["numpy"].random.set_state(state[0])
+    random.setstate(state[1])
 
 
 class NativeSession:
@@ -283,3 +311,39 @@ class NativeEngine:
             **counts,
             **self.counts,
         }
+
+
+class _Recording:
+    """The native recorder on this thread while the step is open."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __enter__(self):
+        self.engine.start_recording()
+
+    def __exit__(self, *exc):
+        self.engine.stop_recording()
+        return False
+
+
+def enter(b, plan, policy, session):
+    """Opens budget `b`'s step on the native path: the recorder is a C++
+    callback and the hooks are C functions."""
+    from remat.torch import _budget
+    engine = NativeEngine(b.budget_bytes, policy, b._recompute, b._allow_nondeterministic)
+    engine.open(session)
+    b._engine = engine
+    b._step_plan = plan
+    _budget._active[threading.get_ident()] = b
+    b._mode = contextlib.nullcontext()
+    b._backward = _Recording(engine)
+    b._hooks = torch.autograd.graph.saved_tensors_hooks(engine.pack, engine.unpack)
+    b._step_start = None
+    try:
+        b._hooks.__enter__()
+        b._backward.__enter__()
+    except BaseException:
+        _budget._active.pop(threading.get_ident(), None)
+        engine.close()
+        raise
