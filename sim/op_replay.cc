@@ -21,6 +21,7 @@
 #include "runtime/observer.h"
 #include "runtime/runtime.h"
 #include "runtime/stack.h"
+#include "runtime/step_planner.h"
 #include "sim/sim_timeline.h"
 
 namespace remat {
@@ -778,9 +779,12 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
   const bool guard = options.offload_guard && options.enable_offload && options.enable_drop;
   if (!budgeted || (trials.empty() && !guard)) return Replayer(trace, options).Run();
   // The runs: the policy's own, or each of its trials; with offload allowed
-  // as asked, and (the offload guard) with drops only. The cheapest is the
-  // answer: a finished run before one that did not, then the shorter time,
-  // then the earlier run (the first, where none finished).
+  // as asked, and (the offload guard) with drops only. Which is kept is the
+  // step planner's choice, as for a framework's steps (runtime/step_planner.h):
+  // each run is one timed trial step, a run that did not finish leaves the
+  // trial, and the quickest is kept, the one listed first on a tie. The
+  // mixed runs are listed first, so a drop-only run is kept only where it is
+  // strictly quicker. Where none finished, the report is the first run's.
   const std::string own = options.policy.text();
   const bool with_trials = !trials.empty();
   if (!with_trials) trials.push_back({own, own});
@@ -789,38 +793,45 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
     bool drops_only;
   };
   std::vector<Run> runs;
+  if (options.enable_offload) {
+    for (const policies::Trial& t : trials) runs.push_back({t.mixed, false});
+  }
   for (const policies::Trial& t : trials) {
-    if (options.enable_offload) runs.push_back({t.mixed, false});
     if (!t.drops.empty() && (!options.enable_offload || guard)) runs.push_back({t.drops, true});
   }
   if (runs.empty()) return absl::InvalidArgumentError("the policy's trials name no run to make");
-  // The best run of each kind (mixed, drop-only), with its spec and timeline.
-  struct Best {
-    std::optional<OpReplayReport> report;
-    std::string spec;
-    SimTimeline timeline;
-  };
-  Best best[2];
+  std::vector<PlanSpec> plans;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const Run& run = runs[i];
+    plans.push_back(PlanSpec{absl::StrFormat("%s %d", run.drops_only ? "drop-only" : "mixed", i),
+                             run.spec, options.enable_drop || run.drops_only,
+                             options.enable_offload && !run.drops_only, false});
+  }
+  absl::StatusOr<StepPlanner> planner =
+      StepPlanner::Create(std::move(plans), StepPlannerOptions{0, 1});
+  if (!planner.ok()) return planner.status();
+  std::vector<OpReplayReport> reports;
+  std::vector<SimTimeline> timelines(options.timeline != nullptr ? runs.size() : 0);
+  reports.reserve(runs.size());
   double wall_seconds = 0;
   std::uint64_t verified = 0, verify_waits = 0, mismatches = 0;
-  auto better = [](const OpReplayReport& a, const OpReplayReport& b) {
-    const bool a_ok = a.status == "ok", b_ok = b.status == "ok";
-    if (a_ok != b_ok) return a_ok;
-    return a_ok && a.time_ns < b.time_ns;  // of runs that did not finish, the first
-  };
-  for (const Run& run : runs) {
-    Best& mine = best[run.drops_only ? 1 : 0];
+  // The best finished time of each kind of run so far (mixed, drop-only).
+  std::optional<std::int64_t> best_ns[2];
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    absl::StatusOr<StepPlanner::Step> step = planner->Begin();
+    if (!step.ok()) return step.status();
+    const std::size_t i = step->plan;
+    if (i != k) return absl::InternalError("the step planner skipped a run");
+    const Run& run = runs[i];
     OpReplayOptions o = options;
     o.policy = run.spec;
     if (run.drops_only) o.enable_offload = false;
     // A trial that passes the time of the best finished run of its kind so
     // far cannot be the best of its kind: it stops there ("beaten"), which
     // bounds the cost of trials that thrash.
-    if (with_trials && mine.report.has_value() && mine.report->status == "ok") {
-      o.beaten_after_ns = mine.report->time_ns;
-    }
-    SimTimeline timeline;
-    if (options.timeline != nullptr) o.timeline = &timeline;
+    std::optional<std::int64_t>& mine = best_ns[run.drops_only ? 1 : 0];
+    if (with_trials && mine.has_value()) o.beaten_after_ns = *mine;
+    if (options.timeline != nullptr) o.timeline = &timelines[i];
     absl::StatusOr<OpReplayReport> r = Replayer(trace, o).Run();
     if (!r.ok()) return r.status();
     wall_seconds += r->wall_seconds;
@@ -828,32 +839,43 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
     verified += r->verified_accesses;
     verify_waits += r->verify_waits;
     mismatches += r->mismatches;
-    if (!mine.report.has_value() || better(*r, *mine.report)) {
-      mine.report = *std::move(r);
-      mine.spec = run.spec;
-      if (options.timeline != nullptr) mine.timeline = std::move(timeline);
+    const bool ok = r->status == "ok";
+    if (ok && (!mine.has_value() || r->time_ns < *mine)) mine = r->time_ns;
+    if (absl::Status s = planner->End(ok ? StepOutcome::kFit : StepOutcome::kTooSmall,
+                                      ok ? r->time_ns : 0, r->message);
+        !s.ok()) {
+      return s;
     }
+    reports.push_back(*std::move(r));
   }
-  // The mixed run unless the drop-only one is strictly better.
-  const bool keep_drops = !best[0].report.has_value() ||
-                          (best[1].report.has_value() && better(*best[1].report, *best[0].report));
-  Best& kept = best[keep_drops ? 1 : 0];
-  const Best& other = best[keep_drops ? 0 : 1];
-  OpReplayReport& report = *kept.report;
+  const std::size_t kept = planner->kept().value_or(0);
+  const bool keep_drops = runs[kept].drops_only;
+  OpReplayReport report = reports[kept];
   if (guard) {  // both kinds ran: name the one kept, and the other's best
+    // The other kind's best: its quickest finished run, else its first.
+    std::optional<std::size_t> other;
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i].drops_only == keep_drops) continue;
+      const bool better = other.has_value() && reports[i].status == "ok" &&
+                          (reports[*other].status != "ok" ||
+                           reports[i].time_ns < reports[*other].time_ns);
+      if (!other.has_value() || better) other = i;
+    }
     report.plan = keep_drops ? "drop-only" : "mixed";
-    report.other_plan_status = other.report->status;
-    report.other_plan_time_ns = other.report->time_ns;
+    if (other.has_value()) {
+      report.other_plan_status = reports[*other].status;
+      report.other_plan_time_ns = reports[*other].time_ns;
+    }
   }
   report.policy = own;
   report.trials = runs.size();
-  if (kept.spec != own) report.kept_policy = kept.spec;
+  if (runs[kept].spec != own) report.kept_policy = runs[kept].spec;
   report.wall_seconds = wall_seconds;
   report.verified_accesses = verified;
   report.verify_waits = verify_waits;
   report.mismatches = mismatches;
-  if (options.timeline != nullptr) *options.timeline = std::move(kept.timeline);
-  return std::move(report);
+  if (options.timeline != nullptr) *options.timeline = std::move(timelines[kept]);
+  return report;
 }
 
 }  // namespace remat

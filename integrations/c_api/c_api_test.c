@@ -1157,6 +1157,120 @@ static void test_learned_next_uses(void) {
   CHECK_OK(remat_allocator_destroy(a));
 }
 
+/* A framework's trial of two plans through the planner: each plan's runtime
+ * runs the same step (a learning step, then a timed one), the caller times
+ * it (here by its recomputes, each costing its compute_ns), and the plan
+ * whose timed step was quicker is kept; the other's runtime goes. */
+static void test_planner_drives_a_trial(void) {
+  remat_plan plans[2];
+  remat_planner_options po;
+  remat_planner* planner = NULL;
+  remat_planner_step step;
+  remat_planner_state ps;
+  remat_plan_state plan_state;
+  remat_allocator* allocators[2] = {NULL, NULL};
+  remat_runtime* runtimes[2] = {NULL, NULL};
+  uint64_t recomputes[2][2] = {{0, 0}, {0, 0}};
+  int64_t times[4];
+  char* refusal = NULL;
+  int failed = 0;
+  int i;
+  memset(plans, 0, sizeof(plans));
+  plans[0].name = "lru";
+  plans[0].policy_spec = "lru";
+  plans[0].allow_drop = 1;
+  plans[1].name = "belady";
+  plans[1].policy_spec = "belady";
+  plans[1].allow_drop = 1;
+  CHECK_OK(remat_planner_options_init(&po));
+  CHECK(po.learning_steps == 1 && po.timed_steps == 2);
+  po.timed_steps = 1;
+  CHECK_OK(remat_planner_create(plans, 2, &po, &planner));
+  for (i = 0; i < 4; ++i) {
+    remat_runtime_options ro;
+    uint64_t n = 0;
+    CHECK_OK(remat_planner_step_begin(planner, &step));
+    CHECK(step.in_trial && step.plan == (size_t)(i / 2) && step.timed == (i % 2));
+    CHECK(!step.fresh_runtime);
+    if (runtimes[step.plan] == NULL) {
+      allocators[step.plan] = make_allocator(GIB, 0, 1);
+      CHECK_OK(remat_runtime_options_init(&ro));
+      ro.policy = plans[step.plan].policy_spec;
+      ro.enable_offload = plans[step.plan].allow_offload;
+      ro.enable_drop = plans[step.plan].allow_drop;
+      ro.live_budget = 13 * MIB;
+      ro.learn_next_use = 1;
+      CHECK_OK(remat_runtime_create_with_options(allocators[step.plan], &ro,
+                                                 &runtimes[step.plan]));
+    }
+    belady_step(runtimes[step.plan], &failed, &n);
+    recomputes[step.plan][i % 2] = n;
+    CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_FIT, (int64_t)n * 1000 + 1, NULL));
+  }
+  CHECK(failed == 0);
+  /* belady, with the next uses learned from its first step, recomputes less. */
+  CHECK(recomputes[1][1] < recomputes[0][1]);
+  CHECK_OK(remat_planner_get_state(planner, &ps));
+  CHECK(!ps.in_trial && ps.trial_done && ps.kept_plan == 1 && ps.steps_ended == 4);
+  CHECK_OK(remat_planner_get_plan(planner, 0, &plan_state, times, 4, &refusal));
+  CHECK(!plan_state.live && !plan_state.refused && refusal == NULL);
+  CHECK(plan_state.num_times == 1 && times[0] == (int64_t)recomputes[0][1] * 1000 + 1);
+  CHECK_OK(remat_planner_get_plan(planner, 1, &plan_state, NULL, 0, NULL));
+  CHECK(plan_state.live && plan_state.runtime_steps == 2 && plan_state.learns_fits);
+  /* The caller lets the plan not kept go; the next step runs the kept one. */
+  CHECK_OK(remat_runtime_destroy(runtimes[0]));
+  runtimes[0] = NULL;
+  CHECK_OK(remat_planner_step_begin(planner, &step));
+  CHECK(step.plan == 1 && !step.in_trial && !step.timed);
+  CHECK_STATUS(remat_planner_step_begin(planner, &step), REMAT_FAILED_PRECONDITION);
+  CHECK_STATUS(remat_planner_step_end(planner, REMAT_STEP_FIT, -1, NULL),
+               REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_planner_step_end(planner, (remat_step_outcome)9, 0, NULL),
+               REMAT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("unknown step outcome 9");
+  CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_FIT, 5, NULL));
+  CHECK_STATUS(remat_planner_step_end(planner, REMAT_STEP_FIT, 5, NULL),
+               REMAT_FAILED_PRECONDITION);
+  CHECK_STATUS(remat_planner_get_plan(planner, 2, &plan_state, NULL, 0, NULL),
+               REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_planner_runtime_restarted(planner, 2), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_planner_destroy(planner));
+  for (i = 0; i < 2; ++i) {
+    CHECK_OK(remat_runtime_destroy(runtimes[i]));
+    CHECK_OK(remat_allocator_destroy(allocators[i]));
+  }
+
+  /* A trial step that does not fit takes its plan out, with its message. */
+  CHECK_OK(remat_planner_create(plans, 2, NULL, &planner));
+  CHECK_OK(remat_planner_step_begin(planner, &step));
+  CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_TOO_SMALL, 0, "lru did not fit"));
+  CHECK_OK(remat_planner_get_plan(planner, 0, &plan_state, NULL, 0, &refusal));
+  CHECK(plan_state.refused && !plan_state.live && refusal != NULL &&
+        strcmp(refusal, "lru did not fit") == 0);
+  remat_string_free(refusal);
+  CHECK_OK(remat_planner_step_begin(planner, &step));
+  CHECK(step.plan == 1);
+  CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_ABANDONED, 0, NULL));
+  CHECK_OK(remat_planner_destroy(planner));
+
+  /* Bad plans are refused, and nothing is made. */
+  planner = NULL;
+  plans[1].policy_spec = "no-such-policy";
+  CHECK_STATUS(remat_planner_create(plans, 2, NULL, &planner), REMAT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("no-such-policy");
+  plans[1].policy_spec = "lru";
+  plans[1].name = "lru";
+  CHECK_STATUS(remat_planner_create(plans, 2, NULL, &planner), REMAT_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("two plans are named \"lru\"");
+  plans[1].name = NULL;
+  CHECK_STATUS(remat_planner_create(plans, 2, NULL, &planner), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_planner_create(plans, 0, NULL, &planner), REMAT_INVALID_ARGUMENT);
+  CHECK_STATUS(remat_planner_create(NULL, 1, NULL, &planner), REMAT_INVALID_ARGUMENT);
+  CHECK(planner == NULL);
+  CHECK_STATUS(remat_planner_step_begin(NULL, &step), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_planner_destroy(NULL));
+}
+
 /* A framework that keeps tensors itself follows the runtime through events:
  * each drop, offload, restore and recompute is told, in order, with its id. */
 static void test_events_tell_each_transition(void) {
@@ -1360,6 +1474,7 @@ int main(void) {
   static const test_case tests[] = {
       {"alloc_conf", test_alloc_conf},
       {"learned_next_uses", test_learned_next_uses},
+      {"planner_drives_a_trial", test_planner_drives_a_trial},
       {"an_output_added_later_comes_back_in_the_same_run",
        test_an_output_added_later_comes_back_in_the_same_run},
       {"offloaded_tensor_keeps_its_address", test_offloaded_tensor_keeps_its_address},

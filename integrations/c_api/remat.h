@@ -65,7 +65,7 @@ REMAT_API const char* remat_version(void);
  * (libremat.so.MAJOR.MINOR), so a program built against another header does
  * not load the new library by accident. A program that loads the library by
  * path should check remat_abi_version() == REMAT_ABI_VERSION first. */
-#define REMAT_ABI_VERSION 6
+#define REMAT_ABI_VERSION 7
 REMAT_API int remat_abi_version(void);
 /* Frees a string this library returned (remat_snapshot_json). NULL is fine. */
 REMAT_API void remat_string_free(char* str);
@@ -447,6 +447,112 @@ typedef struct remat_runtime_stats {
 } remat_runtime_stats;
 
 REMAT_API remat_status remat_runtime_get_stats(remat_runtime* runtime, remat_runtime_stats* out);
+
+/* ------------------------------------------------------------------------ */
+/* Step planner                                                              */
+/*
+ * Which plan each training step runs under a budget, and which plan the
+ * budget keeps. A budget may be met several ways (a policy's mixed plan of
+ * drops and offloads, drops first, other policies); which is quickest depends
+ * on the model, the budget and the link. So the first steps are a trial: each
+ * plan in turn runs learning_steps untimed steps (its runtime learns the
+ * step's next uses), then timed_steps timed ones, and the plan whose quickest
+ * timed step was quickest is kept (a tie keeps the plan listed first). A
+ * trial step that did not fit takes its plan out of the trial while another
+ * is left; the last plan left stays. After the trial, a step that did not fit
+ * on a runtime that had learned from earlier steps makes its plan blind:
+ * each later step starts the plan's runtime afresh.
+ *
+ * The caller runs the steps and owns one runtime per plan (create it with the
+ * plan's policy, allow_drop and allow_offload; with drop_first, offload only
+ * what cannot be dropped):
+ *
+ *   remat_planner_step step;
+ *   remat_planner_step_begin(planner, &step);      which plan, timed or not
+ *   ... run the step on plans[step.plan]'s runtime (a new one where
+ *       step.fresh_runtime), timing it where step.timed ...
+ *   remat_planner_step_end(planner, REMAT_STEP_FIT, elapsed_ns, NULL);
+ *
+ * then destroys the runtimes of plans remat_planner_get_plan says are no
+ * longer live. One step at a time per planner. */
+
+typedef struct remat_planner remat_planner;
+
+typedef struct remat_plan {
+  const char* name;        /* shown to users; non-empty and unique (copied) */
+  const char* policy_spec; /* the policy its runtime runs; checked (copied) */
+  int allow_drop;
+  int allow_offload;
+  int drop_first;          /* with both allowed: drop before offloading */
+} remat_plan;
+
+typedef struct remat_planner_options {
+  size_t learning_steps; /* per plan in the trial, first, untimed (default 1) */
+  size_t timed_steps;    /* per plan in the trial, at least 1 (default 2) */
+} remat_planner_options;
+
+REMAT_API remat_status remat_planner_options_init(remat_planner_options* options);
+/* options may be NULL (the defaults). With one plan there is no trial.
+ * REMAT_INVALID_ARGUMENT for no plans, a NULL, empty or repeated name, a plan
+ * that allows neither drops nor offloads, a policy spec the runtime refuses. */
+REMAT_API remat_status remat_planner_create(const remat_plan* plans, size_t num_plans,
+                                            const remat_planner_options* options,
+                                            remat_planner** out);
+REMAT_API remat_status remat_planner_destroy(remat_planner* planner);
+
+typedef struct remat_planner_step {
+  size_t plan;       /* index into the plans given */
+  int timed;         /* its elapsed time counts in the trial */
+  int in_trial;      /* the trial has not yet decided */
+  int fresh_runtime; /* start the plan's runtime afresh (the plan is blind) */
+} remat_planner_step;
+
+/* REMAT_FAILED_PRECONDITION while a step is open. */
+REMAT_API remat_status remat_planner_step_begin(remat_planner* planner, remat_planner_step* out);
+
+typedef enum remat_step_outcome {
+  REMAT_STEP_FIT = 0,       /* ran through under the budget */
+  REMAT_STEP_TOO_SMALL = 1, /* the budget could not hold what it needed */
+  REMAT_STEP_ABANDONED = 2, /* raised something else or was interrupted: nothing learned */
+  REMAT_STEP_OUTCOME_MAX_ENUM = 0x7FFFFFFF
+} remat_step_outcome;
+
+/* elapsed_ns counts for a timed step that fit; message (may be NULL) is kept
+ * as the refusal of a plan the step takes out of the trial.
+ * REMAT_FAILED_PRECONDITION with no step open; REMAT_INVALID_ARGUMENT for an
+ * unknown outcome or a negative time (the step stays open). */
+REMAT_API remat_status remat_planner_step_end(remat_planner* planner, remat_step_outcome outcome,
+                                              int64_t elapsed_ns, const char* message);
+/* The caller started the plan's runtime afresh for reasons of its own (an
+ * interrupted step): it has learned nothing from the steps before. */
+REMAT_API remat_status remat_planner_runtime_restarted(remat_planner* planner, size_t plan);
+
+typedef struct remat_planner_state {
+  size_t num_plans;
+  int in_trial;
+  int trial_done;        /* the trial decided after timing its plans */
+  size_t kept_plan;      /* the plan kept, once !in_trial */
+  uint64_t steps_ended;
+} remat_planner_state;
+
+REMAT_API remat_status remat_planner_get_state(remat_planner* planner, remat_planner_state* out);
+
+typedef struct remat_plan_state {
+  int live;              /* the planner may still run it: keep its runtime */
+  int refused;           /* taken out of the trial: a step did not fit */
+  int blind;             /* each step starts its runtime afresh */
+  int learns_fits;       /* replays seen to fit in its steps hold for later ones */
+  uint64_t runtime_steps; /* steps that fit on its current runtime */
+  size_t num_times;      /* timed trial steps that fit */
+} remat_plan_state;
+
+/* times_ns (may be NULL): up to times_capacity of its timed steps' times.
+ * refusal (may be NULL): its refusal's message, to free with
+ * remat_string_free (NULL when not refused). REMAT_INVALID_ARGUMENT for a
+ * plan out of range. */
+REMAT_API remat_status remat_planner_get_plan(remat_planner* planner, size_t plan,
+                                              remat_plan_state* out, int64_t* times_ns,
+                                              size_t times_capacity, char** refusal);
 
 #ifdef __cplusplus
 } /* extern "C" */

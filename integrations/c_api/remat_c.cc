@@ -11,6 +11,7 @@
 // the two locks never nest.
 #include "integrations/c_api/remat.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "allocator/alloc_conf.h"
 #include "allocator/caching_allocator.h"
 #include "base/mutex.h"
@@ -36,6 +38,7 @@
 #include "device/device_spec.h"
 #include "device/sim_device.h"
 #include "runtime/runtime.h"
+#include "runtime/step_planner.h"
 
 #ifndef REMAT_VERSION_STRING
 #define REMAT_VERSION_STRING "0.0.0"
@@ -63,6 +66,12 @@ struct remat_runtime {
   // remat_runtime_destroy (a Guard unpins through its runtime).
   absl::flat_hash_map<std::uint64_t, std::vector<remat::Guard>> pins ABSL_GUARDED_BY(mu);
   std::uint64_t pin_count ABSL_GUARDED_BY(mu) = 0;
+};
+
+struct remat_planner {
+  explicit remat_planner(remat::StepPlanner p) : planner(std::move(p)) {}
+  remat::StepPlanner planner ABSL_GUARDED_BY(mu);
+  remat::Mutex mu;
 };
 
 namespace {
@@ -1012,6 +1021,157 @@ remat_status remat_runtime_get_stats(remat_runtime* runtime, remat_runtime_stats
       r.refills = s.refills;
     }
     *out = r;
+    return REMAT_OK;
+  });
+}
+
+// --- Step planner -------------------------------------------------------------------
+
+remat_status remat_planner_options_init(remat_planner_options* options) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (options == nullptr) return NullArgument(fn, "options");
+    const remat::StepPlannerOptions defaults;
+    options->learning_steps = defaults.learning_steps;
+    options->timed_steps = defaults.timed_steps;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_planner_create(const remat_plan* plans, size_t num_plans,
+                                  const remat_planner_options* options, remat_planner** out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (out == nullptr) return NullArgument(fn, "out");
+    if (plans == nullptr && num_plans != 0) return NullArgument(fn, "plans");
+    std::vector<remat::PlanSpec> specs;
+    for (size_t i = 0; i < num_plans; ++i) {
+      const remat_plan& p = plans[i];
+      if (p.name == nullptr) return NullArgument(fn, "a plan's name");
+      if (p.policy_spec == nullptr) return NullArgument(fn, "a plan's policy_spec");
+      specs.push_back(remat::PlanSpec{p.name, p.policy_spec, p.allow_drop != 0,
+                                      p.allow_offload != 0, p.drop_first != 0});
+    }
+    remat::StepPlannerOptions o;
+    if (options != nullptr) {
+      o.learning_steps = options->learning_steps;
+      o.timed_steps = options->timed_steps;
+    }
+    absl::StatusOr<remat::StepPlanner> made = remat::StepPlanner::Create(std::move(specs), o);
+    if (!made.ok()) return FromStatus(fn, made.status());
+    *out = new remat_planner(std::move(*made));
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_planner_destroy(remat_planner* planner) {
+  delete planner;
+  return REMAT_OK;
+}
+
+remat_status remat_planner_step_begin(remat_planner* planner, remat_planner_step* out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (planner == nullptr) return NullArgument(fn, "planner");
+    if (out == nullptr) return NullArgument(fn, "out");
+    remat::MutexLock lock(&planner->mu);
+    absl::StatusOr<remat::StepPlanner::Step> step = planner->planner.Begin();
+    if (!step.ok()) return FromStatus(fn, step.status());
+    out->plan = step->plan;
+    out->timed = step->timed ? 1 : 0;
+    out->in_trial = step->in_trial ? 1 : 0;
+    out->fresh_runtime = step->fresh_runtime ? 1 : 0;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_planner_step_end(remat_planner* planner, remat_step_outcome outcome,
+                                    int64_t elapsed_ns, const char* message) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (planner == nullptr) return NullArgument(fn, "planner");
+    remat::StepOutcome o;
+    switch (outcome) {
+      case REMAT_STEP_FIT:
+        o = remat::StepOutcome::kFit;
+        break;
+      case REMAT_STEP_TOO_SMALL:
+        o = remat::StepOutcome::kTooSmall;
+        break;
+      case REMAT_STEP_ABANDONED:
+        o = remat::StepOutcome::kAbandoned;
+        break;
+      case REMAT_STEP_OUTCOME_MAX_ENUM:
+      default:
+        return Fail(REMAT_INVALID_ARGUMENT, fn,
+                    absl::StrFormat("unknown step outcome %d", static_cast<int>(outcome)));
+    }
+    remat::MutexLock lock(&planner->mu);
+    return FromStatus(fn, planner->planner.End(o, elapsed_ns, message == nullptr ? "" : message));
+  });
+}
+
+remat_status remat_planner_runtime_restarted(remat_planner* planner, size_t plan) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (planner == nullptr) return NullArgument(fn, "planner");
+    remat::MutexLock lock(&planner->mu);
+    return FromStatus(fn, planner->planner.RuntimeRestarted(plan));
+  });
+}
+
+remat_status remat_planner_get_state(remat_planner* planner, remat_planner_state* out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (planner == nullptr) return NullArgument(fn, "planner");
+    if (out == nullptr) return NullArgument(fn, "out");
+    remat::MutexLock lock(&planner->mu);
+    const remat::StepPlanner& p = planner->planner;
+    remat_planner_state s;
+    std::memset(&s, 0, sizeof(s));
+    s.num_plans = p.num_plans();
+    s.in_trial = p.in_trial() ? 1 : 0;
+    s.trial_done = p.trial_done() ? 1 : 0;
+    s.kept_plan = p.kept().value_or(0);
+    s.steps_ended = p.steps_ended();
+    *out = s;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_planner_get_plan(remat_planner* planner, size_t plan, remat_plan_state* out,
+                                    int64_t* times_ns, size_t times_capacity, char** refusal) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (planner == nullptr) return NullArgument(fn, "planner");
+    if (out == nullptr) return NullArgument(fn, "out");
+    remat::MutexLock lock(&planner->mu);
+    const remat::StepPlanner& p = planner->planner;
+    if (plan >= p.num_plans()) {
+      return Fail(REMAT_INVALID_ARGUMENT, fn,
+                  absl::StrFormat("no plan %d: the planner has %d", plan, p.num_plans()));
+    }
+    char* text = nullptr;
+    if (refusal != nullptr && p.refused(plan)) {
+      const std::string& m = p.refusal(plan);
+      text = static_cast<char*>(std::malloc(m.size() + 1));
+      if (text == nullptr) return Fail(REMAT_OUT_OF_MEMORY, fn, "out of host memory");
+      std::memcpy(text, m.c_str(), m.size() + 1);
+    }
+    remat_plan_state s;
+    std::memset(&s, 0, sizeof(s));
+    s.live = p.live(plan) ? 1 : 0;
+    s.refused = p.refused(plan) ? 1 : 0;
+    s.blind = p.blind(plan) ? 1 : 0;
+    s.learns_fits = p.learns_fits(plan) ? 1 : 0;
+    s.runtime_steps = p.runtime_steps(plan);
+    absl::Span<const std::int64_t> times = p.times_ns(plan);
+    s.num_times = times.size();
+    if (times_ns != nullptr) {
+      std::copy_n(times.begin(), std::min(times.size(), times_capacity), times_ns);
+    }
+    *out = s;
+    if (refusal != nullptr) *refusal = text;
     return REMAT_OK;
   });
 }

@@ -12,7 +12,7 @@ import pathlib
 
 # The struct layouts below mirror remat.h at this REMAT_ABI_VERSION; lib()
 # refuses a library with another one rather than misread its structs.
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 OK = 0
 INVALID_ARGUMENT = 1

@@ -1,0 +1,141 @@
+// StepPlanner: which plan each training step runs under a budget, and which
+// plan the budget keeps.
+//
+// A budget may be met more than one way: a policy's mixed plan (drops and
+// offloads as it chooses), drops first (offload only what cannot be
+// dropped), or several policies. Which is quickest depends on the model, the
+// budget and the link, so the first steps are a trial: each plan in turn
+// runs `learning_steps` steps (untimed: its runtime learns the step's next
+// uses) and then `timed_steps` timed ones, and the budget keeps the plan
+// whose quickest timed step was quickest (a tie keeps the plan listed
+// first). A trial step that did not fit the budget takes its plan out of the
+// trial while another plan is left; the last plan left stays, and its steps
+// say the budget is too small.
+//
+// After the trial, a step that does not fit on a runtime that has learned
+// from the steps before it (next uses: a policy such as belady reads them)
+// makes its plan "blind": each later step starts its runtime afresh, as the
+// first step, which did fit, did.
+//
+// One implementation for every door: remat.torch's budget and any C or C++
+// framework drive it through remat.h (remat_planner_*), and the simulator's
+// offload guard runs each of its runs as one trial step. It decides; the
+// door runs the steps, times them and owns the runtimes.
+//
+// Not thread-safe: one step at a time (the C ABI adds a lock).
+#ifndef REMAT_RUNTIME_STEP_PLANNER_H_
+#define REMAT_RUNTIME_STEP_PLANNER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace remat {
+
+struct PlanSpec {
+  std::string name;    // shown to users ("mixed", "drop-first", "dtr-eq drop-first"); unique
+  std::string policy;  // the eviction-policy spec its runtime runs; checked
+  bool allow_drop = true;
+  bool allow_offload = false;
+  bool drop_first = false;  // with both allowed: drop before offloading
+};
+
+struct StepPlannerOptions {
+  std::size_t learning_steps = 1;  // per plan, first in its turn, untimed
+  std::size_t timed_steps = 2;     // per plan, after those (at least 1)
+};
+
+enum class StepOutcome : std::uint8_t {
+  kFit,        // the step ran through under the budget
+  kTooSmall,   // the budget could not hold what the step needed
+  kAbandoned,  // it raised something else, or was interrupted: nothing learned
+};
+
+class StepPlanner {
+ public:
+  // InvalidArgument for no plans, an empty or repeated name, a plan that
+  // allows neither drops nor offloads, a policy spec the registry refuses,
+  // or no timed steps.
+  static absl::StatusOr<StepPlanner> Create(std::vector<PlanSpec> plans,
+                                            StepPlannerOptions options = {});
+
+  struct Step {
+    std::size_t plan = 0;
+    bool timed = false;          // its elapsed time counts in the trial
+    bool in_trial = false;       // the trial has not decided yet
+    bool fresh_runtime = false;  // start the plan's runtime afresh (blind)
+  };
+  // The step about to run. FailedPrecondition while one is open.
+  absl::StatusOr<Step> Begin();
+  // Ends the step Begin opened: `elapsed_ns` counts for a timed step that
+  // fit; `message` is kept as the refusal of a plan it takes out of the
+  // trial. FailedPrecondition with no step open; InvalidArgument for a
+  // negative time.
+  absl::Status End(StepOutcome outcome, std::int64_t elapsed_ns, std::string_view message);
+  // The door started `plan`'s runtime afresh for reasons of its own (an
+  // interrupted step, a budget of another kind): it has learned nothing.
+  absl::Status RuntimeRestarted(std::size_t plan);
+
+  std::size_t num_plans() const { return plans_.size(); }
+  const PlanSpec& plan(std::size_t i) const { return plans_[i].spec; }
+  bool in_trial() const { return !kept_.has_value(); }
+  // The plan kept: once the trial has decided (or from the start, with one plan).
+  std::optional<std::size_t> kept() const { return kept_; }
+  // The trial has decided after timing its plans (not one plan from the start).
+  bool trial_done() const { return kept_.has_value() && plans_.size() > 1; }
+  std::uint64_t steps_ended() const { return steps_ended_; }
+
+  // A plan the budget may still run: keep its runtime. False for a plan
+  // refused, or not kept once the trial decided.
+  bool live(std::size_t plan) const;
+  bool refused(std::size_t plan) const { return plans_[plan].refused; }
+  const std::string& refusal(std::size_t plan) const { return plans_[plan].refusal; }
+  bool blind(std::size_t plan) const { return plans_[plan].blind; }
+  // Steps that fit on the plan's current runtime.
+  std::uint64_t runtime_steps(std::size_t plan) const { return plans_[plan].runtime_steps; }
+  absl::Span<const std::int64_t> times_ns(std::size_t plan) const { return plans_[plan].times_ns; }
+  // Whether what the step just ended (or the one open) learned of replays
+  // counts as seen to fit: not on a runtime's first, blind-made choices
+  // (replays seen to fit there say little of the next step's), except where
+  // every step is blind.
+  bool learns_fits(std::size_t plan) const {
+    return plans_[plan].runtime_steps > 0 || plans_[plan].blind;
+  }
+
+ private:
+  struct Plan {
+    PlanSpec spec;
+    bool refused = false;
+    std::string refusal;
+    bool blind = false;
+    std::uint64_t runtime_steps = 0;
+    std::vector<std::int64_t> times_ns;
+  };
+  struct TrialStep {
+    std::size_t plan;
+    bool timed;
+  };
+
+  StepPlanner(std::vector<Plan> plans, std::vector<TrialStep> trial);
+  void Refuse(std::size_t plan, std::string_view message);
+  void Decide();
+  std::size_t Unrefused() const;
+
+  std::vector<Plan> plans_;
+  std::vector<TrialStep> trial_;  // the trial steps still to run, first first
+  std::size_t next_trial_ = 0;    // index into trial_
+  std::optional<std::size_t> kept_;
+  std::optional<Step> open_;
+  std::uint64_t steps_ended_ = 0;
+};
+
+}  // namespace remat
+
+#endif  // REMAT_RUNTIME_STEP_PLANNER_H_
