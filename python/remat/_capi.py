@@ -104,6 +104,39 @@ class RuntimeStats(ctypes.Structure):
             "copies_ahead", "ahead_offloads", "refills")]
 
 
+class Plan(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("policy_spec", ctypes.c_char_p),
+                ("allow_drop", ctypes.c_int), ("allow_offload", ctypes.c_int),
+                ("drop_first", ctypes.c_int)]
+
+
+class PlannerOptions(ctypes.Structure):
+    _fields_ = [("learning_steps", ctypes.c_size_t), ("timed_steps", ctypes.c_size_t)]
+
+
+class PlannerStep(ctypes.Structure):
+    _fields_ = [("plan", ctypes.c_size_t), ("timed", ctypes.c_int), ("in_trial", ctypes.c_int),
+                ("fresh_runtime", ctypes.c_int)]
+
+
+# remat_step_outcome
+STEP_FIT = 0
+STEP_TOO_SMALL = 1
+STEP_ABANDONED = 2
+
+
+class PlannerState(ctypes.Structure):
+    _fields_ = [("num_plans", ctypes.c_size_t), ("in_trial", ctypes.c_int),
+                ("trial_done", ctypes.c_int), ("kept_plan", ctypes.c_size_t),
+                ("steps_ended", ctypes.c_uint64)]
+
+
+class PlanState(ctypes.Structure):
+    _fields_ = [("live", ctypes.c_int), ("refused", ctypes.c_int), ("blind", ctypes.c_int),
+                ("learns_fits", ctypes.c_int), ("runtime_steps", ctypes.c_uint64),
+                ("num_times", ctypes.c_size_t)]
+
+
 class RematError(RuntimeError):
     """A call into libremat failed; `status` is its remat_status."""
 
@@ -182,6 +215,19 @@ def lib():
         "remat_tensor_get_state": (ctypes.c_int, [vp, u64, ctypes.POINTER(ctypes.c_int)]),
         "remat_runtime_evict_bytes": (ctypes.c_int, [vp, u64, u64, ctypes.POINTER(u64)]),
         "remat_runtime_get_stats": (ctypes.c_int, [vp, ctypes.POINTER(RuntimeStats)]),
+        "remat_string_free": (None, [vp]),
+        "remat_planner_create": (ctypes.c_int, [ctypes.POINTER(Plan), sz,
+                                                ctypes.POINTER(PlannerOptions),
+                                                ctypes.POINTER(vp)]),
+        "remat_planner_destroy": (ctypes.c_int, [vp]),
+        "remat_planner_step_begin": (ctypes.c_int, [vp, ctypes.POINTER(PlannerStep)]),
+        "remat_planner_step_end": (ctypes.c_int, [vp, ctypes.c_int, ctypes.c_int64,
+                                                  ctypes.c_char_p]),
+        "remat_planner_runtime_restarted": (ctypes.c_int, [vp, sz]),
+        "remat_planner_get_state": (ctypes.c_int, [vp, ctypes.POINTER(PlannerState)]),
+        "remat_planner_get_plan": (ctypes.c_int, [vp, sz, ctypes.POINTER(PlanState),
+                                                  ctypes.POINTER(ctypes.c_int64), sz,
+                                                  ctypes.POINTER(vp)]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(so, name)

@@ -354,15 +354,19 @@ def test_a_step_interrupted_as_it_enters_is_not_taken_for_one_that_ran():
     # Ctrl-C inside the entry: the step is undone and raises, and the plan
     # trial neither times it nor moves on past it.
     b = remat.torch.budget(160, policy="dtr", offload=True, recompute=True)
-    trial = list(b._trial)
-    with _InterruptAt(1, code=_budget.budget._enter.__code__) as at:
+    with _InterruptAt(1, code=_budget.budget._enter_step.__code__) as at:
         with pytest.raises(KeyboardInterrupt):
             _grads_of(_tiny, b)
     assert at.reached
     _assert_clean()
-    assert b._trial == trial and not any(b._trial_times.values())
+    # The planner has the step as abandoned: its trial has not moved on.
+    assert b._planner.state().steps_ended == 1
+    assert b._planner.plan(0)["runtime_steps"] == 0 and not b._planner.plan(0)["times"]
     assert_same_grads(_grads_of(_tiny), _grads_of(_tiny, b))
-    assert b._trial == trial[1:]
+    assert b._planner.plan(0)["runtime_steps"] == 1 and not b._planner.plan(0)["times"]
+    step = b._planner.begin()  # the trial's second step: mixed's first timed one
+    assert (step.plan, step.timed, step.in_trial) == (0, True, True)
+    b._planner.end(b._planner.ABANDONED)
     b.close()
 
 

@@ -61,6 +61,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporaril
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from remat import _capi, parse_size
+from remat._planner import StepPlanner
 from remat.torch import _allocator, _interrupts, _native
 from remat.torch._cost import CostModel
 
@@ -820,7 +821,6 @@ class _Session:
         # no budget of its own: it evicts when the allocator asks.
         ro.live_budget = budget_bytes if live_budget else 0
         self.live_budget = live_budget
-        self.steps_run = 0            # its steps that ran to the end (what it has learned from)
         # What its good steps' replays did (_Replays): a replay that fits
         # under one plan may not under another, which drops more.
         self.replays = _Replays()
@@ -2607,11 +2607,12 @@ class budget:
             for kind, with_offload, drop_first in kinds:
                 name = kind if len(policies) == 1 else f"{p} {kind}"
                 self._plans[name] = (p, with_offload, drop_first)
-        self._first_plan = "trial" if len(self._plans) > 1 else next(iter(self._plans))
+        self._plan_names = list(self._plans)
         # A spec the runtime refuses is an error now, not steps later when
         # its turn in the trial comes.
         for p in policies:
             _Session(self.budget_bytes, p, offload, recompute).close()
+        self._planner = None
         self._clock = time.perf_counter
         self._sessions = {}           # plan -> _Session
         self._start_over()
@@ -2629,26 +2630,25 @@ class budget:
 
     def _start_over(self):
         """As new: no step run, no runtime, the trial (if any) to come."""
-        self._plan = self._first_plan
-        # The trial: (plan, timed) per step, and each plan's timed steps.
-        self._trial = [(plan, i > 0) for plan in self._plans for i in range(self.TRIAL_STEPS)]
-        self._trial_times = {plan: [] for plan in self._plans}
-        self._refused = {}            # plans out of the trial: their step's BudgetTooSmall
-        self._blind = set()           # plans whose steps each start a runtime afresh
+        if self._planner is not None:
+            self._planner.close()
+        # Which plan each step runs, and which the trial keeps: the runtime's
+        # step planner (TRIAL_STEPS per plan: one learning, then timed ones).
+        self._planner = StepPlanner(
+            [(name, policy, self._recompute, offload, drop_first)
+             for name, (policy, offload, drop_first) in self._plans.items()],
+            learning_steps=1, timed_steps=self.TRIAL_STEPS - 1)
         self._seen = _Beside()        # what good steps' backwards pinned (any plan)
         self._step_plan = None
+        self._step_index = None
+        self._step_timed = False
+        self._step_in_trial = False
         self._step_start = None
         self._steps = 0
 
     def _plan_shown(self):
         """What stats["plan"] says of the step running or just run."""
-        return self._step_plan if self._plan != "trial" else "trial"
-
-    def _plan_now(self):
-        """The plan of the step about to run, and whether it is timed."""
-        if self._plan != "trial":
-            return self._plan, False
-        return self._trial[0]
+        return "trial" if self._step_in_trial else self._step_plan
 
     @_interrupts.critical
     def __enter__(self):
@@ -2718,19 +2718,31 @@ class budget:
         return None
 
     def _enter(self):
-        plan, timed = self._plan_now()
+        step = self._planner.begin()
+        try:
+            self._enter_step(step)
+        except BaseException:
+            self._planner.end(StepPlanner.ABANDONED)
+            raise
+        return self
+
+    def _enter_step(self, step):
+        plan = self._plan_names[step.plan]
+        timed = step.timed
         policy, offload, drop_first = self._plans[plan]
         allocator = self._allocator()
         session = self._sessions.get(plan)
         replays = None
         if session is not None and (session.live_budget != (allocator is None) or
-                                    plan in self._blind):
+                                    step.fresh_runtime):
             # use_allocator() came since, or what the runtime learns from one
-            # step led the next into a budget it did not fit: start afresh
-            # (each such step as blind as the last, so what its replays did
-            # holds for the next).
-            if plan in self._blind and session.live_budget == (allocator is None):
+            # step led the next into a budget it did not fit (the planner's
+            # blind plans): start afresh (each such step as blind as the
+            # last, so what its replays did holds for the next).
+            if step.fresh_runtime and session.live_budget == (allocator is None):
                 replays = session.replays
+            else:
+                self._planner.restarted(step.plan)
             self._sessions.pop(plan).close()
             session = None
         if session is None and self._native:
@@ -2745,9 +2757,12 @@ class budget:
         device = 0
         if allocator is not None and torch.cuda.is_available():
             device = torch.cuda.current_device()
+        self._step_index = step.plan
+        self._step_timed = step.timed
+        self._step_in_trial = step.in_trial
         if self._native:
             _native.enter(self, plan, policy, session)
-            return self
+            return
         engine = Engine(self.budget_bytes, policy, offload, self._recompute,
                         self._allow_nondeterministic, self._cost_model, self._copy_ahead,
                         allocator=allocator, device=device, drop_first=drop_first,
@@ -2773,7 +2788,6 @@ class budget:
             _active.pop(threading.get_ident(), None)
             engine.close()  # the allocator gets its budget back
             raise
-        return self
 
     @_interrupts.critical
     def __exit__(self, exc_type, exc, tb):
@@ -2817,6 +2831,7 @@ class budget:
                                 session = self._sessions.pop(self._step_plan, None)
                                 if session is not None:
                                     session.close()
+                                    self._planner.restarted(self._step_index)
                         finally:
                             self._resume_gc()
             if late is None:
@@ -2847,79 +2862,50 @@ class budget:
         return self._clock()
 
     def _end_step(self, ok, exc=None):
+        """Tells the planner how the step went, and keeps what it learned."""
         self._steps += 1
         stats = dict(self._engine.stats)
         stats["step"] = self._steps
         stats["plan"] = self._plan_shown()
         stats["policy"] = self._plans[self._step_plan][0]
-        if self._plan == "trial" and ok:
-            plan, timed = self._trial.pop(0)
-            if timed:
-                self._trial_times[plan].append(self._time() - self._step_start)
-            if not self._trial:
-                self._decide()
-        elif isinstance(exc, BudgetTooSmall):
-            if self._plan == "trial" and len(self._trial_times) > 1:
-                self._refuse(self._trial[0][0], exc)
-            else:
-                self._go_blind(self._step_plan)
-                session = self._sessions.get(self._step_plan)
-                if session is not None:
-                    # Its replays that did not fit: offloaded from its next step.
-                    session.replays = session.replays.merged(self._engine.failed_replays(),
-                                                             fits=False)
+        index, plan = self._step_index, self._step_plan
+        learned = self._planner.plan(index)["learns_fits"]
+        too_small = isinstance(exc, BudgetTooSmall)
+        if ok:
+            outcome = StepPlanner.FIT
+        else:
+            outcome = StepPlanner.TOO_SMALL if too_small else StepPlanner.ABANDONED
+        seconds = self._time() - self._step_start if ok and self._step_timed else 0.0
+        self._planner.end(outcome, seconds, str(exc) if too_small else "")
+        state = self._planner.plan(index)
+        session = self._sessions.get(plan)
+        if too_small and not state["refused"] and session is not None:
+            # Its replays that did not fit: offloaded from its next step.
+            session.replays = session.replays.merged(self._engine.failed_replays(), fits=False)
         if ok:
             self._seen = self._seen.merged(self._engine.beside)
-            session = self._sessions.get(self._step_plan)
             if session is not None:
                 # A runtime's first step evicts blind; from its second on, by
                 # what it learned: replays seen to fit in the first say little
                 # of the next (belady's choices change), its failures do.
-                learned = session.steps_run > 0 or self._step_plan in self._blind
                 session.replays = session.replays.merged(self._engine.replays, fits=learned)
-                session.steps_run += 1
-        if self._refused:
-            stats["plans_refused"] = dict(self._refused)
-        if self._step_plan in self._blind:
+        # The runtimes of plans the planner will not run again (refused, or
+        # not kept by the trial) go.
+        plans = [self._planner.plan(i) for i in range(len(self._plan_names))]
+        for i, name in enumerate(self._plan_names):
+            if not plans[i]["live"] and name in self._sessions:
+                self._sessions.pop(name).close()
+        refused = {name: plans[i]["refusal"] for i, name in enumerate(self._plan_names)
+                   if plans[i]["refused"]}
+        if refused:
+            stats["plans_refused"] = refused
+        if state["blind"]:
             stats["next_uses_off"] = True
-        if self._plan_trial_done():
-            stats["plan_trial_seconds"] = {k: list(v) for k, v in self._trial_times.items()}
+        if self._planner.state().trial_done:
+            stats["plan_trial_seconds"] = {name: plans[i]["times"]
+                                           for i, name in enumerate(self._plan_names)
+                                           if not plans[i]["refused"]}
         self.stats = _user_stats(stats)
-
-    def _plan_trial_done(self):
-        return all(self._trial_times.values()) and not self._trial
-
-    def _go_blind(self, plan):
-        """A step of `plan` did not fit after the runtime had learned from
-        the steps before (the next uses a policy such as belady reads): its
-        later steps each start a runtime afresh, as the first step did,
-        which did fit."""
-        session = self._sessions.get(plan)
-        if session is not None and session.steps_run > 0:
-            self._blind.add(plan)
-
-    def _refuse(self, plan, exc):
-        """A trial step of `plan` did not fit the budget: the trial goes on
-        without it (while another plan is left), so that the next steps run
-        the plans that can (the caller keeps the last plan: each of its
-        steps then says the budget is too small). The step itself has
-        raised."""
-        self._refused[plan] = str(exc)
-        self._trial = [t for t in self._trial if t[0] != plan]
-        del self._trial_times[plan]
-        session = self._sessions.pop(plan, None)
-        if session is not None:
-            session.close()
-        if not self._trial:
-            self._decide()
-
-    def _decide(self):
-        """Keeps the plan whose quickest timed step was quickest (on a tie,
-        the one tried first: mixed before drop-first, the first policy before
-        the others) and lets the others' runtimes go."""
-        self._plan = min(self._trial_times, key=lambda plan: min(self._trial_times[plan]))
-        for plan in [p for p in self._sessions if p != self._plan]:
-            self._sessions.pop(plan).close()
 
     @_interrupts.critical
     @contextlib.contextmanager
@@ -2974,8 +2960,9 @@ class budget:
         return _user_stats(stats)
 
     def _no_step_stats(self):
-        """live_stats() before any step: every figure 0, step 0."""
-        plan, _ = self._plan_now()
+        """live_stats() before any step: every figure 0, step 0 (of the plan
+        the first step runs)."""
+        plan = self._plan_names[0]
         policy, offload, drop_first = self._plans[plan]
         engine = Engine(self.budget_bytes, policy, offload, self._recompute,
                         self._allow_nondeterministic, self._cost_model, drop_first=drop_first)
@@ -2985,7 +2972,7 @@ class budget:
         engine.closed = True
         stats = engine.read_stats()
         stats["step"] = 0
-        stats["plan"] = "trial" if self._plan == "trial" else plan
+        stats["plan"] = "trial" if len(self._plans) > 1 else plan
         stats["policy"] = policy
         return _user_stats(stats)
 

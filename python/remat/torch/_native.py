@@ -214,7 +214,6 @@ class NativeSession:
         from remat.torch._budget import _Replays
         self.native = module().Session(budget_bytes, policy, recompute)
         self.live_budget = True
-        self.steps_run = 0
         self.replays = _Replays()
         self.engine = None
 

@@ -1,0 +1,51 @@
+"""The runtime's step planner through the Python wrapper (remat._planner)."""
+import pytest
+
+from remat._planner import StepPlanner
+
+PLANS = [("mixed", "dtr", True, True, False), ("drop-first", "dtr", True, True, True)]
+
+
+def _run(p, outcome, seconds=0.0, message=""):
+    step = p.begin()
+    p.end(outcome, seconds, message)
+    return step
+
+
+def test_a_trial_learns_then_times_each_plan_and_keeps_the_quickest():
+    p = StepPlanner(PLANS, learning_steps=1, timed_steps=2)
+    seconds = [9.0, 0.3, 0.2, 9.0, 0.25, 0.15]
+    steps = [_run(p, p.FIT, s) for s in seconds]
+    assert [(s.plan, s.timed, s.in_trial) for s in steps] == [
+        (0, False, True), (0, True, True), (0, True, True),
+        (1, False, True), (1, True, True), (1, True, True)]
+    state = p.state()
+    assert not state.in_trial and state.trial_done and state.kept_plan == 1
+    assert p.plan(0)["times"] == [0.3, 0.2] and not p.plan(0)["live"]
+    assert p.plan(1)["live"] and p.plan(1)["runtime_steps"] == 3
+    assert _run(p, p.FIT).plan == 1
+
+
+def test_a_plan_that_did_not_fit_leaves_the_trial_with_its_message():
+    p = StepPlanner(PLANS)
+    _run(p, p.TOO_SMALL, message="mixed did not fit")
+    assert p.plan(0)["refused"] and p.plan(0)["refusal"] == "mixed did not fit"
+    assert p.plan(1)["refusal"] is None
+    assert [_run(p, p.FIT, 1.0).plan for _ in range(3)] == [1, 1, 1]
+    assert p.state().kept_plan == 1
+
+
+def test_bad_plans_and_misuse_are_refused():
+    with pytest.raises(ValueError, match="no-such-policy"):
+        StepPlanner([("a", "no-such-policy", True, False, False)])
+    with pytest.raises(ValueError, match="neither drops nor offloads"):
+        StepPlanner([("a", "dtr", False, False, False)])
+    with pytest.raises(ValueError, match="at least one plan"):
+        StepPlanner([])
+    p = StepPlanner(PLANS)
+    p.begin()
+    with pytest.raises(RuntimeError, match="a step is open"):
+        p.begin()
+    p.end(p.ABANDONED)
+    with pytest.raises(RuntimeError, match="no step is open"):
+        p.end(p.FIT)
