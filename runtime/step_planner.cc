@@ -73,9 +73,12 @@ absl::StatusOr<StepPlanner::Step> StepPlanner::Begin() {
   }
   Plan& plan = plans_[step.plan];
   if (plan.blind) {
+    // (What its replays did is kept: every step as blind as the last.)
     step.fresh_runtime = true;
     plan.runtime_steps = 0;
   }
+  step_replays_ = ReplayBook{};
+  step_pinned_ = PinnedBook{};
   open_ = step;
   return step;
 }
@@ -90,6 +93,11 @@ absl::Status StepPlanner::End(StepOutcome outcome, std::int64_t elapsed_ns,
   Plan& plan = plans_[step.plan];
   switch (outcome) {
     case StepOutcome::kFit:
+      // A runtime's first step evicts blind; from its second on, by what it
+      // learned: replays seen to fit in the first say little of the next
+      // (belady's choices change), its failures do.
+      plan.replays.Merge(step_replays_, learns_fits(step.plan));
+      pinned_.Merge(step_pinned_);
       if (step.in_trial) {
         if (step.timed) plan.times_ns.push_back(elapsed_ns);
         ++next_trial_;
@@ -100,7 +108,11 @@ absl::Status StepPlanner::End(StepOutcome outcome, std::int64_t elapsed_ns,
     case StepOutcome::kTooSmall:
       if (step.in_trial && Unrefused() > 1) {
         Refuse(step.plan, message);
-      } else if (plan.runtime_steps > 0) {
+        break;
+      }
+      // Its replays that did not fit: offloaded from its next step.
+      plan.replays.Merge(step_replays_, /*fits=*/false);
+      if (plan.runtime_steps > 0) {
         // It fit before, on a runtime that had not yet learned from a step.
         plan.blind = true;
       }
@@ -117,7 +129,102 @@ absl::Status StepPlanner::RuntimeRestarted(std::size_t plan) {
         absl::StrFormat("no plan %d: the planner has %d", plan, plans_.size()));
   }
   plans_[plan].runtime_steps = 0;
+  plans_[plan].replays = ReplayBook{};
   return absl::OkStatus();
+}
+
+absl::Status StepPlanner::SawReplay(std::uint64_t kind, std::uint64_t bytes, bool fit) {
+  if (!open_.has_value()) return absl::FailedPreconditionError("no step is open");
+  if (fit) {
+    std::uint64_t& most = step_replays_.fit[kind];
+    most = std::max(most, bytes);
+  } else {
+    auto [it, added] = step_replays_.failed.try_emplace(kind, bytes);
+    if (!added) it->second = std::min(it->second, bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepPlanner::SawPinned(std::uint64_t kind, std::uint64_t bytes,
+                                    std::uint64_t pinned) {
+  if (!open_.has_value()) return absl::FailedPreconditionError("no step is open");
+  step_pinned_.Saw(kind, bytes, pinned);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepPlanner::Seen> StepPlanner::Lookup(std::uint64_t kind,
+                                                      std::uint64_t bytes) const {
+  if (!open_.has_value()) return absl::FailedPreconditionError("no step is open");
+  const ReplayBook& book = plans_[open_->plan].replays;
+  Seen seen;
+  if (auto it = book.fit.find(kind); it != book.fit.end()) seen.seen_to_fit = bytes <= it->second;
+  if (auto it = book.failed.find(kind); it != book.failed.end()) {
+    seen.seen_to_fail = bytes >= it->second;
+  }
+  seen.pinned_beside = pinned_.Beside(kind, bytes);
+  return seen;
+}
+
+void StepPlanner::ReplayBook::Merge(const ReplayBook& newer, bool fits) {
+  for (const auto& [kind, bytes] : newer.failed) {
+    auto [it, added] = failed.try_emplace(kind, bytes);
+    if (!added) it->second = std::min(it->second, bytes);
+  }
+  if (!newer.failed.empty()) {
+    // What the next steps drop changes, and so what their replays need:
+    // what was seen to fit is forgotten (their drops are copied again).
+    fit.clear();
+    return;
+  }
+  if (!fits) return;
+  for (const auto& [kind, bytes] : newer.fit) {
+    std::uint64_t& most = fit[kind];
+    most = std::max(most, bytes);
+  }
+}
+
+StepPlanner::PinnedBook::Figures StepPlanner::PinnedBook::Join(const Figures& a,
+                                                               const Figures& b) {
+  Figures joined;
+  joined.most = std::max(a.most, b.most);
+  if (a.largest != b.largest) {
+    const Figures& larger = a.largest > b.largest ? a : b;
+    joined.largest = larger.largest;
+    joined.beside_largest = larger.beside_largest;
+  } else {
+    joined.largest = a.largest;
+    joined.beside_largest = std::max(a.beside_largest, b.beside_largest);
+  }
+  return joined;
+}
+
+void StepPlanner::PinnedBook::Saw(std::uint64_t kind, std::uint64_t bytes,
+                                  std::uint64_t pinned) {
+  const Figures mine{pinned, bytes, pinned};
+  auto [it, added] = by_kind.try_emplace(kind, mine);
+  if (!added) it->second = Join(it->second, mine);
+}
+
+void StepPlanner::PinnedBook::Merge(const PinnedBook& newer) {
+  // (A step whose backward read nothing leaves what was seen as it was.)
+  for (const auto& [kind, figures] : newer.by_kind) {
+    auto [it, added] = by_kind.try_emplace(kind, figures);
+    if (!added) it->second = Join(it->second, figures);
+  }
+}
+
+std::uint64_t StepPlanner::PinnedBook::Beside(std::uint64_t kind, std::uint64_t bytes) const {
+  auto it = by_kind.find(kind);
+  if (it == by_kind.end()) return 0;
+  const Figures& f = it->second;
+  if (bytes <= f.largest) return f.most;
+  // Shapes that change from step to step: a larger tensor than any seen,
+  // beside the largest's figure scaled up to its size. (A short step does
+  // not scale a long one's: what stays the same size would be scaled too.)
+  const unsigned __int128 scaled = static_cast<unsigned __int128>(f.beside_largest) * bytes /
+                                   std::max<std::uint64_t>(1, f.largest);
+  const std::uint64_t capped = scaled > UINT64_MAX ? UINT64_MAX : static_cast<std::uint64_t>(scaled);
+  return std::max(f.most, capped);
 }
 
 bool StepPlanner::live(std::size_t plan) const {

@@ -17,6 +17,23 @@
 // makes its plan "blind": each later step starts its runtime afresh, as the
 // first step, which did fit, did.
 //
+// Steps also learn, by tensor kind (the door's key for "the same tensor in
+// every step": the op that made it, which of its outputs, how many such the
+// step had made before it), what a plan that may both drop and offload needs
+// to admit a drop:
+//   - replays: per plan, the largest tensor of each kind whose replay came
+//     back, and the smallest whose replay could not fit. A step with a
+//     failed replay makes the next steps forget what fit (what they drop
+//     changes, so what their replays need does); a runtime's first,
+//     blind-made step teaches only its failures.
+//   - pinned: for all plans, the most bytes a step's backward held pinned
+//     beside each kind as it read it, and what was pinned beside the
+//     largest such tensor. A larger tensor than any seen is read beside that
+//     figure scaled up to its size (never less than the most seen).
+// What a step saw (SawReplay, SawPinned) joins the books when it ends: a
+// step that fit teaches both; one that did not fit (its plan still in the
+// running) teaches its plan its replays; nothing else teaches anything.
+//
 // One implementation for every door: remat.torch's budget and any C or C++
 // framework drive it through remat.h (remat_planner_*), and the simulator's
 // offload guard runs each of its runs as one trial step. It decides; the
@@ -33,6 +50,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -83,6 +101,20 @@ class StepPlanner {
   // interrupted step, a budget of another kind): it has learned nothing.
   absl::Status RuntimeRestarted(std::size_t plan);
 
+  // What the open step saw of a tensor of `kind` and `bytes`: its replay
+  // came back (fit) or could not fit; or the backward read it with `pinned`
+  // bytes pinned beside it. FailedPrecondition with no step open.
+  absl::Status SawReplay(std::uint64_t kind, std::uint64_t bytes, bool fit);
+  absl::Status SawPinned(std::uint64_t kind, std::uint64_t bytes, std::uint64_t pinned);
+  // What the steps before the open one learned of a tensor of `kind` and
+  // `bytes` under the open step's plan. FailedPrecondition with no step open.
+  struct Seen {
+    bool seen_to_fit = false;         // a replay of its kind, this size or larger, came back
+    bool seen_to_fail = false;        // one of its kind, this size or smaller, did not fit
+    std::uint64_t pinned_beside = 0;  // what the backward will hold pinned as it reads it
+  };
+  absl::StatusOr<Seen> Lookup(std::uint64_t kind, std::uint64_t bytes) const;
+
   std::size_t num_plans() const { return plans_.size(); }
   const PlanSpec& plan(std::size_t i) const { return plans_[i].spec; }
   bool in_trial() const { return !kept_.has_value(); }
@@ -110,8 +142,30 @@ class StepPlanner {
   }
 
  private:
+  // Replays by kind (the header's comment).
+  struct ReplayBook {
+    absl::flat_hash_map<std::uint64_t, std::uint64_t> fit;     // largest that came back
+    absl::flat_hash_map<std::uint64_t, std::uint64_t> failed;  // smallest that did not fit
+    // Joins a newer step's book; `fits`: take its fits too.
+    void Merge(const ReplayBook& newer, bool fits);
+  };
+  // Bytes pinned beside each kind as the backward read it.
+  struct PinnedBook {
+    struct Figures {
+      std::uint64_t most = 0;            // the most pinned beside one of the kind
+      std::uint64_t largest = 0;         // the largest tensor of the kind seen
+      std::uint64_t beside_largest = 0;  // the most pinned beside that one
+    };
+    absl::flat_hash_map<std::uint64_t, Figures> by_kind;
+    static Figures Join(const Figures& a, const Figures& b);
+    void Saw(std::uint64_t kind, std::uint64_t bytes, std::uint64_t pinned);
+    void Merge(const PinnedBook& newer);
+    std::uint64_t Beside(std::uint64_t kind, std::uint64_t bytes) const;
+  };
+
   struct Plan {
     PlanSpec spec;
+    ReplayBook replays;
     bool refused = false;
     std::string refusal;
     bool blind = false;
@@ -134,6 +188,9 @@ class StepPlanner {
   std::optional<std::size_t> kept_;
   std::optional<Step> open_;
   std::uint64_t steps_ended_ = 0;
+  PinnedBook pinned_;        // what steps that fit saw, any plan
+  ReplayBook step_replays_;  // what the open step saw
+  PinnedBook step_pinned_;
 };
 
 }  // namespace remat

@@ -139,6 +139,79 @@ TEST(StepPlannerTest, ARestartedRuntimeHasLearnedNothing) {
   EXPECT_FALSE(p->RuntimeRestarted(1).ok());
 }
 
+TEST(StepPlannerTest, ReplaysLearnedByKindFromTheSecondStepOfARuntime) {
+  absl::StatusOr<StepPlanner> p = StepPlanner::Create({PlanSpec{"mixed", "dtr", true, true}});
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->Lookup(7, 100).ok());  // no step open
+  EXPECT_FALSE(p->SawReplay(7, 100, true).ok());
+  // The runtime's first step: its fits teach nothing.
+  ASSERT_TRUE(p->Begin().ok());
+  ASSERT_TRUE(p->SawReplay(7, 100, true).ok());
+  ASSERT_TRUE(p->End(StepOutcome::kFit, 1, "").ok());
+  ASSERT_TRUE(p->Begin().ok());
+  EXPECT_FALSE(p->Lookup(7, 100)->seen_to_fit);
+  ASSERT_TRUE(p->SawReplay(7, 100, true).ok());
+  ASSERT_TRUE(p->SawReplay(7, 60, true).ok());
+  ASSERT_TRUE(p->End(StepOutcome::kFit, 1, "").ok());
+  ASSERT_TRUE(p->Begin().ok());
+  EXPECT_TRUE(p->Lookup(7, 100)->seen_to_fit);
+  EXPECT_TRUE(p->Lookup(7, 50)->seen_to_fit);
+  EXPECT_FALSE(p->Lookup(7, 101)->seen_to_fit);
+  EXPECT_FALSE(p->Lookup(8, 1)->seen_to_fit);
+  // A failure: that size and larger fail from now on, and every fit is forgotten.
+  ASSERT_TRUE(p->SawReplay(9, 300, false).ok());
+  ASSERT_TRUE(p->SawReplay(9, 200, false).ok());
+  ASSERT_TRUE(p->End(StepOutcome::kFit, 1, "").ok());
+  ASSERT_TRUE(p->Begin().ok());
+  EXPECT_FALSE(p->Lookup(7, 100)->seen_to_fit);
+  EXPECT_TRUE(p->Lookup(9, 200)->seen_to_fail);
+  EXPECT_FALSE(p->Lookup(9, 199)->seen_to_fail);
+  ASSERT_TRUE(p->End(StepOutcome::kFit, 1, "").ok());
+  // A restarted runtime has learned nothing.
+  ASSERT_TRUE(p->RuntimeRestarted(0).ok());
+  ASSERT_TRUE(p->Begin().ok());
+  EXPECT_FALSE(p->Lookup(9, 200)->seen_to_fail);
+  ASSERT_TRUE(p->End(StepOutcome::kAbandoned, 0, "").ok());
+}
+
+TEST(StepPlannerTest, AStepThatDidNotFitTeachesItsFailuresAndAbandonedOnesNothing) {
+  absl::StatusOr<StepPlanner> p = StepPlanner::Create({PlanSpec{"mixed", "dtr", true, true}});
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(p->Begin().ok());
+  ASSERT_TRUE(p->SawReplay(1, 10, false).ok());
+  ASSERT_TRUE(p->SawPinned(1, 10, 5).ok());
+  ASSERT_TRUE(p->End(StepOutcome::kAbandoned, 0, "").ok());
+  ASSERT_TRUE(p->Begin().ok());
+  EXPECT_FALSE(p->Lookup(1, 10)->seen_to_fail);
+  ASSERT_TRUE(p->SawReplay(1, 10, false).ok());
+  ASSERT_TRUE(p->SawPinned(1, 10, 5).ok());
+  ASSERT_TRUE(p->End(StepOutcome::kTooSmall, 0, "").ok());
+  ASSERT_TRUE(p->Begin().ok());
+  EXPECT_TRUE(p->Lookup(1, 10)->seen_to_fail);
+  EXPECT_EQ(p->Lookup(1, 10)->pinned_beside, 0u);  // only steps that fit teach pins
+  ASSERT_TRUE(p->End(StepOutcome::kFit, 0, "").ok());
+}
+
+TEST(StepPlannerTest, PinnedBesideAKindScalesOnlyUpToLargerTensors) {
+  absl::StatusOr<StepPlanner> p = StepPlanner::Create(MixedAndDropFirst());
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(p->Begin().ok());
+  ASSERT_TRUE(p->SawPinned(3, 100, 40).ok());
+  ASSERT_TRUE(p->SawPinned(3, 50, 70).ok());
+  ASSERT_TRUE(p->End(StepOutcome::kFit, 1, "").ok());
+  // Shared by the plans: the next plan's step reads it too.
+  ASSERT_TRUE(p->Begin().ok());
+  EXPECT_EQ(p->Lookup(3, 100)->pinned_beside, 70u);  // the most seen
+  EXPECT_EQ(p->Lookup(3, 10)->pinned_beside, 70u);
+  EXPECT_EQ(p->Lookup(3, 1000)->pinned_beside, 400u);  // 40 beside the largest, x10
+  EXPECT_EQ(p->Lookup(3, 120)->pinned_beside, 70u);    // never less than the most
+  EXPECT_EQ(p->Lookup(4, 100)->pinned_beside, 0u);
+  // 40 x 2^62 does not fit 64 bits; the figure does.
+  EXPECT_EQ(p->Lookup(3, std::uint64_t{1} << 62)->pinned_beside,
+            (std::uint64_t{1} << 62) / 100 * 40 + (std::uint64_t{1} << 62) % 100 * 40 / 100);
+  ASSERT_TRUE(p->End(StepOutcome::kFit, 1, "").ok());
+}
+
 TEST(StepPlannerTest, BadPlansAndMisuseAreRefused) {
   EXPECT_FALSE(StepPlanner::Create({}).ok());
   EXPECT_FALSE(StepPlanner::Create({PlanSpec{"", "dtr"}}).ok());

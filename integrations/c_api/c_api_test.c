@@ -1253,6 +1253,27 @@ static void test_planner_drives_a_trial(void) {
   CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_ABANDONED, 0, NULL));
   CHECK_OK(remat_planner_destroy(planner));
 
+  /* What steps learn by kind: a replay seen to fit in the runtime's second
+   * step, and pins beside a kind, read by the steps after. */
+  {
+    remat_kind_seen seen;
+    plans[1].policy_spec = "lru";
+    CHECK_OK(remat_planner_create(plans, 1, NULL, &planner));
+    CHECK_STATUS(remat_planner_kind_seen(planner, 5, 64, &seen), REMAT_FAILED_PRECONDITION);
+    CHECK_STATUS(remat_planner_saw_replay(planner, 5, 64, 1), REMAT_FAILED_PRECONDITION);
+    for (i = 0; i < 3; ++i) {
+      CHECK_OK(remat_planner_step_begin(planner, &step));
+      CHECK_OK(remat_planner_kind_seen(planner, 5, 64, &seen));
+      CHECK(seen.seen_to_fit == (i == 2) && !seen.seen_to_fail);
+      CHECK(seen.pinned_beside == (i == 0 ? 0u : 128u));
+      CHECK_OK(remat_planner_saw_replay(planner, 5, 64, 1));
+      CHECK_OK(remat_planner_saw_pinned(planner, 5, 64, 128));
+      CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_FIT, 1, NULL));
+    }
+    CHECK_STATUS(remat_planner_kind_seen(planner, 5, 64, NULL), REMAT_INVALID_ARGUMENT);
+    CHECK_OK(remat_planner_destroy(planner));
+  }
+
   /* Bad plans are refused, and nothing is made. */
   planner = NULL;
   plans[1].policy_spec = "no-such-policy";

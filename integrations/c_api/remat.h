@@ -554,6 +554,37 @@ REMAT_API remat_status remat_planner_get_plan(remat_planner* planner, size_t pla
                                               remat_plan_state* out, int64_t* times_ns,
                                               size_t times_capacity, char** refusal);
 
+/* What steps learn, by tensor kind: the caller's key for "the same tensor in
+ * every step" (say, a hash of the op that made it, which of its outputs, and
+ * how many such the step had made before it). A plan that may both drop and
+ * offload reads it to admit a drop: a kind whose replay was seen to fail is
+ * offloaded, a drop of a kind not yet seen to come back is copied to host
+ * memory first, and a replay must fit beside what the backward will hold
+ * pinned as it reads the tensor. What the open step saw joins the books when
+ * it ends: a step that fit teaches replays (from its runtime's second step)
+ * and pins; one that did not fit teaches its plan its failed replays.
+ * All three need an open step (else REMAT_FAILED_PRECONDITION). */
+
+/* The open step brought back a dropped tensor of this kind by replay (fit),
+ * or its replay could not fit. */
+REMAT_API remat_status remat_planner_saw_replay(remat_planner* planner, uint64_t kind,
+                                                uint64_t bytes, int fit);
+/* The open step's backward read a tensor of this kind with pinned_bytes held
+ * pinned beside it. */
+REMAT_API remat_status remat_planner_saw_pinned(remat_planner* planner, uint64_t kind,
+                                                uint64_t bytes, uint64_t pinned_bytes);
+
+typedef struct remat_kind_seen {
+  int seen_to_fit;         /* one of its kind, this size or larger, came back by replay */
+  int seen_to_fail;        /* one of its kind, this size or smaller, could not fit */
+  uint64_t pinned_beside;  /* bytes the backward will hold pinned as it reads it */
+} remat_kind_seen;
+
+/* What the steps before the open one learned of a tensor of this kind and
+ * size, under the open step's plan. */
+REMAT_API remat_status remat_planner_kind_seen(remat_planner* planner, uint64_t kind,
+                                               uint64_t bytes, remat_kind_seen* out);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

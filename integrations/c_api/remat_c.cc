@@ -1176,6 +1176,42 @@ remat_status remat_planner_get_plan(remat_planner* planner, size_t plan, remat_p
   });
 }
 
+remat_status remat_planner_saw_replay(remat_planner* planner, uint64_t kind, uint64_t bytes,
+                                      int fit) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (planner == nullptr) return NullArgument(fn, "planner");
+    remat::MutexLock lock(&planner->mu);
+    return FromStatus(fn, planner->planner.SawReplay(kind, bytes, fit != 0));
+  });
+}
+
+remat_status remat_planner_saw_pinned(remat_planner* planner, uint64_t kind, uint64_t bytes,
+                                      uint64_t pinned_bytes) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (planner == nullptr) return NullArgument(fn, "planner");
+    remat::MutexLock lock(&planner->mu);
+    return FromStatus(fn, planner->planner.SawPinned(kind, bytes, pinned_bytes));
+  });
+}
+
+remat_status remat_planner_kind_seen(remat_planner* planner, uint64_t kind, uint64_t bytes,
+                                     remat_kind_seen* out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (planner == nullptr) return NullArgument(fn, "planner");
+    if (out == nullptr) return NullArgument(fn, "out");
+    remat::MutexLock lock(&planner->mu);
+    absl::StatusOr<remat::StepPlanner::Seen> seen = planner->planner.Lookup(kind, bytes);
+    if (!seen.ok()) return FromStatus(fn, seen.status());
+    out->seen_to_fit = seen->seen_to_fit ? 1 : 0;
+    out->seen_to_fail = seen->seen_to_fail ? 1 : 0;
+    out->pinned_beside = seen->pinned_beside;
+    return REMAT_OK;
+  });
+}
+
 }  // extern "C"
 
 namespace remat::c_api_testing {

@@ -137,6 +137,11 @@ class PlanState(ctypes.Structure):
                 ("num_times", ctypes.c_size_t)]
 
 
+class KindSeen(ctypes.Structure):
+    _fields_ = [("seen_to_fit", ctypes.c_int), ("seen_to_fail", ctypes.c_int),
+                ("pinned_beside", ctypes.c_uint64)]
+
+
 class RematError(RuntimeError):
     """A call into libremat failed; `status` is its remat_status."""
 
@@ -224,6 +229,9 @@ def lib():
         "remat_planner_step_end": (ctypes.c_int, [vp, ctypes.c_int, ctypes.c_int64,
                                                   ctypes.c_char_p]),
         "remat_planner_runtime_restarted": (ctypes.c_int, [vp, sz]),
+        "remat_planner_saw_replay": (ctypes.c_int, [vp, u64, u64, ctypes.c_int]),
+        "remat_planner_saw_pinned": (ctypes.c_int, [vp, u64, u64, u64]),
+        "remat_planner_kind_seen": (ctypes.c_int, [vp, u64, u64, ctypes.POINTER(KindSeen)]),
         "remat_planner_get_state": (ctypes.c_int, [vp, ctypes.POINTER(PlannerState)]),
         "remat_planner_get_plan": (ctypes.c_int, [vp, sz, ctypes.POINTER(PlanState),
                                                   ctypes.POINTER(ctypes.c_int64), sz,

@@ -25,6 +25,7 @@ class StepPlanner:
     def __init__(self, plans, learning_steps=1, timed_steps=2):
         self._lib = _capi.lib()
         self._p = None
+        self._seen = _capi.KindSeen()
         self.names = [p[0] for p in plans]
         raw = (_capi.Plan * max(1, len(plans)))()
         for c, (name, policy, drop, offload, drop_first) in zip(raw, plans):
@@ -60,6 +61,29 @@ class StepPlanner:
         """The plan's runtime was started afresh: it has learned nothing."""
         _capi.check(self._lib.remat_planner_runtime_restarted(self._p, plan),
                     "remat_planner_runtime_restarted")
+
+    # What steps learn by tensor kind (a 64-bit key the caller makes: the
+    # same tensor in every step has the same kind); each needs a step open.
+
+    def saw_replay(self, kind, nbytes, fit):
+        """The open step brought a dropped tensor back by replay (fit), or
+        its replay could not fit."""
+        _capi.check(self._lib.remat_planner_saw_replay(self._p, kind, nbytes, int(fit)),
+                    "remat_planner_saw_replay")
+
+    def saw_pinned(self, kind, nbytes, pinned):
+        """The open step's backward read a tensor with `pinned` bytes pinned
+        beside it."""
+        _capi.check(self._lib.remat_planner_saw_pinned(self._p, kind, nbytes, pinned),
+                    "remat_planner_saw_pinned")
+
+    def kind_seen(self, kind, nbytes):
+        """(seen to fit, seen to fail, bytes pinned beside) for a tensor of
+        this kind and size, by the steps before the open one."""
+        out = self._seen
+        _capi.check(self._lib.remat_planner_kind_seen(self._p, kind, nbytes, ctypes.byref(out)),
+                    "remat_planner_kind_seen")
+        return bool(out.seen_to_fit), bool(out.seen_to_fail), out.pinned_beside
 
     def state(self):
         s = _capi.PlannerState()

@@ -475,30 +475,6 @@ def test_a_copy_of_content_written_over_since_is_not_brought_back(monkeypatch):
     b.close()
 
 
-def test_what_replays_did_is_kept_by_kind_and_size():
-    from remat.torch._budget import _Replays
-    a, b = _Replays(), _Replays()
-    b.fit = {"k": 100, "j": 50}
-    seen = a.merged(b)
-    assert seen.seen_to_fit("k", 100) and not seen.seen_to_fit("k", 101)  # larger: copied
-    assert not seen.seen_to_fit("other", 1)
-    # A runtime's blind first step: its failures are taken, its fits not.
-    first = _Replays()
-    first.fit = {"m": 10}
-    assert not seen.merged(first, fits=False).seen_to_fit("m", 10)
-    assert seen.merged(first, fits=False).seen_to_fit("k", 100)
-    # A step whose replay did not fit: that kind fails from that size on,
-    # and what was seen to fit before it is forgotten.
-    failed = _Replays()
-    failed.failed = {"k": 80}
-    failed.fit = {"j": 50}
-    after = seen.merged(failed)
-    assert after.seen_to_fail("k", 80) and after.seen_to_fail("k", 200)
-    assert not after.seen_to_fail("k", 79) and not after.seen_to_fail("j", 50)
-    assert not after.seen_to_fit("j", 50) and not after.seen_to_fit("k", 10)
-    assert after.merged(_Replays()).seen_to_fail("k", 80)  # kept
-
-
 def test_without_the_copies_that_step_raises(monkeypatch):
     # The same step with nothing copied first: the test above would fail.
     from remat.torch import zoo
@@ -536,18 +512,28 @@ def test_only_a_dropped_tensors_replay_that_fails_the_step_is_learned():
     # inside it was rebuilt, or refilled from its copy).
     from remat.torch import _budget
 
+    from remat._planner import StepPlanner
+
     class Saved:
-        id, tensor, host, beside_key, nbytes = 1, None, None, ("op", 0, 0), 64
+        id, tensor, host, beside_key, nbytes = 1, None, None, 7, 64
 
     class Engine:
         listening = False
         callback_errors = set()
         lib = types.SimpleNamespace(remat_tensor_acquire=None)
-        failed_replays = _budget.Engine.failed_replays
+        report_unfit = _budget.Engine.report_unfit
         _saw_fail = _budget.Engine._saw_fail
 
         def __init__(self):
-            self.fails, self.unfit, self.replays = True, None, _budget._Replays()
+            self.fails, self.unfit = True, None
+            self.planner = StepPlanner([("mixed", "dtr", True, True, False)])
+            self.planner.begin()
+
+        def learned_to_fail(self):
+            """Ends the step as too small: whether the next knows 7 fails."""
+            self.planner.end(self.planner.TOO_SMALL)
+            self.planner.begin()
+            return self.planner.kind_seen(7, 64)[1]
 
         def _call_runtime(self, fn, *args):
             if self.fails:
@@ -566,9 +552,12 @@ def test_only_a_dropped_tensors_replay_that_fails_the_step_is_learned():
     assert e.unfit is None
     e.unfit, e.fails = dropped, False  # failed inside the next acquire, which came back
     _budget.Engine._acquire(e, Saved())
-    assert e.unfit is None and not e.failed_replays().failed
+    assert e.unfit is None
+    e.report_unfit()
+    assert not e.learned_to_fail()
     e.unfit = dropped
-    assert e.failed_replays().seen_to_fail(("op", 0, 0), 64) and e.unfit is None
+    e.report_unfit()
+    assert e.unfit is None and e.learned_to_fail()
 
 
 def test_a_step_that_did_not_fit_with_what_the_runtime_learned_leaves_it_off():

@@ -49,3 +49,22 @@ def test_bad_plans_and_misuse_are_refused():
     p.end(p.ABANDONED)
     with pytest.raises(RuntimeError, match="no step is open"):
         p.end(p.FIT)
+
+
+def test_what_steps_learn_by_kind_reaches_the_next_steps():
+    p = StepPlanner([PLANS[0]])
+    for i in range(3):
+        p.begin()
+        assert p.kind_seen(11, 100) == (i == 2, False, 0 if i == 0 else 40)
+        p.saw_replay(11, 100, True)
+        p.saw_pinned(11, 100, 40)
+        p.end(p.FIT)
+    p.begin()
+    p.saw_replay(11, 80, False)
+    p.end(p.FIT)
+    p.begin()
+    assert p.kind_seen(11, 100) == (False, True, 40)
+    assert p.kind_seen(11, 79)[:2] == (False, False)
+    p.end(p.FIT)
+    with pytest.raises(RuntimeError, match="no step is open"):
+        p.kind_seen(11, 100)

@@ -191,35 +191,44 @@ def test_what_a_replay_holds_at_once():
 
 
 def test_what_a_backward_pinned_beside_each_saved_tensor_is_learned():
-    from remat.torch._budget import _Beside
-    mm, add = (torch.ops.aten.mm.default, 0, 0), (torch.ops.aten.add.Tensor, 0, 0)
-    a = _Beside()
-    a.saw(mm, 8, 16)
-    a.saw(add, 4, 0)
-    a.saw(mm, 8, 4)  # read by a second node, with less beside it
-    assert a.pinned_beside(mm, 8) == 16
-    assert a.pinned_beside(mm[:2] + (1,), 8) == 0  # no second one seen
+    # The runtime's step planner keeps it by kind (the Python recorder's
+    # keys: an op, which output, how many such before it).
+    from remat._planner import StepPlanner
+    p = StepPlanner([("mixed", "dtr", True, True, False)])
+    mm, mm_1, add, add_1 = 1, 2, 3, 4
+
+    def step(*seen):
+        """A step whose backward read `seen` (kind, bytes, pinned beside);
+        then the next one opens."""
+        for kind, nbytes, pinned in seen:
+            p.saw_pinned(kind, nbytes, pinned)
+        p.end(p.FIT)
+        p.begin()
+
+    def beside(kind, nbytes):
+        return p.kind_seen(kind, nbytes)[2]
+    p.begin()
+    step((mm, 8, 16), (add, 4, 0), (mm, 8, 4))  # mm read by a second node, with less beside it
+    assert beside(mm, 8) == 16
+    assert beside(mm_1, 8) == 0  # no second one seen
     # Of another size (a batch of other lengths): larger, scaled up from the
     # largest seen; smaller, the most seen.
-    assert a.pinned_beside(mm, 16) == 32
-    assert a.pinned_beside(mm, 2) == 16
+    assert beside(mm, 16) == 32
+    assert beside(mm, 2) == 16
     # A shorter step seen later scales nothing: 1 byte pinned beside a tensor
     # of 2 does not make 64 beside one of 128 (the most seen, 1, does).
-    a.saw(add, 2, 1)
-    assert a.pinned_beside(add, 128) == 1
-    a.saw(add, 64, 3)
-    assert (a.pinned_beside(add, 128), a.pinned_beside(add, 4)) == (6, 3)
-    b = _Beside()
-    b.saw(add, 4, 12)
-    b.saw(mm, 8, 0)
-    both = a.merged(b)
-    assert (both.pinned_beside(add, 4), both.pinned_beside(mm, 8)) == (12, 16)
-    c = _Beside()
-    c.saw(add[:2] + (1,), 4, 2)
+    step((add, 2, 1))
+    assert beside(add, 128) == 1
+    step((add, 64, 3))
+    assert (beside(add, 128), beside(add, 4)) == (6, 3)
+    step((add, 4, 12), (mm, 8, 0))
+    assert (beside(add, 4), beside(mm, 8)) == (12, 16)
     # A step with other keys (a loop over fewer time steps): what each saw is kept.
-    assert a.merged(c).pinned_beside(add[:2] + (1,), 4) == 2
-    assert a.merged(c).pinned_beside(mm, 8) == 16
-    assert a.merged(_Beside()) is a  # a step whose backward read nothing (evaluation)
+    step((add_1, 4, 2))
+    assert (beside(add_1, 4), beside(mm, 8)) == (2, 16)
+    step()  # a step whose backward read nothing (evaluation) changes nothing
+    assert (beside(add_1, 4), beside(mm, 8), beside(add, 128)) == (2, 16, 12)
+    p.end(p.ABANDONED)
 
 
 def _kinds_handed(make):
@@ -228,7 +237,7 @@ def _kinds_handed(make):
     b = remat.torch.budget(1 << 40, policy="dtr", offload=True, offload_guard=False)
     with b:
         loss = make()
-        keys = [s.beside_key for s in b._engine.registered]
+        keys = [(s.producer[0].func, s.beside_key) for s in b._engine.registered]
         loss.backward()
     b.close()
     return keys
@@ -252,7 +261,7 @@ def test_a_tensor_saved_more_in_one_step_moves_only_keys_of_its_kind():
     plain, more = _kinds_handed(lambda: step(False)), _kinds_handed(lambda: step(True))
     exp = torch.ops.aten.exp.default
     assert len(more) == len(plain) + 1 and more[0][0] is exp
-    assert more[1:] == plain
+    assert more[1:] == plain  # (each op's keys the same)
 
 
 def test_views_of_one_storage_a_node_reads_count_once():

@@ -271,7 +271,7 @@ class _Storage:
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
                  "order", "ahead", "gen", "key", "tensor_version", "host_version", "allow_drop",
                  "replay_bytes", "beside_key", "group", "backup", "backup_version",
-                 "want_backup", "exported", "counter", "__weakref__")
+                 "want_backup", "seen", "exported", "counter", "__weakref__")
 
     def __init__(self, index, leaf, key, weak, producer=None, dtype=None, nbytes=0,
                  tensor=None):
@@ -313,6 +313,7 @@ class _Storage:
         # its kind and size has been seen to fit: Engine._wants_backup), and
         # that copy of its registered content, for a replay that cannot fit.
         self.want_backup = False
+        self.seen = (False, False, 0)  # what steps learned of its kind (Engine._register)
         self.backup = None
         self.backup_version = 0       # the content version `backup` holds
         # Its bytes were handed outside autograd (Engine.exported): written
@@ -821,9 +822,6 @@ class _Session:
         # no budget of its own: it evicts when the allocator asks.
         ro.live_budget = budget_bytes if live_budget else 0
         self.live_budget = live_budget
-        # What its good steps' replays did (_Replays): a replay that fits
-        # under one plan may not under another, which drops more.
-        self.replays = _Replays()
         ro.host_pool_bytes = 16 << 40
         ro.learn_next_use = 1
         ro.copy_ahead = 1 if (offload and copy_ahead) else 0
@@ -908,123 +906,6 @@ _DROP_FIRST_WORKING_SET_SHARE = 1.0
 _REPLAY_DEPTH = 8
 
 
-class _Beside:
-    """What a step's backward held pinned beside each saved tensor as it
-    read it: the node's saved tensors it had read before, and what the step
-    keeps to its end, by the tensor's key (`Engine._beside_key`: the op that
-    made it, which of its outputs, and how many such the step had handed to
-    the runtime before it). A program's steps save and read alike, so a
-    later step can tell, as it hands over a tensor, whether a replay of it
-    would fit beside what will be pinned then; the share rule above can only
-    guess that from the tensor's own inputs. A step that saves a tensor more
-    or less than the last (a branch taken, an expert no token was routed
-    to) moves only the keys of its kind.
-
-    Each key keeps the most bytes seen pinned beside it, and what was
-    pinned beside the largest such tensor seen. Where shapes change from
-    step to step (batches of other lengths), a tensor no larger than the
-    largest seen is read beside the most seen; a larger one beside the
-    largest's figure scaled up to its size (never less than the most seen).
-    A short step does not scale what was pinned beside it up to a long one:
-    what stays the same size (the step's kept tensors, weights made inside
-    it) would be scaled too.
-
-    What steps saw is kept for every key any of them had (bounded by the
-    program's kinds): a short step of a loop over time steps has fewer keys
-    than a long one, and must not erase the long one's figures."""
-
-    __slots__ = ("pinned",)
-
-    def __init__(self):
-        self.pinned = {}  # key -> (most bytes beside, largest tensor, most beside the largest)
-
-    @staticmethod
-    def _joined(a, b):
-        most = max(a[0], b[0])
-        if a[1] != b[1]:
-            return (most,) + (a[1:] if a[1] > b[1] else b[1:])
-        return most, a[1], max(a[2], b[2])
-
-    def saw(self, key, nbytes, pinned):
-        seen = self.pinned.get(key)
-        mine = (pinned, nbytes, pinned)
-        self.pinned[key] = mine if seen is None else self._joined(seen, mine)
-
-    def merged(self, newer):
-        """What two good steps saw, key by key. A step whose backward read
-        nothing (an evaluation step under the same budget) leaves what was
-        seen as it was."""
-        if not newer.pinned:
-            return self
-        both = _Beside()
-        both.pinned = dict(self.pinned)
-        for k, v in newer.pinned.items():
-            o = both.pinned.get(k)
-            both.pinned[k] = v if o is None else self._joined(o, v)
-        return both
-
-    def pinned_beside(self, key, nbytes):
-        """What will be pinned beside a tensor of this key and size, by the
-        steps seen (0 where they saved none such)."""
-        seen = self.pinned.get(key)
-        if seen is None:
-            return 0
-        most, largest, beside_largest = seen
-        if nbytes <= largest:
-            return most
-        return max(most, beside_largest * nbytes // max(1, largest))
-
-
-class _Replays:
-    """What the replays of steps did, by tensor kind (the keys of
-    _Beside): the largest tensor of each kind that came back by replay, and
-    the smallest whose replay could not fit (it came back from the copy made
-    as it was dropped). A drop of a kind and size no replay has been seen to
-    fit is copied to host memory first, so that a replay that cannot fit
-    (the estimate of its room fell short) does not fail the step; a kind
-    whose replay did not fit is offloaded, not dropped, from then on (at
-    that size or larger). A program's steps then learn what drops come back,
-    and once they have, copy nothing. Kept per plan (_Session.replays): a
-    replay that fits under one plan may not under another that drops more.
-    What holds in one step may not in the next (the policy's choices move
-    with what the runtime learns): a drop seen to fit and not copied can
-    still fail (not in a program's first steps, nor where its shapes grow).
-    That step raises BudgetTooSmall, and its failure is learned as a copied
-    one's is (budget._end_step, Engine.failed_replays)."""
-
-    __slots__ = ("fit", "failed")
-
-    def __init__(self):
-        self.fit = {}     # key -> largest nbytes replayed
-        self.failed = {}  # key -> smallest nbytes whose replay did not fit
-
-    def merged(self, newer, fits=True):
-        """What two steps did. A step whose replays did not all fit
-        changes what the next steps drop (those kinds are offloaded), and so
-        what their replays need: what was seen to fit before it is
-        forgotten, and the next step copies its drops again. `fits`: False,
-        the newer step's fits are not taken (its failures are): a runtime's
-        blind first step, or a step that raised."""
-        both = _Replays()
-        both.failed = dict(self.failed)
-        for k, n in newer.failed.items():
-            both.failed[k] = min(n, both.failed.get(k, n))
-        if newer.failed:
-            return both
-        both.fit = dict(self.fit)
-        if fits:
-            for k, n in newer.fit.items():
-                both.fit[k] = max(n, both.fit.get(k, n))
-        return both
-
-    def seen_to_fit(self, key, nbytes):
-        return nbytes <= self.fit.get(key, -1)
-
-    def seen_to_fail(self, key, nbytes):
-        failed = self.failed.get(key)
-        return failed is not None and nbytes >= failed
-
-
 class _Internal:
     """`with _Internal(engine):` marks the calls inside as remat's own (its
     copies, views and replays), which the recorder passes through, and
@@ -1049,15 +930,15 @@ class Engine:
 
     def __init__(self, budget_bytes, policy, offload, recompute, allow_nondeterministic,
                  cost_model, copy_ahead=False, allocator=None, device=0, drop_first=False,
-                 seen=None, replays=None):
+                 planner=None):
         self.budget_bytes = budget_bytes
         # What a replay must fit in: the budget, less (where it counts what
         # the GPU holds) what the device held as the step began.
         self.replay_room = budget_bytes
-        # What earlier good steps' backwards pinned beside each saved tensor
-        # (_Beside), and what this one's does.
-        self.seen = seen if seen is not None else _Beside()
-        self.beside = _Beside()
+        # The budget's step planner (remat._planner): what earlier steps
+        # learned by tensor kind (replays that fit or failed, what a backward
+        # pinned beside each), and where this step's observations go.
+        self.planner = planner
         self.kinds_handed = {}        # (op, output) -> how many handed over (_beside_key)
         # Only a step that may both drop and offload weighs each replay (a
         # tensor it could not bring back is offloaded instead).
@@ -1067,9 +948,6 @@ class Engine:
         # Offload only what cannot be dropped (the offload guard's plan that
         # drops wherever a drop can come back).
         self.drop_first = drop_first
-        # What replays did in earlier good steps (_Replays), and in this one.
-        self.replays_seen = replays if replays is not None else _Replays()
-        self.replays = _Replays()
         # The dropped tensor whose replay failed the step (no copy to come
         # back from): the outermost such acquire, as the error left it.
         self.unfit = None
@@ -1838,16 +1716,16 @@ class Engine:
         share = _DROP_FIRST_WORKING_SET_SHARE if self.drop_first else _DROP_WORKING_SET_SHARE
         if self.weigh_replays:
             s.replay_bytes = self._replay_bytes(s, inputs, self.groups)
-            self._beside_key(s)  # in the order tensors are handed over, as in every step
+            # (Keyed in the order tensors are handed over, as in every step.)
+            s.seen = self.planner.kind_seen(self._beside_key(s), s.nbytes)
         if allow_drop and allow_offload:
             if s.replay_bytes[0] > self.replay_room * share:
                 allow_drop = 0
                 self.counts["offload_not_drop"] += 1
-            elif s.replay_bytes[-1] + self.seen.pinned_beside(self._beside_key(s), s.nbytes) > \
-                    self.replay_room:
+            elif s.replay_bytes[-1] + s.seen[2] > self.replay_room:
                 allow_drop = 0
                 self.counts["offload_not_drop_seen"] += 1
-            elif self.replays_seen.seen_to_fail(s.beside_key, s.nbytes):
+            elif s.seen[1]:
                 allow_drop = 0
                 self.counts["offload_not_drop_failed"] += 1
         s.want_backup = bool(allow_drop and allow_offload) and self._wants_backup(s)
@@ -1948,39 +1826,37 @@ class Engine:
     def _saw_fit(self, s):
         """A drop of s came back by replay, or was never needed again."""
         if s.beside_key is not None:
-            fit = self.replays.fit
-            fit[s.beside_key] = max(s.nbytes, fit.get(s.beside_key, 0))
+            self.planner.saw_replay(s.beside_key, s.nbytes, True)
 
     def _saw_fail(self, s):
         """A replay of dropped s could not fit."""
         if s.beside_key is not None:
-            failed = self.replays.failed
-            failed[s.beside_key] = min(s.nbytes, failed.get(s.beside_key, s.nbytes))
+            self.planner.saw_replay(s.beside_key, s.nbytes, False)
 
-    def failed_replays(self):
-        """What the replays of a step that raised BudgetTooSmall did: those
-        that came back from their copies, and the one that failed it."""
+    def report_unfit(self):
+        """The step raised BudgetTooSmall: the replay that failed it (no
+        copy to come back from) is one its plan's next steps offload."""
         if self.unfit is not None:
             self._saw_fail(self.unfit)
             self.unfit = None
-        return self.replays
 
     def _wants_backup(self, s):
         """Whether a drop of s (its drop and offload both allowed) is copied
         to host memory first: no replay of its kind and size was seen to
-        fit in the steps before (_Replays)."""
-        return not self.replays_seen.seen_to_fit(s.beside_key, s.nbytes)
+        fit in the steps before (the planner's books)."""
+        return not s.seen[0]
 
     def _beside_key(self, s):
-        """s's key in what a step saw beside it (_Beside): its producing
-        op, which output, and how many such this step handed to the runtime
-        before it (made once, as s is registered)."""
+        """s's kind in what steps learn (the planner's books, a 64-bit key):
+        its producing op, which output, and how many such this step handed
+        to the runtime before it (made once, as s is registered). The same
+        tensor of every step of a program gets the same key."""
         if s.beside_key is None:
             call, j = s.producer
-            kind = (call.func, j)
+            kind = (str(call.func), j)
             n = self.kinds_handed.get(kind, 0)
             self.kinds_handed[kind] = n + 1
-            s.beside_key = kind + (n,)
+            s.beside_key = hash(kind + (n,)) & 0xFFFFFFFFFFFFFFFF
         return s.beside_key
 
     @staticmethod
@@ -2134,7 +2010,8 @@ class Engine:
         # the node reads (a chunk's halves, q and k of one projection).
         again = s.id in self.pins or s.pinned_forever
         if self.weigh_replays and not again:
-            self.beside.saw(self._beside_key(s), s.nbytes, self.pin_bytes + self.forever_bytes)
+            self.planner.saw_pinned(self._beside_key(s), s.nbytes,
+                                    self.pin_bytes + self.forever_bytes)
         self._acquire(s)
         self.pins.append(s.id)
         if not again:
@@ -2638,7 +2515,6 @@ class budget:
             [(name, policy, self._recompute, offload, drop_first)
              for name, (policy, offload, drop_first) in self._plans.items()],
             learning_steps=1, timed_steps=self.TRIAL_STEPS - 1)
-        self._seen = _Beside()        # what good steps' backwards pinned (any plan)
         self._step_plan = None
         self._step_index = None
         self._step_timed = False
@@ -2732,16 +2608,13 @@ class budget:
         policy, offload, drop_first = self._plans[plan]
         allocator = self._allocator()
         session = self._sessions.get(plan)
-        replays = None
         if session is not None and (session.live_budget != (allocator is None) or
                                     step.fresh_runtime):
             # use_allocator() came since, or what the runtime learns from one
             # step led the next into a budget it did not fit (the planner's
             # blind plans): start afresh (each such step as blind as the
-            # last, so what its replays did holds for the next).
-            if step.fresh_runtime and session.live_budget == (allocator is None):
-                replays = session.replays
-            else:
+            # last: what its replays did still holds for the next).
+            if not step.fresh_runtime:
                 self._planner.restarted(step.plan)
             self._sessions.pop(plan).close()
             session = None
@@ -2752,8 +2625,6 @@ class budget:
             session = self._sessions[plan] = _Session(self.budget_bytes, policy, offload,
                                                       self._recompute, self._copy_ahead,
                                                       live_budget=allocator is None)
-            if replays is not None:
-                session.replays = replays
         device = 0
         if allocator is not None and torch.cuda.is_available():
             device = torch.cuda.current_device()
@@ -2766,7 +2637,7 @@ class budget:
         engine = Engine(self.budget_bytes, policy, offload, self._recompute,
                         self._allow_nondeterministic, self._cost_model, self._copy_ahead,
                         allocator=allocator, device=device, drop_first=drop_first,
-                        seen=self._seen, replays=session.replays)
+                        planner=self._planner)
         engine.open(session)
         self._engine = engine
         self._step_plan = plan
@@ -2868,27 +2739,18 @@ class budget:
         stats["step"] = self._steps
         stats["plan"] = self._plan_shown()
         stats["policy"] = self._plans[self._step_plan][0]
-        index, plan = self._step_index, self._step_plan
-        learned = self._planner.plan(index)["learns_fits"]
+        index = self._step_index
         too_small = isinstance(exc, BudgetTooSmall)
         if ok:
             outcome = StepPlanner.FIT
         else:
             outcome = StepPlanner.TOO_SMALL if too_small else StepPlanner.ABANDONED
         seconds = self._time() - self._step_start if ok and self._step_timed else 0.0
+        if too_small:
+            self._engine.report_unfit()
+        # (What the step saw by tensor kind joins the planner's books here.)
         self._planner.end(outcome, seconds, str(exc) if too_small else "")
         state = self._planner.plan(index)
-        session = self._sessions.get(plan)
-        if too_small and not state["refused"] and session is not None:
-            # Its replays that did not fit: offloaded from its next step.
-            session.replays = session.replays.merged(self._engine.failed_replays(), fits=False)
-        if ok:
-            self._seen = self._seen.merged(self._engine.beside)
-            if session is not None:
-                # A runtime's first step evicts blind; from its second on, by
-                # what it learned: replays seen to fit in the first say little
-                # of the next (belady's choices change), its failures do.
-                session.replays = session.replays.merged(self._engine.replays, fits=learned)
         # The runtimes of plans the planner will not run again (refused, or
         # not kept by the trial) go.
         plans = [self._planner.plan(i) for i in range(len(self._plan_names))]

@@ -211,10 +211,8 @@ class NativeSession:
     the Python recorder)."""
 
     def __init__(self, budget_bytes, policy, recompute):
-        from remat.torch._budget import _Replays
         self.native = module().Session(budget_bytes, policy, recompute)
         self.live_budget = True
-        self.replays = _Replays()
         self.engine = None
 
     def raw_stats(self):
@@ -234,13 +232,10 @@ class NativeEngine:
     listening = False
 
     def __init__(self, budget_bytes, policy, recompute, allow_nondeterministic):
-        from remat.torch._budget import _Beside, _Replays
         self.budget_bytes = budget_bytes
         self.policy = policy
         self.recompute = recompute
         self.allow_nondeterministic = allow_nondeterministic
-        self.beside = _Beside()
-        self.replays = _Replays()
         self.session = None
         self.step = None
         # What the Python side counts (keep_saved blocks), beside the step's own.
@@ -283,8 +278,8 @@ class NativeEngine:
     def exit_error(self):
         return None
 
-    def failed_replays(self):
-        return self.replays
+    def report_unfit(self):
+        pass  # (drops only: no kind is learned)
 
     def read_stats(self):
         st = self.session.raw_stats()
