@@ -244,6 +244,7 @@ Runtime::Storage* Runtime::AddStorage(std::size_t bytes, void* ptr, std::uint64_
       if (in->state == TensorState::kDropped) ++s->dropped_inputs;
     }
   }
+  if (options_.estimate_replays) s->replay_bytes = EstimateOver(checked_inputs_, bytes);
   NewTensorId(s);
   s->handles = 1;
   s->pins = 1;
@@ -384,6 +385,70 @@ absl::StatusOr<Guard> Runtime::AddCallOutput(TensorId sibling, const OutputSpec&
   MaybePrefetchDue(stream);
   MaybeCopyAhead();
   return Guard(this, s->tensor_ids.front(), ptr, s);
+}
+
+absl::StatusOr<ReplayEstimate> Runtime::EstimateReplay(absl::Span<const TensorId> inputs,
+                                                        std::size_t bytes) {
+  Lock lock(this);
+  if (!options_.estimate_replays) {
+    return absl::FailedPreconditionError(
+        "this runtime keeps no replay estimates: make it with estimate_replays");
+  }
+  absl::InlinedVector<Storage*, 8> storages;
+  for (TensorId in : inputs) {
+    Storage* s = LiveOrNull(in);
+    if (s == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("input of the replay: %s", NotLive(in).message()));
+    }
+    if (std::find(storages.begin(), storages.end(), s) != storages.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("tensor %d is an input twice (or two views of one storage)", in));
+    }
+    storages.push_back(s);
+  }
+  return EstimateOver(storages, bytes);
+}
+
+ReplayEstimate Runtime::EstimateOver(absl::Span<Storage* const> inputs, std::size_t bytes) const {
+  // (Saturating sums: the figures are compared with a budget, never wrap.)
+  auto add = [](std::uint64_t a, std::uint64_t b) {
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+  };
+  std::uint64_t held = 0;  // brought back before the next dropped input
+  bool any_dropped = false;
+  std::array<std::uint64_t, kReplayDepth> deeper{};  // level k+1's worst over the inputs
+  absl::InlinedVector<const CallGroup*, 4> counted;  // calls whose other outputs are counted
+  for (const Storage* in : inputs) {
+    if (!in->may_drop) continue;
+    // Its run regenerates its call's other live outputs with it, beside it.
+    std::uint64_t siblings = 0;
+    if (in->group != nullptr &&
+        std::find(counted.begin(), counted.end(), in->group) == counted.end()) {
+      counted.push_back(in->group);
+      for (const Storage* m : in->group->outputs) {
+        if (m != nullptr && m->handles > 0 &&
+            std::find(inputs.begin(), inputs.end(), m) == inputs.end()) {
+          siblings = add(siblings, m->bytes);
+        }
+      }
+    }
+    for (std::size_t k = 0; k < kReplayDepth; ++k) {
+      deeper[k] = std::max(deeper[k], add(add(held, siblings), in->replay_bytes[k]));
+    }
+    any_dropped = true;
+    held = add(held, in->bytes);
+  }
+  // The resident inputs, pinned; the output beside them all.
+  for (const Storage* in : inputs) {
+    if (!in->may_drop) held = add(held, in->bytes);
+  }
+  ReplayEstimate out;
+  out[0] = add(held, bytes);
+  for (std::size_t k = 0; k < kReplayDepth; ++k) {
+    out[k + 1] = any_dropped ? std::max(out[0], deeper[k]) : out[0];
+  }
+  return out;
 }
 
 absl::StatusOr<TensorId> Runtime::CreateView(TensorId base) {

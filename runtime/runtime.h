@@ -36,6 +36,7 @@
 #ifndef REMAT_RUNTIME_RUNTIME_H_
 #define REMAT_RUNTIME_RUNTIME_H_
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -208,7 +209,26 @@ struct RuntimeOptions {
   // AddCallOutput and Acquire; a plan with nothing to copy is not asked for
   // again before the next pressure event.
   bool copy_ahead = false;
+  // Each tensor made keeps an estimate of what a replay of it holds
+  // resident at once (ReplayEstimate, EstimateReplay), for a framework that
+  // admits a drop only where its replay can fit (StepPlanner::AdmitDrop).
+  bool estimate_replays = false;
 };
+
+// What a replay of a tensor holds resident at once, were its droppable
+// inputs dropped: entry k follows dropped inputs k levels deep (0: the
+// inputs resident). Regeneration brings a call's dropped inputs back first,
+// one by one in the call's order, each by its own call's run (which
+// regenerates that call's other live outputs with it) beside those brought
+// back before it; then the resident inputs are pinned and the outputs made
+// beside them all. Without a limit the estimate takes whole chains as dropped
+// at once, where a policy keeps some of a chain resident: on a recorded LSTM
+// step the drop-first plan then offloaded 317 tensors that drops alone did
+// without (none at depths 2 to 8). On 47 small models under dtr, depths 4, 8
+// and no limit gave the same smallest budgets, 2 left some higher; under
+// belady one step needed 6 (its chains of products run deep).
+inline constexpr std::size_t kReplayDepth = 8;
+using ReplayEstimate = std::array<std::uint64_t, kReplayDepth + 1>;
 
 struct RuntimeStats {
   std::uint64_t tensors_created = 0;
@@ -319,6 +339,12 @@ class Runtime {
                                       Stream stream = kDefaultStream);
   // A second tensor over `base`'s storage.
   absl::StatusOr<TensorId> CreateView(TensorId base);
+  // What a replay of a call reading `inputs` (live tensors, in the call's
+  // order, each once) and making an output of `bytes` would hold resident
+  // at once (ReplayEstimate), from the estimates kept for the inputs.
+  // FailedPrecondition without RuntimeOptions::estimate_replays.
+  absl::StatusOr<ReplayEstimate> EstimateReplay(absl::Span<const TensorId> inputs,
+                                                std::size_t bytes);
   // Brings the tensor back if evicted and pins it for `stream`.
   absl::StatusOr<Guard> Acquire(TensorId id, Stream stream = kDefaultStream);
   // Brings a dropped tensor back without running its call, for an owner that
@@ -458,6 +484,9 @@ class Runtime {
   // Checks a new call's options: its inputs are live tensors.
   // Their storages are left in checked_inputs_ for AddStorage.
   absl::Status CheckInputs(const TensorOptions& options) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // EstimateReplay over storages (the inputs' kept estimates).
+  ReplayEstimate EstimateOver(absl::Span<Storage* const> inputs, std::size_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills a new storage's fields from `options` (inputs checked by
   // CheckInputs) and registers it.
   Storage* AddStorage(std::size_t bytes, void* ptr, std::uint64_t serial, bool may_drop,

@@ -165,6 +165,28 @@ absl::StatusOr<StepPlanner::Seen> StepPlanner::Lookup(std::uint64_t kind,
   return seen;
 }
 
+absl::StatusOr<StepPlanner::Admission> StepPlanner::AdmitDrop(std::uint64_t kind,
+                                                             std::uint64_t bytes,
+                                                             const ReplayEstimate& replay,
+                                                             std::uint64_t room) const {
+  absl::StatusOr<Seen> seen = Lookup(kind, bytes);
+  if (!seen.ok()) return seen.status();
+  const double share =
+      plans_[open_->plan].spec.drop_first ? kDropFirstWorkingSetShare : kDropWorkingSetShare;
+  Admission a;
+  const std::uint64_t deepest = replay.back();
+  if (static_cast<double>(replay.front()) > static_cast<double>(room) * share) {
+    a.verdict = DropVerdict::kOffloadOverShare;
+  } else if (deepest > room || seen->pinned_beside > room - deepest) {
+    a.verdict = DropVerdict::kOffloadBesidePinned;
+  } else if (seen->seen_to_fail) {
+    a.verdict = DropVerdict::kOffloadSeenToFail;
+  } else {
+    a.copy_first = !seen->seen_to_fit;
+  }
+  return a;
+}
+
 void StepPlanner::ReplayBook::Merge(const ReplayBook& newer, bool fits) {
   for (const auto& [kind, bytes] : newer.failed) {
     auto [it, added] = failed.try_emplace(kind, bytes);

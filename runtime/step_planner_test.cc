@@ -212,6 +212,43 @@ TEST(StepPlannerTest, PinnedBesideAKindScalesOnlyUpToLargerTensors) {
   ASSERT_TRUE(p->End(StepOutcome::kFit, 1, "").ok());
 }
 
+TEST(StepPlannerTest, ADropIsAdmittedWhereItsReplayCanFit) {
+  absl::StatusOr<StepPlanner> p = StepPlanner::Create(MixedAndDropFirst());
+  ASSERT_TRUE(p.ok());
+  auto replay = [](std::uint64_t first, std::uint64_t deepest) {
+    ReplayEstimate e;
+    e.fill(deepest);
+    e[0] = first;
+    return e;
+  };
+  using V = StepPlanner::DropVerdict;
+  EXPECT_FALSE(p->AdmitDrop(1, 10, replay(10, 10), 100).ok());  // no step open
+  ASSERT_TRUE(p->Begin().ok());  // mixed: half the room
+  EXPECT_EQ(p->AdmitDrop(1, 10, replay(50, 50), 100)->verdict, V::kDrop);
+  EXPECT_TRUE(p->AdmitDrop(1, 10, replay(50, 50), 100)->copy_first);  // none seen to fit yet
+  EXPECT_EQ(p->AdmitDrop(1, 10, replay(51, 51), 100)->verdict, V::kOffloadOverShare);
+  EXPECT_EQ(p->AdmitDrop(1, 10, replay(20, 101), 100)->verdict, V::kOffloadBesidePinned);
+  ASSERT_TRUE(p->SawPinned(1, 10, 60).ok());
+  ASSERT_TRUE(p->SawReplay(2, 10, false).ok());
+  ASSERT_TRUE(p->End(StepOutcome::kFit, 0, "").ok());
+  ASSERT_TRUE(p->Begin().ok());
+  // 41 beside the 60 pinned as its kind was read: over 100.
+  EXPECT_EQ(p->AdmitDrop(1, 10, replay(20, 41), 100)->verdict, V::kOffloadBesidePinned);
+  EXPECT_EQ(p->AdmitDrop(1, 10, replay(20, 40), 100)->verdict, V::kDrop);
+  EXPECT_EQ(p->AdmitDrop(2, 10, replay(20, 20), 100)->verdict, V::kOffloadSeenToFail);
+  EXPECT_EQ(p->AdmitDrop(3, 1, replay(1, UINT64_MAX), UINT64_MAX - 1)->verdict,
+            V::kOffloadBesidePinned);
+  ASSERT_TRUE(p->End(StepOutcome::kFit, 0, "").ok());
+  ASSERT_TRUE(p->Begin().ok());
+  ASSERT_TRUE(p->SawReplay(1, 10, true).ok());
+  ASSERT_TRUE(p->End(StepOutcome::kFit, 0, "").ok());
+  // drop-first: the whole room; and a replay of its kind seen to fit.
+  ASSERT_TRUE(p->Begin().ok());
+  EXPECT_EQ(p->AdmitDrop(4, 10, replay(99, 99), 100)->verdict, V::kDrop);
+  EXPECT_EQ(p->AdmitDrop(4, 10, replay(101, 101), 100)->verdict, V::kOffloadOverShare);
+  ASSERT_TRUE(p->End(StepOutcome::kFit, 0, "").ok());
+}
+
 TEST(StepPlannerTest, BadPlansAndMisuseAreRefused) {
   EXPECT_FALSE(StepPlanner::Create({}).ok());
   EXPECT_FALSE(StepPlanner::Create({PlanSpec{"", "dtr"}}).ok());

@@ -1274,6 +1274,50 @@ static void test_planner_drives_a_trial(void) {
     CHECK_OK(remat_planner_destroy(planner));
   }
 
+  /* A drop admitted where its replay, as the runtime estimates it, fits. */
+  {
+    remat_allocator* a = make_allocator(GIB, 0, 0);
+    remat_runtime* rt = NULL;
+    remat_runtime_options ro;
+    remat_tensor_options topts;
+    remat_drop_admission verdict;
+    uint64_t in = 0, out[REMAT_REPLAY_DEPTH + 1];
+    void* p = NULL;
+    CHECK_OK(remat_runtime_options_init(&ro));
+    CHECK(ro.link_gbps == 25.0 && ro.link_latency_ns == 2000 && !ro.estimate_replays);
+    ro.link_gbps = -1;
+    CHECK_STATUS(remat_runtime_create_with_options(a, &ro, &rt), REMAT_INVALID_ARGUMENT);
+    CHECK_ERROR_HAS("finite positive bandwidth");
+    ro.link_gbps = 50;
+    CHECK_OK(remat_runtime_create_with_options(a, &ro, &rt));
+    CHECK_STATUS(remat_runtime_estimate_replay(rt, NULL, 0, 8, out), REMAT_FAILED_PRECONDITION);
+    CHECK_OK(remat_runtime_destroy(rt));
+    ro.estimate_replays = 1;
+    CHECK_OK(remat_runtime_create_with_options(a, &ro, &rt));
+    CHECK_OK(remat_tensor_options_init(&topts));
+    CHECK_OK(remat_tensor_create(rt, 1000, &topts, 0, &in, &p));
+    CHECK_OK(remat_tensor_release(rt, in));
+    CHECK_OK(remat_runtime_estimate_replay(rt, &in, 1, 500, out));
+    CHECK(out[0] == 1500 && out[REMAT_REPLAY_DEPTH] == 1500);
+    plans[1].policy_spec = "lru";
+    plans[0].allow_offload = 1;
+    CHECK_OK(remat_planner_create(plans, 1, NULL, &planner));
+    CHECK_OK(remat_planner_step_begin(planner, &step));
+    CHECK_OK(remat_planner_admit_drop(planner, 1, 500, out, REMAT_REPLAY_DEPTH + 1, 3000,
+                                      &verdict));
+    CHECK(verdict.verdict == REMAT_DROP && verdict.copy_first);
+    CHECK_OK(remat_planner_admit_drop(planner, 1, 500, out, REMAT_REPLAY_DEPTH + 1, 2999,
+                                      &verdict));
+    CHECK(verdict.verdict == REMAT_OFFLOAD_OVER_SHARE);
+    CHECK_STATUS(remat_planner_admit_drop(planner, 1, 500, out, 3, 3000, &verdict),
+                 REMAT_INVALID_ARGUMENT);
+    CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_FIT, 1, NULL));
+    CHECK_OK(remat_planner_destroy(planner));
+    plans[0].allow_offload = 0;
+    CHECK_OK(remat_runtime_destroy(rt));
+    CHECK_OK(remat_allocator_destroy(a));
+  }
+
   /* Bad plans are refused, and nothing is made. */
   planner = NULL;
   plans[1].policy_spec = "no-such-policy";

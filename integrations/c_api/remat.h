@@ -195,9 +195,18 @@ typedef struct remat_runtime_options {
                               * policy would offload is copied out while it
                               * stays resident, so that its eviction later
                               * frees it with no copy to wait for */
+  double link_gbps;          /* the host link's bandwidth each way, in GB/s, that
+                              * transfers are priced at for the policy (measure
+                              * it on the machine: a PCIe 4 x16 link gives about
+                              * 25, an H100's PCIe 5 about 50) */
+  int64_t link_latency_ns;   /* and its latency per copy */
+  int estimate_replays;      /* nonzero: each tensor keeps an estimate of what
+                              * its replay holds resident at once
+                              * (remat_runtime_estimate_replay) */
 } remat_runtime_options;
 
-/* Defaults: "dtr", drop and offload enabled, 64 GiB of host pool. */
+/* Defaults: "dtr", drop and offload enabled, 64 GiB of host pool, a link of
+ * 25 GB/s and 2 us. */
 REMAT_API remat_status remat_runtime_options_init(remat_runtime_options* options);
 /* One runtime per allocator: it relieves the allocator's memory pressure by
  * evicting its tensors. An unknown policy is REMAT_INVALID_ARGUMENT with a
@@ -448,6 +457,24 @@ typedef struct remat_runtime_stats {
 
 REMAT_API remat_status remat_runtime_get_stats(remat_runtime* runtime, remat_runtime_stats* out);
 
+/* Levels of dropped inputs a replay estimate follows (out has one more). */
+#define REMAT_REPLAY_DEPTH 8
+
+/* What a replay of a call reading `inputs` (live tensors, in the call's
+ * order, each once) and making an output of `bytes` would hold resident at
+ * once, were its droppable inputs dropped: out[k] follows dropped inputs k
+ * levels deep (out[0]: the inputs resident), up to out[REMAT_REPLAY_DEPTH].
+ * Regeneration brings a call's dropped inputs back first, one by one, each by
+ * its own call's run (which brings that call's other live outputs with it),
+ * then pins the resident inputs and makes the outputs beside them all.
+ * REMAT_FAILED_PRECONDITION unless the runtime was made with
+ * estimate_replays; REMAT_INVALID_ARGUMENT for an input not live or given
+ * twice. */
+REMAT_API remat_status remat_runtime_estimate_replay(remat_runtime* runtime,
+                                                     const uint64_t* inputs, size_t num_inputs,
+                                                     uint64_t bytes,
+                                                     uint64_t out[REMAT_REPLAY_DEPTH + 1]);
+
 /* ------------------------------------------------------------------------ */
 /* Step planner                                                              */
 /*
@@ -584,6 +611,34 @@ typedef struct remat_kind_seen {
  * size, under the open step's plan. */
 REMAT_API remat_status remat_planner_kind_seen(remat_planner* planner, uint64_t kind,
                                                uint64_t bytes, remat_kind_seen* out);
+
+typedef enum remat_drop_verdict {
+  REMAT_DROP = 0,                   /* dropped */
+  REMAT_OFFLOAD_OVER_SHARE = 1,     /* its replay needs more than its share of the room */
+  REMAT_OFFLOAD_BESIDE_PINNED = 2,  /* its replay cannot fit beside what the backward pins */
+  REMAT_OFFLOAD_SEEN_TO_FAIL = 3,   /* a replay of its kind and size did not fit */
+  REMAT_DROP_VERDICT_MAX_ENUM = 0x7FFFFFFF
+} remat_drop_verdict;
+
+typedef struct remat_drop_admission {
+  remat_drop_verdict verdict;
+  int copy_first; /* dropped, but first copied to host memory: no replay of its
+                   * kind and size has yet been seen to fit */
+} remat_drop_admission;
+
+/* Whether a tensor that may be both dropped and offloaded is dropped under
+ * the open step's plan: replay_bytes is remat_runtime_estimate_replay's
+ * figure for it (REMAT_REPLAY_DEPTH + 1 entries), room what a replay must fit
+ * in (the budget, less what the device held as the step began where the
+ * budget counts everything). A drop is refused where its replay, inputs
+ * resident, needs more than a share of the room (half; all of it for a
+ * drop_first plan), where its replay, dropped inputs followed, does not fit
+ * the room beside what earlier steps' backwards pinned as they read its
+ * kind, or where a replay of its kind and size was seen to fail. */
+REMAT_API remat_status remat_planner_admit_drop(remat_planner* planner, uint64_t kind,
+                                                uint64_t bytes, const uint64_t* replay_bytes,
+                                                size_t num_replay_bytes, uint64_t room,
+                                                remat_drop_admission* out);
 
 #ifdef __cplusplus
 } /* extern "C" */

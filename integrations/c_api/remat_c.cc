@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -625,6 +626,8 @@ remat_status remat_runtime_options_init(remat_runtime_options* options) {
     options->enable_offload = defaults.enable_offload ? 1 : 0;
     options->host_pool_bytes = defaults.host_pool_bytes;
     options->live_budget = defaults.live_budget;
+    options->link_gbps = defaults.link_gbps;
+    options->link_latency_ns = defaults.link_latency_ns;
     return REMAT_OK;
   });
 }
@@ -671,6 +674,16 @@ remat_status CreateRuntime(const char* fn, remat_allocator* allocator,
     ro.keep_addresses = o.keep_addresses != 0;
     ro.learn_next_use = o.learn_next_use != 0;
     ro.copy_ahead = o.copy_ahead != 0;
+    ro.estimate_replays = o.estimate_replays != 0;
+    // (0, as from a struct zeroed by hand: the defaults.)
+    if (o.link_gbps != 0) ro.link_gbps = o.link_gbps;
+    if (o.link_latency_ns != 0) ro.link_latency_ns = o.link_latency_ns;
+    if (!(ro.link_gbps > 0) || !std::isfinite(ro.link_gbps) || ro.link_latency_ns < 0) {
+      return Fail(REMAT_INVALID_ARGUMENT, fn,
+                  absl::StrFormat("the link needs a finite positive bandwidth and a latency of "
+                                  "at least 0 (got %g GB/s, %d ns)",
+                                  ro.link_gbps, ro.link_latency_ns));
+    }
     std::unique_ptr<remat::RuntimeObserver> observer;
     if (on_event != nullptr) {
       observer = std::make_unique<CallbackObserver>(on_event, user_data);
@@ -1208,6 +1221,61 @@ remat_status remat_planner_kind_seen(remat_planner* planner, uint64_t kind, uint
     out->seen_to_fit = seen->seen_to_fit ? 1 : 0;
     out->seen_to_fail = seen->seen_to_fail ? 1 : 0;
     out->pinned_beside = seen->pinned_beside;
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_runtime_estimate_replay(remat_runtime* runtime, const uint64_t* inputs,
+                                           size_t num_inputs, uint64_t bytes,
+                                           uint64_t out[REMAT_REPLAY_DEPTH + 1]) {
+  const char* const fn = __func__;
+  static_assert(REMAT_REPLAY_DEPTH == remat::kReplayDepth);
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    if (out == nullptr) return NullArgument(fn, "out");
+    if (inputs == nullptr && num_inputs != 0) return NullArgument(fn, "inputs");
+    absl::StatusOr<remat::ReplayEstimate> e = runtime->runtime->EstimateReplay(
+        absl::MakeConstSpan(inputs, num_inputs), static_cast<std::size_t>(bytes));
+    if (!e.ok()) return FromStatus(fn, e.status());
+    std::copy(e->begin(), e->end(), out);
+    return REMAT_OK;
+  });
+}
+
+remat_status remat_planner_admit_drop(remat_planner* planner, uint64_t kind, uint64_t bytes,
+                                      const uint64_t* replay_bytes, size_t num_replay_bytes,
+                                      uint64_t room, remat_drop_admission* out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (planner == nullptr) return NullArgument(fn, "planner");
+    if (out == nullptr) return NullArgument(fn, "out");
+    if (replay_bytes == nullptr) return NullArgument(fn, "replay_bytes");
+    if (num_replay_bytes != remat::kReplayDepth + 1) {
+      return Fail(REMAT_INVALID_ARGUMENT, fn,
+                  absl::StrFormat("replay_bytes has %d entries, not REMAT_REPLAY_DEPTH + 1 (%d)",
+                                  num_replay_bytes, remat::kReplayDepth + 1));
+    }
+    remat::ReplayEstimate replay;
+    std::copy_n(replay_bytes, replay.size(), replay.begin());
+    remat::MutexLock lock(&planner->mu);
+    absl::StatusOr<remat::StepPlanner::Admission> a =
+        planner->planner.AdmitDrop(kind, bytes, replay, room);
+    if (!a.ok()) return FromStatus(fn, a.status());
+    switch (a->verdict) {
+      case remat::StepPlanner::DropVerdict::kDrop:
+        out->verdict = REMAT_DROP;
+        break;
+      case remat::StepPlanner::DropVerdict::kOffloadOverShare:
+        out->verdict = REMAT_OFFLOAD_OVER_SHARE;
+        break;
+      case remat::StepPlanner::DropVerdict::kOffloadBesidePinned:
+        out->verdict = REMAT_OFFLOAD_BESIDE_PINNED;
+        break;
+      case remat::StepPlanner::DropVerdict::kOffloadSeenToFail:
+        out->verdict = REMAT_OFFLOAD_SEEN_TO_FAIL;
+        break;
+    }
+    out->copy_first = a->copy_first ? 1 : 0;
     return REMAT_OK;
   });
 }

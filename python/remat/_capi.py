@@ -50,7 +50,12 @@ class RuntimeOptions(ctypes.Structure):
     _fields_ = [("policy", ctypes.c_char_p), ("enable_drop", ctypes.c_int),
                 ("enable_offload", ctypes.c_int), ("host_pool_bytes", ctypes.c_uint64),
                 ("live_budget", ctypes.c_uint64), ("keep_addresses", ctypes.c_int),
-                ("learn_next_use", ctypes.c_int), ("copy_ahead", ctypes.c_int)]
+                ("learn_next_use", ctypes.c_int), ("copy_ahead", ctypes.c_int),
+                ("link_gbps", ctypes.c_double), ("link_latency_ns", ctypes.c_int64),
+                ("estimate_replays", ctypes.c_int)]
+
+# REMAT_REPLAY_DEPTH: levels of dropped inputs a replay estimate follows.
+REPLAY_DEPTH = 8
 
 
 RECOMPUTE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p,
@@ -140,6 +145,17 @@ class PlanState(ctypes.Structure):
 class KindSeen(ctypes.Structure):
     _fields_ = [("seen_to_fit", ctypes.c_int), ("seen_to_fail", ctypes.c_int),
                 ("pinned_beside", ctypes.c_uint64)]
+
+
+class DropAdmission(ctypes.Structure):
+    _fields_ = [("verdict", ctypes.c_int), ("copy_first", ctypes.c_int)]
+
+
+# remat_drop_verdict
+DROP = 0
+OFFLOAD_OVER_SHARE = 1
+OFFLOAD_BESIDE_PINNED = 2
+OFFLOAD_SEEN_TO_FAIL = 3
 
 
 class RematError(RuntimeError):
@@ -232,6 +248,10 @@ def lib():
         "remat_planner_saw_replay": (ctypes.c_int, [vp, u64, u64, ctypes.c_int]),
         "remat_planner_saw_pinned": (ctypes.c_int, [vp, u64, u64, u64]),
         "remat_planner_kind_seen": (ctypes.c_int, [vp, u64, u64, ctypes.POINTER(KindSeen)]),
+        "remat_planner_admit_drop": (ctypes.c_int, [vp, u64, u64, ctypes.POINTER(u64), sz, u64,
+                                                    ctypes.POINTER(DropAdmission)]),
+        "remat_runtime_estimate_replay": (ctypes.c_int, [vp, ctypes.POINTER(u64), sz, u64,
+                                                         ctypes.POINTER(u64)]),
         "remat_planner_get_state": (ctypes.c_int, [vp, ctypes.POINTER(PlannerState)]),
         "remat_planner_get_plan": (ctypes.c_int, [vp, sz, ctypes.POINTER(PlanState),
                                                   ctypes.POINTER(ctypes.c_int64), sz,

@@ -26,6 +26,7 @@ class StepPlanner:
         self._lib = _capi.lib()
         self._p = None
         self._seen = _capi.KindSeen()
+        self._admission = _capi.DropAdmission()
         self.names = [p[0] for p in plans]
         raw = (_capi.Plan * max(1, len(plans)))()
         for c, (name, policy, drop, offload, drop_first) in zip(raw, plans):
@@ -84,6 +85,19 @@ class StepPlanner:
         _capi.check(self._lib.remat_planner_kind_seen(self._p, kind, nbytes, ctypes.byref(out)),
                     "remat_planner_kind_seen")
         return bool(out.seen_to_fit), bool(out.seen_to_fail), out.pinned_beside
+
+    def admit_drop(self, kind, nbytes, replay, room):
+        """(verdict, copy_first) for a tensor that may be dropped and
+        offloaded, under the open step's plan: verdict is _capi.DROP or why
+        it is offloaded instead (_capi.OFFLOAD_*); `replay` the runtime's
+        estimate (a ctypes array of REPLAY_DEPTH + 1, as
+        remat_runtime_estimate_replay fills), `room` what a replay must fit
+        in."""
+        out = self._admission
+        _capi.check(self._lib.remat_planner_admit_drop(self._p, kind, nbytes, replay, len(replay),
+                                                       room, ctypes.byref(out)),
+                    "remat_planner_admit_drop")
+        return out.verdict, bool(out.copy_first)
 
     def state(self):
         s = _capi.PlannerState()

@@ -141,55 +141,6 @@ def test_a_hybrid_loop_runs_where_offload_alone_does(name, ratio):
     b.close()
 
 
-class _Saved:
-    def __init__(self, nbytes, allow_drop=0, replay=0, group=None):
-        from remat.torch._budget import _REPLAY_DEPTH
-        self.nbytes, self.allow_drop, self.group, self.freed = nbytes, allow_drop, group, False
-        self.replay_bytes = [replay] * (_REPLAY_DEPTH + 1)
-
-
-def test_what_a_replay_holds_at_once():
-    from remat.torch._budget import Engine, _REPLAY_DEPTH
-
-    def replay(inputs, nbytes=10, groups=()):
-        return Engine._replay_bytes(_Saved(nbytes), inputs, groups)
-
-    assert replay([]) == [10] * (_REPLAY_DEPTH + 1)
-    # The output is made beside all the inputs.
-    assert replay([_Saved(4), _Saved(6)])[-1] == 20
-    # A droppable input is brought back by its own replay, before the
-    # resident inputs are pinned (here 30, not 30 beside the resident 4);
-    # with no dropped input followed, it is resident.
-    assert replay([_Saved(4), _Saved(6, 1, 30)]) == [20] + [30] * _REPLAY_DEPTH
-    assert replay([_Saved(6, 1, 30), _Saved(4)])[-1] == 30
-    # Dropped inputs come back one by one, each pinned while the next does.
-    assert replay([_Saved(6, 1, 30), _Saved(5, 1, 40)])[-1] == 46
-    # A kept or offloaded input needs only its own bytes.
-    assert replay([_Saved(4), _Saved(6, 0, 30)])[-1] == 20
-    # A dropped input's replay regenerates the other outputs of its call
-    # with it (7 bytes more here; a freed one is not regenerated).
-    x, y, z = _Saved(6, 1, 30, group=0), _Saved(7, 1, 9, group=0), _Saved(50, 1, 9, group=0)
-    z.freed = True
-    assert replay([x], groups=[[x, y, z]])[-1] == 37
-    # Two dropped inputs of one call: its other outputs counted once, and
-    # not the inputs themselves.
-    w = _Saved(3, 1, 9, group=0)
-    y = _Saved(5, 1, 20, group=0)
-    assert replay([x, y], groups=[[x, y, w]]) == [21] + [33] * _REPLAY_DEPTH
-    # Down a chain of dropped inputs, each call also pinning a dropped input
-    # of 5 bytes brought back first, the estimate grows for _REPLAY_DEPTH
-    # levels, and no further.
-    s = _Saved(1, 1)
-    s.replay_bytes = replay([], 1)
-    estimates = []
-    for _ in range(_REPLAY_DEPTH + 3):
-        t = _Saved(1, 1)
-        t.replay_bytes = replay([_Saved(5, 1, 5), s], 1)
-        estimates.append(t.replay_bytes[-1])
-        s = t
-    assert estimates == [7 + 5 * min(k, _REPLAY_DEPTH) for k in range(_REPLAY_DEPTH + 3)]
-
-
 def test_what_a_backward_pinned_beside_each_saved_tensor_is_learned():
     # The runtime's step planner keeps it by kind (the Python recorder's
     # keys: an op, which output, how many such before it).

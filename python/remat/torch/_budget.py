@@ -270,8 +270,8 @@ class _Storage:
                  "weak", "tensor_ref", "id", "reg_version", "tensor", "host", "handles",
                  "droppable", "why_kept", "pinned_forever", "freed", "device", "readers", "regions",
                  "order", "ahead", "gen", "key", "tensor_version", "host_version", "allow_drop",
-                 "replay_bytes", "beside_key", "group", "backup", "backup_version",
-                 "want_backup", "seen", "exported", "counter", "__weakref__")
+                 "beside_key", "group", "backup", "backup_version",
+                 "want_backup", "copy_first", "exported", "counter", "__weakref__")
 
     def __init__(self, index, leaf, key, weak, producer=None, dtype=None, nbytes=0,
                  tensor=None):
@@ -306,14 +306,13 @@ class _Storage:
         self.readers = None           # weakrefs to saved storages whose recompute reads it
         self.regions = []             # (size, stride, offset) of each saved view of it
         self.order = -1               # its place in Engine.registered
-        self.replay_bytes = None      # resident at once to bring it back (Engine._replay_bytes)
         self.beside_key = None        # its key in what steps saw beside it (Engine._beside_key)
         self.group = None             # its runtime call: an index into Engine.groups
         # Whether a drop of it is copied to host memory first (no replay of
         # its kind and size has been seen to fit: Engine._wants_backup), and
         # that copy of its registered content, for a replay that cannot fit.
         self.want_backup = False
-        self.seen = (False, False, 0)  # what steps learned of its kind (Engine._register)
+        self.copy_first = False       # a drop of it is copied first (the planner's admit_drop)
         self.backup = None
         self.backup_version = 0       # the content version `backup` holds
         # Its bytes were handed outside autograd (Engine.exported): written
@@ -825,6 +824,8 @@ class _Session:
         ro.host_pool_bytes = 16 << 40
         ro.learn_next_use = 1
         ro.copy_ahead = 1 if (offload and copy_ahead) else 0
+        # A drop is admitted by what its replay needs, as the runtime estimates it.
+        ro.estimate_replays = 1 if (offload and recompute) else 0
         runtime = ctypes.c_void_p()
         status = lib.remat_runtime_create_observed(allocator, ctypes.byref(ro), self._event_fn,
                                                    None, ctypes.byref(runtime))
@@ -882,28 +883,6 @@ _STEP_COUNTERS = ("drops", "recomputes", "offloads", "prefetches", "offloaded_by
                   "copies_ahead", "ahead_offloads")
 
 
-# With offload allowed, a saved tensor whose replay would need more than this
-# share of the budget resident at once (itself and the saved tensors its
-# replay reads) is offloaded rather than dropped: dropped, it could hardly come
-# back beside what the backward node reading it pins. (On 72 small models
-# written the ways people write them, hybrid's smallest budget was above
-# offload-only's in 40 without the rule, in 14 of 53 with a share of 1, and
-# in 2 with a half.) The offload guard's drop-first plan, which stands for
-# drops alone in its trial, offloads only what could never come back (a
-# share of 1), so that the trial still sees what drops alone would do.
-_DROP_WORKING_SET_SHARE = 0.5
-_DROP_FIRST_WORKING_SET_SHARE = 1.0
-# In both plans a tensor is offloaded, not dropped, where its replay could not
-# fit the whole budget beside what the backward node reading it pinned in the
-# steps before (_Beside), with its droppable inputs dropped too, followed this
-# many levels deep (Engine._replay_bytes). Without a limit the estimate takes
-# whole chains as dropped at once, where a policy keeps some of a chain
-# resident: on remat.torch.bench's LSTM at 0.3, where drops alone fit, the
-# drop-first plan then offloaded 317 tensors that drops alone do without (none
-# at depths 2 to 8). On 47 small models under dtr, depths 4, 8 and no limit
-# gave the same smallest budgets, 2 left some higher; under belady, T5 at 0.15
-# needed 6 (its chains of products run deep).
-_REPLAY_DEPTH = 8
 
 
 class _Internal:
@@ -943,6 +922,7 @@ class Engine:
         # Only a step that may both drop and offload weighs each replay (a
         # tensor it could not bring back is offloaded instead).
         self.weigh_replays = bool(offload and recompute)
+        self._estimate = (ctypes.c_uint64 * (_capi.REPLAY_DEPTH + 1))()
         self.pin_bytes = 0            # the bytes of the pins below
         self.forever_bytes = 0        # and of the storages pinned to the step's end
         # Offload only what cannot be dropped (the offload guard's plan that
@@ -1713,19 +1693,23 @@ class Engine:
             self.counts["kept_not_replayable"] += 1
         allow_drop = 1 if (self.recompute and s.droppable) else 0
         allow_offload = 1 if self.offload else 0
-        share = _DROP_FIRST_WORKING_SET_SHARE if self.drop_first else _DROP_WORKING_SET_SHARE
         if self.weigh_replays:
-            s.replay_bytes = self._replay_bytes(s, inputs, self.groups)
             # (Keyed in the order tensors are handed over, as in every step.)
-            s.seen = self.planner.kind_seen(self._beside_key(s), s.nbytes)
+            self._beside_key(s)
         if allow_drop and allow_offload:
-            if s.replay_bytes[0] > self.replay_room * share:
+            # Dropped only where its replay can fit: the runtime estimates what
+            # the replay holds at once, from its call graph; the planner admits
+            # it by that, and by what earlier steps learned of its kind.
+            verdict, s.copy_first = self.planner.admit_drop(
+                s.beside_key, s.nbytes, self._replay_estimate(inputs, s.nbytes),
+                self.replay_room)
+            if verdict == _capi.OFFLOAD_OVER_SHARE:
                 allow_drop = 0
                 self.counts["offload_not_drop"] += 1
-            elif s.replay_bytes[-1] + s.seen[2] > self.replay_room:
+            elif verdict == _capi.OFFLOAD_BESIDE_PINNED:
                 allow_drop = 0
                 self.counts["offload_not_drop_seen"] += 1
-            elif s.seen[1]:
+            elif verdict == _capi.OFFLOAD_SEEN_TO_FAIL:
                 allow_drop = 0
                 self.counts["offload_not_drop_failed"] += 1
         s.want_backup = bool(allow_drop and allow_offload) and self._wants_backup(s)
@@ -1844,7 +1828,7 @@ class Engine:
         """Whether a drop of s (its drop and offload both allowed) is copied
         to host memory first: no replay of its kind and size was seen to
         fit in the steps before (the planner's books)."""
-        return not s.seen[0]
+        return s.copy_first
 
     def _beside_key(self, s):
         """s's kind in what steps learn (the planner's books, a 64-bit key):
@@ -1859,36 +1843,15 @@ class Engine:
             s.beside_key = hash(kind + (n,)) & 0xFFFFFFFFFFFFFFFF
         return s.beside_key
 
-    @staticmethod
-    def _replay_bytes(s, inputs, groups=()):
-        """What a replay of s holds resident at once, were its droppable
-        inputs dropped: the runtime brings a call's dropped inputs back
-        first, one by one, each by its own replay (which regenerates the
-        other outputs of its call with it) beside those brought back before
-        it, then pins the others and makes the output beside them all.
-        Returns the estimate for each depth of dropped inputs followed, 0
-        (the inputs resident) to _REPLAY_DEPTH. `groups`: Engine.groups."""
-        held = 0
-        deeper = None  # level k's worst over the dropped inputs, for k = 1 ..
-        counted = set()  # runtime calls whose other outputs are counted
-        for i in inputs:
-            if i.allow_drop:
-                siblings = 0
-                if i.group is not None and i.group not in counted:
-                    counted.add(i.group)
-                    siblings = sum(m.nbytes for m in groups[i.group]
-                                   if not m.freed and all(m is not j for j in inputs))
-                worst = [held + siblings + r for r in i.replay_bytes[:-1]]
-                deeper = worst if deeper is None else list(map(max, deeper, worst))
-                held += i.nbytes
-        for i in inputs:
-            # (a resident input adds nothing: the output beside all of them is more)
-            if not i.allow_drop:
-                held += i.nbytes
-        base = held + s.nbytes
-        if deeper is None:
-            return [base] * (_REPLAY_DEPTH + 1)
-        return [base] + [max(base, w) for w in deeper]
+    def _replay_estimate(self, inputs, nbytes):
+        """The runtime's estimate of what a replay of a call reading the
+        saved storages `inputs` and making `nbytes` holds at once."""
+        ids = _id_array(max(1, len(inputs)))(*[i.id for i in inputs])
+        out = self._estimate
+        _capi.check(self.lib.remat_runtime_estimate_replay(self.runtime, ids, len(inputs), nbytes,
+                                                           out),
+                    "remat_runtime_estimate_replay")
+        return out
 
     def _sibling(self, s):
         """A live saved output of s's call that s may join in the runtime

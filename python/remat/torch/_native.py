@@ -67,9 +67,13 @@ def module():
             # as torch's headers were built with it.)
             name += "_debug"
             flags = ["-O0", "-g", "-DNDEBUG"]
-        # One build per torch version and libremat.so (checkouts and installs
-        # side by side do not rebuild each other's).
-        where = hashlib.sha1(str(library).encode()).hexdigest()[:10]
+        # One build per torch version, libremat.so (checkouts and installs
+        # side by side do not rebuild each other's) and sources with remat.h
+        # (a build against another C ABI's structs is never loaded).
+        key = hashlib.sha1(str(library).encode())
+        for source in list(_SOURCES) + [_HERE / "csrc" / "step.h", _header_dir() / "remat.h"]:
+            key.update(pathlib.Path(source).read_bytes())
+        where = key.hexdigest()[:10]
         build = _build_dir(f"{name}/{where}")
         if not any(build.glob(f"{name}*.so")):
             print(f"remat: building the native recorder for torch {torch.__version__} "
