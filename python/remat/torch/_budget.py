@@ -45,6 +45,7 @@ autograd reads it (Engine.data_set).
 import contextlib
 import ctypes
 import gc
+import math
 import os
 import random
 import re
@@ -62,7 +63,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from remat import _capi, parse_size
 from remat._planner import StepPlanner
-from remat.torch import _allocator, _interrupts, _native
+from remat.torch import _allocator, _interrupts, _link, _native
 from remat.torch._cost import CostModel
 
 # Calls whose outputs do not read the arguments they write into when they run
@@ -793,7 +794,7 @@ class _Session:
     running."""
 
     def __init__(self, budget_bytes, policy, offload, recompute, copy_ahead=False,
-                 live_budget=True):
+                 live_budget=True, link=None):
         self.lib = _capi.lib()
         self.engine = None
         self.allocator = None
@@ -824,6 +825,8 @@ class _Session:
         ro.host_pool_bytes = 16 << 40
         ro.learn_next_use = 1
         ro.copy_ahead = 1 if (offload and copy_ahead) else 0
+        if link is not None:  # (GB/s, ns): what offloads are priced at
+            ro.link_gbps, ro.link_latency_ns = link
         # A drop is admitted by what its replay needs, as the runtime estimates it.
         ro.estimate_replays = 1 if (offload and recompute) else 0
         runtime = ctypes.c_void_p()
@@ -2373,6 +2376,11 @@ class budget:
         allocator reserved at most over the step; under "debug",
         allocator_pressure_events).
     tflops, hbm_gbps: the device rates recompute costs are estimated at.
+    link_gbps, link_latency_us: with offload allowed, the host link's rate
+        each way and its latency per copy, at which offloads are priced
+        against recomputes. None: measured once per device and process (a
+        pinned copy to and from the GPU; a host copy on the CPU), shown in
+        stats["debug"]["link_gbps"] and ["link_latency_ns"].
     pause_gc: Python's automatic garbage collection waits while the context
         is open (on any thread; as it was once no budget is open). The
         recording makes a few objects per ATen call that live for the step:
@@ -2398,8 +2406,17 @@ class budget:
     def __init__(self, budget, policy="dtr", offload=False, recompute=True,
                  allow_nondeterministic=False, tflops=None, hbm_gbps=None,
                  offload_guard=True, copy_ahead=False, pause_gc=True, pressure="auto",
-                 native=None):
+                 native=None, link_gbps=None, link_latency_us=None):
         self.budget_bytes = _budget_bytes(budget)
+        for name, value in (("link_gbps", link_gbps), ("link_latency_us", link_latency_us)):
+            if value is not None and (isinstance(value, bool) or
+                                      not isinstance(value, (int, float)) or
+                                      not math.isfinite(value) or value < 0 or
+                                      (name == "link_gbps" and value == 0)):
+                raise ValueError(f"{name} must be a finite number above 0 (at least 0 for the "
+                                 f"latency), or None to measure it, not {value!r}")
+        self._link_given = (link_gbps, link_latency_us)
+        self._link_rates = None  # what the last runtime made was given
         if native is None:
             # REMAT_TORCH_NATIVE=1: the native recorder wherever the options allow it.
             native = os.environ.get("REMAT_TORCH_NATIVE") == "1" and not offload and \
@@ -2543,6 +2560,24 @@ class budget:
             self._gc_paused = False
             _resume_gc()
 
+    def _link(self, offload, allocator):
+        """(GB/s, ns) of the host link offloads are priced at: as given, or
+        measured on the device the step's copies go to (None: no offload)."""
+        if not offload:
+            return None
+        gbps, latency_us = self._link_given
+        if gbps is None or latency_us is None:
+            on_gpu = allocator is not None or (torch.cuda.is_available() and
+                                               torch.cuda.is_initialized())
+            device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu"
+            measured = _link.measure(device)
+            gbps = measured[0] if gbps is None else gbps
+            latency_ns = measured[1] if latency_us is None else int(latency_us * 1000)
+        else:
+            latency_ns = int(latency_us * 1000)
+        self._link_rates = (float(gbps), latency_ns)
+        return self._link_rates
+
     def _allocator(self):
         """remat's allocator whose pressure drives this step, or None."""
         allocator = _allocator.current()
@@ -2587,7 +2622,8 @@ class budget:
         if session is None:
             session = self._sessions[plan] = _Session(self.budget_bytes, policy, offload,
                                                       self._recompute, self._copy_ahead,
-                                                      live_budget=allocator is None)
+                                                      live_budget=allocator is None,
+                                                      link=self._link(offload, allocator))
         device = 0
         if allocator is not None and torch.cuda.is_available():
             device = torch.cuda.current_device()
@@ -2726,6 +2762,8 @@ class budget:
             stats["plans_refused"] = refused
         if state["blind"]:
             stats["next_uses_off"] = True
+        if self._link_rates is not None:
+            stats["link_gbps"], stats["link_latency_ns"] = self._link_rates
         if self._planner.state().trial_done:
             stats["plan_trial_seconds"] = {name: plans[i]["times"]
                                            for i, name in enumerate(self._plan_names)

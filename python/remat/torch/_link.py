@@ -1,0 +1,70 @@
+"""The host link's rates, measured once per device and process, at which the
+runtime prices offloads (remat_runtime_options' link_gbps and
+link_latency_ns): a policy that weighs an offload against a recompute must
+know what the copy costs on this machine, not on a typical one."""
+import math
+import threading
+import time
+
+import torch
+
+_lock = threading.Lock()
+_measured = {}
+
+_BYTES = 32 << 20   # one copy's size for the bandwidth
+_SMALL = 4 << 10    # and for the latency
+_ROUNDS = 3
+
+
+def _timed(copy, sync):
+    best = math.inf
+    for _ in range(_ROUNDS):
+        sync()
+        start = time.perf_counter()
+        copy()
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure(device):
+    """(GB/s each way, ns per copy) between host memory and `device`: a
+    pinned copy to and from a CUDA device, a host copy on the CPU (where
+    remat's offloads are host copies). The quickest of a few rounds."""
+    device = torch.device(device)
+    key = str(device)
+    with _lock:
+        if key in _measured:
+            return _measured[key]
+        if device.type == "cuda":
+            host = torch.empty(_BYTES, dtype=torch.uint8, pin_memory=True)
+            dev = torch.empty(_BYTES, dtype=torch.uint8, device=device)
+
+            def sync():
+                torch.cuda.synchronize(device)
+
+            def both(n):
+                def run():
+                    dev[:n].copy_(host[:n], non_blocking=True)
+                    host[:n].copy_(dev[:n], non_blocking=True)
+                return run
+            copies = 2
+        else:
+            host = torch.empty(_BYTES, dtype=torch.uint8)
+            dev = torch.empty_like(host)
+
+            def sync():
+                pass
+
+            def both(n):
+                def run():
+                    dev[:n].copy_(host[:n])
+                return run
+            copies = 1
+        both(_BYTES)()  # (first touch of the pages, CUDA's context)
+        seconds = _timed(both(_BYTES), sync) / copies
+        latency = _timed(both(_SMALL), sync) / copies
+        gbps = _BYTES / max(seconds - latency, 1e-9) / 1e9
+        figures = (gbps, max(0, int(latency * 1e9)))
+        _measured[key] = figures
+        return figures
