@@ -38,8 +38,14 @@ def _blind_without_copies():
     _budget.Engine._wants_backup = lambda self, s: False
 
 
+def _forget_unfit(self):
+    self.unfit = None
+
+
 def loop(make, budget_bytes, policy, plain, steps, learning, learn):
-    _budget.Engine.failed_replays = learn if learning else (lambda self: _budget._Replays())
+    # Without the learning: no replay that failed reaches the step planner.
+    report_unfit, saw_fail = learn if learning else (_forget_unfit, lambda self, s: None)
+    _budget.Engine.report_unfit, _budget.Engine._saw_fail = report_unfit, saw_fail
     b = remat.torch.budget(budget_bytes, policy=policy, offload=True, recompute=True,
                            offload_guard=False)
     cells = ""
@@ -67,7 +73,7 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    learn = _budget.Engine.failed_replays
+    learn = (_budget.Engine.report_unfit, _budget.Engine._saw_fail)
     init, wants_backup = _budget.Engine.__init__, _budget.Engine._wants_backup
     _blind_without_copies()
     print(f"{args.steps}-step loops, replay estimate blind, no copies; torch {torch.__version__}")
@@ -91,7 +97,7 @@ def main():
                 print(f"| {name} | {ratio:g} | {policy} | `{cells[0]}` | `{cells[1]}` |",
                       flush=True)
     _budget.Engine.__init__, _budget.Engine._wants_backup = init, wants_backup
-    _budget.Engine.failed_replays = learn
+    _budget.Engine.report_unfit, _budget.Engine._saw_fail = learn
 
 
 if __name__ == "__main__":

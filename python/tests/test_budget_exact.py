@@ -137,7 +137,7 @@ def test_a_custom_op_drawing_random_numbers_replays_its_draws(source, ratio, con
 def test_only_an_op_with_a_python_body_saves_numpys_and_pythons_rng():
     # Their states cost some tens of microseconds to save: an operator whose
     # kernels are all C++ (its fake kernel may be Python) draws from neither.
-    from remat.torch._budget import _op_info
+    from remat.torch._recorder import _op_info
     assert _op_info(torch.ops.remat_exact_test.numpy_dropout.default).python_body
     for op in (torch.ops.aten.sin.default, torch.ops.aten.native_dropout.default):
         assert not _op_info(op).custom and not _op_info(op).python_body

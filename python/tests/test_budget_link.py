@@ -31,18 +31,26 @@ def test_the_rates_given_are_what_the_runtime_prices_offloads_at():
     b.close()
 
 
-def test_without_rates_the_link_is_measured_once():
-    gbps, latency_ns = _link.measure("cpu")
-    assert gbps > 0 and latency_ns >= 0
-    assert _link.measure("cpu") == (gbps, latency_ns)  # measured once per process
+def test_without_rates_the_cpu_prices_at_the_runtimes_defaults():
+    # (Measured, a host copy's rate would make CPU runs decide differently
+    # from machine to machine and run to run.)
     b = remat.torch.budget(1 << 30, offload=True)
     stats = _step(b)
-    assert (stats["debug"]["link_gbps"], stats["debug"]["link_latency_ns"]) == (gbps, latency_ns)
+    assert (stats["debug"]["link_gbps"], stats["debug"]["link_latency_ns"]) == (25.0, 2000)
+    assert _link.defaults() == (25.0, 2000)
     b.close()
-    # Drops alone copy nothing: no link is measured or shown.
+    # Drops alone copy nothing: no link is shown.
     b = remat.torch.budget(1 << 30)
     assert "link_gbps" not in _step(b)["debug"]
     b.close()
+
+
+def test_a_measured_link_is_measured_once_and_rounded():
+    gbps, latency_ns = _link.measure("cpu")
+    assert gbps > 0 and latency_ns >= 0 and latency_ns % 100 == 0
+    assert _link.measure("cpu") == (gbps, latency_ns)
+    assert _link._rounded(12.345, 3456) == (12.0, 3500)
+    assert _link._rounded(0.1234, 49) == (0.12, 0)
 
 
 def test_the_runtime_refuses_a_link_it_cannot_price():

@@ -27,6 +27,22 @@ def _timed(copy, sync):
     return best
 
 
+def defaults():
+    """(GB/s, ns): the runtime's own link, where none is measured."""
+    import ctypes
+    from remat import _capi
+    ro = _capi.RuntimeOptions()
+    _capi.check(_capi.lib().remat_runtime_options_init(ctypes.byref(ro)), "runtime options")
+    return ro.link_gbps, ro.link_latency_ns
+
+
+def _rounded(gbps, latency_ns):
+    """Two significant figures of the rate and 100 ns of the latency: runs
+    of one program on one machine then price alike."""
+    digits = 1 - int(math.floor(math.log10(gbps))) if gbps > 0 else 0
+    return round(gbps, digits), int(round(latency_ns, -2))
+
+
 def measure(device):
     """(GB/s each way, ns per copy) between host memory and `device`: a
     pinned copy to and from a CUDA device, a host copy on the CPU (where
@@ -65,6 +81,6 @@ def measure(device):
         seconds = _timed(both(_BYTES), sync) / copies
         latency = _timed(both(_SMALL), sync) / copies
         gbps = _BYTES / max(seconds - latency, 1e-9) / 1e9
-        figures = (gbps, max(0, int(latency * 1e9)))
+        figures = _rounded(gbps, max(0, int(latency * 1e9)))
         _measured[key] = figures
         return figures

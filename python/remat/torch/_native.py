@@ -94,7 +94,7 @@ def module():
             raise ImportError(f"remat's native recorder in {build} was built for torch "
                               f"{mod.TORCH_VERSION}, and torch {torch.__version__} is installed: "
                               f"remove {build} to rebuild it")
-        from remat.torch._budget import BudgetTooSmall
+        from remat.torch._common import BudgetTooSmall
         mod.set_python_hooks(_python_body, _foreign_rng, _set_foreign_rng)
         mod.set_budget_too_small(BudgetTooSmall)
         mod.set_inplace_error(_inplace_error)
@@ -185,14 +185,14 @@ def _unpatch():
 def _inplace_error(is_output, is_leaf, output_nr, grad_fn, like, size, current, expected):
     """The in-place error for the C++ unpack hook (which found the versions
     differ): `like`, an empty tensor of the saved one's type."""
-    from remat.torch._budget import _inplace_error as error
+    from remat.torch._records import _inplace_error as error
     return error(is_output, is_leaf, output_nr, grad_fn, like.type(), size, current, expected)
 
 
 def _python_body(name, overload):
     """Whether an operator ("ns::op", "overload") has a kernel of its own
-    written in Python (the Python recorder's rule, _budget._python_body)."""
-    from remat.torch._budget import _python_body as python_body
+    written in Python (the Python recorder's rule, _recorder._python_body)."""
+    from remat.torch._recorder import _python_body as python_body
     ns, op = name.split("::", 1)
     packet = getattr(getattr(torch.ops, ns), op)
     return python_body(getattr(packet, overload or "default"))
@@ -211,7 +211,7 @@ def _set_foreign_rng(state):
 
 
 class NativeSession:
-    """One runtime across a budget's steps (what _budget._Session is for
+    """One runtime across a budget's steps (what _session._Session is for
     the Python recorder)."""
 
     def __init__(self, budget_bytes, policy, recompute):
@@ -328,12 +328,12 @@ class _Recording:
 def enter(b, plan, policy, session):
     """Opens budget `b`'s step on the native path: the recorder is a C++
     callback and the hooks are C functions."""
-    from remat.torch import _budget
+    from remat.torch import _common
     engine = NativeEngine(b.budget_bytes, policy, b._recompute, b._allow_nondeterministic)
     engine.open(session)
     b._engine = engine
     b._step_plan = plan
-    _budget._active[threading.get_ident()] = b
+    _common._active[threading.get_ident()] = b
     b._mode = contextlib.nullcontext()
     b._backward = _Recording(engine)
     b._hooks = torch.autograd.graph.saved_tensors_hooks(engine.pack, engine.unpack)
@@ -342,6 +342,6 @@ def enter(b, plan, policy, session):
         b._hooks.__enter__()
         b._backward.__enter__()
     except BaseException:
-        _budget._active.pop(threading.get_ident(), None)
+        _common._active.pop(threading.get_ident(), None)
         engine.close()
         raise
