@@ -53,9 +53,14 @@ What does not carry over, and how each simulator then differs:
   log: scripts/dtr_fidelity.py and bench/results/dtr_fidelity_*.md.
 """
 import argparse
+import io
 import json
 import os
 import sys
+
+# The package's op-trace reader (python/remat/op_trace.py), from the checkout.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from remat import op_trace  # noqa: E402
 
 
 def convert(lines, keep_live=False):
@@ -69,11 +74,10 @@ def convert(lines, keep_live=False):
     constants = set()
     live = {}  # id -> None, in order of definition
     uses = 0
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        op = rec["op"]
+    if not hasattr(lines, "readline"):
+        lines = io.StringIO("".join(line if line.endswith("\n") else line + "\n"
+                                    for line in lines))
+    for _, _, op, rec in op_trace.records(lines):
         if op == "constant":
             constants.add(rec["id"])
             live[rec["id"]] = None
@@ -120,8 +124,6 @@ def convert(lines, keep_live=False):
                 yield emit(INSTRUCTION="ANNOTATE", ANNOTATION="BACKWARD")
         elif op in ("evict", "prefetch"):
             stats["dropped"] += 1
-        else:
-            raise ValueError("line %d: unknown op %r" % (number, op))
     if not keep_live:
         for name in live:
             if name not in constants:

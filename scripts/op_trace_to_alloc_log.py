@@ -11,12 +11,16 @@ expandable segments:
     remat replay d.csv --alloc-conf expandable_segments:True
 
 Pointers are fresh 256-byte aligned addresses (never reused), times 10 us
-apart, one stream and one thread. Standard library only.
+apart, one stream and one thread. Reads with remat.op_trace (from the checkout).
 """
 
 import argparse
-import json
+import os
 import sys
+
+# The package's op-trace reader (python/remat/op_trace.py), from the checkout.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from remat import op_trace  # noqa: E402
 
 HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 THREAD = 1
@@ -45,15 +49,7 @@ def convert(lines):
         address[tid] = (ptr, size)
         emit("allocate", ptr, size)
 
-    for number, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"line {number}: not JSON: {e}")
-        op = rec.get("op")
+    for _, _, op, rec in op_trace.records(lines):
         if op == "constant":
             create(rec["id"], int(rec["bytes"]))
         elif op == "call":

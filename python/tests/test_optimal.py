@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 pytest.importorskip("scipy", reason="remat.optimal needs scipy (pip install scipy)")
 
-from remat import optimal  # noqa: E402
+from remat import op_trace, optimal  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
@@ -379,10 +379,10 @@ def test_a_line_past_the_cap_is_refused_without_reading_it_whole(tmp_path, monke
     path = write(tmp_path, [{"op": "constant", "id": "x", "bytes": 1}])
     with open(path, "a", encoding="utf-8") as f:
         f.write("x" * 5000)  # no newline
-    monkeypatch.setattr(optimal, "MAX_LINE", 1000)
+    monkeypatch.setattr(op_trace, "MAX_LINE", 1000)
     with pytest.raises(ValueError, match=r"t.jsonl:2: the line is longer than 1000"):
         optimal.read_trace(path)
-    monkeypatch.setattr(optimal, "MAX_LINE", 10000)
+    monkeypatch.setattr(op_trace, "MAX_LINE", 10000)
     with pytest.raises(ValueError, match=r"t.jsonl:2"):  # read, and found not JSON
         optimal.read_trace(path)
 
