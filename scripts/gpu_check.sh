@@ -152,6 +152,21 @@ step torch_budget_bench 300 bash -c "torch_or_skip; PYTHONPATH=python python3 -m
   --ratios \${BENCH_RATIOS:-0.3,0.5,0.7} --repeat 3 --compile \
   ${compile_methods:+--methods $compile_methods} \
   --markdown '$out/torch_budget_cuda.md'"
+# The seeds' table at real size: GPT-2 small (12 layers, 768, sequence 1024),
+# ResNet-50 and ViT-B/16 at 224, batch 64, each beside checkpoint, selective
+# checkpointing and remat (half the saved bytes, and checkpoint's peak), with
+# the longest GPT-2 sequence each fits under the plain step's peak. CI runs
+# this same step on the CPU at a tiny size (SEEDS_DEVICE=cpu SEEDS_SIZE=tiny),
+# so that it cannot rot.
+seeds_guard() {
+  if [[ ${SEEDS_DEVICE:-cuda} == cuda ]]; then torch_or_skip; else
+    python3 -c 'import torch, torchvision, transformers' || { echo "no torch, torchvision or transformers"; exit 77; }
+  fi
+}
+export -f seeds_guard
+step torch_seeds 300 bash -c "seeds_guard; PYTHONPATH=python python3 bench/torch_seeds.py \
+  --device \${SEEDS_DEVICE:-cuda} --size \${SEEDS_SIZE:-real} --repeat 3 --longest \
+  --longest-step \${SEEDS_LONGEST_STEP:-0} --markdown '$out/torch_seeds.md'"
 step cuda_bench 120 "$build/bin/cuda_bench" --benchmark_min_time=0.2 \
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json
 step gpt2_memory 90 bash -c "torch_or_skip; python3 bench/torch_gpt2_memory.py"
