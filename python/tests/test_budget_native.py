@@ -100,3 +100,29 @@ def test_a_python_dispatch_mode_around_the_budget_is_seen_through():
 def test_the_extension_names_the_torch_it_was_built_for():
     mod = _native.module()
     assert mod.TORCH_VERSION.split("+")[0] == torch.__version__.split("+")[0]
+
+
+@pytest.mark.parametrize("op, rates, expected", [
+    # One 256x256x256 matmul: 2 x 256^3 FLOPs at 1 GFLOPS.
+    ("mm", dict(tflops=0.001, hbm_gbps=1e6), 2 * 256 ** 3),
+    # An exp moves 2 x 256 KiB at 1 MB/s.
+    ("exp", dict(tflops=1e6, hbm_gbps=0.001), 2 * 256 * 256 * 4 * 1000),
+])
+def test_a_call_on_a_gpu_costs_what_the_model_says(monkeypatch, op, rates, expected):
+    # On a GPU the host's time says nothing of a kernel's: the call's cost is
+    # modelled from its FLOPs and bytes at the budget's rates (forced here on
+    # the CPU). Each recompute of the dropped call is charged that much.
+    monkeypatch.setenv("REMAT_NATIVE_COSTS", "model")
+    torch.manual_seed(0)
+    x = torch.randn(256, 256)
+    w = [torch.randn(256, 256, requires_grad=True) for _ in range(2)]
+    b = remat.torch.budget(256 * 256 * 4 + 1024, native=True, **rates)
+    with b:
+        hs = [x @ v if op == "mm" else (x + v).exp() for v in w]
+        sum(h.sin().sum() for h in hs).backward()
+    st = b.stats
+    assert st["recomputes"] >= 1
+    # (The exp's recompute replays its add too: 3 x 256 KiB at 1 MB/s.)
+    per = expected if op == "mm" else expected + 3 * 256 * 256 * 4 * 1000
+    assert st["debug"]["recompute_ns_estimate"] == st["recomputes"] * per
+    b.close()

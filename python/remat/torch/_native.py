@@ -235,11 +235,12 @@ class NativeEngine:
     closed = False
     listening = False
 
-    def __init__(self, budget_bytes, policy, recompute, allow_nondeterministic):
+    def __init__(self, budget_bytes, policy, recompute, allow_nondeterministic, cost_model):
         self.budget_bytes = budget_bytes
         self.policy = policy
         self.recompute = recompute
         self.allow_nondeterministic = allow_nondeterministic
+        self.cost_model = cost_model
         self.session = None
         self.step = None
         # What the Python side counts (keep_saved blocks), beside the step's own.
@@ -248,7 +249,11 @@ class NativeEngine:
     def open(self, session):
         self.session = session
         self.start = session.raw_stats()
-        self.step = module().Step(session.native, self.recompute, self.allow_nondeterministic)
+        # Costs: measured on the CPU, modelled at the budget's rates on a GPU;
+        # REMAT_NATIVE_COSTS=model models them everywhere (for tests).
+        self.step = module().Step(session.native, self.recompute, self.allow_nondeterministic,
+                                  self.cost_model.tflops, self.cost_model.hbm_gbps,
+                                  os.environ.get("REMAT_NATIVE_COSTS") == "model")
         session.engine = self
         self.pack = self.step.pack
         self.unpack = self.step.unpack
@@ -300,6 +305,7 @@ class NativeEngine:
             "offloads": 0,
             "restores": 0,
             "recompute_seconds": self.step.recompute_seconds,
+            "recompute_ns_estimate": step("recompute_ns"),
             "copy_seconds": 0.0,
             "pressure_events": step("pressure_events"),
             "learned_next_uses": step("learned_next_uses"),
@@ -329,7 +335,8 @@ def enter(b, plan, policy, session):
     """Opens budget `b`'s step on the native path: the recorder is a C++
     callback and the hooks are C functions."""
     from remat.torch import _common
-    engine = NativeEngine(b.budget_bytes, policy, b._recompute, b._allow_nondeterministic)
+    engine = NativeEngine(b.budget_bytes, policy, b._recompute, b._allow_nondeterministic,
+                          b._cost_model)
     engine.open(session)
     b._engine = engine
     b._step_plan = plan

@@ -96,6 +96,13 @@ struct Frame : at::ObserverContext {
 
 thread_local Frame* tls_top = nullptr;
 
+bool OnGpu(const std::vector<c10::IValue>& values) {
+  for (const c10::IValue& v : values) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_cuda()) return true;
+  }
+  return false;
+}
+
 void Take(RngState& rng, at::Generator g) {
   for (const auto& [seen, state] : rng.states) {
     if (seen == g) return;
@@ -182,6 +189,12 @@ void OnCallEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
                    std::chrono::steady_clock::now() - frame->start)
                    .count();
   try {
+    const StepOptions& options = step->options();
+    if (options.model_costs || OnGpu(frame->inputs) || OnGpu(fn.outputs())) {
+      // A GPU's kernels run behind the host: the host's time says nothing
+      // of theirs.
+      ns = ModelCostNs(*frame->info, frame->inputs, fn.outputs(), options.rates);
+    }
     step->Record(*frame->info, *frame->info->op, std::move(frame->inputs), fn.outputs(),
                  std::move(frame->rng), frame->grad, ns);
     ResolvePending(frame, true);
@@ -420,7 +433,8 @@ PyMethodDef kUnpackDef = {"unpack", UnpackHook, METH_O, "remat's unpack hook"};
 
 class StepBox {
  public:
-  StepBox(std::shared_ptr<Session> session, bool recompute, bool allow_nondeterministic)
+  StepBox(std::shared_ptr<Session> session, bool recompute, bool allow_nondeterministic,
+          double tflops, double hbm_gbps, bool model_costs)
       : session_(std::move(session)) {
     if (session_->step() != nullptr) {
       throw std::runtime_error("remat: a native session runs one step at a time");
@@ -428,6 +442,9 @@ class StepBox {
     StepOptions options;
     options.recompute = recompute;
     options.allow_nondeterministic = allow_nondeterministic;
+    options.rates.tflops = tflops;
+    options.rates.hbm_gbps = hbm_gbps;
+    options.model_costs = model_costs;
     step_ = std::make_shared<Step>(session_, options);
     session_->set_step(step_.get());
     auto* holder = new std::shared_ptr<Step>(step_);
@@ -575,8 +592,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("recompute"))
       .def("stats", [](const Session& s) { return StatsOf(s); });
   py::class_<StepBox>(m, "Step")
-      .def(py::init<std::shared_ptr<Session>, bool, bool>(), py::arg("session"),
-           py::arg("recompute"), py::arg("allow_nondeterministic"))
+      .def(py::init<std::shared_ptr<Session>, bool, bool, double, double, bool>(),
+           py::arg("session"), py::arg("recompute"), py::arg("allow_nondeterministic"),
+           py::arg("tflops"), py::arg("hbm_gbps"), py::arg("model_costs"))
       .def("start", &StepBox::Start)
       .def("stop", &StepBox::Stop)
       .def("pause", &StepBox::Pause)

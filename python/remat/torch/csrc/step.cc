@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/node.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <chrono>
 #include <set>
@@ -95,6 +96,7 @@ bool HasStorage(const at::Tensor& t) {
 }  // namespace
 
 const OpInfo& SharedInfoOf(const at::RecordFunction& fn);
+FlopsKind FlopsKindOf(const std::string& name);
 
 std::string OpName(const c10::OperatorHandle& op) {
   // As Python prints an operator: aten.add_.Tensor, aten.tanh.default.
@@ -113,6 +115,96 @@ at::Tensor ViewOf(const c10::Storage& storage, at::ScalarType dtype, c10::IntArr
                                                      caffe2::TypeMeta::fromScalarType(dtype));
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
   return t;
+}
+
+FlopsKind FlopsKindOf(const std::string& name) {
+  if (name == "aten::mm") return FlopsKind::kMm;
+  if (name == "aten::addmm") return FlopsKind::kAddmm;
+  if (name == "aten::bmm") return FlopsKind::kBmm;
+  if (name == "aten::baddbmm") return FlopsKind::kBaddbmm;
+  if (name == "aten::convolution" || name == "aten::_convolution") {
+    return FlopsKind::kConvolution;
+  }
+  for (const char* attention :
+       {"aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_fused_attention_overrideable",
+        "aten::_efficient_attention_forward", "aten::_flash_attention_forward"}) {
+    if (name == attention) return FlopsKind::kAttention;
+  }
+  return FlopsKind::kNone;
+}
+
+namespace {
+
+// The `k`-th tensor argument, or an undefined tensor.
+at::Tensor TensorArg(const std::vector<c10::IValue>& values, size_t k) {
+  if (k < values.size() && values[k].isTensor()) return values[k].toTensor();
+  return at::Tensor();
+}
+
+double Flops(const OpInfo& info, const std::vector<c10::IValue>& in,
+             const std::vector<c10::IValue>& out) {
+  auto dims = [](const at::Tensor& t, int64_t want) { return t.defined() && t.dim() == want; };
+  switch (info.flops) {
+    case FlopsKind::kNone:
+      return 0;
+    case FlopsKind::kMm:
+    case FlopsKind::kAddmm: {
+      const size_t first = info.flops == FlopsKind::kMm ? 0 : 1;
+      at::Tensor a = TensorArg(in, first), b = TensorArg(in, first + 1);
+      if (!dims(a, 2) || !dims(b, 2)) return 0;
+      return 2.0 * a.size(0) * a.size(1) * b.size(1);
+    }
+    case FlopsKind::kBmm:
+    case FlopsKind::kBaddbmm: {
+      const size_t first = info.flops == FlopsKind::kBmm ? 0 : 1;
+      at::Tensor a = TensorArg(in, first), b = TensorArg(in, first + 1);
+      if (!dims(a, 3) || !dims(b, 3)) return 0;
+      return 2.0 * a.size(0) * a.size(1) * a.size(2) * b.size(2);
+    }
+    case FlopsKind::kConvolution: {
+      // (input, weight, bias, stride, padding, dilation, transposed, ...):
+      // each output (input, transposed) element takes a multiply-add per
+      // weight element of its group.
+      at::Tensor x = TensorArg(in, 0), w = TensorArg(in, 1), y = TensorArg(out, 0);
+      if (!x.defined() || !w.defined() || !y.defined() || w.dim() < 3) return 0;
+      const bool transposed = in.size() > 6 && in[6].isBool() && in[6].toBool();
+      double per = static_cast<double>(w.size(1));
+      for (int64_t d = 2; d < w.dim(); ++d) per *= static_cast<double>(w.size(d));
+      return 2.0 * per * static_cast<double>(transposed ? x.numel() : y.numel());
+    }
+    case FlopsKind::kAttention: {
+      // q (B, H, L, E), k (B, H, S, E), v (B, H, S, Ev): Q K^T, then its
+      // softmax times V. (The flash kernels' entry points take (B, L, H, E).)
+      at::Tensor q = TensorArg(in, 0), k = TensorArg(in, 1), v = TensorArg(in, 2);
+      if (!dims(q, 4) || !dims(k, 4) || !dims(v, 4)) return 0;
+      const bool bthe = info.op && info.op->schema().name().find("_forward") != std::string::npos;
+      const int64_t l = bthe ? q.size(1) : q.size(2), s = bthe ? k.size(1) : k.size(2);
+      const double bh = static_cast<double>(q.size(0)) * (bthe ? q.size(2) : q.size(1));
+      return 2.0 * bh * l * s * (q.size(3) + v.size(3));
+    }
+  }
+  return 0;
+}
+
+double BytesMoved(const std::vector<c10::IValue>& values) {
+  double bytes = 0;
+  ForEachTensor(values, [&](const at::Tensor& t, int32_t, int32_t) {
+    if (t.defined()) bytes += static_cast<double>(t.numel()) * t.element_size();
+  });
+  return bytes;
+}
+
+}  // namespace
+
+int64_t ModelCostNs(const OpInfo& info, const std::vector<c10::IValue>& inputs,
+                    const std::vector<c10::IValue>& outputs, const CostRates& rates) {
+  const double flops_ns = std::ceil(Flops(info, inputs, outputs) / (rates.tflops * 1e3));
+  const double bytes_ns = std::ceil((BytesMoved(inputs) + BytesMoved(outputs)) / rates.hbm_gbps);
+  const double ns = std::max({static_cast<double>(rates.launch_ns), flops_ns, bytes_ns});
+  return ns >= 9e18 ? int64_t{9000000000000000000} : static_cast<int64_t>(ns);
 }
 
 const OpInfo& InfoOf(const at::RecordFunction& fn) {
@@ -174,6 +266,7 @@ const OpInfo& SharedInfoOf(const at::RecordFunction& fn) {
       info->moves = true;
     }
     info->writes = !info->written_args.empty();
+    info->flops = FlopsKindOf(full);
     for (const auto& ret : schema.returns()) {
       const auto* alias = ret.alias_info();
       if (alias != nullptr && !alias->isWrite()) info->is_view = true;

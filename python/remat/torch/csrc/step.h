@@ -130,8 +130,13 @@ struct Storage {
 };
 
 // Which operators' properties recording needs, read once per operator.
+// Operators whose FLOPs the cost model counts (the rest cost the bytes they
+// move, or a launch).
+enum class FlopsKind : uint8_t { kNone, kMm, kAddmm, kBmm, kBaddbmm, kConvolution, kAttention };
+
 struct OpInfo {
   std::optional<c10::OperatorHandle> op;
+  FlopsKind flops = FlopsKind::kNone;
   bool random = false;
   bool python_body = false;       // a custom op whose kernel is Python: may draw from numpy's RNG
   bool is_view = false;
@@ -146,9 +151,28 @@ struct OpInfo {
   std::vector<int32_t> written_args;
 };
 
+// A device's rates, at which a call's cost is modelled:
+// max(launch_ns, FLOPs / tflops, bytes moved / hbm_gbps).
+struct CostRates {
+  double tflops = 400.0;
+  double hbm_gbps = 3000.0;
+  int64_t launch_ns = 1000;
+};
+
+// What one call costs on a device by the model: its FLOPs (matmuls,
+// convolutions, attention) and the bytes of its tensor arguments and
+// results, at `rates`.
+int64_t ModelCostNs(const OpInfo& info, const std::vector<c10::IValue>& inputs,
+                    const std::vector<c10::IValue>& outputs, const CostRates& rates);
+
 struct StepOptions {
   bool recompute = true;
   bool allow_nondeterministic = false;
+  // A call's cost: its measured host time where its tensors are on the CPU;
+  // on a GPU, whose kernels run behind the host, the model (ModelCostNs) at
+  // `rates`. model_costs: the model everywhere.
+  CostRates rates;
+  bool model_costs = false;
 };
 
 class Session;
@@ -199,6 +223,7 @@ class Step {
   // Ends the step: every pin and tensor it holds goes.
   void Close();
   bool closed() const { return closed_; }
+  const StepOptions& options() const { return options_; }
 
   bool internal = false;  // remat's own calls (a replay): not recorded
 
