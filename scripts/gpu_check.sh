@@ -116,10 +116,10 @@ export REMAT_LIBRARY="$build/lib/libremat.so"
 step torch_budget_tests 240 bash -c "torch_or_skip; python3 -c 'import pytest' || { echo no pytest; exit 77; }; PYTHONPATH=python python3 -m pytest -q -rs -s \
   python/tests/test_budget_cuda.py python/tests/test_budget_allocator.py python/tests/test_budget.py \
   -k 'cuda or mlp or gpt or allocator'"
-# The same drop-mode gradients on the native path (recorder and hooks in C++, built here
-# against this torch on first use: needs a compiler and ninja).
-step torch_budget_native_cuda 300 bash -c "torch_or_skip; python3 -c 'import pytest, ninja' || { echo no pytest or ninja; exit 77; }; \
-  REMAT_TORCH_NATIVE=1 PYTHONPATH=python python3 -m pytest -q -rs -s python/tests/test_budget_cuda.py -k drop"
+# The same drop-mode gradients on the Python recorder (drop-only budgets record
+# natively by default: the C++ extension, built here against this torch on first use).
+step torch_budget_python_cuda 300 bash -c "torch_or_skip; python3 -c 'import pytest' || { echo no pytest; exit 77; }; \
+  REMAT_TORCH_NATIVE=0 PYTHONPATH=python python3 -m pytest -q -rs -s python/tests/test_budget_cuda.py -k drop"
 # The zoo (remat.torch.zoo: cuDNN's RNNs, SDPA's fused kernels, norms, autocast, ...)
 # over budgets of 0.1-1.0 of its saved bytes in each mode, seven steps a cell (the
 # offload guard's trial): every cell that runs must give the plain step's gradients.

@@ -560,6 +560,7 @@ def test_only_a_dropped_tensors_replay_that_fails_the_step_is_learned():
     assert e.unfit is None and e.learned_to_fail()
 
 
+@pytest.mark.python_recorder
 def test_a_step_that_did_not_fit_with_what_the_runtime_learned_leaves_it_off():
     # Belady reads next uses the runtime learns from the step before. Near
     # this step's floor they lead its second step to evict what a recompute
@@ -1108,6 +1109,7 @@ def _small_net(compiled):
     return make
 
 
+@pytest.mark.python_recorder
 def test_a_compiled_module_runs_as_eager_inside_the_budget():
     # PyTorch does not compile under an active Python dispatch mode (the
     # recorder is one): a compiled module called inside the context runs
@@ -1213,6 +1215,7 @@ BACKWARDS = {
 }
 
 
+@pytest.mark.python_recorder
 @pytest.mark.parametrize("how", list(BACKWARDS))
 def test_the_backward_runs_outside_the_recorder(how):
     # The recorder (a dispatch mode) is set aside while the backward runs,
@@ -1229,6 +1232,7 @@ def test_the_backward_runs_outside_the_recorder(how):
     assert_same_grads(plain, {n: p.grad for n, p in model.named_parameters()})
 
 
+@pytest.mark.python_recorder
 def test_a_dispatch_mode_inside_the_budget_keeps_the_backward_in_the_recorder():
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -1253,6 +1257,7 @@ def test_a_dispatch_mode_inside_the_budget_keeps_the_backward_in_the_recorder():
     assert_same_grads(plain, {n: p.grad for n, p in model.named_parameters()})
 
 
+@pytest.mark.python_recorder
 @pytest.mark.parametrize("user_mode", [False, True])
 def test_a_nodes_saved_tensors_stay_pinned_together(user_mode):
     # MulBackward unpacks a and b (8 KiB each), with autograd's own calls in
@@ -1288,6 +1293,7 @@ def test_a_nodes_saved_tensors_stay_pinned_together(user_mode):
     assert run.stats["debug"]["backwards_outside_recorder"] == (0 if user_mode else 1)
 
 
+@pytest.mark.python_recorder
 def test_two_backwards_over_one_graph():
     # retain_graph: the second backward unpacks the same saved tensors again,
     # the first of them in the node that unpacked last in the first backward.
@@ -1358,7 +1364,7 @@ def test_a_step_leaves_nothing_for_the_garbage_collector(offload):
         left = gc.collect()
     finally:
         gc.enable()
-    assert b.stats["debug"]["saved_tensors"] >= 50
+    assert b.stats["debug"]["saved_tensors"] >= 40
     assert left <= plain + 10, (left, plain)
 
 

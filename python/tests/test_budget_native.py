@@ -1,9 +1,10 @@
-"""remat.torch.budget(native=True): the recorder and the saved-tensor hooks
-in C++ (remat.torch._native). The exactness tests of the Python recorder run
-again on the native path (every budget they make, unless it offloads or
-lists policies, is native: REMAT_TORCH_NATIVE=1), and the native path's own
-checks follow. The extension is built against the installed torch on first
-use (about a minute; it needs a C++ compiler and ninja)."""
+"""remat.torch.budget's two recorders. Drop-only budgets record natively by
+default (remat.torch._native: the recorder and the saved-tensor hooks in
+C++, built against the installed torch on first use; it needs a C++
+compiler and ninja), so the other modules' tests run there; their exactness
+tests run again here on the Python recorder (REMAT_TORCH_NATIVE=0: what such
+a budget uses where the extension cannot be built, and what offload and the
+allocator's budgets use), and the native path's own checks follow."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
@@ -12,8 +13,8 @@ pytest.importorskip("ninja", reason="the native recorder is built with ninja (pi
 import remat.torch  # noqa: E402
 from remat.torch import _native, models, zoo  # noqa: E402
 
-# The Python recorder's exactness tests, collected again here under the
-# native path (the autouse fixture below).
+# The exactness tests, collected again here on the Python recorder (the
+# autouse fixture below).
 from test_budget import (  # noqa: E402,F401
     TestEdgeCases, test_activation_mutated_after_use, test_backward_after_the_context_is_refused,
     test_budgets_do_not_nest, test_double_backward_gradients_equal_under_a_budget,
@@ -37,8 +38,8 @@ from test_zoo import test_the_same_step_under_a_budget  # noqa: E402,F401
 
 
 @pytest.fixture(autouse=True)
-def _native_path(monkeypatch):
-    monkeypatch.setenv("REMAT_TORCH_NATIVE", "1")
+def _python_recorder(monkeypatch):
+    monkeypatch.setenv("REMAT_TORCH_NATIVE", "0")
 
 
 def _grads(make, budget=None):
@@ -46,8 +47,12 @@ def _grads(make, budget=None):
     return loss, grads
 
 
-def test_the_env_switch_and_the_argument_choose_the_native_path():
-    with remat.torch.budget(1 << 40) as run:
+def test_the_env_switch_and_the_argument_choose_the_native_path(monkeypatch):
+    with remat.torch.budget(1 << 40) as run:  # REMAT_TORCH_NATIVE=0
+        models.mlp(0)[1]().backward()
+    assert "native" not in run.stats["debug"]
+    monkeypatch.delenv("REMAT_TORCH_NATIVE")
+    with remat.torch.budget(1 << 40) as run:  # the default
         models.mlp(0)[1]().backward()
     assert run.stats["debug"]["native"]
     with remat.torch.budget(1 << 40, native=False) as run:
@@ -108,11 +113,11 @@ def test_the_extension_names_the_torch_it_was_built_for():
     # An exp moves 2 x 256 KiB at 1 MB/s.
     ("exp", dict(tflops=1e6, hbm_gbps=0.001), 2 * 256 * 256 * 4 * 1000),
 ])
-def test_a_call_on_a_gpu_costs_what_the_model_says(monkeypatch, op, rates, expected):
-    # On a GPU the host's time says nothing of a kernel's: the call's cost is
-    # modelled from its FLOPs and bytes at the budget's rates (forced here on
-    # the CPU). Each recompute of the dropped call is charged that much.
-    monkeypatch.setenv("REMAT_NATIVE_COSTS", "model")
+def test_a_call_costs_what_the_model_says(op, rates, expected):
+    # A call's cost is modelled from its FLOPs and bytes at the budget's
+    # rates (on a GPU the host's time would say nothing of a kernel's; on the
+    # CPU measured times would make a loop's steps choose differently). Each
+    # recompute of the dropped call is charged that much.
     torch.manual_seed(0)
     x = torch.randn(256, 256)
     w = [torch.randn(256, 256, requires_grad=True) for _ in range(2)]
@@ -126,3 +131,16 @@ def test_a_call_on_a_gpu_costs_what_the_model_says(monkeypatch, op, rates, expec
     per = expected if op == "mm" else expected + 3 * 256 * 256 * 4 * 1000
     assert st["debug"]["recompute_ns_estimate"] == st["recomputes"] * per
     b.close()
+
+
+def test_remat_allocators_budget_records_in_python(monkeypatch):
+    # pressure="auto" with remat's allocator as PyTorch's counts what the
+    # GPU holds, which the native path does not: a default budget's step
+    # records in Python there; native=True is refused, saying what to pass.
+    monkeypatch.delenv("REMAT_TORCH_NATIVE")
+    installed = object()  # (what _allocator() returns once use_allocator() was called)
+    assert remat.torch.budget(1 << 20)._native_now(None) is True
+    assert remat.torch.budget(1 << 20)._native_now(installed) is False
+    assert remat.torch.budget(1 << 20, native=False)._native_now(None) is False
+    with pytest.raises(RuntimeError, match="pressure='saved'"):
+        remat.torch.budget(1 << 20, native=True)._native_now(installed)

@@ -85,6 +85,7 @@ class _InterruptAt:
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
                     reason="signals reach the main thread only")
+@pytest.mark.python_recorder
 def test_an_interrupt_at_any_point_of_a_step_leaves_the_budget_usable():
     # A step with drops and replays, interrupted at each line of remat's
     # code it runs in turn (its entry, recording, saving, the replays the
@@ -121,6 +122,7 @@ def test_an_interrupt_at_any_point_of_a_step_leaves_the_budget_usable():
     other.close()
 
 
+@pytest.mark.python_recorder
 def test_an_interrupt_inside_a_replay_comes_out_as_keyboard_interrupt():
     # Ctrl-C as the library calls back for a replay, at each of the
     # callback's first lines (before its own error handling, too): an
@@ -143,6 +145,7 @@ class _Escape(BaseException):
     pass
 
 
+@pytest.mark.python_recorder
 def test_any_exception_of_a_replay_is_carried_across_the_library(monkeypatch):
     plain = _grads_of(_tiny)
     b = remat.torch.budget(160, policy="dtr")

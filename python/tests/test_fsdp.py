@@ -59,6 +59,7 @@ def _rank(rank, world, init_file, out_dir, python_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.python_recorder
 def test_two_ranks_gradients_equal_plain_fsdp(tmp_path):
     for r in run_two_ranks(_rank, tmp_path):
         assert r["stats"]["drops"] > 0 and r["stats"]["recomputes"] > 0, r["stats"]

@@ -86,6 +86,7 @@ def test_a_loop_in_hybrid_runs_both_plans_of_the_trial():
     b.close()
 
 
+@pytest.mark.python_recorder
 def test_the_drop_first_plan_does_what_drops_alone_do_where_they_fit():
     # The offload guard's second plan stands for drops alone in its trial:
     # where they fit (nn.LSTM at 0.5), it offloads nothing and drops what

@@ -100,11 +100,14 @@ class budget:
         own code makes waits for the first collection after it. A context
         never left (a generator suspended inside it and dropped) leaves the
         collector paused: leave every budget you enter, or pass False.
-    native: True records the calls and saves the tensors in C++
-        (remat.torch._native: a torch extension built on first use), several
-        times less per call; drops only, one policy, the saved-bytes budget
-        (other options are refused). None: native where REMAT_TORCH_NATIVE=1
-        and the options allow it, else the Python recorder.
+    native: where the calls are recorded and the tensors saved. None (the
+        default): in C++ (remat.torch._native, a torch extension built
+        against the installed torch on first use) wherever the options allow
+        it (drops only, one policy, the saved-bytes budget), several times
+        less per call; else, or where the extension cannot be built (a
+        warning says why), or with REMAT_TORCH_NATIVE=0, the Python
+        recorder. True: native, refusing other options; False: the Python
+        recorder.
     """
 
     # Steps of each plan in the offload guard's trial: one that learns the
@@ -125,12 +128,12 @@ class budget:
                                  f"latency), or None to measure it, not {value!r}")
         self._link_given = (link_gbps, link_latency_us)
         self._link_rates = None  # what the last runtime made was given
-        if native is None:
-            # REMAT_TORCH_NATIVE=1: the native recorder wherever the options allow it.
-            native = os.environ.get("REMAT_TORCH_NATIVE") == "1" and not offload and \
-                pressure != "allocator" and isinstance(policy, str)
-        self._native = bool(native)
-        if self._native and (offload or pressure == "allocator" or not isinstance(policy, str)):
+        allows_native = not offload and pressure != "allocator" and isinstance(policy, str)
+        # True, False, or None: native where it may be (per step: not while
+        # remat's allocator is the budget's).
+        self._native = native if native is not None else \
+            (None if allows_native and os.environ.get("REMAT_TORCH_NATIVE") != "0" else False)
+        if native and not allows_native:
             raise ValueError("native=True records in C++ and drops only, under the saved-bytes "
                              "budget, with one policy: offload, pressure='allocator' and a list "
                              "of policies need the Python recorder (native=False)")
@@ -287,6 +290,19 @@ class budget:
         self._link_rates = (gbps, latency_ns)
         return self._link_rates
 
+    def _native_now(self, allocator):
+        """Whether this step records natively (see `native`)."""
+        if self._native is False:
+            return False
+        if allocator is not None:
+            if self._native:
+                raise RuntimeError(
+                    "native=True counts saved bytes, and remat's allocator is PyTorch's here "
+                    "(pressure='auto' then counts what the GPU holds): pass pressure='saved', "
+                    "or native=False")
+            return False
+        return True if self._native else _native.available()
+
     def _allocator(self):
         """remat's allocator whose pressure drives this step, or None."""
         allocator = _allocator.current()
@@ -325,7 +341,12 @@ class budget:
                 self._planner.restarted(step.plan)
             self._sessions.pop(plan).close()
             session = None
-        if session is None and self._native:
+        native = self._native_now(allocator)
+        if session is not None and isinstance(session, _native.NativeSession) != native:
+            self._sessions.pop(plan).close()  # (remat's allocator came or went since)
+            self._planner.restarted(step.plan)
+            session = None
+        if session is None and native:
             session = self._sessions[plan] = _native.NativeSession(self.budget_bytes, policy,
                                                                    self._recompute)
         if session is None:
@@ -339,7 +360,7 @@ class budget:
         self._step_index = step.plan
         self._step_timed = step.timed
         self._step_in_trial = step.in_trial
-        if self._native:
+        if native:
             _native.enter(self, plan, policy, session)
             return
         engine = Engine(self.budget_bytes, policy, offload, self._recompute,

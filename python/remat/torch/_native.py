@@ -22,6 +22,7 @@ import random
 import re
 import sys
 import threading
+import warnings
 
 import torch
 
@@ -49,6 +50,25 @@ def _build_dir(name):
     d = root / name
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+_unavailable = []  # why the extension could not be built, once it could not
+
+
+def available():
+    """Whether the extension is here or can be built (a warning says why
+    not, once per process)."""
+    if _unavailable:
+        return False
+    try:
+        module()
+    except ImportError as e:
+        _unavailable.append(str(e))
+        warnings.warn(f"{e}\nremat.torch.budget records in Python (several times slower per "
+                      "call); REMAT_TORCH_NATIVE=0 chooses that without trying", RuntimeWarning,
+                      stacklevel=3)
+        return False
+    return True
 
 
 def module():
@@ -249,11 +269,14 @@ class NativeEngine:
     def open(self, session):
         self.session = session
         self.start = session.raw_stats()
-        # Costs: measured on the CPU, modelled at the budget's rates on a GPU;
-        # REMAT_NATIVE_COSTS=model models them everywhere (for tests).
+        # Costs: modelled at the budget's rates, as the Python recorder's are,
+        # so that a loop's steps choose alike; REMAT_NATIVE_COSTS=measured
+        # takes the host's time of each call on the CPU instead (a GPU's
+        # calls are modelled whatever it says: their launches are
+        # asynchronous).
         self.step = module().Step(session.native, self.recompute, self.allow_nondeterministic,
                                   self.cost_model.tflops, self.cost_model.hbm_gbps,
-                                  os.environ.get("REMAT_NATIVE_COSTS") == "model")
+                                  os.environ.get("REMAT_NATIVE_COSTS") != "measured")
         session.engine = self
         self.pack = self.step.pack
         self.unpack = self.step.unpack

@@ -168,9 +168,10 @@ int64_t ModelCostNs(const OpInfo& info, const std::vector<c10::IValue>& inputs,
 struct StepOptions {
   bool recompute = true;
   bool allow_nondeterministic = false;
-  // A call's cost: its measured host time where its tensors are on the CPU;
-  // on a GPU, whose kernels run behind the host, the model (ModelCostNs) at
-  // `rates`. model_costs: the model everywhere.
+  // A call's cost: the model (ModelCostNs) at `rates`, so that a loop's
+  // steps cost their calls alike. Without model_costs, a call on the CPU
+  // costs its measured host time (a GPU's calls, whose kernels run behind
+  // the host, are modelled still).
   CostRates rates;
   bool model_costs = false;
 };
