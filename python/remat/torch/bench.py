@@ -6,7 +6,8 @@ by, side by side in one run, for a GPT-2-style model (with dropout), a ResNet
   checkpoint   torch.utils.checkpoint around every block
   save_on_cpu  torch.autograd.graph.save_on_cpu
   remat-drop   remat.torch.budget(ratio x plain saved bytes), recompute only
-  remat-native                                             the same, native=True
+               (the native recorder, as such budgets record by default)
+  remat-python                                             the same, native=False
   remat-offload                                            offload only
   remat-hybrid                                             both, policy hybrid
 
@@ -159,8 +160,8 @@ def _sync(device):
 
 
 REMAT_MODES = {"remat-drop": dict(recompute=True, offload=False, policy="dtr-eq"),
-               "remat-native": dict(recompute=True, offload=False, policy="dtr-eq",
-                                    native=True),
+               "remat-python": dict(recompute=True, offload=False, policy="dtr-eq",
+                                    native=False),
                "remat-offload": dict(recompute=False, offload=True, policy="lru"),
                "remat-hybrid": dict(recompute=True, offload=True, policy="hybrid")}
 
@@ -275,7 +276,7 @@ def plain_saved_bytes(name, device):
     return run.stats["peak_saved_bytes"]
 
 
-METHODS = ("plain", "checkpoint", "save_on_cpu", "compile", "remat-drop", "remat-native",
+METHODS = ("plain", "checkpoint", "save_on_cpu", "compile", "remat-drop", "remat-python",
            "remat-offload", "remat-hybrid", "compile-budget")
 
 
@@ -286,15 +287,15 @@ def rows(names, ratios, repeat, device, out, compile_too=False, only=None):
     if compile_too:
         methods.append(("compile", None))
     for r in ratios:
-        methods += [("remat-drop", r), ("remat-native", r), ("remat-offload", r),
+        methods += [("remat-drop", r), ("remat-python", r), ("remat-offload", r),
                     ("remat-hybrid", r)]
         if compile_too:
             methods.append(("compile-budget", r))
     if only is not None:
         methods = [(m, r) for m, r in methods if m in only]
     if _ALLOCATOR is not None:
-        # (The native path counts saved bytes only: no row beside the allocator's budgets.)
-        methods = [(m, r) for m, r in methods if m != "remat-native"]
+        # (The allocator's budgets record in Python: remat-drop is remat-python there.)
+        methods = [(m, r) for m, r in methods if m != "remat-python"]
     header = ("| model | method | budget | peak activation MiB | step ms | step ms min-max | "
               "samples/s | fits (batch) | plan | drops | recomputes | offloads | grads equal |")
     out.write(header + "\n" + "|---" * 13 + "|\n")
