@@ -410,7 +410,12 @@ absl::StatusOr<ReplayEstimate> Runtime::EstimateReplay(absl::Span<const TensorId
   return EstimateOver(storages, bytes);
 }
 
-ReplayEstimate Runtime::EstimateOver(absl::Span<Storage* const> inputs, std::size_t bytes) const {
+ReplayEstimate Runtime::EstimateOver(absl::Span<Storage* const> given, std::size_t bytes) const {
+  // Each storage once (a call may read one twice: Create allows it).
+  absl::InlinedVector<Storage*, 8> inputs;
+  for (Storage* s : given) {
+    if (std::find(inputs.begin(), inputs.end(), s) == inputs.end()) inputs.push_back(s);
+  }
   // (Saturating sums: the figures are compared with a budget, never wrap.)
   auto add = [](std::uint64_t a, std::uint64_t b) {
     return a > UINT64_MAX - b ? UINT64_MAX : a + b;

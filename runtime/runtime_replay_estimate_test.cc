@@ -112,6 +112,12 @@ TEST_F(ReplayEstimateTest, GrowsDownAChainForKReplayDepthLevelsAndNoFurther) {
   }
 }
 
+TEST_F(ReplayEstimateTest, AnInputACallReadsTwiceCountsOnce) {
+  const TensorId x = Make(4);
+  const TensorId y = Make(1, true, {x, x});
+  EXPECT_EQ(Estimate({y}), Estimate({Make(1, true, {x})}));
+}
+
 TEST_F(ReplayEstimateTest, BadInputsAndRuntimesWithoutEstimatesAreRefused) {
   const TensorId a = Make(4);
   EXPECT_EQ(runtime_->EstimateReplay(std::vector<TensorId>{a, a}, 1).status().code(),

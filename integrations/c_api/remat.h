@@ -198,8 +198,8 @@ typedef struct remat_runtime_options {
   double link_gbps;          /* the host link's bandwidth each way, in GB/s, that
                               * transfers are priced at for the policy (measure
                               * it on the machine: a PCIe 4 x16 link gives about
-                              * 25, an H100's PCIe 5 about 50) */
-  int64_t link_latency_ns;   /* and its latency per copy */
+                              * 25, an H100's PCIe 5 about 50); 0: the default */
+  int64_t link_latency_ns;   /* and its latency per copy (0 is none) */
   int estimate_replays;      /* nonzero: each tensor keeps an estimate of what
                               * its replay holds resident at once
                               * (remat_runtime_estimate_replay) */

@@ -675,9 +675,10 @@ remat_status CreateRuntime(const char* fn, remat_allocator* allocator,
     ro.learn_next_use = o.learn_next_use != 0;
     ro.copy_ahead = o.copy_ahead != 0;
     ro.estimate_replays = o.estimate_replays != 0;
-    // (0, as from a struct zeroed by hand: the defaults.)
+    // (A bandwidth of 0, as in a struct zeroed by hand: the default. A
+    // latency of 0 is one: remat_runtime_options_init gives the default.)
     if (o.link_gbps != 0) ro.link_gbps = o.link_gbps;
-    if (o.link_latency_ns != 0) ro.link_latency_ns = o.link_latency_ns;
+    ro.link_latency_ns = o.link_latency_ns;
     if (!(ro.link_gbps > 0) || !std::isfinite(ro.link_gbps) || ro.link_latency_ns < 0) {
       return Fail(REMAT_INVALID_ARGUMENT, fn,
                   absl::StrFormat("the link needs a finite positive bandwidth and a latency of "

@@ -23,8 +23,8 @@ class StepPlanner:
     ABANDONED = _capi.STEP_ABANDONED
 
     def __init__(self, plans, learning_steps=1, timed_steps=2):
-        self._lib = _capi.lib()
         self._p = None
+        self._lib = _capi.lib()
         self._seen = _capi.KindSeen()
         self._admission = _capi.DropAdmission()
         self.names = [p[0] for p in plans]

@@ -403,3 +403,25 @@ def test_an_interrupt_inside_keep_saved_leaves_no_hooks_behind():
         assert_same_grads(plain, _grads_of(_tiny, b))
     assert k > 5
     b.close()
+
+
+def test_a_step_whose_end_fails_leaves_the_planner_ready_for_the_next():
+    # The step's end raises before it tells the planner (a CUDA error in the
+    # timing's synchronize, say): the planner's step is still ended, so the
+    # next step begins.
+    b = remat.torch.budget(1 << 30, offload=True)
+    _grads_of(_tiny, b)  # the trial's learning step (untimed)
+    calls = []
+    clock = b._time
+
+    def failing_clock():
+        calls.append(1)
+        if len(calls) == 2:  # the timed step's end
+            raise RuntimeError("the clock failed (on purpose)")
+        return clock()
+    b._time = failing_clock
+    with pytest.raises(RuntimeError, match="on purpose"):
+        _grads_of(_tiny, b)
+    b._time = clock
+    assert_same_grads(_grads_of(_tiny), _grads_of(_tiny, b))
+    b.close()

@@ -85,9 +85,10 @@ class budget:
     tflops, hbm_gbps: the device rates recompute costs are estimated at.
     link_gbps, link_latency_us: with offload allowed, the host link's rate
         each way and its latency per copy, at which offloads are priced
-        against recomputes. None: on a GPU, measured once per device and
-        process (pinned copies to and from it); on the CPU the runtime's
-        defaults (25 GB/s, 2 us), so that CPU runs decide alike everywhere.
+        against recomputes. None: where the process uses CUDA, measured once
+        per device and process (pinned copies to and from it); else the
+        runtime's defaults (25 GB/s, 2 us), so that CPU runs decide alike
+        everywhere.
         Shown in stats["debug"]["link_gbps"] and ["link_latency_ns"].
     pause_gc: Python's automatic garbage collection waits while the context
         is open (on any thread; as it was once no budget is open). The
@@ -337,8 +338,8 @@ class budget:
             # step led the next into a budget it did not fit (the planner's
             # blind plans): start afresh (each such step as blind as the
             # last: what its replays did still holds for the next).
-            if not step.fresh_runtime:
-                self._planner.restarted(step.plan)
+            if session.live_budget != (allocator is None):
+                self._planner.restarted(step.plan)  # (what it learned was of the other kind)
             self._sessions.pop(plan).close()
             session = None
         native = self._native_now(allocator)
@@ -474,11 +475,17 @@ class budget:
             outcome = StepPlanner.FIT
         else:
             outcome = StepPlanner.TOO_SMALL if too_small else StepPlanner.ABANDONED
-        seconds = self._time() - self._step_start if ok and self._step_timed else 0.0
-        if too_small:
-            self._engine.report_unfit()
-        # (What the step saw by tensor kind joins the planner's books here.)
-        self._planner.end(outcome, seconds, str(exc) if too_small else "")
+        ended = False
+        try:
+            seconds = self._time() - self._step_start if ok and self._step_timed else 0.0
+            if too_small:
+                self._engine.report_unfit()
+            # (What the step saw by tensor kind joins the planner's books here.)
+            self._planner.end(outcome, seconds, str(exc) if too_small else "")
+            ended = True
+        finally:
+            if not ended:  # (whatever failed above, the next step can begin)
+                self._planner.end(StepPlanner.ABANDONED)
         state = self._planner.plan(index)
         # The runtimes of plans the planner will not run again (refused, or
         # not kept by the trial) go.

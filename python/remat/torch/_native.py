@@ -62,7 +62,7 @@ def available():
         return False
     try:
         module()
-    except ImportError as e:
+    except (ImportError, OSError) as e:  # (OSError: a cache directory it cannot write)
         _unavailable.append(str(e))
         warnings.warn(f"{e}\nremat.torch.budget records in Python (several times slower per "
                       "call); REMAT_TORCH_NATIVE=0 chooses that without trying", RuntimeWarning,
