@@ -8,13 +8,13 @@ taking turns, on one thread:
 - pass-through mode: a TorchDispatchMode that only calls the op, over the
   forward (the budget sets its recorder aside for the backward): the floor
   of any recorder built on one;
-- budget: inside remat.torch.budget with a budget nothing reaches (every
-  forward call recorded, every saved activation handed to the runtime and
-  brought back, nothing dropped);
+- budget: inside remat.torch.budget(native=False) with a budget nothing
+  reaches (the Python recorder: every forward call recorded, every saved
+  activation handed to the runtime and brought back, nothing dropped);
 - the same budget, entered each step (the steady state of a training loop);
 - the same with pause_gc=False: Python's garbage collector left running;
-- the same budget with native=True: the recorder and the saved-tensor hooks
-  in C++ (remat.torch._native).
+- the same budget native (as drop-only budgets are by default): the
+  recorder and the saved-tensor hooks in C++ (remat.torch._native).
 
 Prints the median and the mean step time of each (the mean counts the rare
 full collections of the garbage collector, which the median hides) and the
@@ -59,7 +59,7 @@ DEFAULT = {name: (lambda name=name: getattr(models, name)(0)) for name in TINY}
 
 def _saved_bytes(step):
     """The step's peak of saved bytes, measured under a budget nothing reaches."""
-    with remat.torch.budget(1 << 40, policy="dtr") as run:
+    with remat.torch.budget(1 << 40, policy="dtr", native=False) as run:
         step().backward()
     return run.stats["peak_saved_bytes"]
 
@@ -72,7 +72,7 @@ def run_models(names, steps, sizes=TINY, ratio=None):
     for name in names:
         _, step = sizes[name]()
         nbytes = 1 << 40 if ratio is None else max(1, int(_saved_bytes(step) * ratio))
-        budget = remat.torch.budget(nbytes, policy="dtr")
+        budget = remat.torch.budget(nbytes, policy="dtr", native=False)
         native = remat.torch.budget(nbytes, policy="dtr", native=True)
 
         def plain():
@@ -143,8 +143,8 @@ def main():
     def step():
         forward().backward()
 
-    budget = remat.torch.budget(1 << 40, policy="dtr-eq")
-    budget_gc = remat.torch.budget(1 << 40, policy="dtr-eq", pause_gc=False)
+    budget = remat.torch.budget(1 << 40, policy="dtr-eq", native=False)
+    budget_gc = remat.torch.budget(1 << 40, policy="dtr-eq", pause_gc=False, native=False)
     native = remat.torch.budget(1 << 40, policy="dtr-eq", native=True)
 
     def mode_step():
