@@ -26,7 +26,7 @@ import torch
 
 import remat.torch
 from remat.torch import _budget
-from remat.torch.zoo import PATTERNS, ZOO, run_step
+from remat.torch.testing.zoo import PATTERNS, ZOO, run_step
 
 
 def _blind_drop_first():

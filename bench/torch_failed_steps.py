@@ -25,7 +25,7 @@ import torch
 
 import remat.torch
 from remat.torch import _budget
-from remat.torch.zoo import ZOO, run_step
+from remat.torch.testing.zoo import ZOO, run_step
 
 
 def _blind_without_copies():

@@ -22,7 +22,7 @@ import time
 import torch
 
 import remat.torch
-from remat.torch import models
+from remat.torch.testing import models
 
 MODES = {"offload": dict(offload=True, recompute=False, policy="lru"),
          "hybrid": dict(offload=True, recompute=True, policy="hybrid", offload_guard=False)}

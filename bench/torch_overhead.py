@@ -36,7 +36,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import remat.torch
-from remat.torch import models
+from remat.torch.testing import models
 
 
 class PassThrough(TorchDispatchMode):
@@ -53,7 +53,7 @@ TINY = {
 }
 
 
-# The same models at the package's own sizes (python/remat/torch/models.py).
+# The same models at the package's own sizes (python/remat/torch/testing/models.py).
 DEFAULT = {name: (lambda name=name: getattr(models, name)(0)) for name in TINY}
 
 

@@ -39,7 +39,7 @@ def main():
     parser.add_argument("--ratios", default="0.1,0.15,0.2,0.25")
     args = parser.parse_args()
     try:
-        from remat.torch.zoo_hf import LONGEST, varlen
+        from remat.torch.testing.zoo_hf import LONGEST, varlen
     except ImportError as e:
         parser.error(f"needs transformers (pip install transformers): {e}")
     torch.set_num_threads(1)

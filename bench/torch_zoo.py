@@ -1,5 +1,5 @@
 """Where remat.torch.budget runs, and right, on models written the ways people
-write them (remat.torch.zoo): each model's step at budgets of 0.05 to 1.0 of
+write them (remat.torch.testing.zoo): each model's step at budgets of 0.05 to 1.0 of
 its plain step's saved bytes, in each mode (drop, offload, hybrid), checked
 against a plain step (loss, gradients and buffers bitwise equal, saved bytes
 within the budget).
@@ -18,10 +18,10 @@ offload and recompute runs its offload guard's trial over its first steps).
 (bitwise equal gradients need deterministic kernels in the plain step too).
 --patterns adds training steps that do more than a forward and a backward
 (an optimizer step, a gradient penalty, two backwards, hooks, a GAN) or
-reach for less common parts of PyTorch (remat.torch.zoo.PATTERNS).
---hf adds Hugging Face transformers models (remat.torch.zoo_hf: GPT-2,
+reach for less common parts of PyTorch (remat.torch.testing.zoo.PATTERNS).
+--hf adds Hugging Face transformers models (remat.torch.testing.zoo_hf: GPT-2,
 Llama, Mixtral, BERT, T5, ViT, at tiny sizes; needs transformers).
---tv adds torchvision's image classifiers (remat.torch.zoo_tv: ResNet-18,
+--tv adds torchvision's image classifiers (remat.torch.testing.zoo_tv: ResNet-18,
 MobileNetV3, EfficientNet, ShuffleNet, SqueezeNet, DenseNet, ConvNeXt,
 ViT, Swin, MaxViT, at small sizes; needs torchvision).
 """
@@ -32,7 +32,7 @@ import sys
 import torch
 
 import remat.torch
-from remat.torch.zoo import PATTERNS, ZOO, run_step as one_step
+from remat.torch.testing.zoo import PATTERNS, ZOO, run_step as one_step
 
 MODES = {"drop": {"offload": False, "recompute": True},
          "offload": {"offload": True, "recompute": False},
@@ -80,24 +80,26 @@ def main():
     parser.add_argument("--step-ratio", type=float, default=0.05)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--patterns", action="store_true",
-                        help="add remat.torch.zoo.PATTERNS (training steps that do more)")
+                        help="add remat.torch.testing.zoo.PATTERNS (training steps that do more)")
     parser.add_argument("--hf", action="store_true",
-                        help="add remat.torch.zoo_hf's transformers models (needs transformers)")
+                        help="add remat.torch.testing.zoo_hf's transformers models "
+                             "(needs transformers)")
     parser.add_argument("--tv", action="store_true",
-                        help="add remat.torch.zoo_tv's torchvision models (needs torchvision)")
+                        help="add remat.torch.testing.zoo_tv's torchvision models "
+                             "(needs torchvision)")
     args = parser.parse_args()
     models = dict(ZOO)
     if args.patterns:
         models.update(PATTERNS)
     if args.hf:
         try:
-            from remat.torch.zoo_hf import HF
+            from remat.torch.testing.zoo_hf import HF
         except ImportError as e:
             parser.error(f"--hf needs transformers (pip install transformers): {e}")
         models.update(HF)
     if args.tv:
         try:
-            from remat.torch.zoo_tv import TV
+            from remat.torch.testing.zoo_tv import TV
         except ImportError as e:
             parser.error(f"--tv needs torchvision (pip install torchvision): {e}")
         models.update(TV)

@@ -120,7 +120,7 @@ step torch_budget_tests 240 bash -c "torch_or_skip; python3 -c 'import pytest' |
 # natively by default: the C++ extension, built here against this torch on first use).
 step torch_budget_python_cuda 300 bash -c "torch_or_skip; python3 -c 'import pytest' || { echo no pytest; exit 77; }; \
   REMAT_TORCH_NATIVE=0 PYTHONPATH=python python3 -m pytest -q -rs -s python/tests/test_budget_cuda.py -k drop"
-# The zoo (remat.torch.zoo: cuDNN's RNNs, SDPA's fused kernels, norms, autocast, ...)
+# The zoo (remat.torch.testing.zoo: cuDNN's RNNs, SDPA's fused kernels, norms, autocast, ...)
 # over budgets of 0.1-1.0 of its saved bytes in each mode, seven steps a cell (the
 # offload guard's trial): every cell that runs must give the plain step's gradients.
 step torch_zoo 180 bash -c "torch_or_skip; PYTHONPATH=python python3 bench/torch_zoo.py \

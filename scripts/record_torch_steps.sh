@@ -20,14 +20,14 @@
 #   lstm_tiny_h64_s8_b8_v64.jsonl  the LSTM below at 1 layer, 64 units, 8 steps,
 #                                  batch 8, 64 tokens
 #   gpt_tiny_l1_d32_s16_b2_v64.jsonl
-#                                  remat.torch.models.gpt: one decoder layer
+#                                  remat.torch.testing.models.gpt: one decoder layer
 #                                  with dropout (0.1), width 32, 16 tokens,
 #                                  batch 2, 64-token vocabulary
 #
 # and a step of thousands of small tensors, for the allocator's small pool:
 #
 #   tree_lstm_h128_l128_b96_v64.jsonl
-#                                  remat.torch.models.tree_lstm: a binary
+#                                  remat.torch.testing.models.tree_lstm: a binary
 #                                  Tree-LSTM over trees of 128 leaves (255
 #                                  nodes) evaluated node by node, hidden 128,
 #                                  batch 96, 64 words and classes: every
@@ -70,7 +70,7 @@ PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$python" - \
 import sys
 
 import remat.torch
-from remat.torch import models
+from remat.torch.testing import models
 
 _, step = models.gpt(0, batch=2, seq=16, layers=1, d=32, vocab=64)
 n = remat.torch.record(lambda: step().backward(), sys.argv[1], overwrite=True)
@@ -81,7 +81,7 @@ PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$python" - \
 import sys
 
 import remat.torch
-from remat.torch import models
+from remat.torch.testing import models
 
 _, step = models.tree_lstm(0, hidden=128, leaves=128, batch=96, vocab=64)
 n = remat.torch.record(lambda: step().backward(), sys.argv[1], overwrite=True)

@@ -27,7 +27,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 import torch  # noqa: E402
 
 import remat.torch  # noqa: E402
-from remat.torch import _budget, bench, models  # noqa: E402
+from remat.torch import _budget, bench  # noqa: E402
+from remat.torch.testing import models  # noqa: E402
 
 _range = None       # the driver's cuMemGetAddressRange_v2, once a GPU is found
 _models = []        # weak references to every model the rows built

@@ -9,7 +9,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
 
 import remat.torch  # noqa: E402
-from remat.torch import bench, models  # noqa: E402
+from remat.torch import bench  # noqa: E402
+from remat.torch.testing import models  # noqa: E402
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from remat import _capi  # noqa: E402
 import remat.torch  # noqa: E402
 from remat.torch import BudgetTooSmall  # noqa: E402
 
-from remat.torch import models  # noqa: E402
+from remat.torch.testing import models  # noqa: E402
 from _blind import drop_first_drops_blindly  # noqa: E402
 
 
@@ -353,7 +353,7 @@ def test_a_replay_that_does_not_fit_comes_back_from_a_copy_and_its_kind_is_offlo
     # drops have come back by replay. Before, the drop-first plan's first
     # step raised BudgetTooSmall into the training loop here, where offloads
     # fit.
-    from remat.torch import zoo
+    from remat.torch.testing import zoo
     drop_first_drops_blindly(monkeypatch)
     b = remat.torch.budget(int(saved_bytes_of(zoo.transformer) * 0.15), policy="dtr",
                            offload=True, recompute=True)
@@ -399,7 +399,8 @@ def test_a_copy_that_cannot_be_brought_in_leaves_its_tensor_dropped(monkeypatch)
     # device memory for the copy): the step raises that error, and the
     # runtime holds the tensor as dropped, with no pin left on it (it was
     # made resident and pinned for the copy).
-    from remat.torch import _budget, zoo
+    from remat.torch import _budget
+    from remat.torch.testing import zoo
     drop_first_drops_blindly(monkeypatch, every_plan=True)
     refill = _budget.Engine._refill
     seen = []
@@ -477,7 +478,7 @@ def test_a_copy_of_content_written_over_since_is_not_brought_back(monkeypatch):
 
 def test_without_the_copies_that_step_raises(monkeypatch):
     # The same step with nothing copied first: the test above would fail.
-    from remat.torch import zoo
+    from remat.torch.testing import zoo
     drop_first_drops_blindly(monkeypatch, backups=False)
     b = remat.torch.budget(int(saved_bytes_of(zoo.transformer) * 0.15), policy="dtr",
                            offload=True, recompute=True)
@@ -493,7 +494,7 @@ def test_a_replay_that_did_not_fit_with_no_copy_has_its_kind_offloaded_next_step
     # fit, and with no copy to come back from, the step raises. The plan's
     # next steps offload that kind (one kind learned per failed step), and
     # they run (they all raised, each the same way, before).
-    from remat.torch import zoo
+    from remat.torch.testing import zoo
     drop_first_drops_blindly(monkeypatch, backups=False, every_plan=True)
     b = remat.torch.budget(int(saved_bytes_of(zoo.transformer) * 0.15), policy="dtr",
                            offload=True, recompute=True, offload_guard=False)

@@ -47,7 +47,8 @@ ATTACHED = """
 import ctypes
 import torch
 import remat.torch
-from remat.torch import _allocator, _budget, models
+from remat.torch import _allocator, _budget
+from remat.torch.testing import models
 
 a = _allocator.attach(_allocator.find_library())
 malloc = a.so.remat_try_malloc  # (remat_malloc raises, for PyTorch)
@@ -280,7 +281,8 @@ def test_a_traced_allocator_refuses_the_pressure_callback(tmp_path):
     # through the allocator would wait on it, so the budget is refused.
     out = _run("""
 import remat.torch
-from remat.torch import _allocator, models
+from remat.torch import _allocator
+from remat.torch.testing import models
 a = _allocator.attach(_allocator.find_library())
 was = a.budget(0)
 model, step = models.mlp(0)
@@ -303,7 +305,7 @@ def test_allocator_pressure_needs_remats_allocator():
     from remat.torch import _allocator
     if _allocator.current() is not None:
         pytest.skip("remat's allocator is attached in this process")
-    from remat.torch import models
+    from remat.torch.testing import models
     model, step = models.mlp(0)
     with pytest.raises(RuntimeError, match="use_allocator"):
         with remat.torch.budget("1MiB", pressure="allocator"):
@@ -315,7 +317,7 @@ def test_allocator_pressure_needs_remats_allocator():
 CUDA = """
 import torch
 import remat.torch
-from remat.torch import models
+from remat.torch.testing import models
 
 a = remat.torch.use_allocator()
 torch.use_deterministic_algorithms(True, warn_only=True)

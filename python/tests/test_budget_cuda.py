@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
 
 import remat.torch  # noqa: E402
 from _blind import drop_first_drops_blindly  # noqa: E402
-from remat.torch import models  # noqa: E402
+from remat.torch.testing import models  # noqa: E402
 
 
 def step_grads(make, **budget):
@@ -51,7 +51,7 @@ def test_cuda_gradients_equal_on_the_zoo(name, mode):
     # nn.LSTM and nn.GRU run cuDNN's RNN, whose dropout between layers draws
     # from cuDNN's own random state: those calls are never replayed (kept or
     # offloaded), and the rest are, with the gradients of a plain step.
-    from remat.torch.zoo import ZOO
+    from remat.torch.testing.zoo import ZOO
     torch.use_deterministic_algorithms(True, warn_only=True)
     make = ZOO[name]
     plain, _ = step_grads(make)
@@ -72,7 +72,7 @@ def test_cuda_a_replay_that_does_not_fit_comes_back_from_its_pinned_copy(monkeyp
     # runtime may): the drops no replay has been seen to fit are copied to
     # pinned host memory on the side stream, and a replay that cannot fit
     # comes back from its copy, with the plain CUDA step's gradients.
-    from remat.torch.zoo import ZOO
+    from remat.torch.testing.zoo import ZOO
     drop_first_drops_blindly(monkeypatch)
     torch.use_deterministic_algorithms(True, warn_only=True)
     make = ZOO["transformer"]

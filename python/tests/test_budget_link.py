@@ -6,7 +6,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
 
 import remat.torch  # noqa: E402
-from remat.torch import _budget, _link, models  # noqa: E402
+from remat.torch import _budget, _link  # noqa: E402
+from remat.torch.testing import models  # noqa: E402
 
 
 def _step(b):

@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip instal
 pytest.importorskip("ninja", reason="the native recorder is built with ninja (pip install ninja)")
 
 import remat.torch  # noqa: E402
-from remat.torch import _native, models, zoo  # noqa: E402
+from remat.torch import _native  # noqa: E402
+from remat.torch.testing import models, zoo  # noqa: E402
 
 # The exactness tests, collected again here on the Python recorder (the
 # autouse fixture below).

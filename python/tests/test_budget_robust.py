@@ -14,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
 
 import remat.torch  # noqa: E402
-from remat.torch import BudgetTooSmall, models  # noqa: E402
+from remat.torch import BudgetTooSmall  # noqa: E402
+from remat.torch.testing import models  # noqa: E402
 from remat.torch import _budget  # noqa: E402
 
 from test_budget import assert_same_grads  # noqa: E402

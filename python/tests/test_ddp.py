@@ -17,7 +17,7 @@ from _ranks import run_two_ranks  # noqa: E402
 def _rank(rank, world, init_file, out_dir, python_path):
     sys.path[:0] = python_path
     import remat.torch
-    from remat.torch import models
+    from remat.torch.testing import models
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=120))
     try:

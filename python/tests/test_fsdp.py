@@ -24,7 +24,7 @@ BUDGET = 60_000  # bytes of saved activations per rank: under the plain step's
 def _rank(rank, world, init_file, out_dir, python_path):
     sys.path[:0] = python_path
     import remat.torch
-    from remat.torch import models
+    from remat.torch.testing import models
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,

@@ -1,9 +1,9 @@
-"""remat.torch.models.tree_lstm: the step of many small tensors."""
+"""remat.torch.testing.models.tree_lstm: the step of many small tensors."""
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from remat.torch import models  # noqa: E402
+from remat.torch.testing import models  # noqa: E402
 
 
 def test_tree_lstm_step_reaches_every_parameter():

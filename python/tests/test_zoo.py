@@ -1,5 +1,5 @@
 """remat.torch.budget on models written the ways people write them
-(remat.torch.zoo): in each mode, at 0.7 of the plain step's saved bytes, the
+(remat.torch.testing.zoo): in each mode, at 0.7 of the plain step's saved bytes, the
 same loss and bitwise the same gradients and buffers as a plain step, within
 the budget, and something evicted."""
 
@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
 
 import remat.torch  # noqa: E402
-from remat.torch.zoo import PATTERNS, ZOO, norms, run_step  # noqa: E402
+from remat.torch.testing.zoo import PATTERNS, ZOO, norms, run_step  # noqa: E402
 
 MODELS = {**ZOO, **PATTERNS}
 

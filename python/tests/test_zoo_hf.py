@@ -1,5 +1,5 @@
 """remat.torch.budget on Hugging Face transformers models (tiny, randomly
-initialised: remat.torch.zoo_hf): in each mode at 0.7 of the plain step's
+initialised: remat.torch.testing.zoo_hf): in each mode at 0.7 of the plain step's
 saved bytes, and in hybrid over the offload guard's trial near the floor,
 the same loss and bitwise the same gradients as a plain step."""
 
@@ -12,8 +12,8 @@ pytest.importorskip("transformers", reason="these models need transformers "
                                            "(pip install transformers)")
 
 import remat.torch  # noqa: E402
-from remat.torch.zoo import run_step  # noqa: E402
-from remat.torch.zoo_hf import HF  # noqa: E402
+from remat.torch.testing.zoo import run_step  # noqa: E402
+from remat.torch.testing.zoo_hf import HF  # noqa: E402
 
 MODES = {"drop": {}, "offload": {"offload": True, "recompute": False},
          "hybrid": {"offload": True}}
@@ -81,7 +81,7 @@ def test_a_hybrid_loop_over_batches_of_other_lengths():
     # longer step found nothing
     # learned and its drop-first trial step (the sixth here, 59 tokens after
     # 24 and 51) raised BudgetTooSmall under belady.
-    from remat.torch.zoo_hf import LONGEST, varlen
+    from remat.torch.testing.zoo_hf import LONGEST, varlen
     torch.set_num_threads(1)
     _, step = varlen("gpt2")
 

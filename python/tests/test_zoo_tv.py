@@ -1,5 +1,5 @@
 """remat.torch.budget on torchvision's image classifiers (small, randomly
-initialised: remat.torch.zoo_tv): in each mode at half the plain step's
+initialised: remat.torch.testing.zoo_tv): in each mode at half the plain step's
 saved bytes, and in hybrid over the offload guard's trial at a fifth of
 them or the smallest budget, in steps of a tenth, at which offload alone
 runs (bench/torch_zoo.py --tv), the same loss, bitwise the same gradients
@@ -14,8 +14,8 @@ pytest.importorskip("torchvision", reason="these models need torchvision "
                                           "(pip install torchvision)")
 
 import remat.torch  # noqa: E402
-from remat.torch.zoo import run_step  # noqa: E402
-from remat.torch.zoo_tv import TV  # noqa: E402
+from remat.torch.testing.zoo import run_step  # noqa: E402
+from remat.torch.testing.zoo_tv import TV  # noqa: E402
 
 MODES = {"drop": {}, "offload": {"offload": True, "recompute": False},
          "hybrid": {"offload": True}}

@@ -65,7 +65,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import remat.torch
-from remat.torch import models
+from remat.torch.testing import models
 
 
 class PeakMeter(TorchDispatchMode):

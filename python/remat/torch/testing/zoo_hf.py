@@ -3,7 +3,7 @@
 --hf): decoder LMs with rotary embeddings, grouped-query attention and a
 mixture of experts, an encoder with padding, an encoder-decoder, a vision
 transformer, and transformers' own gradient checkpointing. Each
-`make(seed, device="cpu")` returns (model, step) as remat.torch.zoo's do.
+`make(seed, device="cpu")` returns (model, step) as remat.torch.testing.zoo's do.
 Needs transformers (pip install transformers)."""
 import torch
 import transformers

@@ -6,7 +6,7 @@ activations, squeeze-and-excitation, stochastic depth, channel shuffles,
 dense concatenations (one with torchvision's own checkpointing), a
 ConvNeXt's permutes and layer scale, a vision transformer, Swin's shifted
 windows, MaxViT's grid attention. Each `make(seed, device="cpu")` returns
-(model, step) as remat.torch.zoo's do. Needs torchvision (pip install
+(model, step) as remat.torch.testing.zoo's do. Needs torchvision (pip install
 torchvision)."""
 import functools
 
