@@ -24,7 +24,8 @@ Methods (rows):
 Columns: peak (the most bytes of tensors the step made alive at once on the
 device, one meter for every row: every tensor, not only saved ones; on CUDA the
 allocator's peak above the step's start), step ms (median of --repeat timed
-steps after warm-up, with min-max), samples per second (tokens for the GPT-2),
+steps after warm-up, with min-max; the rows take turns, one timed step each
+per round, so that a machine's drift shifts them alike), samples per second (tokens for the GPT-2),
 whether the gradients equal the plain step's bit for bit, and for remat its
 drops. --longest adds, for the GPT-2, the longest sequence (in steps of a
 quarter of the base length) each method fits under a cap of the plain step's
@@ -220,17 +221,50 @@ class Runner:
         return b
 
 
-def _row(runner, how, repeat, plain_grads, budget=None, label=None):
-    """A table row's figures: one metered step, then `repeat` timed ones."""
-    grads, peak, _, samples = runner.step(how, budget, metered=True)
-    times = [runner.step(how, budget)[2] for _ in range(repeat)]
-    same = len(grads) == len(plain_grads) and all(torch.equal(a, b)
-                                                  for a, b in zip(grads, plain_grads))
-    drops = budget.stats["drops"] if budget is not None else None
-    return {"method": label or how, "peak": peak, "ms": statistics.median(times) * 1e3,
-            "min": min(times) * 1e3, "max": max(times) * 1e3,
-            "per_s": samples / statistics.median(times), "same": same, "drops": drops,
-            "budget": budget.budget_bytes if budget is not None else None}
+class _Row:
+    """One method's row: its budget (remat's, warmed) and its figures."""
+
+    def __init__(self, runner, how, plain_grads, budget=None, label=None):
+        self.how, self.budget, self.label = how, budget, label or how
+        grads, self.peak, _, self.samples = runner.step(how, budget, metered=True)
+        self.same = len(grads) == len(plain_grads) and \
+            all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+        self.drops = budget.stats["drops"] if budget is not None else None
+        self.times = []
+
+    def figures(self):
+        median = statistics.median(self.times)
+        return {"method": self.label, "peak": self.peak, "ms": median * 1e3,
+                "min": min(self.times) * 1e3, "max": max(self.times) * 1e3,
+                "per_s": self.samples / median, "same": self.same, "drops": self.drops,
+                "budget": self.budget.budget_bytes if self.budget is not None else None}
+
+
+def table(runner, repeat, plain_grads, saved, methods):
+    """The rows' figures: each row's metered step first, then `repeat`
+    rounds of one timed step per row in turn (a drifting machine shifts
+    every row alike)."""
+    rows = []
+    try:
+        for how in methods:
+            rows.append(_Row(runner, how, plain_grads))
+        for how in REMAT:
+            rows.append(_Row(runner, how, plain_grads, runner.budget(how, saved // 2)))
+        ckpt = next(r for r in rows if r.how == "checkpoint")
+        best, least = _largest_budget(runner, "remat-drop", ckpt.peak, saved)
+        if best is not None or least is not None:
+            b = runner.budget("remat-drop", best if best is not None else least)
+            rows.append(_Row(runner, "remat-drop", plain_grads, b,
+                             label="remat-drop @ckpt" if best is not None else
+                             "remat-drop @least"))
+        for _ in range(repeat):
+            for r in rows:
+                r.times.append(runner.step(r.how, r.budget)[2])
+        return [r.figures() for r in rows]
+    finally:
+        for r in rows:
+            if r.budget is not None:
+                r.budget.close()
 
 
 def _largest_budget(runner, how, target, saved, rounds=7, **override):
@@ -260,20 +294,6 @@ def _largest_budget(runner, how, target, saved, rounds=7, **override):
         else:
             hi = mid - 1
     return best, least
-
-
-def at_peak(runner, target, saved, repeat, plain_grads):
-    """remat-drop at the largest budget whose peak is at most `target`; where
-    none is, at the least budget seen to run (its row says so)."""
-    best, least = _largest_budget(runner, "remat-drop", target, saved)
-    if best is None and least is None:
-        return None
-    b = runner.budget("remat-drop", best if best is not None else least)
-    try:
-        return _row(runner, "remat-drop", repeat, plain_grads, b,
-                    label="remat-drop @ckpt" if best is not None else "remat-drop @least")
-    finally:
-        b.close()
 
 
 def longest(runner, methods, out, step=0):
@@ -352,20 +372,10 @@ def main(argv=None):
                       + "|---" * 10 + "|\n")
             plain_grads = runner.step("plain")[0]
             saved = runner.saved_bytes()
-            rows = []
-            for how in ["plain", "checkpoint", "sac"] + (["compile"] if args.compile else []):
-                rows.append(_row(runner, how, args.repeat, plain_grads))
-            for how in REMAT:
-                b = runner.budget(how, saved // 2)
-                try:
-                    rows.append(_row(runner, how, args.repeat, plain_grads, b))
-                finally:
-                    b.close()
-            ckpt = next(r for r in rows if r["method"] == "checkpoint")
-            row = at_peak(runner, ckpt["peak"], saved, args.repeat, plain_grads)
-            if row is not None:
-                rows.append(row)
+            rows = table(runner, args.repeat, plain_grads, saved,
+                         ["plain", "checkpoint", "sac"] + (["compile"] if args.compile else []))
             plain = rows[0]
+            ckpt = next(r for r in rows if r["method"] == "checkpoint")
             for r in rows:
                 budget = f"{r['budget'] / 2**20:.2f}" if r["budget"] else "-"
                 out.write(f"| {r['method']} | {budget} | {r['peak'] / 2**20:.2f} | {r['ms']:.1f} | "
