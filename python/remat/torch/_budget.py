@@ -7,7 +7,6 @@ learns and says. A step itself is _engine.Engine's; how it works is told
 there and in docs/torch_budget.md.
 """
 import contextlib
-import math
 import os
 import threading
 import time
@@ -120,13 +119,7 @@ class budget:
                  offload_guard=True, copy_ahead=False, pause_gc=True, pressure="auto",
                  native=None, link_gbps=None, link_latency_us=None):
         self.budget_bytes = _budget_bytes(budget)
-        for name, value in (("link_gbps", link_gbps), ("link_latency_us", link_latency_us)):
-            if value is not None and (isinstance(value, bool) or
-                                      not isinstance(value, (int, float)) or
-                                      not math.isfinite(value) or value < 0 or
-                                      (name == "link_gbps" and value == 0)):
-                raise ValueError(f"{name} must be a finite number above 0 (at least 0 for the "
-                                 f"latency), or None to measure it, not {value!r}")
+        _link.check(link_gbps, link_latency_us)
         self._link_given = (link_gbps, link_latency_us)
         self._link_rates = None  # what the last runtime made was given
         allows_native = not offload and pressure != "allocator" and isinstance(policy, str)
@@ -273,22 +266,11 @@ class budget:
             _resume_gc()
 
     def _link(self, offload, allocator):
-        """(GB/s, ns) of the host link offloads are priced at: as given, or
-        measured on the GPU the step's copies go to; on the CPU the
-        runtime's fixed defaults, so that CPU runs decide alike on every
-        machine (None: no offload)."""
+        """(GB/s, ns) of the link offloads are priced at (_link.rates), or
+        None without offload; kept for the step's statistics."""
         if not offload:
             return None
-        gbps, latency_us = self._link_given
-        on_gpu = torch.cuda.is_available() and (allocator is not None or
-                                                torch.cuda.is_initialized())
-        if on_gpu:
-            measured = _link.measure(torch.device("cuda", torch.cuda.current_device()))
-        else:
-            measured = _link.defaults()
-        gbps = measured[0] if gbps is None else float(gbps)
-        latency_ns = measured[1] if latency_us is None else int(latency_us * 1000)
-        self._link_rates = (gbps, latency_ns)
+        self._link_rates = _link.rates(*self._link_given, allocator is not None)
         return self._link_rates
 
     def _native_now(self, allocator):

@@ -27,6 +27,30 @@ def _timed(copy, sync):
     return best
 
 
+def check(gbps, latency_us):
+    """ValueError for a rate or latency budget() cannot take (None: measure)."""
+    for name, value in (("link_gbps", gbps), ("link_latency_us", latency_us)):
+        if value is not None and (isinstance(value, bool) or
+                                  not isinstance(value, (int, float)) or
+                                  not math.isfinite(value) or value < 0 or
+                                  (name == "link_gbps" and value == 0)):
+            raise ValueError(f"{name} must be a finite number above 0 (at least 0 for the "
+                             f"latency), or None to measure it, not {value!r}")
+
+
+def rates(gbps, latency_us, allocator):
+    """(GB/s, ns) of the host link, as given where given; else measured on
+    the GPU the step's copies go to (CUDA in use, or remat's allocator as
+    PyTorch's), or on the CPU the runtime's fixed defaults, so that CPU runs
+    decide alike on every machine."""
+    if torch.cuda.is_available() and (allocator or torch.cuda.is_initialized()):
+        measured = measure(torch.device("cuda", torch.cuda.current_device()))
+    else:
+        measured = defaults()
+    return (measured[0] if gbps is None else float(gbps),
+            measured[1] if latency_us is None else int(latency_us * 1000))
+
+
 def defaults():
     """(GB/s, ns): the runtime's own link, where none is measured."""
     import ctypes
