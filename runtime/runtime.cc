@@ -595,7 +595,7 @@ absl::Status Runtime::Free(TensorId id) {
   t->freed = true;
   --stats_.live_tensors;
   --s->handles;
-  MaybeCollect(s);
+  MaybeCollect(s, /*released=*/true);
   return absl::OkStatus();
 }
 
@@ -710,7 +710,14 @@ void Runtime::UnpinStorage(Storage* s) {
   }
 }
 
-void Runtime::MaybeCollect(Storage* first) {
+bool Runtime::HasWantedDroppedConsumer(const Storage* s) {
+  for (const Storage* c : s->consumers) {
+    if (c->state == TensorState::kDropped && c->handles > 0) return true;
+  }
+  return false;
+}
+
+void Runtime::MaybeCollect(Storage* first, bool released) {
   // Collecting a storage may free its inputs in turn. A storage can be
   // reached twice (an input read twice), so the dead are destroyed at the end.
   std::vector<Storage*>& work = collect_work_;
@@ -725,7 +732,12 @@ void Runtime::MaybeCollect(Storage* first) {
     if (s->dependents > 0) {
       // Freed by its owner but read by a closure that may run again: its bytes
       // go now if they can be regenerated (as DTR does); its metadata stays.
-      if (s->state == TensorState::kResident && s->bytes > 0 && s->may_drop) {
+      // Brought back by a regeneration (not released just now), it stays
+      // while a dropped consumer the program still holds would bring it back
+      // again (RuntimeOptions::keep_regenerated).
+      const bool wanted = !(released && s == first) && options_.keep_regenerated &&
+                          HasWantedDroppedConsumer(s);
+      if (!wanted && s->state == TensorState::kResident && s->bytes > 0 && s->may_drop) {
         DropStorage(s, s->used_streams.empty() ? kDefaultStream : s->used_streams.front(),
                     /*pressure=*/false);
         ++stats_.released_drops;

@@ -400,6 +400,51 @@ TEST_F(RuntimeTest, RegeneratingDiamondsCostsEachTensorOnce) {
   EXPECT_EQ(runtime_->stats().resident_bytes, kMiB);
 }
 
+// A released tensor a regeneration brought back stays while a dropped
+// consumer the program holds would read it again (keep_regenerated), and
+// goes once none would: then each replay of a consumer regenerates it anew.
+TEST_F(RuntimeTest, ARegeneratedReleasedTensorStaysWhileAHeldConsumerNeedsIt) {
+  for (const bool keep : {true, false}) {
+    SCOPED_TRACE(keep ? "keep_regenerated" : "released at once");
+    Make(64 * kMiB, {.policy = "lru", .keep_regenerated = keep});
+    TensorId in = Produce(kMiB, {}, false, false);
+    TensorId x = Produce(2 * kMiB, {in}, true, false);
+    TensorId c1 = Produce(2 * kMiB, {x}, true, false);
+    TensorId c2 = Produce(2 * kMiB, {x}, true, false);
+    TensorId c3 = Produce(2 * kMiB, {x}, true, false);
+    TensorId d = Produce(kMiB, {c3}, true, false);  // keeps c3's metadata once released
+    ASSERT_TRUE(runtime_->Free(x).ok());
+    ASSERT_TRUE(runtime_->Free(c3).ok());
+    ASSERT_EQ(*runtime_->StorageState(x), TensorState::kDropped);  // released: dropped at once
+    ASSERT_EQ(*runtime_->StorageState(c3), TensorState::kDropped);
+    for (TensorId c : {c1, c2}) ASSERT_TRUE(*runtime_->Evict(c, policies::EvictAction::kDrop));
+    const std::uint64_t before = runtime_->stats().recomputes;
+    Check(c1);  // x, then c1
+    EXPECT_EQ(runtime_->stats().recomputes - before, 2u);
+    // c2 is dropped and held: x stays for it, or goes.
+    EXPECT_EQ(*runtime_->StorageState(x), keep ? TensorState::kResident : TensorState::kDropped);
+    Check(c2);  // c2 alone where x stayed
+    EXPECT_EQ(runtime_->stats().recomputes - before, keep ? 3u : 4u);
+    Check(d);  // c3 and, where it went, x again
+    CheckInvariants();
+  }
+  // Where the only dropped consumer left is one the program has released, x
+  // goes when the regeneration ends, kept or not.
+  Make(64 * kMiB, {.policy = "lru"});
+  TensorId in = Produce(kMiB, {}, false, false);
+  TensorId x = Produce(2 * kMiB, {in}, true, false);
+  TensorId c1 = Produce(2 * kMiB, {x}, true, false);
+  TensorId c3 = Produce(2 * kMiB, {x}, true, false);
+  TensorId d = Produce(kMiB, {c3}, true, false);
+  ASSERT_TRUE(runtime_->Free(x).ok());
+  ASSERT_TRUE(runtime_->Free(c3).ok());
+  ASSERT_TRUE(*runtime_->Evict(c1, policies::EvictAction::kDrop));
+  Check(c1);
+  EXPECT_EQ(*runtime_->StorageState(x), TensorState::kDropped);
+  Check(d);
+  CheckInvariants();
+}
+
 // The owner's own eviction (Runtime::Evict): the tensor goes now, with no
 // pressure event, and comes back byte for byte on its next use.
 TEST_F(RuntimeTest, TheOwnerEvictsATensorAndItComesBackOnItsNextUse) {

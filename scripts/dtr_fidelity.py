@@ -8,6 +8,14 @@ writes the overheads side by side: a CSV and a Markdown agreement table.
         [--ratios 0.3,0.4,...] [--heuristics lru,largest,...] \\
         [--csv OUT.csv] [--md OUT.md] [--jobs N] [--timeout S]
     python3 scripts/dtr_fidelity.py --from-csv OUT.csv [--md OUT.md]
+    python3 scripts/dtr_fidelity.py --from-csv OUT.csv --rerun-remat \
+        --csv NEW.csv [--md NEW.md]
+
+--rerun-remat runs remat's side of every cell of the CSV again, at the
+budget in bytes the CSV holds (simrd's side is kept as it was: simrd is not
+needed), so that a change to remat's runtime is measured against the same
+reference. The table ends with the best heuristic on each side for each
+trace and ratio (the goal: remat's best at or below simrd's).
 
 The pairs: remat `lru`, `largest`, `dtr`, `dtr-eq`, `dtr-local`, `msps`
 against simrd's LRU, LargestStorage, DTR, DTREqClass, DTRLocal and MSPS.
@@ -180,6 +188,45 @@ def fmt(status, overhead):
     return "%.4f" % overhead if status == "ok" else status
 
 
+def best_table(rows, ratios):
+    """Per trace and ratio, the best finished overhead of each side (at or
+    under the limit), and whether remat's best is at or below simrd's."""
+    lines = ["", "Best heuristic per trace and ratio: simrd's best / remat's "
+             "best; `ok` where remat's is at or below simrd's (within "
+             "0.0005%, the CSV's rounding), or simrd finishes nothing.", "",
+             "| trace | " + " | ".join(ratios) + " |",
+             "| --- |" + " --- |" * len(ratios)]
+    traces = []
+    for r in rows:
+        if r["trace"] not in traces:
+            traces.append(r["trace"])
+    met = total = 0
+    for trace in traces:
+        cells = []
+        for ratio in ratios:
+            here = [r for r in rows if r["trace"] == trace
+                    and r["ratio"] == ratio]
+            if not here:
+                cells.append("")
+                continue
+            d = [float(r["dtr_overhead"]) for r in here if r["dtr_overhead"]]
+            m = [float(r["remat_overhead"]) for r in here
+                 if r["remat_overhead"]]
+            bd = min(d) if d else None
+            bm = min(m) if m else None
+            ok = bd is None or (bm is not None and bm <= bd * 1.000005)
+            total += 1
+            met += ok
+            cells.append("%s / %s %s" % ("%.4f" % bd if bd else "-",
+                                         "%.4f" % bm if bm else "-",
+                                         "ok" if ok else "**x**"))
+        lines.append("| %s | %s |" % (trace, " | ".join(cells)))
+    lines.insert(3, "remat's best at or below simrd's best in %d of %d cells."
+                 % (met, total))
+    lines.insert(4, "")
+    return lines
+
+
 def markdown(rows, ratios, tolerance):
     lines = []
     heuristics = [p for p, _ in PAIRS if any(r["heuristic"] == p
@@ -220,6 +267,7 @@ def markdown(rows, ratios, tolerance):
                 mark = {"yes": "=", "n/a": "?"}.get(r["agree"], "**x**")
                 cells.append("%s / %s %s" % (d, m, mark))
             lines.append("| %s | %s |" % (h, " | ".join(cells)))
+    lines.extend(best_table(rows, ratios))
     return "\n".join(lines) + "\n"
 
 
@@ -232,6 +280,9 @@ def main():
     parser.add_argument("--from-csv", metavar="CSV",
                         help="run nothing: write the table of a CSV this "
                              "script wrote (a run cut short included)")
+    parser.add_argument("--rerun-remat", action="store_true",
+                        help="with --from-csv: run remat's side of each cell "
+                             "again (simrd's kept), and write --csv anew")
     parser.add_argument("--remat", default=os.path.join(root, "build", "bin",
                                                         "remat"),
                         help="the remat binary (default build/bin/remat)")
@@ -256,6 +307,27 @@ def main():
         with open(args.from_csv, newline="") as f:
             rows = list(csv.DictReader(f))
         ratios = sorted({r["ratio"] for r in rows}, key=float)
+        if args.rerun_remat:
+            traces = os.path.join(root, "examples", "traces")
+            for r in rows:
+                remat = remat_cell(args.remat, os.path.join(traces, r["trace"]),
+                                   r["heuristic"], int(r["budget_bytes"]),
+                                   args.limit)
+                r["remat_status"] = remat[0]
+                r["remat_overhead"] = ("%.6f" % remat[1]
+                                       if remat[0] == "ok" else "")
+                if r["agree"] != "n/a":
+                    dtr = (r["dtr_status"], float(r["dtr_overhead"])
+                           if r["dtr_overhead"] else None)
+                    r["agree"] = "yes" if agree(dtr, remat, args.tolerance) \
+                        else "no"
+            if args.csv:
+                with open(args.csv, "w", newline="") as f:
+                    w = csv.DictWriter(f, FIELDS)
+                    w.writeheader()
+                    w.writerows(rows)
+        elif args.csv:
+            parser.error("--csv with --from-csv needs --rerun-remat")
         write_table(markdown(rows, ratios, args.tolerance), args.md)
         return
     if not args.simrd or not args.traces:

@@ -62,6 +62,7 @@ class Replayer final : public RuntimeObserver {
     rt.host_pool_bytes = options_.host_memory;
     rt.live_budget = options_.live_budget;
     rt.retry_in_one_place = options_.retry_in_one_place;
+    rt.keep_regenerated = options_.keep_regenerated;
     rt.copy_ahead = options_.copy_ahead;
     const bool learned = options_.future == Future::kLearned;
     if (learned && options_.timeline != nullptr) {

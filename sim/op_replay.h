@@ -91,6 +91,9 @@ struct OpReplayOptions {
   // RuntimeOptions::retry_in_one_place: a request the policy's plan would
   // not make room for is met in one place.
   bool retry_in_one_place = false;
+  // RuntimeOptions::keep_regenerated: a released tensor a regeneration
+  // brought back stays while a consumer of it is dropped.
+  bool keep_regenerated = true;
   // RuntimeOptions::copy_ahead: copies out started before the pressure that
   // offloads them (a trace's tensors are read_only). With offload allowed it
   // helps where the link has time to spare

@@ -97,6 +97,7 @@ OpReplayOptions BaseOptions(const SweepOptions& options) {
   base.enable_offload = options.enable_offload;
   base.offload_guard = options.offload_guard;
   base.retry_in_one_place = options.retry_in_one_place;
+  base.keep_regenerated = options.keep_regenerated;
   base.copy_ahead = options.copy_ahead;
   base.future = options.future;
   base.thrash_limit = options.thrash_limit;

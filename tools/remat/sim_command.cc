@@ -30,6 +30,7 @@ struct SimFlags {
   bool no_offload_guard = false;
   bool retry_anywhere = false;
   bool retry_in_one_place = false;
+  bool release_regenerated = false;
   bool no_copy_ahead = false;
   bool no_recompute = false;
   std::string accounting = "reserved";
@@ -306,6 +307,7 @@ int RunSim(const SimFlags& f) {
   options.enable_drop = !f.no_recompute;
   options.offload_guard = !f.no_offload_guard;
   options.retry_in_one_place = f.retry_in_one_place;
+  options.keep_regenerated = !f.release_regenerated;
   options.copy_ahead = !f.no_copy_ahead;
   options.thrash_limit = f.thrash_limit;
   options.max_split_size = f.max_split;
@@ -392,6 +394,10 @@ Subcommand AddSimCommand(CLI::App& remat) {
                 "Carry out the policy's plan even where it scatters a request's bytes (the "
                 "default; kept for scripts that name it)")
       ->excludes(one_place);
+  cmd->add_flag("--release-regenerated", flags->release_regenerated,
+                "Drop a tensor the program has released as soon as the regeneration that "
+                "brought it back ends (by default it stays, evictable, while a consumer of it "
+                "is still dropped and would bring it back again)");
   cmd->add_option("--accounting", flags->accounting, "What the budget counts")
       ->capture_default_str()
       ->check(CLI::IsMember({"reserved", "live"}));

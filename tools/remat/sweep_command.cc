@@ -38,6 +38,7 @@ struct SweepFlags {
   bool no_offload_guard = false;
   bool retry_anywhere = false;
   bool retry_in_one_place = false;
+  bool release_regenerated = false;
   bool no_copy_ahead = false;
   bool no_recompute = false;
   std::string future = "known";
@@ -273,6 +274,7 @@ int RunSweepCommand(const SweepFlags& f) {
   o.enable_offload = !f.no_swap;
   o.offload_guard = !f.no_offload_guard;
   o.retry_in_one_place = f.retry_in_one_place;
+  o.keep_regenerated = !f.release_regenerated;
   o.copy_ahead = !f.no_copy_ahead;
   absl::StatusOr<Future> future = ParseFuture(f.future);
   if (!future.ok()) return ReportError("sweep", future.status());
@@ -413,6 +415,9 @@ Subcommand AddSweepCommand(CLI::App& remat) {
                 "Carry out each policy's plan even where it scatters a request's bytes (the "
                 "default; kept for scripts that name it)")
       ->excludes(one_place);
+  cmd->add_flag("--release-regenerated", flags->release_regenerated,
+                "Drop a released tensor as soon as the regeneration that brought it back ends "
+                "(as remat sim --release-regenerated)");
   cmd->add_option("--future", flags->future,
                   "What policies that read next uses are told (as remat sim --future)")
       ->capture_default_str()
