@@ -84,23 +84,22 @@ class _InterruptAt:
         return False
 
 
-@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
-                    reason="signals reach the main thread only")
-@pytest.mark.python_recorder
-def test_an_interrupt_at_any_point_of_a_step_leaves_the_budget_usable():
+def _interrupt_at_every_line(native):
     # A step with drops and replays, interrupted at each line of remat's
     # code it runs in turn (its entry, recording, saving, the replays the
     # library calls back for, its exit), until one runs through without
     # getting to that line. Each time the step raises KeyboardInterrupt (or
     # ends: an interrupt in a finalizer is Python's to drop), nothing is left
     # behind, and the same budget object, and another, run the next step with
-    # the plain step's gradients.
+    # the plain step's gradients. Returns the lines interrupted at, and how
+    # many steps raised.
     plain = _grads_of(_tiny)
     full = 256
-    b = remat.torch.budget(full * 5 // 8, policy="dtr")
-    other = remat.torch.budget(full * 5 // 8, policy="dtr")
+    b = remat.torch.budget(full * 5 // 8, policy="dtr", native=native)
+    other = remat.torch.budget(full * 5 // 8, policy="dtr", native=native)
     assert_same_grads(plain, _grads_of(_tiny, b))
     assert b.stats["drops"] > 0 and b.stats["recomputes"] > 0
+    assert bool(b.stats["debug"].get("native")) == native
     interrupted = 0
     k = 0
     while True:
@@ -117,10 +116,35 @@ def test_an_interrupt_at_any_point_of_a_step_leaves_the_budget_usable():
             break
         assert_same_grads(plain, _grads_of(_tiny, b))
         assert b.stats["peak_saved_bytes"] <= b.budget_bytes
+        assert b.stats["drops"] > 0
         assert_same_grads(plain, _grads_of(_tiny, other))
-    assert k > 1000 and interrupted > k // 2
     b.close()
     other.close()
+    return k, interrupted
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                    reason="signals reach the main thread only")
+@pytest.mark.python_recorder
+def test_an_interrupt_at_any_point_of_a_step_leaves_the_budget_usable():
+    k, interrupted = _interrupt_at_every_line(native=False)
+    assert k > 1000 and interrupted > k // 2
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                    reason="signals reach the main thread only")
+def test_an_interrupt_at_any_point_of_a_native_step_leaves_the_budget_usable():
+    # The same on the native recorder: the lines are the step's entry and
+    # exit in Python (the recording, saving and replays run in C++, where a
+    # signal waits for the next Python line: the interrupt then comes out of
+    # the step's own code, the budget already left or still to leave).
+    pytest.importorskip("ninja", reason="the native recorder is built with ninja "
+                        "(pip install ninja)")
+    from remat.torch import _native
+    if not _native.available():
+        pytest.skip("the native recorder cannot be built here")
+    k, interrupted = _interrupt_at_every_line(native=True)
+    assert k > 300 and interrupted > k // 2
 
 
 @pytest.mark.python_recorder
