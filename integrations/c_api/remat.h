@@ -67,7 +67,8 @@ REMAT_API const char* remat_version(void);
  * path should check remat_abi_version() == REMAT_ABI_VERSION first. */
 #define REMAT_ABI_VERSION 7
 REMAT_API int remat_abi_version(void);
-/* Frees a string this library returned (remat_snapshot_json). NULL is fine. */
+/* Frees a string this library returned (remat_snapshot_json, a plan's refusal from
+ * remat_planner_get_state). NULL is fine. */
 REMAT_API void remat_string_free(char* str);
 
 /* ------------------------------------------------------------------------ */

@@ -142,6 +142,14 @@ remat_status Call(const char* fn, Body&& body) noexcept {
   }
 }
 
+// A copy of `text` the caller frees with remat_string_free, or
+// nullptr where host memory ran out.
+char* MallocCopy(const std::string& text) {
+  char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+  if (copy != nullptr) std::memcpy(copy, text.c_str(), text.size() + 1);
+  return copy;
+}
+
 remat_status NullArgument(const char* fn, const char* name) {
   return Fail(REMAT_INVALID_ARGUMENT, fn, absl::StrCat(name, " is NULL"));
 }
@@ -562,9 +570,8 @@ remat_status remat_snapshot_json(remat_allocator* allocator, char** out) {
     if (allocator == nullptr) return NullArgument(fn, "allocator");
     if (out == nullptr) return NullArgument(fn, "out");
     const std::string json = remat::SnapshotToJson(allocator->allocator->TakeSnapshot());
-    char* copy = static_cast<char*>(std::malloc(json.size() + 1));
+    char* copy = MallocCopy(json);
     if (copy == nullptr) return Fail(REMAT_OUT_OF_MEMORY, fn, "out of host memory");
-    std::memcpy(copy, json.c_str(), json.size() + 1);
     *out = copy;
     return REMAT_OK;
   });
@@ -1167,10 +1174,8 @@ remat_status remat_planner_get_plan(remat_planner* planner, size_t plan, remat_p
     }
     char* text = nullptr;
     if (refusal != nullptr && p.refused(plan)) {
-      const std::string& m = p.refusal(plan);
-      text = static_cast<char*>(std::malloc(m.size() + 1));
+      text = MallocCopy(p.refusal(plan));
       if (text == nullptr) return Fail(REMAT_OUT_OF_MEMORY, fn, "out of host memory");
-      std::memcpy(text, m.c_str(), m.size() + 1);
     }
     remat_plan_state s;
     std::memset(&s, 0, sizeof(s));

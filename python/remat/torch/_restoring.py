@@ -118,7 +118,8 @@ class _Restoring:
                 # No copy to come back from: unless a replay this one runs
                 # inside comes back from its own copy, the step fails, and
                 # where s was dropped (not offloaded: no room for it alone),
-                # the next steps of its plan offload its kind (failed_replays).
+                # the next steps of its plan offload its kind (report_unfit,
+                # the planner's saw_replay).
                 self.unfit = s if replayed else None
                 raise
             if self.listening:
