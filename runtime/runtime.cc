@@ -244,7 +244,17 @@ Runtime::Storage* Runtime::AddStorage(std::size_t bytes, void* ptr, std::uint64_
       if (in->state == TensorState::kDropped) ++s->dropped_inputs;
     }
   }
-  if (options_.estimate_replays) s->replay_bytes = EstimateOver(checked_inputs_, bytes);
+  if (options_.estimate_replays) {
+    const ReplayEstimate estimate = EstimateOver(checked_inputs_, bytes);
+    if (free_estimates_.empty()) {
+      s->replay_estimate = static_cast<std::uint32_t>(replay_estimates_.size());
+      replay_estimates_.push_back(estimate);
+    } else {
+      s->replay_estimate = free_estimates_.back();
+      free_estimates_.pop_back();
+      replay_estimates_[s->replay_estimate] = estimate;
+    }
+  }
   NewTensorId(s);
   s->handles = 1;
   s->pins = 1;
@@ -438,8 +448,12 @@ ReplayEstimate Runtime::EstimateOver(absl::Span<Storage* const> given, std::size
         }
       }
     }
+    static constexpr ReplayEstimate kNone{};
+    const ReplayEstimate& below = in->replay_estimate == Storage::kNoEstimate
+                                      ? kNone
+                                      : replay_estimates_[in->replay_estimate];
     for (std::size_t k = 0; k < kReplayDepth; ++k) {
-      deeper[k] = std::max(deeper[k], add(add(held, siblings), in->replay_bytes[k]));
+      deeper[k] = std::max(deeper[k], add(add(held, siblings), below[k]));
     }
     any_dropped = true;
     held = add(held, in->bytes);
@@ -781,6 +795,7 @@ void Runtime::MaybeCollect(Storage* first, bool released) {
     dead.push_back(s);
   }
   for (Storage* s : dead) {
+    if (s->replay_estimate != Storage::kNoEstimate) free_estimates_.push_back(s->replay_estimate);
     // Kept for reuse, as a fresh one (a new serial at creation).
     s->Reset();
     storages_.Give(s);

@@ -679,6 +679,12 @@ class Runtime {
   // the runtime's life, and its serial says whether it is still the storage
   // it was. Groups of multi-output calls are pooled alike.
   runtime_internal::ObjectPool<Storage> storages_ ABSL_GUARDED_BY(mu_);
+  // RuntimeOptions::estimate_replays: each storage's estimate
+  // (Storage::replay_estimate), kept apart so that a runtime without the
+  // option spends no bytes on it per storage; entries of collected storages
+  // are reused.
+  std::vector<ReplayEstimate> replay_estimates_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::uint32_t> free_estimates_ ABSL_GUARDED_BY(mu_);
   runtime_internal::ObjectPool<CallGroup> groups_ ABSL_GUARDED_BY(mu_);
   // What a policy may evict now (candidate_index.h).
   runtime_internal::CandidateIndex candidates_ ABSL_GUARDED_BY(mu_);

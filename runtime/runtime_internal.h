@@ -86,8 +86,10 @@ struct StorageFields {
   std::uint32_t step_epoch = 0;
   bool next_use_learned = false;  // next_use_at is LearnUse's estimate (not a hint)
   std::int64_t planned_prefetch_at = -1;  // its entry in Runtime::planned_ (-1: none)
-  // RuntimeOptions::estimate_replays: what a replay of it holds at once.
-  ReplayEstimate replay_bytes{};
+  // RuntimeOptions::estimate_replays: its entry in Runtime::replay_estimates_
+  // (what a replay of it holds at once), or kNoEstimate.
+  static constexpr std::uint32_t kNoEstimate = UINT32_MAX;
+  std::uint32_t replay_estimate = kNoEstimate;
   std::uint64_t recomputes = 0;
   static constexpr std::uint32_t kNoClass = DropClasses::kNone;
   std::uint32_t class_node = kNoClass;    // while dropped: its node in the DropClasses
