@@ -59,12 +59,12 @@ def test_the_env_switch_and_the_argument_choose_the_native_path(monkeypatch):
     with remat.torch.budget(1 << 40, native=False) as run:
         models.mlp(0)[1]().backward()
     assert "native" not in run.stats["debug"]
-    # Offload, the allocator's pressure and a list of policies need the
-    # Python recorder: the switch leaves those alone, the argument refuses them.
+    # Offload and the allocator's pressure need the Python recorder: the
+    # switch leaves those alone, the argument refuses them.
     with remat.torch.budget(1 << 40, offload=True) as run:
         models.mlp(0)[1]().backward()
     assert "native" not in run.stats["debug"]
-    for kw in ({"offload": True}, {"policy": ["dtr", "lru"]}, {"pressure": "allocator"}):
+    for kw in ({"offload": True}, {"pressure": "allocator"}):
         with pytest.raises(ValueError, match="native=True"):
             remat.torch.budget(1 << 40, native=True, **kw)
 
@@ -145,3 +145,24 @@ def test_remat_allocators_budget_records_in_python(monkeypatch):
     assert remat.torch.budget(1 << 20, native=False)._native_now(None) is False
     with pytest.raises(RuntimeError, match="pressure='saved'"):
         remat.torch.budget(1 << 20, native=True)._native_now(installed)
+
+
+def test_a_list_of_policies_runs_natively_and_keeps_the_quickest():
+    # Drop-only, each policy's trial steps record in C++ too, timed (the
+    # budget's clock), and the quickest policy runs the steps after.
+    from test_budget import _timed_by_plan, saved_bytes_of, steps_under
+    policies = ["dtr", "lru", "msps"]
+    b = remat.torch.budget(int(saved_bytes_of(models.mlp) * 0.5), policy=policies, native=True)
+    b._clock = _timed_by_plan(b, {"dtr drop-only": 2.0, "lru drop-only": 1.0,
+                                  "msps drop-only": 3.0})
+    per_plan = remat.torch.budget.TRIAL_STEPS
+    figures = steps_under(b, models.mlp, len(policies) * per_plan + 2)
+    assert all(f["debug"]["native"] and f["drops"] > 0 for f in figures)
+    assert [f["plan"] for f in figures] == \
+        ["trial"] * (len(policies) * per_plan) + ["lru drop-only"] * 2
+    for i, policy in enumerate(policies):
+        assert all(f["policy"] == policy for f in figures[i * per_plan:(i + 1) * per_plan])
+    assert figures[-1]["policy"] == "lru"
+    assert sorted(figures[-1]["debug"]["plan_trial_seconds"]) == \
+        sorted(f"{p} drop-only" for p in policies)
+    b.close()

@@ -103,7 +103,7 @@ class budget:
     native: where the calls are recorded and the tensors saved. None (the
         default): in C++ (remat.torch._native, a torch extension built
         against the installed torch on first use) wherever the options allow
-        it (drops only, one policy, the saved-bytes budget), several times
+        it (drops only, the saved-bytes budget), several times
         less per call; else, or where the extension cannot be built (a
         warning says why), or with REMAT_TORCH_NATIVE=0, the Python
         recorder. True: native, refusing other options; False: the Python
@@ -122,15 +122,15 @@ class budget:
         _link.check(link_gbps, link_latency_us)
         self._link_given = (link_gbps, link_latency_us)
         self._link_rates = None  # what the last runtime made was given
-        allows_native = not offload and pressure != "allocator" and isinstance(policy, str)
+        allows_native = not offload and pressure != "allocator"
         # True, False, or None: native where it may be (per step: not while
         # remat's allocator is the budget's).
         self._native = native if native is not None else \
             (None if allows_native and os.environ.get("REMAT_TORCH_NATIVE") != "0" else False)
         if native and not allows_native:
             raise ValueError("native=True records in C++ and drops only, under the saved-bytes "
-                             "budget, with one policy: offload, pressure='allocator' and a list "
-                             "of policies need the Python recorder (native=False)")
+                             "budget: offload and pressure='allocator' need the Python recorder "
+                             "(native=False)")
         if pressure not in ("auto", "saved", "allocator"):
             raise ValueError(f"pressure must be 'auto', 'saved' or 'allocator', not {pressure!r}")
         self._pressure = pressure

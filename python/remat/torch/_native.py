@@ -371,6 +371,8 @@ def enter(b, plan, policy, session):
     try:
         b._hooks.__enter__()
         b._backward.__enter__()
+        # (Last: a list of policies times its trial's steps.)
+        b._step_start = b._time() if b._step_timed else None
     except BaseException:
         _common._active.pop(threading.get_ident(), None)
         engine.close()
