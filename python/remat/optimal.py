@@ -12,9 +12,12 @@ stages: stage t runs the trace's t-th call (or use) and may first recompute
 any earlier call.
 
 - R[t, k] = 1: call k is recomputed in stage t (all its outputs, its cost once).
-- S[t, s] = 1: storage s is resident when stage t starts; never after the
-  release of its last tensor (the runtime drops a released storage's bytes
-  then, and again once a recompute that brought it back ends).
+- S[t, s] = 1: storage s is resident when stage t starts; after the release
+  of its last tensor only while a call reading it may still be recomputed
+  (the runtime drops a released storage's bytes at the release, but keeps
+  one a regeneration brought back while a dropped consumer the program holds
+  needs it; a plan, which the replay must carry out as solved, never keeps
+  one).
 - A call (run or recomputed) needs each input resident at the start of its
   stage or recomputed earlier in it; a storage resident at the end of a stage
   was resident at its start or made in it.
@@ -83,9 +86,9 @@ class Trace:
         self.records = []         # (line text, op, record) in file order, blank lines left out
         self.storage_of = {}      # tensor id -> storage (ids are never reused)
         # The first stage after the release of a storage's last tensor (None
-        # while live): from then on the runtime never holds it between
-        # stages (a closure may still read it: its bytes are dropped at the
-        # release, and again after any recompute brings it back).
+        # while live): its bytes are dropped at the release (a closure may
+        # still read it), and a plan never holds it between stages from then
+        # on.
         self.released_at = []
 
     def live_at(self, s, t):
