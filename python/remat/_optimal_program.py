@@ -155,15 +155,20 @@ def recompute_bound(trace, budget_bytes, time_limit=60.0, max_variables=MAX_VARI
     for s in droppable:
         # Resident at a stage's start only while its program holds it. For the
         # bound, also after its release while a call reading it may be
-        # recomputed: the runtime keeps a released storage a regeneration
-        # brought back while a dropped consumer the program holds needs it
-        # (RuntimeOptions::keep_regenerated), and a bound must allow whatever a
-        # run can do. A plan keeps to the program's hold (what it can say).
+        # recomputed, once a recompute brought it back: the runtime keeps a
+        # released storage a regeneration brought back while a dropped
+        # consumer the program holds needs it (RuntimeOptions::keep_regenerated),
+        # and a bound must allow whatever a run can do. A plan keeps to the
+        # program's hold (what it can say).
+        # (Not at the stage its release comes before: the runtime drops it
+        # there, so it is back after only by a recompute.)
         last_kept = last_need[s]
-        if trace.released_at[s] is not None and realizable:
-            last_kept = min(last_kept, trace.released_at[s] - 1)
+        released = trace.released_at[s]
+        if released is not None and realizable:
+            last_kept = min(last_kept, released - 1)
         for t in range(trace.producer[s] + 1, last_kept + 1):
-            col_s[(t, s)] = add("S", (t, s), 0.0)
+            if t != released:
+                col_s[(t, s)] = add("S", (t, s), 0.0)
     for t in range(n_stages):
         for k in range(t):
             kind, kcost, _, outputs = trace.stages[k]

@@ -228,12 +228,15 @@ def test_the_plan_of_a_recorded_step_is_the_optimum_where_it_meets_the_bound(tmp
     assert dtr["status"] != "ok" or dtr["overhead"] > run["overhead"]
 
 
-@pytest.mark.parametrize("case", ["use", "released_output"])
+@pytest.mark.parametrize("case", ["use", "released_output", "kept_regenerated"])
 def test_steps_where_a_tighter_program_once_excluded_real_runs(tmp_path, case):
     # A use reads its tensors one at a time: a recompute its second read
     # brings on is not there during the first. A recompute regenerates no
-    # output released with nothing reading it. In both, runs pay 10 and 5 ns,
-    # and the bound must not be above that.
+    # output released with nothing reading it. A released tensor a
+    # regeneration brought back stays while a dropped consumer the program
+    # holds needs it (x, for c2: recomputed once, not twice; dropped after
+    # c1's regeneration, the run thrashes). Runs pay 10, 5 and 1002 ns, and
+    # the bound must not be above that.
     lines, budget, paid = {
         "use": ([call("pa", [], "a", 150, 1000), call("pb", [], "b", 50, 10),
                  call("pd", [], "d", 100, 1000), {"op": "use", "ids": ["a", "b"]},
@@ -244,6 +247,12 @@ def test_steps_where_a_tighter_program_once_excluded_real_runs(tmp_path, case):
             {"op": "release", "id": "o1"}, call("q", [], "x", 500, 1000),
             call("s", [], "z", 595, 1000), {"op": "release", "id": "z"},
             {"op": "use", "ids": ["x", "o2"]}, {"op": "use", "ids": ["x"]}], 1100, 5),
+        "kept_regenerated": ([
+            {"op": "constant", "id": "i", "bytes": 10}, call("px", ["i"], "x", 10, 1000),
+            call("g", ["x"], "c1", 100, 1), call("h", ["x"], "c2", 150, 1),
+            {"op": "release", "id": "x"}, call("big", [], "b", 155, 1),
+            {"op": "release", "id": "b"},
+            {"op": "use", "ids": ["c1"]}, {"op": "use", "ids": ["c2"]}], 170, 1002),
     }[case]
     path = write(tmp_path, lines)
     bound = optimal.recompute_bound(optimal.read_trace(path), budget)
