@@ -119,11 +119,12 @@ def simrd_cell(simrd, graph, name, budget, compute, limit):
     return "ok", (rt.clock - 1) / compute
 
 
-def remat_cell(binary, trace, policy, budget, limit):
-    """One `remat sim` run: (status, overhead or None)."""
+def remat_cell(binary, trace, policy, budget, limit, extra=(), stop=1000):
+    """One `remat sim` run: (status, overhead or None); `stop`: its
+    --thrash-limit."""
     cmd = [binary, "sim", trace, "--budget", str(budget),
            "--accounting", "live", "--no-swap", "--policy", policy,
-           "--thrash-limit", "1000", "--json"]
+           "--thrash-limit", str(stop), "--json", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     try:
         out = json.loads(proc.stdout)
@@ -188,12 +189,16 @@ def fmt(status, overhead):
     return "%.4f" % overhead if status == "ok" else status
 
 
-def best_table(rows, ratios):
+def best_table(rows, ratios, also=None):
     """Per trace and ratio, the best finished overhead of each side (at or
-    under the limit), and whether remat's best is at or below simrd's."""
+    under the limit), and whether remat's best is at or below simrd's.
+    also: {(trace, ratio): [overhead or None]} of more remat policies."""
+    also = also or {}
     lines = ["", "Best heuristic per trace and ratio: simrd's best / remat's "
-             "best; `ok` where remat's is at or below simrd's (within "
-             "0.0005%, the CSV's rounding), or simrd finishes nothing.", "",
+             "best%s; `ok` where remat's is at or below simrd's (within "
+             "0.0005%%, the CSV's rounding), or simrd finishes nothing."
+             % (" (its other policies too, their next uses learned)" if also
+                else ""), "",
              "| trace | " + " | ".join(ratios) + " |",
              "| --- |" + " --- |" * len(ratios)]
     traces = []
@@ -212,6 +217,7 @@ def best_table(rows, ratios):
             d = [float(r["dtr_overhead"]) for r in here if r["dtr_overhead"]]
             m = [float(r["remat_overhead"]) for r in here
                  if r["remat_overhead"]]
+            m += [o for o in also.get((trace, ratio), []) if o is not None]
             bd = min(d) if d else None
             bm = min(m) if m else None
             ok = bd is None or (bm is not None and bm <= bd * 1.000005)
@@ -227,7 +233,7 @@ def best_table(rows, ratios):
     return lines
 
 
-def markdown(rows, ratios, tolerance):
+def markdown(rows, ratios, tolerance, also=None):
     lines = []
     heuristics = [p for p, _ in PAIRS if any(r["heuristic"] == p
                                              for r in rows)]
@@ -267,7 +273,7 @@ def markdown(rows, ratios, tolerance):
                 mark = {"yes": "=", "n/a": "?"}.get(r["agree"], "**x**")
                 cells.append("%s / %s %s" % (d, m, mark))
             lines.append("| %s | %s |" % (h, " | ".join(cells)))
-    lines.extend(best_table(rows, ratios))
+    lines.extend(best_table(rows, ratios, also))
     return "\n".join(lines) + "\n"
 
 
@@ -283,6 +289,12 @@ def main():
     parser.add_argument("--rerun-remat", action="store_true",
                         help="with --from-csv: run remat's side of each cell "
                              "again (simrd's kept), and write --csv anew")
+    parser.add_argument("--also", default="",
+                        help="with --rerun-remat: more remat policies (say "
+                             "hybrid,belady) for the best-against-best table, "
+                             "run with their next uses learned from a first "
+                             "step (--future learned), as a training loop "
+                             "would, and stopped at --limit; not in the CSV")
     parser.add_argument("--remat", default=os.path.join(root, "build", "bin",
                                                         "remat"),
                         help="the remat binary (default build/bin/remat)")
@@ -326,9 +338,18 @@ def main():
                     w = csv.DictWriter(f, FIELDS)
                     w.writeheader()
                     w.writerows(rows)
-        elif args.csv:
-            parser.error("--csv with --from-csv needs --rerun-remat")
-        write_table(markdown(rows, ratios, args.tolerance), args.md)
+        elif args.csv or args.also:
+            parser.error("--csv and --also with --from-csv need --rerun-remat")
+        also = {}
+        if args.also:
+            traces = os.path.join(root, "examples", "traces")
+            cells = {(r["trace"], r["ratio"]): int(r["budget_bytes"]) for r in rows}
+            for (trace, ratio), budget in cells.items():
+                also[(trace, ratio)] = [
+                    remat_cell(args.remat, os.path.join(traces, trace), p, budget,
+                               args.limit, ("--future", "learned"), args.limit)[1]
+                    for p in args.also.split(",")]
+        write_table(markdown(rows, ratios, args.tolerance, also), args.md)
         return
     if not args.simrd or not args.traces:
         parser.error("give --simrd and at least one trace (or --from-csv)")
