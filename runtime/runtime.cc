@@ -608,8 +608,18 @@ absl::Status Runtime::Free(TensorId id) {
   Storage* s = t->storage;
   t->freed = true;
   --stats_.live_tensors;
-  --s->handles;
-  MaybeCollect(s, /*released=*/true);
+  if (--s->handles == 0) s->just_released = true;
+  MaybeCollect(s);
+  // A storage kept for a dropped consumer the program held (keep_regenerated)
+  // is not wanted for s any more where s is now released but still read by
+  // a closure (so not collected, which would look at its inputs).
+  if (s->handles == 0 && s->state != TensorState::kFreed && options_.keep_regenerated) {
+    for (Storage* in : s->inputs) {
+      if (in->state == TensorState::kResident && in->handles == 0 && in->pins == 0) {
+        MaybeCollect(in);
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -731,7 +741,7 @@ bool Runtime::HasWantedDroppedConsumer(const Storage* s) {
   return false;
 }
 
-void Runtime::MaybeCollect(Storage* first, bool released) {
+void Runtime::MaybeCollect(Storage* first) {
   // Collecting a storage may free its inputs in turn. A storage can be
   // reached twice (an input read twice), so the dead are destroyed at the end.
   std::vector<Storage*>& work = collect_work_;
@@ -749,8 +759,9 @@ void Runtime::MaybeCollect(Storage* first, bool released) {
       // Brought back by a regeneration (not released just now), it stays
       // while a dropped consumer the program still holds would bring it back
       // again (RuntimeOptions::keep_regenerated).
-      const bool wanted = !(released && s == first) && options_.keep_regenerated &&
+      const bool wanted = !s->just_released && options_.keep_regenerated &&
                           HasWantedDroppedConsumer(s);
+      s->just_released = false;
       if (!wanted && s->state == TensorState::kResident && s->bytes > 0 && s->may_drop) {
         DropStorage(s, s->used_streams.empty() ? kDefaultStream : s->used_streams.front(),
                     /*pressure=*/false);

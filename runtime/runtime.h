@@ -507,9 +507,7 @@ class Runtime {
   void Pin(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnpinStorage(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Collects s (and what that frees in turn) where nothing holds it.
-  // released: the program has just released s (Free), rather than a pin or a
-  // regeneration having let it go.
-  void MaybeCollect(Storage* s, bool released = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCollect(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a consumer of s that the program still holds is dropped
   // (RuntimeOptions::keep_regenerated).
   static bool HasWantedDroppedConsumer(const Storage* s);

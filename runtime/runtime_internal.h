@@ -50,6 +50,11 @@ struct StorageFields {
   int pins = 0;
   int handles = 0;     // tensors over this storage the owner has not freed
   int dependents = 0;  // uncollected storages whose closures read this one
+  // The program released its last handle and no collection has looked at it
+  // since (it was pinned then, say): its bytes go at that collection, kept
+  // or not (RuntimeOptions::keep_regenerated keeps only what a regeneration
+  // brought back).
+  bool just_released = false;
   static constexpr std::size_t kNoSlot = SIZE_MAX;
   std::size_t candidate_slot = kNoSlot;  // its slot in the CandidateIndex, while a candidate
   std::size_t bytes = 0;

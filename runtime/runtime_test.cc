@@ -425,7 +425,7 @@ TEST_F(RuntimeTest, ARegeneratedReleasedTensorStaysWhileAHeldConsumerNeedsIt) {
     EXPECT_EQ(*runtime_->StorageState(x), keep ? TensorState::kResident : TensorState::kDropped);
     Check(c2);  // c2 alone where x stayed
     EXPECT_EQ(runtime_->stats().recomputes - before, keep ? 3u : 4u);
-    Check(d);  // c3 and, where it went, x again
+    Check(d);  // c3 (x again: gone after c2's regeneration either way)
     CheckInvariants();
   }
   // Where the only dropped consumer left is one the program has released, x
@@ -442,6 +442,43 @@ TEST_F(RuntimeTest, ARegeneratedReleasedTensorStaysWhileAHeldConsumerNeedsIt) {
   Check(c1);
   EXPECT_EQ(*runtime_->StorageState(x), TensorState::kDropped);
   Check(d);
+  CheckInvariants();
+}
+
+// What keeps a regenerated released tensor ends when its held consumer is
+// released, though a closure still reads that consumer; and a tensor the
+// program releases while it is pinned goes when unpinned, wanted or not (it
+// was not brought back by a regeneration).
+TEST_F(RuntimeTest, AKeptReleasedTensorGoesWhenNothingHeldWantsIt) {
+  Make(64 * kMiB, {.policy = "lru"});
+  TensorId in = Produce(kMiB, {}, false, false);
+  TensorId x = Produce(2 * kMiB, {in}, true, false);
+  TensorId c1 = Produce(2 * kMiB, {x}, true, false);
+  TensorId c2 = Produce(2 * kMiB, {x}, true, false);
+  TensorId e = Produce(kMiB, {c2}, true, false);  // reads c2: its metadata stays once released
+  ASSERT_TRUE(runtime_->Free(x).ok());
+  for (TensorId c : {c1, c2}) ASSERT_TRUE(*runtime_->Evict(c, policies::EvictAction::kDrop));
+  Check(c1);
+  ASSERT_EQ(*runtime_->StorageState(x), TensorState::kResident);  // kept for c2
+  ASSERT_TRUE(runtime_->Free(c2).ok());
+  EXPECT_EQ(*runtime_->StorageState(c2), TensorState::kDropped);
+  EXPECT_EQ(*runtime_->StorageState(x), TensorState::kDropped);  // nothing held wants it now
+  Check(e);
+  CheckInvariants();
+
+  Make(64 * kMiB, {.policy = "lru"});
+  in = Produce(kMiB, {}, false, false);
+  x = Produce(2 * kMiB, {in}, true, false);
+  TensorId c = Produce(2 * kMiB, {x}, true, false);
+  ASSERT_TRUE(*runtime_->Evict(c, policies::EvictAction::kDrop));
+  {
+    absl::StatusOr<Guard> pinned = runtime_->Acquire(x);
+    ASSERT_TRUE(pinned.ok()) << pinned.status();
+    ASSERT_TRUE(runtime_->Free(x).ok());
+    EXPECT_EQ(*runtime_->StorageState(x), TensorState::kResident);  // pinned
+  }
+  EXPECT_EQ(*runtime_->StorageState(x), TensorState::kDropped);  // released, not regenerated
+  Check(c);
   CheckInvariants();
 }
 

@@ -223,8 +223,8 @@ def best_table(rows, ratios, also=None):
             ok = bd is None or (bm is not None and bm <= bd * 1.000005)
             total += 1
             met += ok
-            cells.append("%s / %s %s" % ("%.4f" % bd if bd else "-",
-                                         "%.4f" % bm if bm else "-",
+            cells.append("%s / %s %s" % ("-" if bd is None else "%.4f" % bd,
+                                         "-" if bm is None else "%.4f" % bm,
                                          "ok" if ok else "**x**"))
         lines.append("| %s | %s |" % (trace, " | ".join(cells)))
     lines.insert(3, "remat's best at or below simrd's best in %d of %d cells."
@@ -315,6 +315,8 @@ def main():
     for path in (args.csv, args.md):
         if path and os.path.exists(path):
             parser.error(f"{path} exists; nothing is overwritten")
+    if args.rerun_remat and not args.from_csv:
+        parser.error("--rerun-remat reruns the cells of --from-csv: give it")
     if args.from_csv:
         with open(args.from_csv, newline="") as f:
             rows = list(csv.DictReader(f))

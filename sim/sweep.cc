@@ -115,6 +115,10 @@ absl::StatusOr<OpReplayReport> ReplayPlan(const OpTrace& planned, const SweepOpt
   OpReplayOptions o = BaseOptions(options);
   o.policy = fallback;
   o.thrash_limit = std::max(o.thrash_limit, kPlanThrashLimit);
+  // The plan drops a released storage again after each regeneration that
+  // brings it back, as the program it was solved with says; a kept one would
+  // hold room the plan gave to something else.
+  o.keep_regenerated = false;
   MemoryBudget{budget, options.live ? Accounting::kLive : Accounting::kReserved}.ApplyTo(o);
   absl::StatusOr<OpReplayReport> report = ReplayOpTrace(planned, o);
   if (report.ok()) report->budget_bytes = budget;

@@ -68,7 +68,7 @@ REMAT_API const char* remat_version(void);
 #define REMAT_ABI_VERSION 7
 REMAT_API int remat_abi_version(void);
 /* Frees a string this library returned (remat_snapshot_json, a plan's refusal from
- * remat_planner_get_state). NULL is fine. */
+ * remat_planner_get_plan). NULL is fine. */
 REMAT_API void remat_string_free(char* str);
 
 /* ------------------------------------------------------------------------ */

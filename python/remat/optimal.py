@@ -450,7 +450,7 @@ def main(argv=None):
                       f"{out['plan_prefetches']} prefetches; planned overhead "
                       f"{out.get('plan_overhead', 1.0):.4f}; replay it with remat sim "
                       f"{out['plan']} --accounting live --budget {budget} --thrash-limit 100"
-                      f"{'' if args.offload else ' --no-swap'})")
+                      f" --release-regenerated{'' if args.offload else ' --no-swap'})")
         if out["variables"]:
             print(f"  {out['variables']} variables, {out['constraints']} constraints, "
                   f"{out['seconds']:.1f} s")

@@ -77,7 +77,7 @@ def plan_and_replay(binary, path, budget, tmp_path, offload_link=None):
     solved = json.loads(out.stdout)
     assert solved["plan"] == plan
     run = run_sim(binary, plan, "dtr", ("--budget", str(budget)), link_gbps=offload_link,
-                  extra=("--thrash-limit", "100"))
+                  extra=("--thrash-limit", "100", "--release-regenerated"))
     return solved, run
 
 

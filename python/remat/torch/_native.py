@@ -368,12 +368,17 @@ def enter(b, plan, policy, session):
     b._backward = _Recording(engine)
     b._hooks = torch.autograd.graph.saved_tensors_hooks(engine.pack, engine.unpack)
     b._step_start = None
+    entered = []
     try:
         b._hooks.__enter__()
+        entered.append(b._hooks)
         b._backward.__enter__()
+        entered.append(b._backward)
         # (Last: a list of policies times its trial's steps.)
         b._step_start = b._time() if b._step_timed else None
     except BaseException:
+        for context in reversed(entered):
+            context.__exit__(None, None, None)
         _common._active.pop(threading.get_ident(), None)
         engine.close()
         raise
