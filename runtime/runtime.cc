@@ -610,16 +610,6 @@ absl::Status Runtime::Free(TensorId id) {
   --stats_.live_tensors;
   if (--s->handles == 0) s->just_released = true;
   MaybeCollect(s);
-  // A storage kept for a dropped consumer the program held (keep_regenerated)
-  // is not wanted for s any more where s is now released but still read by
-  // a closure (so not collected, which would look at its inputs).
-  if (s->handles == 0 && s->state != TensorState::kFreed && options_.keep_regenerated) {
-    for (Storage* in : s->inputs) {
-      if (in->state == TensorState::kResident && in->handles == 0 && in->pins == 0) {
-        MaybeCollect(in);
-      }
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -761,6 +751,11 @@ void Runtime::MaybeCollect(Storage* first) {
       // again (RuntimeOptions::keep_regenerated).
       const bool wanted = !s->just_released && options_.keep_regenerated &&
                           HasWantedDroppedConsumer(s);
+      if (s->just_released && options_.keep_regenerated) {
+        // An input kept for s, a consumer the program held, may be wanted
+        // no more: looked at again, as the inputs of a collected storage are.
+        for (Storage* in : s->inputs) work.push_back(in);
+      }
       s->just_released = false;
       if (!wanted && s->state == TensorState::kResident && s->bytes > 0 && s->may_drop) {
         DropStorage(s, s->used_streams.empty() ? kDefaultStream : s->used_streams.front(),

@@ -8,7 +8,7 @@ writes the overheads side by side: a CSV and a Markdown agreement table.
         [--ratios 0.3,0.4,...] [--heuristics lru,largest,...] \\
         [--csv OUT.csv] [--md OUT.md] [--jobs N] [--timeout S]
     python3 scripts/dtr_fidelity.py --from-csv OUT.csv [--md OUT.md]
-    python3 scripts/dtr_fidelity.py --from-csv OUT.csv --rerun-remat \
+    python3 scripts/dtr_fidelity.py --from-csv OUT.csv --rerun-remat \\
         --csv NEW.csv [--md NEW.md]
 
 --rerun-remat runs remat's side of every cell of the CSV again, at the

@@ -92,7 +92,7 @@ struct OpReplayOptions {
   // not make room for is met in one place.
   bool retry_in_one_place = false;
   // RuntimeOptions::keep_regenerated: a released tensor a regeneration
-  // brought back stays while a consumer of it is dropped.
+  // brought back stays while a dropped consumer the program holds needs it.
   bool keep_regenerated = true;
   // RuntimeOptions::copy_ahead: copies out started before the pressure that
   // offloads them (a trace's tensors are read_only). With offload allowed it
