@@ -21,6 +21,7 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeMegEngine(PolicyParams& para
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeWindow(PolicyParams& params);
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeHybrid(PolicyParams& params);
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeBelady(PolicyParams& params);
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeAuto(PolicyParams& params);
 
 }  // namespace remat::policies
 

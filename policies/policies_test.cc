@@ -1,5 +1,6 @@
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -128,7 +129,7 @@ TEST(RegistryTest, UnknownNamesAndKeysListWhatIsKnown) {
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(unknown.status().message()),
               HasSubstr("unknown policy 'belady2' (known: lru, largest, dtr, dtr-eq, dtr-local, "
-                        "msps, megengine, window, hybrid, belady)"));
+                        "msps, megengine, window, hybrid, belady, auto)"));
   auto bad_key = Create("dtr:staleness=2");
   EXPECT_THAT(std::string(bad_key.status().message()),
               HasSubstr("no parameter 'staleness' (it knows: staleness_exp, neighbourhood, sample)"));
@@ -555,6 +556,45 @@ TEST(PolicyTest, HybridByDefaultAsksForATrialOverEveryRankingWithItsDropOnlyTwin
     EXPECT_EQ(Create(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   EXPECT_THAT(Create("hybrid:rank=nonesuch").status().message(), HasSubstr("nonesuch"));
+}
+
+// auto: dtr where the step is seen once; a driver that can replay the step
+// tries dtr first (kept on a tie), then everything hybrid tries, each run once.
+TEST(PolicyTest, AutoChoosesAsDtrOnceAndAsksForATrialOfEveryPolicy) {
+  auto policy = Create("auto");
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_EQ((*policy)->Spec(), "auto");
+  EXPECT_EQ((*Create("auto:sample=sqrt"))->Spec(), "auto:sample=sqrt");
+  EXPECT_EQ(Create("auto:rank=dtr").status().code(), absl::StatusCode::kInvalidArgument);
+  // One pass: dtr's plan, for every budget asked.
+  const Candidate a = Make(1, 100, 100, 50'000, 40'000), b = Make(2, 300, 1'000, 5'000, 80'000),
+                  c = Make(3, 200, 9'000, 1'000, 10'000);
+  for (std::uint64_t need : {1, 150, 250, 600}) {
+    EXPECT_EQ(PlanFor("auto", {a, b, c}, need), PlanFor("dtr", {a, b, c}, need)) << need;
+  }
+  // The trials: dtr's own runs first, then hybrid's, without a second dtr run.
+  const std::vector<Trial> trials = (*Create("auto:sample=sqrt"))->Trials();
+  ASSERT_FALSE(trials.empty());
+  EXPECT_EQ(trials[0].mixed, "dtr:sample=sqrt");
+  EXPECT_EQ(trials[0].drops, "dtr:sample=sqrt");
+  const std::vector<Trial> hybrid = (*Create("hybrid:sample=sqrt"))->Trials();
+  EXPECT_EQ(trials.size(), hybrid.size());  // hybrid's "dtr alone" run became the first
+  std::set<std::string> mixed, drops;
+  for (const Trial& t : trials) {
+    EXPECT_TRUE(mixed.insert(t.mixed).second) << t.mixed;
+    if (!t.drops.empty()) EXPECT_TRUE(drops.insert(t.drops).second) << t.drops;
+    EXPECT_EQ((*Create(t.mixed))->sampling().ToString(), "sqrt") << t.mixed;
+  }
+  for (const Trial& t : hybrid) {
+    EXPECT_TRUE(mixed.contains(t.mixed)) << t.mixed;
+    if (!t.drops.empty()) EXPECT_TRUE(drops.contains(t.drops)) << t.drops;
+  }
+  for (const std::string& name : KnownPolicies()) {
+    if (name == "hybrid") continue;
+    EXPECT_TRUE(drops.contains(name + ":sample=sqrt")) << name;  // every ranking, drops only
+  }
+  // auto ranks nothing of its own: it is no ranking for hybrid's trials.
+  EXPECT_THAT(KnownPolicies(), testing::Not(testing::Contains("auto")));
 }
 
 // Two segments; the request needs 3 contiguous units.

@@ -28,6 +28,7 @@ constexpr Entry kPolicies[] = {
     {"window", &MakeWindow},
     {"hybrid", &MakeHybrid},
     {"belady", &MakeBelady},
+    {"auto", &MakeAuto},
 };
 
 // The policy named, with `params` (consumed); every key must be known.
@@ -50,15 +51,17 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeFrom(const std::string& name
     if (absl::Status leftover = p.Finish(); !leftover.ok()) return leftover;
     return policy;
   }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown policy '%s' (known: %s)", name, absl::StrJoin(KnownPolicies(), ", ")));
+  return absl::InvalidArgumentError(absl::StrFormat("unknown policy '%s' (known: %s, %s)", name,
+                                                    absl::StrJoin(KnownPolicies(), ", "), kAuto));
 }
 
 }  // namespace
 
 std::vector<std::string> KnownPolicies() {
   std::vector<std::string> names;
-  for (const Entry& e : kPolicies) names.emplace_back(e.name);
+  for (const Entry& e : kPolicies) {
+    if (e.name != std::string_view(kAuto)) names.emplace_back(e.name);
+  }
   return names;
 }
 

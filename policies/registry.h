@@ -68,8 +68,10 @@ class PolicySpec {
 // PolicySpec(spec).Make(): for callers that want one policy at once.
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> Create(std::string_view spec);
 
-// The policy names a spec may start with, in a stable order.
+// The names of the policies that rank tensors themselves, in a stable order:
+// every name a spec may start with but "auto", which tries them all (kAuto).
 std::vector<std::string> KnownPolicies();
+inline constexpr const char kAuto[] = "auto";
 
 }  // namespace remat::policies
 

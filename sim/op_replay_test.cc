@@ -397,6 +397,46 @@ TEST(OpReplayTest, HybridTriesEveryRankingAndIsNeverWorseThanAnyPolicyWithDropsO
   EXPECT_GT(other_rankings_kept, 0);  // (so the trials are not idle here)
 }
 
+// auto (the CLI's default) replays the step as dtr first, then as everything
+// hybrid tries, and keeps the quickest: never worse than dtr, nor than any
+// policy with drops only; where dtr is not the best, better than it.
+TEST(OpReplayTest, AutoKeepsTheQuickestOfDtrAndEveryOtherPolicy) {
+  const OpTrace trace = Load("mlp_small_l4_h256_t512.jsonl");
+  const OpReplayReport unlimited = Replay(trace, {});
+  int better_than_dtr = 0;
+  for (double ratio : {0.6, 0.7, 0.9}) {
+    SCOPED_TRACE(testing::Message() << "live ratio " << ratio);
+    OpReplayOptions o;
+    MemoryBudget::FromRatio(ratio, unlimited, Accounting::kLive).ApplyTo(o);
+    o.enable_offload = false;
+    o.policy = "dtr";
+    const OpReplayReport dtr = Replay(trace, o);
+    std::int64_t best = std::numeric_limits<std::int64_t>::max();
+    for (const std::string& policy : policies::KnownPolicies()) {
+      o.policy = policy == "hybrid" ? "hybrid:rank=own" : policy;
+      const OpReplayReport drops = Replay(trace, o);
+      if (drops.status == "ok") best = std::min(best, drops.time_ns);
+    }
+    o.policy = "auto";
+    const OpReplayReport chosen = Replay(trace, o);
+    ASSERT_EQ(chosen.status, "ok");
+    EXPECT_EQ(chosen.time_ns, best);
+    EXPECT_EQ(chosen.policy, "auto");
+    ASSERT_FALSE(chosen.kept_policy.empty());
+    if (dtr.status == "ok") {
+      EXPECT_LE(chosen.time_ns, dtr.time_ns);
+      // A tie keeps dtr, listed first.
+      if (chosen.time_ns == dtr.time_ns) EXPECT_EQ(chosen.kept_policy, "dtr:sample=all");
+    }
+    if (dtr.status != "ok" || chosen.time_ns < dtr.time_ns) ++better_than_dtr;
+    // The run kept replays alone to the same time.
+    o.policy = chosen.kept_policy;
+    const OpReplayReport alone = Replay(trace, o);
+    EXPECT_EQ(alone.time_ns, chosen.time_ns);
+  }
+  EXPECT_GT(better_than_dtr, 0);  // (dtr is not the best here, so the trial is not idle)
+}
+
 // A run past beaten_after_ns stops: it could not have been the quicker.
 TEST(OpReplayTest, ARunPastTheTimeAnotherTookStopsBeaten) {
   const OpTrace trace = Load("chain_100.jsonl");

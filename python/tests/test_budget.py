@@ -283,6 +283,14 @@ def test_an_unknown_policy_is_refused_before_any_step(policy):
         remat.torch.budget("1GiB", policy=policy)
 
 
+@pytest.mark.parametrize("policy", ["auto", "auto:sample=sqrt", ["dtr", "auto"]])
+def test_auto_is_refused_with_the_list_to_pass_instead(policy):
+    # auto's trial replays the step under every policy; a budget's steps are
+    # the program's, so it takes the list to try instead, never dtr silently.
+    with pytest.raises(ValueError, match="as a list"):
+        remat.torch.budget("1GiB", policy=policy)
+
+
 def test_the_offload_guard_can_be_turned_off_and_a_failed_step_is_not_timed():
     b = remat.torch.budget("1GiB", offload=True, recompute=True, offload_guard=False)
     with b:

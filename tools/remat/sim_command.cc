@@ -24,7 +24,7 @@ struct SimFlags {
   std::string trace_path;
   double budget_ratio = 0;
   std::uint64_t budget = 0;
-  std::string policy = "dtr";
+  std::string policy = "auto";
   LinkFlags link;
   bool no_swap = false;
   bool no_offload_guard = false;
@@ -370,7 +370,11 @@ Subcommand AddSimCommand(CLI::App& remat) {
                   "Budget as a fraction of the unlimited run's peak")
       ->check(CLI::Range(1e-6, 1e6));
   AddByteSizeOption(*cmd, "--budget", &flags->budget, "Budget in bytes (e.g. 2GiB)");
-  cmd->add_option("--policy", flags->policy, "Eviction policy spec (lru, largest, dtr:...)")
+  cmd->add_option("--policy", flags->policy,
+                  "Eviction policy spec: auto (the step replayed under dtr and every other "
+                  "policy, the quickest kept, as a training loop's first steps would try them), "
+                  "or one policy (lru, largest, dtr, dtr-eq, dtr-local, msps, megengine, window, "
+                  "hybrid, belady, dtr:staleness_exp=2, ...)")
       ->capture_default_str();
   AddLinkOptions(*cmd, &flags->link);
   cmd->add_flag("--no-swap", flags->no_swap, "Never offload to host memory");

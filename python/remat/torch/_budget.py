@@ -140,6 +140,10 @@ class budget:
                 len(set(policies)) != len(policies):
             raise ValueError(f"policy must be a policy spec such as 'dtr', or a list of "
                              f"different ones to try, not {policy!r}")
+        if any(p.split(":", 1)[0].strip() == "auto" for p in policies):
+            raise ValueError("policy 'auto' tries every policy over whole replays of the step "
+                             "(remat sim); here, pass the policies to try as a list, such as "
+                             "['dtr', 'msps', 'dtr-local', 'lru']")
         if not offload and not recompute:
             raise ValueError("with neither offload nor recompute allowed, nothing could leave "
                              "the budget: allow at least one")
