@@ -184,7 +184,9 @@ def find_library(name="libremat.so", env="REMAT_LIBRARY"):
     tried = []
     for path in _candidates(name, env):
         if path.is_file():
-            return str(path)
+            # Absolute: a relative $env must not change meaning when a build
+            # (the native recorder's link line) runs in another directory.
+            return str(path.resolve())
         tried.append(str(path))
     raise ImportError(f"{name} not found (tried " + ", ".join(tried) +
                       f"); install the package with `pip install .` or set {env}")

@@ -41,6 +41,20 @@ class PackageTest(unittest.TestCase):
             else:
                 os.environ["REMAT_LIBRARY"] = old
 
+    def test_a_relative_library_path_is_made_absolute(self):
+        # The native recorder links against it from its own build folder.
+        found = _capi.find_library()
+        old = os.environ.get("REMAT_LIBRARY")
+        os.environ["REMAT_LIBRARY"] = os.path.relpath(found)
+        try:
+            self.assertEqual(_capi.find_library(), os.path.realpath(found))
+            self.assertTrue(os.path.isabs(_capi.find_library()))
+        finally:
+            if old is None:
+                del os.environ["REMAT_LIBRARY"]
+            else:
+                os.environ["REMAT_LIBRARY"] = old
+
     def test_a_library_of_another_abi_is_refused(self):
         self.assertEqual(_capi.lib().remat_abi_version(), _capi.ABI_VERSION)
 
