@@ -122,7 +122,7 @@ CachingAllocator::CachingAllocator(Device* device, AllocatorOptions options)
   MutexLock lock(&mu_);
   budget_ = options.budget == 0 ? device->Capacity() : options.budget;
   large_.large = true;
-  for (Pool* pool : {&small_, &large_}) {
+  for (Pool* pool : {&small_, &large_, &transient_}) {
     pool->sentinel.partition = kSentinelPartition;
     pool->free.insert(&pool->sentinel);
   }
@@ -202,12 +202,12 @@ absl::StatusOr<void*> CachingAllocator::Allocate(std::size_t bytes, Stream strea
         FormatBytes(bytes), device_->Describe(), FormatBytes(device_capacity_)));
   }
   const std::size_t size = round_divisions_ ? RoundRequest(bytes) : RoundSize(bytes);
-  Pool& pool = PoolFor(size);
   MutexLock lock(&mu_);
+  Pool& pool = PlacePoolFor(size);
   if (undone_ != nullptr) {
     // The last call freed the block the call before it allocated: the same
     // request on the same stream gets it back (see Redo).
-    if (size == last_alloc_size_ && undone_->stream == stream) {
+    if (size == last_alloc_size_ && undone_->stream == stream && undone_->pool == &pool) {
       return reinterpret_cast<void*>(Redo(bytes, stream, owner)->addr);
     }
     Settle();
@@ -298,6 +298,8 @@ REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::HandOut(Block* block
   block->allocated = true;
   block->shared = false;
   block->generation = ++allocations_made_;
+  if (recording_step_) [[unlikely]]
+    RecordStepAllocation(block);
   block->requested = requested;
   block->stream = stream;
   block->owner = owner;
@@ -493,6 +495,7 @@ CachingAllocator::Block* CachingAllocator::ReserveSegment(Pool& pool, std::size_
   seg->size = segment_size;
   seg->whole_size = segment_size;
   seg->large = pool.large;
+  seg->pool = &pool;
   seg->stream = stream;
   Block* b = NewBlock();
   b->addr = seg->addr;
@@ -511,6 +514,90 @@ CachingAllocator::Block* CachingAllocator::ReserveSegment(Pool& pool, std::size_
   RecordTrace(TraceAction::kSegmentAlloc, seg->addr, segment_size, segment_size, stream);
   InsertFree(b);
   return b;
+}
+
+// ---------------------------------------------------------------------------
+// Steps: placement learned from the step before (BeginStep, EndStep)
+
+void CachingAllocator::BeginStep() {
+  MutexLock lock(&mu_);
+  if (page_size_ < kSmallSize || placement_ == Placement::kRefused) return;
+  StartStep();
+}
+
+void CachingAllocator::StartStep() {
+  recording_step_ = true;
+  step_allocations_.clear();
+  step_first_generation_ = allocations_made_ + 1;
+  step_clock_ = 0;
+  step_peak_bytes_ = 0;
+  step_peak_at_ = 0;
+  step_reserved_peak_ = 0;
+}
+
+void CachingAllocator::EndStep() {
+  MutexLock lock(&mu_);
+  if (page_size_ < kSmallSize) return;
+  const bool whole = recording_step_ && step_allocations_.size() < kMaxStepAllocations;
+  switch (placement_) {
+    case Placement::kPlain:
+      if (whole) {
+        plain_step_reserved_ = step_reserved_peak_;
+        placement_ = Placement::kTrying;
+      }
+      break;
+    case Placement::kTrying:
+    case Placement::kKept:
+      placement_ = whole && step_reserved_peak_ < plain_step_reserved_ ? Placement::kKept
+                                                                       : Placement::kRefused;
+      break;
+    case Placement::kRefused:
+      break;
+  }
+  learned_.clear();
+  if (whole && placement_ != Placement::kRefused) {
+    // Apart: what was made after the peak, or freed at or before it.
+    learned_.resize(step_allocations_.size());
+    for (std::size_t i = 0; i < step_allocations_.size(); ++i) {
+      const StepAllocation& a = step_allocations_[i];
+      learned_[i] = {a.size, a.made > step_peak_at_ || a.freed <= step_peak_at_};
+    }
+  }
+  EndUndo();
+  // The next step records from here (none once the trial refused).
+  step_allocations_.clear();
+  recording_step_ = false;
+  if (placement_ != Placement::kRefused) StartStep();
+}
+
+void CachingAllocator::RecordStepAllocation(const Block* block) {
+  if (step_allocations_.size() >= kMaxStepAllocations) return;  // (EndStep learns nothing)
+  step_allocations_.push_back({block->size, ++step_clock_});
+  // (HandOut counts the block's bytes after this.)
+  const std::int64_t allocated =
+      stats_.allocated_bytes.all().current + static_cast<std::int64_t>(block->size);
+  if (allocated > step_peak_bytes_) {
+    step_peak_bytes_ = allocated;
+    step_peak_at_ = step_clock_;
+  }
+  // The pages that hold blocks: reserved bytes less the free whole pages
+  // cached (which the next growth past the high-water mark gives back
+  // first), so that pages a step before left cached do not count. (They
+  // grow only to serve an allocation, this one included.)
+  step_reserved_peak_ =
+      std::max(step_reserved_peak_,
+               static_cast<std::size_t>(stats_.reserved_bytes.all().current) - free_page_bytes_);
+}
+
+std::size_t CachingAllocator::learned_allocations() const {
+  MutexLock lock(&mu_);
+  return learned_.size();
+}
+
+std::size_t CachingAllocator::learned_transient() const {
+  MutexLock lock(&mu_);
+  return static_cast<std::size_t>(std::count_if(learned_.begin(), learned_.end(),
+                                                [](const Learned& l) { return l.transient; }));
 }
 
 // ---------------------------------------------------------------------------
@@ -567,6 +654,7 @@ CachingAllocator::Segment* CachingAllocator::NewExpandableSegment(Pool& pool, st
   seg->size = bytes;
   seg->whole_size = std::numeric_limits<std::size_t>::max();
   seg->large = pool.large;
+  seg->pool = &pool;
   seg->expandable = true;
   // Only where a page holds the largest small request (every device so far:
   // 2 MiB); on smaller pages small blocks must span pages.
@@ -870,7 +958,7 @@ std::size_t CachingAllocator::UnmapFreePages() {
   unbacking_ = std::move(retry);
   if (released > 0) ++free_epoch_;
   std::vector<Block*> blocks;
-  for (Pool* pool : {&small_, &large_}) {
+  for (Pool* pool : {&small_, &large_, &transient_}) {
     for (Block* b : pool->free) {
       if (b != &pool->sentinel && b->segment->expandable &&
           WholePageBytes(b->addr, b->size, page_size_) > 0) {
@@ -996,6 +1084,10 @@ REMAT_HOT_INLINE absl::Status CachingAllocator::FreeLocked(void* ptr, const Stre
   RecordTrace(TraceAction::kFreeRequested, block->addr, block->size, block->requested,
               block->stream);
   block->allocated = false;
+  if (recording_step_ && block->generation >= step_first_generation_) [[unlikely]] {
+    const std::uint64_t i = block->generation - step_first_generation_;
+    if (i < step_allocations_.size()) step_allocations_[i].freed = ++step_clock_;
+  }
   if (stream != nullptr) block->stream = *stream;
   if (events.empty()) {
     if (undoes) {
@@ -1244,7 +1336,7 @@ void CachingAllocator::HarvestStreams(const Stream* requester, bool wait) {
   // Streams that hold private free blocks, found by walking the free sets'
   // private sections one stream at a time.
   absl::InlinedVector<Stream, 4> streams;
-  for (Pool* pool : {&small_, &large_}) {
+  for (Pool* pool : {&small_, &large_, &transient_}) {
     // Partition 0 holds the shared blocks; private ones start at 1.
     auto it = pool->free.lower_bound(FreeKey{1, 0, 0});
     while (*it != &pool->sentinel) {
@@ -1294,7 +1386,7 @@ void CachingAllocator::HarvestStreams(const Stream* requester, bool wait) {
 }
 
 void CachingAllocator::ShareBlocksOf(Stream stream, std::uint64_t before_seq) {
-  for (Pool* pool : {&small_, &large_}) {
+  for (Pool* pool : {&small_, &large_, &transient_}) {
     std::vector<Block*> moving;
     const std::uintptr_t partition = PartitionOf(stream, /*shared=*/false);
     for (auto it = pool->free.lower_bound(FreeKey{partition, 0, 0}); (*it)->partition == partition;
@@ -1498,6 +1590,9 @@ void CachingAllocator::ResetPeakStats() {
   MutexLock lock(&mu_);
   EndUndo();
   stats_.ResetPeaks();
+  // Expandable segments unmap their free pages before passing the most
+  // they ever reserved: from now, before passing what they reserve now.
+  reserved_high_water_ = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
   pending_stats_.count.ResetPeak(stats_.allocation);
   pending_stats_.bytes.ResetPeak(stats_.allocated_bytes);
 }
@@ -1627,20 +1722,23 @@ absl::Status CachingAllocator::CheckInvariantsLocked() const {
     std::int64_t inactive_split = 0, inactive_split_bytes = 0;
   };
   std::array<Counts, 3> counts{};
-  std::size_t free_blocks[2] = {0, 0};  // in the free sets, by pool (small, large)
-  std::size_t shared_blocks[2] = {0, 0};
-  std::size_t unmapped_blocks[2] = {0, 0};
+  std::size_t free_blocks[3] = {0, 0, 0};  // in the free sets, by pool (small, large, transient)
+  std::size_t shared_blocks[3] = {0, 0, 0};
+  std::size_t unmapped_blocks[3] = {0, 0, 0};
   std::size_t whole_free = 0;
   std::size_t free_pages = 0;
   std::size_t unbacking = 0;
   std::size_t pending_blocks = 0;
-  const Pool* pools[2] = {&small_, &large_};
+  const Pool* pools[3] = {&small_, &large_, &transient_};
+  const char* pool_names[3] = {"small", "large", "transient"};
 
   for (const auto& [key, seg] : segments_) {
     REMAT_INVARIANT(seg != nullptr && seg->addr == key, "segment at %#x is filed under %#x",
                     seg == nullptr ? 0 : seg->addr, key);
-    const int pi = seg->large ? 1 : 0;
+    const int pi = seg->pool == &transient_ ? 2 : seg->large ? 1 : 0;
     const Pool* pool = pools[pi];
+    REMAT_INVARIANT(seg->pool == pool && (pi != 2 || seg->expandable),
+                    "segment at %#x belongs to no pool its kind allows", seg->addr);
     const StatPool sp = seg->large ? kLargePool : kSmallPool;
     REMAT_INVARIANT(
         seg->expandable == (page_size_ != 0),
@@ -1814,14 +1912,13 @@ absl::Status CachingAllocator::CheckInvariantsLocked() const {
   }
 
   // The free sets hold exactly the free blocks counted above, and the sentinel last.
-  for (int pi = 0; pi < 2; ++pi) {
+  for (int pi = 0; pi < 3; ++pi) {
     const Pool& pool = *pools[pi];
     REMAT_INVARIANT(!pool.free.empty() && *std::prev(pool.free.end()) == &pool.sentinel,
-                    "the %s pool's free set does not end with its sentinel",
-                    pi == 0 ? "small" : "large");
+                    "the %s pool's free set does not end with its sentinel", pool_names[pi]);
     REMAT_INVARIANT(pool.free.size() == free_blocks[pi] + 1,
                     "the %s pool's free set holds %d blocks, its segments %d free ones",
-                    pi == 0 ? "small" : "large", pool.free.size() - 1, free_blocks[pi]);
+                    pool_names[pi], pool.free.size() - 1, free_blocks[pi]);
     // Each entry is a free block of the pool that lies in its segment (so
     // among those counted above) and knows where it is in the set: with the
     // counts equal, the set holds exactly the segments' free blocks. (A
@@ -1833,21 +1930,21 @@ absl::Status CachingAllocator::CheckInvariantsLocked() const {
       REMAT_INVARIANT(
           b->pool == &pool && !b->allocated && !b->pending_free && b->mapped && b != undone_,
           "the %s pool's free set holds the block at %#x, which is not a free block of it",
-          pi == 0 ? "small" : "large", b->addr);
+          pool_names[pi], b->addr);
       REMAT_INVARIANT(b->free_pos == it,
                       "free block at %#x is not where its free-set position says", b->addr);
       REMAT_INVARIANT(segments_.contains(b->segment->addr) &&
                           segments_.at(b->segment->addr) == b->segment &&
                           (b->prev != nullptr ? b->prev->next == b : b->segment->first == b),
                       "the %s pool's free set holds the block at %#x, which is in no segment",
-                      pi == 0 ? "small" : "large", b->addr);
+                      pool_names[pi], b->addr);
     }
     REMAT_INVARIANT(pool.shared_count == shared_blocks[pi],
                     "the %s pool counts %d shared free blocks, its free set holds %d",
-                    pi == 0 ? "small" : "large", pool.shared_count, shared_blocks[pi]);
+                    pool_names[pi], pool.shared_count, shared_blocks[pi]);
     REMAT_INVARIANT(pool.unmapped.size() == unmapped_blocks[pi],
-                    "the %s pool's unmapped set holds %d blocks, its segments %d",
-                    pi == 0 ? "small" : "large", pool.unmapped.size(), unmapped_blocks[pi]);
+                    "the %s pool's unmapped set holds %d blocks, its segments %d", pool_names[pi],
+                    pool.unmapped.size(), unmapped_blocks[pi]);
   }
   REMAT_INVARIANT(whole_free_segments_ == whole_free, "%d whole free segments counted, %d found",
                   whole_free_segments_, whole_free);
@@ -2009,19 +2106,24 @@ std::string CachingAllocator::OomMessage(std::size_t requested, std::size_t size
   for (const Pool* pool : {&small_, &large_}) {
     std::size_t pool_free = 0;
     std::size_t pool_largest = 0;
-    for (const Block* b : pool->free) {
-      if (b == &pool->sentinel) continue;
-      pool_largest = std::max(pool_largest, b->size);
-      pool_free += b->size;
+    // (The small pool's figures count the blocks placed apart too.)
+    for (const Pool* part : {pool, pool == &small_ ? &transient_ : nullptr}) {
+      if (part == nullptr) continue;
+      for (const Block* b : part->free) {
+        if (b == &part->sentinel) continue;
+        pool_largest = std::max(pool_largest, b->size);
+        pool_free += b->size;
+      }
     }
     largest_free = std::max(largest_free, pool_largest);
     free_bytes += pool_free;
     const StatPool sp = StatPoolOf(*pool);
-    absl::StrAppendFormat(&pools, "; %s pool: reserved %s, allocated %s, cached free %s (largest %s)",
-                          pool->large ? "large" : "small",
-                          FormatBytes(static_cast<std::uint64_t>(stats_.reserved_bytes.pools[sp].current)),
-                          FormatBytes(static_cast<std::uint64_t>(stats_.allocated_bytes.pools[sp].current)),
-                          FormatBytes(pool_free), FormatBytes(pool_largest));
+    absl::StrAppendFormat(
+        &pools, "; %s pool: reserved %s, allocated %s, cached free %s (largest %s)",
+        pool->large ? "large" : "small",
+        FormatBytes(static_cast<std::uint64_t>(stats_.reserved_bytes.pools[sp].current)),
+        FormatBytes(static_cast<std::uint64_t>(stats_.allocated_bytes.pools[sp].current)),
+        FormatBytes(pool_free), FormatBytes(pool_largest));
   }
   const double fragmentation =
       free_bytes == 0 ? 0.0 : 1.0 - static_cast<double>(largest_free) / static_cast<double>(free_bytes);

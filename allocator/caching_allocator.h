@@ -213,6 +213,30 @@ class CachingAllocator {
   // How many allocations the undo fast path served (AllocatorOptions::fast_undo).
   std::uint64_t fast_undo_count() const;
 
+  // Steps: a training loop allocates the same sequence in every step, so one
+  // step tells where the next should place its blocks. With expandable
+  // segments, BeginStep starts recording the step's allocations (their
+  // order, sizes and lifetimes); EndStep learns from it, and starts the next.
+  // In the next step a small-pool request that, by its place in the step's
+  // sequence and its size, was not live at the last step's peak of
+  // allocated bytes takes its block from pages of its own, apart from the
+  // blocks that were: its pages come free before the peak, and the blocks
+  // live at the peak share as few pages as their sizes allow. A request
+  // the last step did not make (another position or size) is placed as
+  // without steps. That step is a trial: where it reserved less at its peak
+  // than the step before it, placed plainly, later steps go on placing so
+  // (each by the step before); otherwise every later step is placed
+  // plainly. (Apart, the two kinds of blocks cannot share a page, which
+  // costs a page where the step's blocks fit in a few.) Without expandable
+  // segments both do nothing. EndStep alone also starts recording;
+  // neither need be called; a step past kMaxStepAllocations is not learned.
+  void BeginStep();
+  void EndStep();
+  static constexpr std::size_t kMaxStepAllocations = std::size_t{1} << 24;
+  // Of the last step learned: its allocations, and those placed apart.
+  std::size_t learned_allocations() const;
+  std::size_t learned_transient() const;
+
   // Walks every segment, block, free set and counter, and returns
   // FailedPrecondition naming the first broken invariant: blocks tile each
   // segment and link both ways; no two free neighbours that may merge are
@@ -317,6 +341,7 @@ class CachingAllocator {
     // An expandable segment of the small pool: no block crosses a page
     // boundary, so each page fills like a fixed 2 MiB segment (see CanMerge).
     bool page_bounded = false;
+    Pool* pool = nullptr;  // the pool its blocks belong to
     Stream stream;
     Block* first = nullptr;
     std::vector<PhysicalChunk> pages;  // expandable: page i's chunk (handle 0: unmapped)
@@ -352,6 +377,18 @@ class CachingAllocator {
   CachingAllocator(Device* device, AllocatorOptions options);
 
   Pool& PoolFor(std::size_t rounded) { return rounded <= kSmallSize ? small_ : large_; }
+  void RecordStepAllocation(const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the allocations from here as a new step's.
+  void StartStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PoolFor, with what the last step learned (EndStep).
+  Pool& PlacePoolFor(std::size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (rounded > kSmallSize) return large_;
+    if (learned_.empty()) [[likely]] return small_;
+    const std::uint64_t i = allocations_made_ + 1 - step_first_generation_;
+    return i < learned_.size() && learned_[i].size == rounded && learned_[i].transient
+               ? transient_
+               : small_;
+  }
   StatPool StatPoolOf(const Pool& pool) const { return pool.large ? kLargePool : kSmallPool; }
   Pool& PoolOf(const Block* b) { return *b->pool; }
 
@@ -482,7 +519,7 @@ class CachingAllocator {
   const bool round_divisions_;  // some roundup_divisions entry is above 1
   // Bytes segments being reserved without the lock will add (budget checks count them).
   std::size_t reserving_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  std::uint64_t allocations_made_ ABSL_GUARDED_BY(mu_) = 0;  // expandable segments' page; 0 when not expandable
+  std::uint64_t allocations_made_ ABSL_GUARDED_BY(mu_) = 0;  // blocks handed out (generations)
   // The most bytes ever reserved: expandable segments pass it only after
   // unmapping the free pages they cache.
   std::size_t reserved_high_water_ ABSL_GUARDED_BY(mu_) = 0;
@@ -494,6 +531,35 @@ class CachingAllocator {
   NodeResource free_nodes_;
   Pool small_ ABSL_GUARDED_BY(mu_){&free_nodes_};
   Pool large_ ABSL_GUARDED_BY(mu_){&free_nodes_};
+  // Small blocks the last step did not hold at its peak (EndStep).
+  Pool transient_ ABSL_GUARDED_BY(mu_){&free_nodes_};
+  // The step being recorded (BeginStep): each allocation's rounded size and
+  // when (on the step's clock of allocations and frees) it was made and
+  // freed; the clock at the step's peak of allocated bytes.
+  struct StepAllocation {
+    std::size_t size = 0;
+    std::uint64_t made = 0;
+    std::uint64_t freed = std::numeric_limits<std::uint64_t>::max();
+  };
+  bool recording_step_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<StepAllocation> step_allocations_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t step_first_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  std::uint64_t step_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  std::int64_t step_peak_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t step_peak_at_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Learned {
+    std::size_t size = 0;
+    bool transient = false;
+  };
+  std::vector<Learned> learned_ ABSL_GUARDED_BY(mu_);
+  // The trial of the learned placement against the plain one: the reserved
+  // peak of the last step placed plainly, of the step being recorded, and
+  // whether steps place by what they learn (kTrying: the next step is the
+  // first; kKept: one did reserve less; kRefused: one did not).
+  enum class Placement : std::uint8_t { kPlain, kTrying, kKept, kRefused };
+  Placement placement_ ABSL_GUARDED_BY(mu_) = Placement::kPlain;
+  std::size_t plain_step_reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  std::size_t step_reserved_peak_ ABSL_GUARDED_BY(mu_) = 0;
   AddressMap<Block> live_ ABSL_GUARDED_BY(mu_);
   absl::btree_map<std::uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingFree> pending_frees_ ABSL_GUARDED_BY(mu_);

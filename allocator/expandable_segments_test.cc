@@ -386,5 +386,82 @@ TEST_F(ExpandableTest, FreeingAnUnbackedBlockLeavesItsMiddleUnmapped) {
   Free(e);
 }
 
+
+// Steps (BeginStep, EndStep): a block freed before the step's peak took the
+// page a block live at the peak needed; the next step places it apart, and
+// the peak holds a page less.
+TEST_F(ExpandableTest, AStepPlacesWhatIsGoneByThePeakApartFromWhatIsLiveThere) {
+  Make(true);
+  // One step: L1 and T on one page, L2 on a second (T holds the first's
+  // room); T goes; a large block then needs a third page, though L1 and L2
+  // would share one.
+  const auto step = [&]() -> std::int64_t {
+    void* l1 = Alloc(512 * kKiB);
+    void* t = Alloc(kMiB);
+    void* l2 = Alloc(kMiB);
+    Free(t);
+    void* big = Alloc(2 * kMiB);  // the peak: L1, L2 and this
+    CheckConsistent();
+    const std::int64_t peak = PeakReserved();
+    for (void* p : {l1, l2, big}) Free(p);
+    alloc_->EndStep();
+    EXPECT_TRUE(alloc_->EmptyCache().ok());
+    alloc_->ResetPeakStats();
+    CheckConsistent();
+    return peak;
+  };
+  alloc_->BeginStep();
+  EXPECT_EQ(step(), 6 * kMiB);  // placed plainly: three pages
+  EXPECT_EQ(alloc_->learned_allocations(), 4u);
+  EXPECT_EQ(alloc_->learned_transient(), 1u);  // T
+  EXPECT_EQ(step(), 4 * kMiB);  // T on a page of its own, gone before the peak
+  EXPECT_EQ(step(), 4 * kMiB);  // kept: it reserved less than the plain step
+  EXPECT_EQ(alloc_->learned_transient(), 1u);
+  // Another program's sequence (other sizes) is placed plainly.
+  void* other = Alloc(4 * kKiB);
+  Free(other);
+  CheckConsistent();
+}
+
+// Placed apart, the two kinds of blocks cannot share a page: where the step
+// fits in one, the trial step reserves more, and every later step is placed
+// plainly again.
+TEST_F(ExpandableTest, AStepWhosePlacementReservedMoreIsNotPlacedSoAgain) {
+  Make(true);
+  const auto step = [&]() -> std::int64_t {
+    void* l1 = Alloc(4 * kKiB);
+    void* t = Alloc(4 * kKiB);
+    Free(t);
+    void* l2 = Alloc(4 * kKiB);
+    void* l3 = Alloc(4 * kKiB);  // the peak
+    const std::int64_t peak = PeakReserved();
+    for (void* p : {l1, l2, l3}) Free(p);
+    alloc_->EndStep();
+    EXPECT_TRUE(alloc_->EmptyCache().ok());
+    alloc_->ResetPeakStats();
+    CheckConsistent();
+    return peak;
+  };
+  EXPECT_EQ(step(), 2 * kMiB);  // (EndStep alone starts recording: nothing learned yet)
+  EXPECT_EQ(alloc_->learned_allocations(), 0u);
+  EXPECT_EQ(step(), 2 * kMiB);  // recorded, plainly
+  EXPECT_EQ(alloc_->learned_transient(), 1u);
+  EXPECT_EQ(step(), 4 * kMiB);  // the trial: T's page beside the others'
+  EXPECT_EQ(alloc_->learned_allocations(), 0u);  // refused
+  EXPECT_EQ(step(), 2 * kMiB);
+  EXPECT_EQ(step(), 2 * kMiB);
+}
+
+// Without expandable segments steps change nothing.
+TEST_F(ExpandableTest, StepsDoNothingOnFixedSegments) {
+  Make(false);
+  alloc_->BeginStep();
+  void* a = Alloc(4 * kKiB);
+  Free(a);
+  alloc_->EndStep();
+  EXPECT_EQ(alloc_->learned_allocations(), 0u);
+  EXPECT_TRUE(alloc_->CheckInvariants().ok());
+}
+
 }  // namespace
 }  // namespace remat

@@ -65,6 +65,13 @@ absl::Status ReplayBug(const AllocLog& log, const AllocRecord& record, const abs
                       record.line, status.message()));
 }
 
+// 1 - peak active / peak reserved.
+double Fragmentation(const AllocatorStats& stats) {
+  const auto reserved = static_cast<double>(stats.reserved_bytes.all().peak);
+  const auto active = static_cast<double>(stats.active_bytes.all().peak);
+  return reserved == 0 ? 0.0 : 1.0 - active / reserved;
+}
+
 }  // namespace
 
 std::size_t HistoryCapacity(const AllocLog& log, std::size_t history_events) {
@@ -88,59 +95,87 @@ absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOpt
   CachingAllocator* const allocator = stack.allocator.get();
   REMAT_ASSIGN_OR_RETURN(std::vector<Stream> streams, MapStreams(log, *device));
 
+  if (options.steps < 1 || options.steps > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("steps must be 1 to 1000, not %d", options.steps));
+  }
   std::vector<void*> slots(log.num_slots, nullptr);
   std::uint64_t ooms = 0;
   std::uint64_t skipped_frees = 0;
   std::uint64_t refusals_replayed = 0;
+  std::uint64_t first_peak_reserved = 0;
+  double first_fragmentation = 0;
   std::optional<LogClock> clock;
   if (allocator_options.event_ring_capacity > 0) clock.emplace(device);
-  const auto start = std::chrono::steady_clock::now();
-  for (const AllocRecord& record : log.records) {
-    if (clock) clock->Follow(record.time_ns);
-    switch (record.action) {
-      case AllocAction::kAllocate: {
-        absl::StatusOr<void*> ptr = allocator->Allocate(record.size, streams[record.stream]);
-        if (ptr.ok()) {
-          if (record.slot != kNoSlot) slots[record.slot] = *ptr;
-          break;
-        }
-        // Larger than the device is an out-of-memory too, as on a real GPU.
-        const bool oom = absl::IsResourceExhausted(ptr.status()) ||
-                         (absl::IsInvalidArgument(ptr.status()) && record.size > options.capacity);
-        if (!oom) return ReplayBug(log, record, ptr.status());
-        ++ooms;
-        if (record.slot != kNoSlot) slots[record.slot] = nullptr;
-        break;
+  if (options.steps > 1) allocator->BeginStep();
+  auto start = std::chrono::steady_clock::now();
+  for (int step = 0; step < options.steps; ++step) {
+    if (step > 0) {
+      // The step before: its figures, then what it left live freed and the
+      // cache emptied, so that this one starts from nothing but what was learned.
+      const AllocatorStats before = allocator->GetStats();
+      if (step == 1) {
+        first_peak_reserved = static_cast<std::uint64_t>(before.reserved_bytes.all().peak);
+        first_fragmentation = Fragmentation(before);
       }
-      case AllocAction::kFree: {
-        if (record.slot == kNoSlot) break;  // zero-byte: nothing was allocated
-        void*& ptr = slots[record.slot];
-        if (ptr == nullptr) {
-          ++skipped_frees;  // its allocation ran out of memory
-          break;
-        }
-        absl::Status freed = allocator->FreeOnStream(ptr, streams[record.stream]);
-        if (!freed.ok()) return ReplayBug(log, record, freed);
+      for (void*& ptr : slots) {
+        if (ptr != nullptr) (void)allocator->Free(ptr);
         ptr = nullptr;
-        break;
       }
-      case AllocAction::kAllocateFailure:
-        // The recorded run was refused this allocation. Under a budget the
-        // replay does what the refusal did to the allocator: it waited for
-        // what was in flight and gave the cached segments back before
-        // failing; so the replay follows a run recorded under that budget.
-        // (It does not try the allocation: one that fit now would raise the
-        // peaks above anything the program held.) Without a budget there is
-        // nothing to follow: the line is left out, as the program never held
-        // the memory.
-        if (options.budget == 0) break;
-        if (absl::Status s = allocator->EmptyCache(); !s.ok()) return ReplayBug(log, record, s);
-        ++refusals_replayed;
-        break;
+      allocator->EndStep();
+      if (absl::Status s = allocator->EmptyCache(); !s.ok()) return s;
+      allocator->ResetPeakStats();
+      ooms = skipped_frees = refusals_replayed = 0;
+      start = std::chrono::steady_clock::now();
     }
-    if (options.check_invariants) {
-      if (absl::Status s = allocator->CheckInvariants(); !s.ok()) {
-        return ReplayBug(log, record, s);
+    for (const AllocRecord& record : log.records) {
+      if (clock) clock->Follow(record.time_ns);
+      switch (record.action) {
+        case AllocAction::kAllocate: {
+          absl::StatusOr<void*> ptr = allocator->Allocate(record.size, streams[record.stream]);
+          if (ptr.ok()) {
+            if (record.slot != kNoSlot) slots[record.slot] = *ptr;
+            break;
+          }
+          // Larger than the device is an out-of-memory too, as on a real GPU.
+          const bool oom =
+              absl::IsResourceExhausted(ptr.status()) ||
+              (absl::IsInvalidArgument(ptr.status()) && record.size > options.capacity);
+          if (!oom) return ReplayBug(log, record, ptr.status());
+          ++ooms;
+          if (record.slot != kNoSlot) slots[record.slot] = nullptr;
+          break;
+        }
+        case AllocAction::kFree: {
+          if (record.slot == kNoSlot) break;  // zero-byte: nothing was allocated
+          void*& ptr = slots[record.slot];
+          if (ptr == nullptr) {
+            ++skipped_frees;  // its allocation ran out of memory
+            break;
+          }
+          absl::Status freed = allocator->FreeOnStream(ptr, streams[record.stream]);
+          if (!freed.ok()) return ReplayBug(log, record, freed);
+          ptr = nullptr;
+          break;
+        }
+        case AllocAction::kAllocateFailure:
+          // The recorded run was refused this allocation. Under a budget the
+          // replay does what the refusal did to the allocator: it waited for
+          // what was in flight and gave the cached segments back before
+          // failing; so the replay follows a run recorded under that budget.
+          // (It does not try the allocation: one that fit now would raise the
+          // peaks above anything the program held.) Without a budget there is
+          // nothing to follow: the line is left out, as the program never held
+          // the memory.
+          if (options.budget == 0) break;
+          if (absl::Status s = allocator->EmptyCache(); !s.ok()) return ReplayBug(log, record, s);
+          ++refusals_replayed;
+          break;
+      }
+      if (options.check_invariants) {
+        if (absl::Status s = allocator->CheckInvariants(); !s.ok()) {
+          return ReplayBug(log, record, s);
+        }
       }
     }
   }
@@ -177,10 +212,13 @@ absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOpt
   report.peak_allocated_bytes = static_cast<std::uint64_t>(stats.allocated_bytes.all().peak);
   report.peak_active_bytes = static_cast<std::uint64_t>(stats.active_bytes.all().peak);
   report.peak_reserved_bytes = static_cast<std::uint64_t>(stats.reserved_bytes.all().peak);
-  report.fragmentation = report.peak_reserved_bytes == 0
-                             ? 0.0
-                             : 1.0 - static_cast<double>(report.peak_active_bytes) /
-                                         static_cast<double>(report.peak_reserved_bytes);
+  report.fragmentation = Fragmentation(stats);
+  report.steps = options.steps;
+  if (options.steps > 1) {
+    report.first_step_peak_reserved_bytes = first_peak_reserved;
+    report.first_step_fragmentation = first_fragmentation;
+    report.placed_apart = allocator->learned_transient();
+  }
   report.segments_peak = static_cast<std::uint64_t>(stats.segment.all().peak);
   report.device_allocs = static_cast<std::uint64_t>(stats.num_device_alloc);
   report.device_frees = static_cast<std::uint64_t>(stats.num_device_free);
@@ -218,6 +256,12 @@ std::string ReplayReportToJson(const ReplayReport& r) {
   w.Key("peak_active_bytes").Uint(r.peak_active_bytes);
   w.Key("peak_reserved_bytes").Uint(r.peak_reserved_bytes);
   w.Key("fragmentation").Double(r.fragmentation);
+  w.Key("steps").Int(r.steps);
+  if (r.steps > 1) {
+    w.Key("first_step_peak_reserved_bytes").Uint(r.first_step_peak_reserved_bytes);
+    w.Key("first_step_fragmentation").Double(r.first_step_fragmentation);
+    w.Key("placed_apart").Uint(r.placed_apart);
+  }
   w.Key("segments_peak").Uint(r.segments_peak);
   w.Key("device_allocs").Uint(r.device_allocs);
   w.Key("device_frees").Uint(r.device_frees);
@@ -275,6 +319,12 @@ std::string ReplayReportToText(const ReplayReport& r) {
   row("peak reserved", Bytes(r.peak_reserved_bytes));
   row("fragmentation",
       absl::StrFormat("%.1f%% (1 - peak active / peak reserved)", 100.0 * r.fragmentation));
+  if (r.steps > 1) {
+    row("steps", absl::StrFormat("%d; the figures above are the last's; the first: peak "
+                                 "reserved %s, fragmentation %.1f%%; %d allocations placed apart",
+                                 r.steps, FormatBytes(r.first_step_peak_reserved_bytes),
+                                 100.0 * r.first_step_fragmentation, r.placed_apart));
+  }
   row("segments", absl::StrFormat("%d at peak, %d device allocs, %d device frees", r.segments_peak,
                                   r.device_allocs, r.device_frees));
   row("retries", absl::StrFormat("%d", r.retries));

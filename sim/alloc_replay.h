@@ -54,6 +54,12 @@ struct ReplayOptions {
   // the replay's error, naming the line (for fuzzers and tests; linear in the
   // allocator's blocks per record).
   bool check_invariants = false;
+  // Replay the log this many times, as the steps of a training loop
+  // (CachingAllocator::BeginStep, EndStep): after each, what it left live is
+  // freed and the cache emptied, and the next step places its blocks by what
+  // the one before learned (with expandable segments). The report's peaks
+  // and fragmentation are the last step's; the first's are kept beside them.
+  int steps = 1;
 };
 
 // The event ring a replay of `log` uses for `history_events`: at most the 4
@@ -83,6 +89,13 @@ struct ReplayReport {
   std::uint64_t peak_active_bytes = 0;     // allocated plus blocks waiting on streams
   std::uint64_t peak_reserved_bytes = 0;   // device segments
   double fragmentation = 0;                // 1 - peak active / peak reserved
+  // With ReplayOptions::steps > 1: how many, the first step's peak reserved
+  // bytes and fragmentation, and the allocations the last step placed apart
+  // from those live at the peak before it.
+  int steps = 1;
+  std::uint64_t first_step_peak_reserved_bytes = 0;
+  double first_step_fragmentation = 0;
+  std::uint64_t placed_apart = 0;
   std::uint64_t segments_peak = 0;
   std::uint64_t device_allocs = 0;  // segments reserved from the device
   std::uint64_t device_frees = 0;   // segments given back to it

@@ -261,6 +261,58 @@ TEST(AllocReplayTest, ASmallHistoryKeepsTheNewestEvents) {
   EXPECT_EQ(r.snapshot->events.back().requested_size, 24 * kMiB);
 }
 
+// --steps: the log replayed as a loop's steps; with expandable segments the
+// second places a block gone by the peak apart, and keeps doing so only
+// because it reserved less. L1 and T share a page, L2 takes a second (T
+// holds the first's room), T goes, and the 2 MiB block at the peak needs a
+// third page though L1 and L2 would share one.
+TEST(AllocReplayTest, StepsPlaceWhatIsGoneByThePeakApart) {
+  const AllocLog log = MustParse(
+      "1,00:00:00.000001,allocate,0x1000,524288,0x0\n"
+      "1,00:00:00.000002,allocate,0x2000,1048576,0x0\n"
+      "1,00:00:00.000003,allocate,0x3000,1048576,0x0\n"
+      "1,00:00:00.000004,free,0x2000,1048576,0x0\n"
+      "1,00:00:00.000005,allocate,0x4000,2097152,0x0\n");
+  ReplayOptions options;
+  options.alloc_conf = "expandable_segments:True";
+  options.check_invariants = true;
+  const ReplayReport once = MustReplay(log, options);
+  EXPECT_EQ(once.peak_reserved_bytes, 6 * kMiB);
+  EXPECT_EQ(once.steps, 1);
+  EXPECT_THAT(ReplayReportToJson(once), testing::Not(HasSubstr("first_step")));
+  for (int steps : {2, 3, 5}) {
+    SCOPED_TRACE(steps);
+    options.steps = steps;
+    const ReplayReport r = MustReplay(log, options);
+    EXPECT_EQ(r.steps, steps);
+    EXPECT_EQ(r.peak_reserved_bytes, 4 * kMiB);
+    EXPECT_EQ(r.first_step_peak_reserved_bytes, 6 * kMiB);
+    EXPECT_DOUBLE_EQ(r.first_step_fragmentation, once.fragmentation);
+    EXPECT_EQ(r.placed_apart, 1u);
+    EXPECT_EQ(r.peak_active_bytes, once.peak_active_bytes);
+    EXPECT_THAT(ReplayReportToJson(r), HasSubstr("\"first_step_peak_reserved_bytes\":6291456"));
+    EXPECT_THAT(ReplayReportToText(r), HasSubstr("steps"));
+  }
+  // Fixed segments: every step as the first.
+  options.alloc_conf = "";
+  options.steps = 3;
+  const ReplayReport fixed = MustReplay(log, options);
+  EXPECT_EQ(fixed.peak_reserved_bytes, fixed.first_step_peak_reserved_bytes);
+  EXPECT_EQ(fixed.placed_apart, 0u);
+}
+
+TEST(AllocReplayTest, StepsKeepTheAllocatorSoundUnderABudget) {
+  const AllocLog log = MustRead("multistream.csv");
+  ReplayOptions options;
+  options.budget = log.peak_requested_bytes * 3 / 4;
+  options.alloc_conf = "expandable_segments:True";
+  options.check_invariants = true;
+  options.steps = 3;
+  const ReplayReport r = MustReplay(log, options);
+  EXPECT_EQ(r.events, log.records.size());
+  EXPECT_LE(r.peak_reserved_bytes, options.budget);
+}
+
 TEST(AllocReplayTest, RejectsBadOptions) {
   const AllocLog log = MustRead("tiny.csv");
   ReplayOptions zero;
@@ -270,6 +322,11 @@ TEST(AllocReplayTest, RejectsBadOptions) {
   over.capacity = 1 * kGiB;
   over.budget = 2 * kGiB;
   EXPECT_TRUE(absl::IsInvalidArgument(ReplayAllocLog(log, over).status()));
+  for (int steps : {0, -1, 1001}) {
+    ReplayOptions bad;
+    bad.steps = steps;
+    EXPECT_TRUE(absl::IsInvalidArgument(ReplayAllocLog(log, bad).status())) << steps;
+  }
 }
 
 TEST(AllocReplayTest, JsonHasTheReportedKeys) {

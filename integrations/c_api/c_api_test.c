@@ -175,6 +175,53 @@ static void test_allocate_and_free(void) {
   CHECK_OK(remat_allocator_destroy(a));
 }
 
+/* Steps with expandable segments: L1 and T share a page, L2 takes a second,
+ * T goes, and a 2 MiB block needs a third page at the peak; after a step, T
+ * is placed apart and the peak holds two. */
+static void one_step(remat_allocator* a, uint64_t* peak) {
+  void* l1 = NULL;
+  void* t = NULL;
+  void* l2 = NULL;
+  void* big = NULL;
+  remat_stats stats;
+  CHECK_OK(remat_allocate(a, 512 * 1024, 0, &l1));
+  CHECK_OK(remat_allocate(a, MIB, 0, &t));
+  CHECK_OK(remat_allocate(a, MIB, 0, &l2));
+  CHECK_OK(remat_deallocate(a, t));
+  CHECK_OK(remat_allocate(a, 2 * MIB, 0, &big));
+  CHECK_OK(remat_get_stats(a, &stats));
+  CHECK_OK(remat_deallocate(a, l1));
+  CHECK_OK(remat_deallocate(a, l2));
+  CHECK_OK(remat_deallocate(a, big));
+  CHECK_OK(remat_end_step(a));
+  CHECK_OK(remat_empty_cache(a));
+  CHECK_OK(remat_reset_peak_stats(a));
+  *peak = stats.reserved_bytes_peak;
+}
+
+static void test_end_step(void) {
+  remat_allocator_options options;
+  remat_allocator* a = NULL;
+  uint64_t peak = 0;
+  CHECK_OK(remat_allocator_options_init(&options));
+  options.alloc_conf = "expandable_segments:True";
+  CHECK_OK(remat_allocator_create(&options, &a));
+  CHECK_STATUS(remat_end_step(NULL), REMAT_INVALID_ARGUMENT);
+  CHECK_OK(remat_end_step(a)); /* (what came before the loop) */
+  one_step(a, &peak);
+  CHECK(peak == 6 * MIB);
+  one_step(a, &peak);
+  CHECK(peak == 4 * MIB); /* T apart, gone before the peak */
+  one_step(a, &peak);
+  CHECK(peak == 4 * MIB); /* kept: it reserved less */
+  CHECK_OK(remat_allocator_destroy(a));
+  /* Fixed segments: nothing changes. */
+  a = make_allocator(GIB, 0, 0);
+  CHECK(a != NULL);
+  CHECK_OK(remat_end_step(a));
+  CHECK_OK(remat_allocator_destroy(a));
+}
+
 static void test_oom_under_budget(void) {
   remat_allocator* a = make_allocator(GIB, 8 * MIB, 0);
   remat_stats before;
@@ -1548,6 +1595,7 @@ int main(void) {
       {"cuda_device_or_clean_failure", test_cuda_device_or_clean_failure},
       {"allocate_and_free", test_allocate_and_free},
       {"oom_under_budget", test_oom_under_budget},
+      {"end_step", test_end_step},
       {"bad_frees_change_nothing", test_bad_frees_change_nothing},
       {"zero_and_enormous_sizes", test_zero_and_enormous_sizes},
       {"streams_and_host_work", test_streams_and_host_work},

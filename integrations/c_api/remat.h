@@ -149,8 +149,15 @@ typedef struct remat_stats {
 } remat_stats;
 
 REMAT_API remat_status remat_get_stats(remat_allocator* allocator, remat_stats* out);
-/* Peaks start again from the current values. */
+/* Peaks start again from the current values (and expandable segments give
+ * back their free pages before passing what is reserved now). */
 REMAT_API remat_status remat_reset_peak_stats(remat_allocator* allocator);
+/* Ends a step of a program whose steps repeat (a training loop): with
+ * expandable segments, the next step places its small blocks by what this one
+ * did (those not live at its peak apart from those that were), and keeps doing
+ * so only where that reserved less at its peak than a step placed plainly.
+ * Call it after every step; without expandable segments it does nothing. */
+REMAT_API remat_status remat_end_step(remat_allocator* allocator);
 /* Segments, blocks, recent events and statistics as JSON; free *out with
  * remat_string_free. */
 REMAT_API remat_status remat_snapshot_json(remat_allocator* allocator, char** out);

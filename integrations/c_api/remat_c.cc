@@ -564,6 +564,15 @@ remat_status remat_reset_peak_stats(remat_allocator* allocator) {
   });
 }
 
+remat_status remat_end_step(remat_allocator* allocator) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    allocator->allocator->EndStep();
+    return REMAT_OK;
+  });
+}
+
 remat_status remat_snapshot_json(remat_allocator* allocator, char** out) {
   const char* const fn = __func__;
   return Call(fn, [&] {

@@ -95,7 +95,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 10: device->AdvanceHost(in.Word() & 0xfffff); break;
       case 11: Check(alloc->EmptyCache().ok()); break;
       case 12: (void)alloc->SetBudget((std::size_t{in.Byte()} + 1) * 4 * kMiB); break;
-      case 13: (void)alloc->TakeSnapshot(); break;
+      case 13: {  // a snapshot, or a step's end or start (placement learned from the one before)
+        const std::uint8_t which = in.Byte() % 4;
+        if (which == 0) alloc->BeginStep();
+        if (which == 1) alloc->EndStep();
+        if (which >= 2) (void)alloc->TakeSnapshot();
+        break;
+      }
       case 14: {
         if (live.empty()) break;
         void* p = live[in.Byte() % live.size()];

@@ -35,6 +35,7 @@ struct ReplayFlags {
   std::string snapshot_path;  // "": none
   std::string timeline_path;  // "": none
   std::uint64_t history_events = kDefaultHistoryEvents;
+  int steps = 1;
 
   bool wants_snapshot() const { return !snapshot_path.empty() || !timeline_path.empty(); }
 };
@@ -56,6 +57,15 @@ The report: events; peak requested (the log's own sizes, live at once), peak
 allocated (sizes rounded to 512 B), peak reserved (device segments);
 fragmentation = 1 - peak active / peak reserved; segments; retries (slow-path
 rounds that emptied the cache); OOMs; and the replay loop's speed.
+
+--steps N replays the log N times as the steps of a training loop: after each,
+what it left live is freed and the cache emptied. With expandable segments the
+allocator learns from each step which allocations (by their place in the
+step's sequence and their size) were not live at its peak of allocated bytes,
+and places those small blocks on pages of their own in the next: their pages
+come free before the peak, and the blocks live at the peak share as few pages
+as their sizes allow. The report's peaks are the last step's; the first's
+peak reserved bytes and fragmentation are printed beside them.
 
 --snapshot writes the allocator at the end of the replay (segments, their
 blocks, and the event history) as a PyTorch memory snapshot pickle: open it at
@@ -108,6 +118,7 @@ int RunReplay(const ReplayFlags& flags) {
   ReplayOptions options;
   options.capacity = flags.capacity;
   options.budget = flags.budget;
+  options.steps = flags.steps;
   options.alloc_conf = flags.alloc_conf;
   options.snapshot = flags.wants_snapshot();
   options.history_events = options.snapshot ? flags.history_events : 0;
@@ -160,6 +171,14 @@ Subcommand AddReplayCommand(CLI::App& remat) {
       ->type_name("N")
       ->default_str(std::to_string(kDefaultHistoryEvents))
       ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{kMaxEventRingCapacity}));
+  cmd->add_option("--steps", flags->steps,
+                  "Replay the log this many times, as a training loop's steps: with expandable "
+                  "segments each step places its small blocks by what the one before learned "
+                  "(blocks not live at its peak on pages of their own); the report is the last "
+                  "step's, beside the first's")
+      ->type_name("N")
+      ->default_val(1)
+      ->check(CLI::Range(1, 1000));
   cmd->footer(kFooter);
   return Subcommand{cmd, [flags] { return RunReplay(*flags); }};
 }
