@@ -117,7 +117,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Check(remat_allocator_options_init(&ao) == REMAT_OK);
   ao.sim_backed = 1;
   ao.sim_capacity_bytes = 64ull << 20;
-  ao.budget_bytes = in.Byte() & 1 ? (std::uint64_t{in.Byte()} + 2) << 20 : 0;
+  const std::uint8_t first = in.Byte();
+  ao.budget_bytes = first & 1 ? (std::uint64_t{in.Byte()} + 2) << 20 : 0;
+  if (first & 2) ao.alloc_conf = "expandable_segments:True";
   remat_allocator* a = nullptr;
   if (remat_allocator_create(&ao, &a) != REMAT_OK) return 0;
   g_allocator = a;
@@ -351,6 +353,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         // A step ends (learn_next_use): refused without it, and nothing else changes.
         const remat_status ended = remat_runtime_end_step(rt);
         Check(ro.learn_next_use ? ended == REMAT_OK : ended == REMAT_FAILED_PRECONDITION);
+        // And the allocator's (placement learned from the step, with expandable segments).
+        Check(remat_end_step(a) == REMAT_OK);
         break;
       }
     }
