@@ -229,6 +229,16 @@ REMAT_EXPORT int remat_torch_reset_peak_stats(int device) {
   });
 }
 
+// A step of the program ended (a budget's `with` closed): with expandable
+// segments the next step places its small blocks by what this one did
+// (CachingAllocator::EndStep).
+REMAT_EXPORT int remat_torch_end_step(int device) {
+  return OnAllocator(device, [](remat::CachingAllocator& a) {
+    a.EndStep();
+    return absl::OkStatus();
+  });
+}
+
 // What a pressure callback is told: the request that does not fit (rounded
 // as the allocator rounds it) and the device's budget, reserved and
 // allocated bytes.

@@ -157,8 +157,11 @@ TEST_F(TorchAllocatorTest, APressureCallbackFreesRoomAndTheRequestIsServed) {
   auto num_ooms = Get<NumOoms>("remat_torch_num_ooms");
   auto stats = Get<Stats>("remat_torch_memory_stats");
   auto last_error = Get<LastError>("remat_torch_last_error");
+  auto end_step = Get<ResetPeak>("remat_torch_end_step");  // (the same signature)
   ASSERT_TRUE(try_malloc && set_budget && get_budget && reset_peak && set_pressure && stats &&
-              num_ooms);
+              num_ooms && end_step);
+  EXPECT_EQ(end_step(0), 0) << last_error();
+  EXPECT_EQ(end_step(-1), -1);
   std::uint64_t ooms = 0;
   ASSERT_EQ(num_ooms(0, &ooms), 0);
   EXPECT_EQ(num_ooms(-1, &ooms), -1);

@@ -201,6 +201,40 @@ def test_allocator_pressure_makes_the_runtime_evict(tmp_path):
     assert "done" in out, out
 
 
+def test_steps_end_in_the_allocator_which_places_the_next_by_them():
+    # With expandable segments, a block gone by the step's peak is placed
+    # apart in the next step (remat_torch_end_step): L1 and T share a page,
+    # L2 takes a second, T goes, and the 2 MiB block at the peak needs a
+    # third page, where after a step two do. A budget's `with` ends a step.
+    out = _run(ATTACHED + """
+MIB = 1 << 20
+peaks = []
+a.end_step(0)  # (what came before the loop: the first step is recorded)
+for _ in range(3):
+    a.reset_peak(0)
+    l1, t, l2 = malloc(MIB // 2, 0, None), malloc(MIB, 0, None), malloc(MIB, 0, None)
+    free(t, MIB, 0, None)
+    big = malloc(2 * MIB, 0, None)
+    peaks.append(a.memory_stats(0)["peak_reserved"] // MIB)
+    for p, n in ((l1, MIB // 2), (l2, MIB), (big, 2 * MIB)):
+        free(p, n, 0, None)
+    a.end_step(0)
+    a.so.remat_reset()  # (empty_cache: each step starts from nothing)
+print("peaks", *peaks)
+ended = []
+real = a.end_step
+a.end_step = lambda d: (ended.append(d), real(d))
+model, step = models.mlp(0)
+for _ in range(2):
+    with remat.torch.budget(1 << 40, pressure="allocator"):
+        step().backward()
+print("ended", len(ended))
+""", REMAT_TORCH_LIB=_torch_library(), REMAT_DEVICE="sim", REMAT_SIM_CAPACITY="1GiB",
+               REMAT_ALLOC_CONF="expandable_segments:True")
+    assert "peaks 6 4 4" in out, out
+    assert "ended 2" in out, out
+
+
 def test_a_replay_must_fit_beside_what_the_device_held_as_the_step_began():
     # Counting what the GPU holds, the room a replay has is the budget less
     # what was there before the step (parameters, optimizer state): with
@@ -461,6 +495,9 @@ class _StandIn:
         self.cap = nbytes or (1 << 40)
 
     def reset_peak(self, _device):
+        pass
+
+    def end_step(self, _device):
         pass
 
     def num_ooms(self, _device):

@@ -51,6 +51,7 @@ class Allocator:
             "remat_torch_set_budget": (i, [i, u64]),
             "remat_torch_get_budget": (i, [i, ctypes.POINTER(u64)]),
             "remat_torch_reset_peak_stats": (i, [i]),
+            "remat_torch_end_step": (i, [i]),
             "remat_torch_num_ooms": (i, [i, ctypes.POINTER(u64)]),
             "remat_torch_set_pressure_fn": (i, [i, PRESSURE_FN, ctypes.c_void_p]),
         }
@@ -91,6 +92,11 @@ class Allocator:
 
     def reset_peak(self, device):
         self._check(self.so.remat_torch_reset_peak_stats(device), "remat_torch_reset_peak_stats")
+
+    def end_step(self, device):
+        """A step ended: with expandable segments the next places its small
+        blocks by what this one did (kept only where that held fewer pages)."""
+        self._check(self.so.remat_torch_end_step(device), "remat_torch_end_step")
 
     def num_ooms(self, device):
         """Requests the allocator could not serve, since the process began."""

@@ -209,6 +209,7 @@ class Engine(_Recording, _Saving, _Restoring):
                 del _allocator._listening[d]
             self.device_stats = a.memory_stats(d)
             self.device_stats["ooms"] = a.num_ooms(d)
+            a.end_step(d)
         finally:
             a.set_budget(d, self.old_budget)
 
