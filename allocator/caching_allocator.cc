@@ -410,6 +410,7 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
       ReleaseCachedSegments();
     }
     if (Block* b = GrowPool(pool, size, stream)) return b;
+    if (Block* b = FindInOtherSmallPool(pool, size, stream)) return b;
 
     // Out of room. Wait for what is in flight, give whole free segments back,
     // and try again: the cache may hold the memory in the wrong shape.
@@ -421,6 +422,7 @@ absl::StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSlow(Pool& po
     if (Block* b = FindFreeBlock(pool, size, stream)) return b;
     ReleaseCachedSegments();
     if (Block* b = GrowPool(pool, size, stream)) return b;
+    if (Block* b = FindInOtherSmallPool(pool, size, stream)) return b;
 
     if (reserving_bytes_ > 0) {
       // Another thread is reserving a segment with the lock released
@@ -527,51 +529,92 @@ void CachingAllocator::BeginStep() {
 
 void CachingAllocator::StartStep() {
   recording_step_ = true;
+  step_too_long_ = false;
   step_allocations_.clear();
   step_first_generation_ = allocations_made_ + 1;
   step_clock_ = 0;
   step_peak_bytes_ = 0;
   step_peak_at_ = 0;
   step_reserved_peak_ = 0;
+  step_ooms_at_start_ = stats_.num_ooms;
 }
 
 void CachingAllocator::EndStep() {
   MutexLock lock(&mu_);
   if (page_size_ < kSmallSize) return;
-  const bool whole = recording_step_ && step_allocations_.size() < kMaxStepAllocations;
-  switch (placement_) {
-    case Placement::kPlain:
-      if (whole) {
-        plain_step_reserved_ = step_reserved_peak_;
-        placement_ = Placement::kTrying;
-      }
-      break;
-    case Placement::kTrying:
-    case Placement::kKept:
-      placement_ = whole && step_reserved_peak_ < plain_step_reserved_ ? Placement::kKept
-                                                                       : Placement::kRefused;
-      break;
-    case Placement::kRefused:
-      break;
-  }
-  learned_.clear();
-  if (whole && placement_ != Placement::kRefused) {
-    // Apart: what was made after the peak, or freed at or before it.
-    learned_.resize(step_allocations_.size());
-    for (std::size_t i = 0; i < step_allocations_.size(); ++i) {
-      const StepAllocation& a = step_allocations_[i];
-      learned_[i] = {a.size, a.made > step_peak_at_ || a.freed <= step_peak_at_};
-    }
+  if (step_too_long_) {
+    // Such steps cost the books a step of their size each: none from here.
+    placement_ = Placement::kRefused;
+    learned_ = {};
+  } else if (recording_step_ && !step_allocations_.empty() &&
+             stats_.num_ooms == step_ooms_at_start_) {
+    JudgeStep();
   }
   EndUndo();
-  // The next step records from here (none once the trial refused).
   step_allocations_.clear();
   recording_step_ = false;
   if (placement_ != Placement::kRefused) StartStep();
 }
 
+void CachingAllocator::JudgeStep() {
+  // What the step says of the next: apart, what it made after its peak or
+  // freed at or before it.
+  std::vector<Learned> next(step_allocations_.size());
+  bool any_apart = false;
+  for (std::size_t i = 0; i < step_allocations_.size(); ++i) {
+    const StepAllocation& a = step_allocations_[i];
+    next[i] = {a.size, a.made > step_peak_at_ || a.freed <= step_peak_at_};
+    any_apart = any_apart || (next[i].transient && a.size <= kSmallSize);
+  }
+  switch (placement_) {
+    case Placement::kPlain:
+      if (!any_apart) return;  // nothing to place apart: the next step is plain too
+      plain_step_reserved_ = step_reserved_peak_;
+      learned_ = std::move(next);
+      placement_ = Placement::kTrying;
+      return;
+    case Placement::kTrying:
+    case Placement::kKept: {
+      const bool same =
+          next.size() == learned_.size() &&
+          std::equal(next.begin(), next.end(), learned_.begin(),
+                     [](const Learned& a, const Learned& b) { return a.size == b.size; });
+      if (!same) {
+        // Another sequence than the one placed by: the trial starts over,
+        // from a plain step.
+        placement_ = Placement::kPlain;
+        learned_.clear();
+        return;
+      }
+      if (step_reserved_peak_ < plain_step_reserved_ && any_apart) {
+        placement_ = Placement::kKept;
+        learned_ = std::move(next);
+      } else {
+        placement_ = Placement::kRefused;
+        learned_ = {};
+      }
+      return;
+    }
+    case Placement::kRefused:
+      return;
+  }
+}
+
+CachingAllocator::Block* CachingAllocator::FindInOtherSmallPool(const Pool& pool, std::size_t size,
+                                                                Stream stream) {
+  if (&pool == &small_)
+    return transient_.free.size() > 1 ? FindFreeBlock(transient_, size, stream) : nullptr;
+  if (&pool == &transient_) return FindFreeBlock(small_, size, stream);
+  return nullptr;
+}
+
 void CachingAllocator::RecordStepAllocation(const Block* block) {
-  if (step_allocations_.size() >= kMaxStepAllocations) return;  // (EndStep learns nothing)
+  if (step_allocations_.size() >= kMaxStepAllocations) {
+    step_too_long_ = true;
+    recording_step_ = false;
+    step_allocations_ = {};  // (its memory too)
+    return;
+  }
   step_allocations_.push_back({block->size, ++step_clock_});
   // (HandOut counts the block's bytes after this.)
   const std::int64_t allocated =
@@ -603,8 +646,9 @@ std::size_t CachingAllocator::learned_transient() const {
 // ---------------------------------------------------------------------------
 // Expandable segments
 
-std::pair<CachingAllocator::Block*, std::size_t> CachingAllocator::FindExpansion(
-    Pool& pool, std::size_t size, Stream stream) {
+std::pair<CachingAllocator::Block*, std::size_t> CachingAllocator::FindExpansion(Pool& pool,
+                                                                                 std::size_t size,
+                                                                                 Stream stream) {
   Block* best = nullptr;
   std::size_t best_pages = 0;
   auto usable = [stream](const Block* c) {

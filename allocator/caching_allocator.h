@@ -220,19 +220,28 @@ class CachingAllocator {
   // In the next step a small-pool request that, by its place in the step's
   // sequence and its size, was not live at the last step's peak of
   // allocated bytes takes its block from pages of its own, apart from the
-  // blocks that were: its pages come free before the peak, and the blocks
-  // live at the peak share as few pages as their sizes allow. A request
-  // the last step did not make (another position or size) is placed as
-  // without steps. That step is a trial: where it reserved less at its peak
-  // than the step before it, placed plainly, later steps go on placing so
-  // (each by the step before); otherwise every later step is placed
-  // plainly. (Apart, the two kinds of blocks cannot share a page, which
-  // costs a page where the step's blocks fit in a few.) Without expandable
-  // segments both do nothing. EndStep alone also starts recording;
-  // neither need be called; a step past kMaxStepAllocations is not learned.
+  // blocks that were (a preference: under the budget either kind takes the
+  // other's free room before anything is evicted). Those pages come free
+  // before the peak, and the blocks live at the peak share as few pages as
+  // their sizes allow. A request the last step did not make (another
+  // position or size) is placed as without steps.
+  //
+  // The first such step is a trial against the plain step it learned from,
+  // by the pages that held blocks at its peak (reserved bytes less the free
+  // whole pages cached, which growth past the high-water mark gives back
+  // first: in a loop that keeps its cache, the pages it no longer needs).
+  // Fewer: later steps go on placing so, each by the step before. As many
+  // or more: every later step is placed plainly. (Apart, the two kinds of
+  // blocks cannot share a page, which costs one where a step fits in a
+  // few.) A step that made no allocation, had one refused (out of memory)
+  // or passed kMaxStepAllocations is not judged; one that made another
+  // sequence than the step it placed by starts the trial over; a plain step
+  // with nothing to place apart stays plain. Without expandable segments
+  // both do nothing. EndStep alone also starts recording (call it once
+  // before the loop); neither need be called.
   void BeginStep();
   void EndStep();
-  static constexpr std::size_t kMaxStepAllocations = std::size_t{1} << 24;
+  static constexpr std::size_t kMaxStepAllocations = std::size_t{1} << 22;
   // Of the last step learned: its allocations, and those placed apart.
   std::size_t learned_allocations() const;
   std::size_t learned_transient() const;
@@ -380,6 +389,12 @@ class CachingAllocator {
   void RecordStepAllocation(const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the allocations from here as a new step's.
   void StartStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // EndStep's verdict on a step recorded whole.
+  void JudgeStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a small request its own pool cannot grow for: a free block of the
+  // other small pool (placement apart is a preference), or nullptr.
+  Block* FindInOtherSmallPool(const Pool& pool, std::size_t size, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PoolFor, with what the last step learned (EndStep).
   Pool& PlacePoolFor(std::size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (rounded > kSmallSize) return large_;
@@ -538,15 +553,17 @@ class CachingAllocator {
   // freed; the clock at the step's peak of allocated bytes.
   struct StepAllocation {
     std::size_t size = 0;
-    std::uint64_t made = 0;
-    std::uint64_t freed = std::numeric_limits<std::uint64_t>::max();
+    std::uint32_t made = 0;  // (the clock stays under 2 x kMaxStepAllocations)
+    std::uint32_t freed = std::numeric_limits<std::uint32_t>::max();
   };
   bool recording_step_ ABSL_GUARDED_BY(mu_) = false;
+  bool step_too_long_ ABSL_GUARDED_BY(mu_) = false;
+  std::int64_t step_ooms_at_start_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<StepAllocation> step_allocations_ ABSL_GUARDED_BY(mu_);
   std::uint64_t step_first_generation_ ABSL_GUARDED_BY(mu_) = 1;
-  std::uint64_t step_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint32_t step_clock_ ABSL_GUARDED_BY(mu_) = 0;
   std::int64_t step_peak_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  std::uint64_t step_peak_at_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint32_t step_peak_at_ ABSL_GUARDED_BY(mu_) = 0;
   struct Learned {
     std::size_t size = 0;
     bool transient = false;

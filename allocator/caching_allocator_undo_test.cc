@@ -152,6 +152,10 @@ void RunBoth(const Config& config, std::uint64_t seed, int steps, std::uint64_t*
     } else if (op < 96) {
       fast.alloc->ResetPeakStats();
       full.alloc->ResetPeakStats();
+      if (pick % 2 == 0) {  // and a step ends (placement learned from it: same on both)
+        fast.alloc->EndStep();
+        full.alloc->EndStep();
+      }
     } else if (op < 97) {
       fast.alloc->ResetAccumulatedStats();
       full.alloc->ResetAccumulatedStats();

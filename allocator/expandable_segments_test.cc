@@ -411,16 +411,93 @@ TEST_F(ExpandableTest, AStepPlacesWhatIsGoneByThePeakApartFromWhatIsLiveThere) {
     return peak;
   };
   alloc_->BeginStep();
+  alloc_->EndStep();  // steps that made nothing are not judged
+  alloc_->EndStep();
+  EXPECT_EQ(alloc_->learned_allocations(), 0u);
   EXPECT_EQ(step(), 6 * kMiB);  // placed plainly: three pages
   EXPECT_EQ(alloc_->learned_allocations(), 4u);
   EXPECT_EQ(alloc_->learned_transient(), 1u);  // T
+  alloc_->EndStep();                           // (nor in the trial)
+  EXPECT_EQ(alloc_->learned_allocations(), 4u);
   EXPECT_EQ(step(), 4 * kMiB);  // T on a page of its own, gone before the peak
-  EXPECT_EQ(step(), 4 * kMiB);  // kept: it reserved less than the plain step
+  EXPECT_EQ(step(), 4 * kMiB);  // kept: it held fewer pages than the plain step
   EXPECT_EQ(alloc_->learned_transient(), 1u);
-  // Another program's sequence (other sizes) is placed plainly.
+  // Another sequence (other sizes) starts the trial over, from a plain step.
   void* other = Alloc(4 * kKiB);
   Free(other);
+  alloc_->EndStep();
+  EXPECT_EQ(alloc_->learned_allocations(), 0u);
   CheckConsistent();
+  EXPECT_EQ(step(), 6 * kMiB);
+  EXPECT_EQ(step(), 4 * kMiB);
+}
+
+// A step whose request was refused (out of memory) is not judged: it says
+// nothing of the step that fits.
+TEST_F(ExpandableTest, AStepWithARefusedRequestTeachesNothing) {
+  Make(true, 16 * kMiB);
+  alloc_->EndStep();
+  for (bool refused : {true, false}) {
+    void* l1 = Alloc(512 * kKiB);
+    void* t = Alloc(kMiB);
+    Free(t);
+    void* l2 = Alloc(kMiB);                                       // the peak: T is gone by it
+    if (refused) EXPECT_FALSE(alloc_->Allocate(32 * kMiB).ok());  // past the budget
+    Free(l1);
+    Free(l2);
+    alloc_->EndStep();
+    EXPECT_EQ(alloc_->learned_allocations(), refused ? 0u : 3u);
+  }
+  CheckConsistent();
+}
+
+// The undo fast path hands a freed block back to the next request of its
+// size only where that request would be placed in the same pool: B, live at
+// the peak, does not take the page T (gone by then) was placed on.
+TEST_F(ExpandableTest, AFreedBlockPlacedApartIsNotHandedBackToABlockLiveAtThePeak) {
+  Make(true);
+  const auto step = [&]() -> std::int64_t {
+    void* l1 = Alloc(512 * kKiB);
+    Free(Alloc(kMiB));      // (its page is mapped for it: no fast path)
+    void* t = Alloc(kMiB);  // from the free block: the fast path
+    Free(t);                // sets the block aside
+    void* b = Alloc(kMiB);
+    void* big = Alloc(2 * kMiB);  // the peak: L1, B and this
+    CheckConsistent();
+    const std::int64_t peak = PeakReserved();
+    for (void* p : {l1, b, big}) Free(p);
+    alloc_->EndStep();
+    EXPECT_TRUE(alloc_->EmptyCache().ok());
+    alloc_->ResetPeakStats();
+    return peak;
+  };
+  alloc_->EndStep();
+  EXPECT_EQ(step(), 4 * kMiB);  // plain: B takes T's block back
+  EXPECT_EQ(alloc_->learned_transient(), 2u);
+  EXPECT_EQ(step(), 4 * kMiB);  // apart: T's page is given back before the peak, B is not on it
+}
+
+// Under the budget, apart is a preference: a request whose own pool cannot
+// grow takes the other small pool's free room before anything fails.
+TEST_F(ExpandableTest, UnderTheBudgetABlockPlacedApartTakesRoomBesideTheOthers) {
+  Make(true, 4 * kMiB);
+  const auto step = [&] {
+    const std::int64_t ooms = alloc_->GetStats().num_ooms;
+    void* a = Alloc(kMiB);
+    void* x = Alloc(2 * kMiB);  // the budget is reserved: two pages
+    void* t = Alloc(512 * kKiB);
+    Free(t);
+    void* b = Alloc(512 * kKiB);  // the peak: A, X and B
+    CheckConsistent();
+    for (void* p : {a, x, b}) Free(p);
+    alloc_->EndStep();
+    EXPECT_EQ(alloc_->GetStats().num_ooms, ooms);
+  };
+  alloc_->EndStep();
+  step();
+  EXPECT_EQ(alloc_->learned_transient(), 1u);
+  step();  // T, placed apart, finds its pool full and takes A's page's room
+  step();
 }
 
 // Placed apart, the two kinds of blocks cannot share a page: where the step
@@ -446,7 +523,7 @@ TEST_F(ExpandableTest, AStepWhosePlacementReservedMoreIsNotPlacedSoAgain) {
   EXPECT_EQ(alloc_->learned_allocations(), 0u);
   EXPECT_EQ(step(), 2 * kMiB);  // recorded, plainly
   EXPECT_EQ(alloc_->learned_transient(), 1u);
-  EXPECT_EQ(step(), 4 * kMiB);  // the trial: T's page beside the others'
+  EXPECT_EQ(step(), 4 * kMiB);                   // the trial: T's page beside the others'
   EXPECT_EQ(alloc_->learned_allocations(), 0u);  // refused
   EXPECT_EQ(step(), 2 * kMiB);
   EXPECT_EQ(step(), 2 * kMiB);

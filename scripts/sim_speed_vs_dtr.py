@@ -52,7 +52,11 @@ def main():
         out = subprocess.run(cmd, capture_output=True, check=False, text=True).stdout
         took = time.perf_counter() - start
         remat_best = took if remat_best is None else min(remat_best, took)
-        loop = json.loads(out)["records_per_second"]
+        report = json.loads(out)
+        if report["status"] != "ok" or status[0] != "ok":
+            sys.exit(f"a run did not finish (remat {report['status']}, simrd {status[0]}): "
+                     "its speed would say nothing")
+        loop = report["records_per_second"]
         loop_best = loop if loop_best is None else max(loop_best, loop)
     print(f"{os.path.basename(args.trace)} at {args.ratio} ({budget} bytes), {args.heuristic} / "
           f"{name}: simrd {status[0]} {simrd_best:.3f} s ({records / simrd_best / 1e3:.1f} k "

@@ -52,6 +52,8 @@ class LogClock {
     device_->AdvanceHost(step);
     last_ns_ = log_time_ns;
   }
+  // The log starts again (ReplayOptions::steps): its times follow on from now.
+  void Restart(std::int64_t first_ns) { last_ns_ = first_ns; }
 
  private:
   static constexpr std::int64_t kDayNs = std::int64_t{86'400} * 1'000'000'000;
@@ -125,6 +127,8 @@ absl::StatusOr<ReplayReport> ReplayAllocLog(const AllocLog& log, const ReplayOpt
       allocator->EndStep();
       if (absl::Status s = allocator->EmptyCache(); !s.ok()) return s;
       allocator->ResetPeakStats();
+      allocator->ResetAccumulatedStats();  // (retries, device allocs: the last step's too)
+      if (clock && !log.records.empty()) clock->Restart(log.records.front().time_ns);
       ooms = skipped_frees = refusals_replayed = 0;
       start = std::chrono::steady_clock::now();
     }

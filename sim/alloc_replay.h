@@ -57,8 +57,10 @@ struct ReplayOptions {
   // Replay the log this many times, as the steps of a training loop
   // (CachingAllocator::BeginStep, EndStep): after each, what it left live is
   // freed and the cache emptied, and the next step places its blocks by what
-  // the one before learned (with expandable segments). The report's peaks
-  // and fragmentation are the last step's; the first's are kept beside them.
+  // the one before learned (with expandable segments). The report's figures
+  // (peaks, fragmentation, retries, device allocs, OOMs) are the last step's;
+  // the first's peak reserved bytes and fragmentation are kept beside them;
+  // with history, each step's events follow the last's on the log's clock.
   int steps = 1;
 };
 

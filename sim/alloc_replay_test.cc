@@ -307,10 +307,12 @@ TEST(AllocReplayTest, StepsKeepTheAllocatorSoundUnderABudget) {
   options.budget = log.peak_requested_bytes * 3 / 4;
   options.alloc_conf = "expandable_segments:True";
   options.check_invariants = true;
+  const ReplayReport once = MustReplay(log, options);
   options.steps = 3;
   const ReplayReport r = MustReplay(log, options);
   EXPECT_EQ(r.events, log.records.size());
   EXPECT_LE(r.peak_reserved_bytes, options.budget);
+  EXPECT_LE(r.ooms, once.ooms);
 }
 
 TEST(AllocReplayTest, RejectsBadOptions) {

@@ -155,8 +155,10 @@ REMAT_API remat_status remat_reset_peak_stats(remat_allocator* allocator);
 /* Ends a step of a program whose steps repeat (a training loop): with
  * expandable segments, the next step places its small blocks by what this one
  * did (those not live at its peak apart from those that were), and keeps doing
- * so only where that reserved less at its peak than a step placed plainly.
- * Call it after every step; without expandable segments it does nothing. */
+ * so only where that step held fewer pages at its peak than the plain step it
+ * learned from (pages holding blocks: reserved bytes less free whole pages
+ * cached). Call it once before the loop and after every step; without
+ * expandable segments it does nothing (CachingAllocator::EndStep). */
 REMAT_API remat_status remat_end_step(remat_allocator* allocator);
 /* Segments, blocks, recent events and statistics as JSON; free *out with
  * remat_string_free. */
