@@ -640,7 +640,10 @@ std::size_t CachingAllocator::learned_allocations() const {
 std::size_t CachingAllocator::learned_transient() const {
   MutexLock lock(&mu_);
   return static_cast<std::size_t>(std::count_if(learned_.begin(), learned_.end(),
-                                                [](const Learned& l) { return l.transient; }));
+                                                [](const Learned& l) {
+                                                  // (a large block goes to the large pool)
+                                                  return l.transient && l.size <= kSmallSize;
+                                                }));
 }
 
 // ---------------------------------------------------------------------------

@@ -432,6 +432,23 @@ TEST_F(ExpandableTest, AStepPlacesWhatIsGoneByThePeakApartFromWhatIsLiveThere) {
   EXPECT_EQ(step(), 4 * kMiB);
 }
 
+// Only small blocks are placed apart: a large one gone by the peak is
+// counted as learned but not as placed apart (it goes to the large pool).
+TEST_F(ExpandableTest, ALargeBlockGoneByThePeakIsNotCountedAsPlacedApart) {
+  Make(true);
+  alloc_->EndStep();
+  void* l = Alloc(512 * kKiB);
+  Free(Alloc(4 * kMiB));  // large, gone by the peak
+  Free(Alloc(kMiB));      // small, gone by the peak
+  void* peak = Alloc(2 * kMiB);
+  Free(l);
+  Free(peak);
+  alloc_->EndStep();
+  EXPECT_EQ(alloc_->learned_allocations(), 4u);
+  EXPECT_EQ(alloc_->learned_transient(), 1u);
+  CheckConsistent();
+}
+
 // A step whose request was refused (out of memory) is not judged: it says
 // nothing of the step that fits.
 TEST_F(ExpandableTest, AStepWithARefusedRequestTeachesNothing) {

@@ -161,6 +161,7 @@ Runtime::Runtime(CachingAllocator* allocator, RuntimeOptions options,
       track_classes_(policy_->needs().classes),
       prefetch_window_ns_(std::max<std::int64_t>(policy_->prefetch_window_ns(), 0)),
       mu_(options_.thread_safe),
+      retry_in_one_place_(options_.retry_in_one_place),
       link_(options_.link_gbps, options_.link_latency_ns),
       events_(allocator->device()),
       host_pool_(allocator->device(), options_.host_pool_bytes) {}
@@ -628,6 +629,11 @@ absl::Status Runtime::HintNextUse(TensorId id, std::int64_t at_ns) {
 void Runtime::ResetPeakStats() {
   Lock lock(this);
   stats_.peak_resident_bytes = stats_.resident_bytes;
+}
+
+void Runtime::SetRetryInOnePlace(bool on) {
+  Lock lock(this);
+  retry_in_one_place_ = on;
 }
 
 absl::Status Runtime::EndStep() {

@@ -190,6 +190,8 @@ struct RuntimeOptions {
   // project's traces it made 41 policy-ratio cells fail (oom or thrash)
   // that finish without it (bench/results/retry_in_one_place_2026-12-03.md,
   // bench/results/finishing_cells_2026-12-06.md).
+  // (A step planner turns it on for a plan whose step did not fit:
+  // Runtime::SetRetryInOnePlace, StepPlannerOptions::in_one_place_after_failure.)
   bool retry_in_one_place = false;
   // A tensor the program has released, brought back by a regeneration
   // because a closure reads it, stays resident once the regeneration ends
@@ -418,6 +420,9 @@ class Runtime {
   absl::Status EndStep();
   // The peak of resident bytes starts again from what is resident now.
   void ResetPeakStats();
+  // RuntimeOptions::retry_in_one_place from the next pressure event on (a
+  // step planner's step says which: StepPlanner::Step::in_one_place).
+  void SetRetryInOnePlace(bool on);
 
   // The tensor's state: kFreed once its owner freed it (as every other call
   // on the id then says), even while a view or a closure keeps its storage.
@@ -669,6 +674,7 @@ class Runtime {
   const std::int64_t prefetch_window_ns_;  // the policy's; 0: no prefetch planning
 
   mutable Mutex mu_;
+  bool retry_in_one_place_ ABSL_GUARDED_BY(mu_);  // RuntimeOptions::retry_in_one_place, settable
   // The parts, each with its invariants in its header.
   // Ids to their entries, in pages (tensor_table.h).
   runtime_internal::TensorTable tensors_ ABSL_GUARDED_BY(mu_);

@@ -210,9 +210,11 @@ TEST_F(RuntimeTest, ARequestThePolicysChoicesWouldScatterIsMetInOnePlace) {
   // cheapest pair of neighbours instead: two drops, one pressure event.
   // Asked to retry anywhere, it follows lru until two neighbours happen to
   // be gone: three pressure events, six drops.
-  for (const bool one_place : {true, false}) {
-    SCOPED_TRACE(one_place ? "in one place" : "anywhere");
-    Make(20 * kMiB, {.policy = "lru", .enable_offload = false, .retry_in_one_place = one_place});
+  for (const int mode : {0, 1, 2}) {  // in one place: asked, set later (a step planner), not
+    const bool one_place = mode != 2;
+    SCOPED_TRACE(mode == 0 ? "in one place" : mode == 1 ? "set in one place" : "anywhere");
+    Make(20 * kMiB, {.policy = "lru", .enable_offload = false, .retry_in_one_place = mode == 0});
+    if (mode == 1) runtime_->SetRetryInOnePlace(true);
     std::vector<TensorId> ts;
     for (int i = 0; i < 10; ++i) ts.push_back(Produce(2 * kMiB, {}, true, false));
     for (int i = 0; i < 10; i += 2) Check(ts[i]);

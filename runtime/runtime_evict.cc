@@ -154,7 +154,7 @@ bool Runtime::Evict(const PressureRequest& request, std::size_t* freed_out) {
   // it takes. The cheaper, priced alike, is carried out whole. Offloads that
   // keep their addresses keep their blocks: not with keep_addresses.
   const bool in_one_place =
-      options_.retry_in_one_place && request.contiguous && !options_.keep_addresses;
+      retry_in_one_place_ && request.contiguous && !options_.keep_addresses;
   bool whole_plan = false;
   if (policy_->needs().memory_map || in_one_place) {
     map = allocator_->GetMemoryMap();

@@ -51,11 +51,12 @@ absl::StatusOr<StepPlanner> StepPlanner::Create(std::vector<PlanSpec> plans,
       for (std::size_t k = 0; k < options.timed_steps; ++k) trial.push_back({i, true});
     }
   }
-  return StepPlanner(std::move(made), std::move(trial));
+  return StepPlanner(std::move(made), std::move(trial), options);
 }
 
-StepPlanner::StepPlanner(std::vector<Plan> plans, std::vector<TrialStep> trial)
-    : plans_(std::move(plans)), trial_(std::move(trial)) {
+StepPlanner::StepPlanner(std::vector<Plan> plans, std::vector<TrialStep> trial,
+                         StepPlannerOptions options)
+    : plans_(std::move(plans)), options_(options), trial_(std::move(trial)) {
   if (plans_.size() == 1) kept_ = 0;
 }
 
@@ -72,6 +73,7 @@ absl::StatusOr<StepPlanner::Step> StepPlanner::Begin() {
     step.in_trial = true;
   }
   Plan& plan = plans_[step.plan];
+  step.in_one_place = plan.in_one_place;
   if (plan.blind) {
     // (What its replays did is kept: every step as blind as the last.)
     step.fresh_runtime = true;
@@ -106,6 +108,14 @@ absl::Status StepPlanner::End(StepOutcome outcome, std::int64_t elapsed_ns,
       ++plan.runtime_steps;
       break;
     case StepOutcome::kTooSmall:
+      if (options_.in_one_place_after_failure && !plan.in_one_place) {
+        // Perhaps for where its evictions lay: its next step (this trial
+        // step again) meets each request in one place. Its replays that did
+        // not fit are offloaded from then on, as below.
+        plan.in_one_place = true;
+        plan.replays.Merge(step_replays_, /*fits=*/false);
+        break;
+      }
       if (step.in_trial && Unrefused() > 1) {
         Refuse(step.plan, message);
         break;
@@ -116,6 +126,9 @@ absl::Status StepPlanner::End(StepOutcome outcome, std::int64_t elapsed_ns,
         // It fit before, on a runtime that had not yet learned from a step.
         plan.blind = true;
       }
+      break;
+    case StepOutcome::kTooSlow:
+      if (step.in_trial && Unrefused() > 1) Refuse(step.plan, message);
       break;
     case StepOutcome::kAbandoned:
       break;

@@ -34,6 +34,17 @@
 // step that fit teaches both; one that did not fit (its plan still in the
 // running) teaches its plan its replays; nothing else teaches anything.
 //
+// Under a budget that counts reserved bytes, a request needs its bytes free
+// in one place. A step that did not fit, run as the allocator asks (the
+// policy's plan carried out, the allocator asking again while it makes no
+// room: RuntimeOptions::retry_in_one_place off), may have failed for where
+// its policy's evictions lay rather than for bytes: with
+// `in_one_place_after_failure`, its plan's next step (the same trial step
+// again, in a trial) meets each request in one place instead, once, before
+// the plan is refused or made blind. Steps that finish either way are run
+// as they were: in one place is often quicker where both finish, and fails
+// many steps that finish anywhere (bench/results/in_one_place_fallback_2026-12-06.md).
+//
 // One implementation for every door: remat.torch's budget and any C or C++
 // framework drive it through remat.h (remat_planner_*), and the simulator's
 // offload guard runs each of its runs as one trial step. It decides; the
@@ -81,12 +92,19 @@ inline constexpr double kDropFirstWorkingSetShare = 1.0;
 struct StepPlannerOptions {
   std::size_t learning_steps = 1;  // per plan, first in its turn, untimed
   std::size_t timed_steps = 2;     // per plan, after those (at least 1)
+  // A step that did not fit makes its plan's next steps meet each request in
+  // one place (the header's comment). For budgets that count reserved
+  // bytes; a budget of live bytes counts no places.
+  bool in_one_place_after_failure = false;
 };
 
 enum class StepOutcome : std::uint8_t {
   kFit,        // the step ran through under the budget
   kTooSmall,   // the budget could not hold what the step needed
   kAbandoned,  // it raised something else, or was interrupted: nothing learned
+  // The door stopped it once it ran past the quickest step that fit: it
+  // leaves the trial as a step that did not fit does, and teaches nothing.
+  kTooSlow,
 };
 
 class StepPlanner {
@@ -102,6 +120,7 @@ class StepPlanner {
     bool timed = false;          // its elapsed time counts in the trial
     bool in_trial = false;       // the trial has not decided yet
     bool fresh_runtime = false;  // start the plan's runtime afresh (blind)
+    bool in_one_place = false;   // meet each request in one place (retry_in_one_place)
   };
   // The step about to run. FailedPrecondition while one is open.
   absl::StatusOr<Step> Begin();
@@ -170,6 +189,7 @@ class StepPlanner {
   bool refused(std::size_t plan) const { return plans_[plan].refused; }
   const std::string& refusal(std::size_t plan) const { return plans_[plan].refusal; }
   bool blind(std::size_t plan) const { return plans_[plan].blind; }
+  bool in_one_place(std::size_t plan) const { return plans_[plan].in_one_place; }
   // Steps that fit on the plan's current runtime.
   std::uint64_t runtime_steps(std::size_t plan) const { return plans_[plan].runtime_steps; }
   absl::Span<const std::int64_t> times_ns(std::size_t plan) const { return plans_[plan].times_ns; }
@@ -209,6 +229,7 @@ class StepPlanner {
     bool refused = false;
     std::string refusal;
     bool blind = false;
+    bool in_one_place = false;
     std::uint64_t runtime_steps = 0;
     std::vector<std::int64_t> times_ns;
   };
@@ -217,12 +238,13 @@ class StepPlanner {
     bool timed;
   };
 
-  StepPlanner(std::vector<Plan> plans, std::vector<TrialStep> trial);
+  StepPlanner(std::vector<Plan> plans, std::vector<TrialStep> trial, StepPlannerOptions options);
   void Refuse(std::size_t plan, std::string_view message);
   void Decide();
   std::size_t Unrefused() const;
 
   std::vector<Plan> plans_;
+  StepPlannerOptions options_;
   std::vector<TrialStep> trial_;  // the trial steps still to run, first first
   std::size_t next_trial_ = 0;    // index into trial_
   std::optional<std::size_t> kept_;

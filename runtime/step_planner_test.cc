@@ -109,6 +109,66 @@ TEST(StepPlannerTest, TheLastPlanLeftStaysAndItsStepsRunAgain) {
   EXPECT_EQ(p->kept(), 1u);
 }
 
+// Under a budget of places, a step that did not fit runs again, its plan
+// meeting each request in one place, before the plan leaves the trial; a
+// step stopped for being slow does not.
+TEST(StepPlannerTest, AStepThatDidNotFitRunsAgainInOnePlaceFirst) {
+  absl::StatusOr<StepPlanner> p = StepPlanner::Create(
+      MixedAndDropFirst(), StepPlannerOptions{0, 1, /*in_one_place_after_failure=*/true});
+  ASSERT_TRUE(p.ok());
+  StepPlanner::Step a = RunStep(*p, StepOutcome::kTooSmall, 0);
+  EXPECT_EQ(a.plan, 0u);
+  EXPECT_FALSE(a.in_one_place);
+  EXPECT_TRUE(p->in_one_place(0));
+  EXPECT_FALSE(p->refused(0));
+  StepPlanner::Step b = RunStep(*p, StepOutcome::kTooSmall, 0, "no room");  // again: refused
+  EXPECT_EQ(b.plan, 0u);
+  EXPECT_TRUE(b.in_one_place);
+  EXPECT_TRUE(p->refused(0));
+  EXPECT_EQ(p->refusal(0), "no room");
+  StepPlanner::Step c = RunStep(*p, StepOutcome::kTooSmall, 0);  // the last plan left
+  StepPlanner::Step d = RunStep(*p, StepOutcome::kFit, 70);
+  EXPECT_EQ(c.plan, 1u);
+  EXPECT_FALSE(c.in_one_place);
+  EXPECT_EQ(d.plan, 1u);
+  EXPECT_TRUE(d.in_one_place);
+  EXPECT_EQ(p->kept(), 1u);
+  EXPECT_TRUE(RunStep(*p, StepOutcome::kFit, 1).in_one_place);  // it stays so
+
+  // Stopped past the quickest step so far: out of the trial, as it was.
+  absl::StatusOr<StepPlanner> q = StepPlanner::Create(
+      MixedAndDropFirst(), StepPlannerOptions{0, 1, /*in_one_place_after_failure=*/true});
+  ASSERT_TRUE(q.ok());
+  RunStep(*q, StepOutcome::kFit, 10);
+  RunStep(*q, StepOutcome::kTooSlow, 0, "beaten");
+  EXPECT_FALSE(q->in_one_place(1));
+  EXPECT_TRUE(q->refused(1));
+  EXPECT_EQ(q->kept(), 0u);
+
+  // Without the option a step that did not fit leaves the trial at once.
+  absl::StatusOr<StepPlanner> r = StepPlanner::Create(MixedAndDropFirst(), StepPlannerOptions{0, 1});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(RunStep(*r, StepOutcome::kTooSmall, 0).in_one_place);
+  EXPECT_TRUE(r->refused(0));
+  EXPECT_FALSE(r->in_one_place(0));
+}
+
+// After the trial, the kept plan's step that did not fit makes its later
+// steps meet requests in one place (it is not made blind for that step).
+TEST(StepPlannerTest, AKeptPlansStepThatDidNotFitMakesItsNextStepsMeetRequestsInOnePlace) {
+  absl::StatusOr<StepPlanner> p = StepPlanner::Create(
+      {PlanSpec{"drop-only", "dtr"}}, StepPlannerOptions{1, 2, /*in_one_place_after_failure=*/true});
+  ASSERT_TRUE(p.ok());
+  RunStep(*p, StepOutcome::kFit, 5);
+  EXPECT_FALSE(RunStep(*p, StepOutcome::kTooSmall, 0).in_one_place);
+  EXPECT_FALSE(p->blind(0));
+  EXPECT_TRUE(RunStep(*p, StepOutcome::kTooSmall, 0).in_one_place);
+  EXPECT_TRUE(p->blind(0));  // in one place too: as before, blind
+  StepPlanner::Step s = RunStep(*p, StepOutcome::kFit, 5);
+  EXPECT_TRUE(s.in_one_place);
+  EXPECT_TRUE(s.fresh_runtime);
+}
+
 TEST(StepPlannerTest, AStepThatDidNotFitAfterLearningMakesThePlanBlind) {
   absl::StatusOr<StepPlanner> p = StepPlanner::Create({PlanSpec{"drop-only", "belady"}});
   ASSERT_TRUE(p.ok());

@@ -1,6 +1,7 @@
 #include "sim/op_replay.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -778,12 +779,21 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
   if (!asked.ok()) return asked.status();
   std::vector<policies::Trial> trials = (*asked)->Trials();
   const bool guard = options.offload_guard && options.enable_offload && options.enable_drop;
-  if (!budgeted || (trials.empty() && !guard)) return Replayer(trace, options).Run();
+  // Under a reserved budget a run that does not finish runs again meeting
+  // each request in one place (the step planner's in_one_place_after_failure).
+  const bool place_again = options.in_one_place_after_failure && options.live_budget == 0 &&
+                           !options.retry_in_one_place;
+  if (!budgeted || (trials.empty() && !guard && !place_again)) {
+    absl::StatusOr<OpReplayReport> r = Replayer(trace, options).Run();
+    if (r.ok()) r->in_one_place = budgeted && options.retry_in_one_place && options.live_budget == 0;
+    return r;
+  }
   // The runs: the policy's own, or each of its trials; with offload allowed
   // as asked, and (the offload guard) with drops only. Which is kept is the
   // step planner's choice, as for a framework's steps (runtime/step_planner.h):
-  // each run is one timed trial step, a run that did not finish leaves the
-  // trial, and the quickest is kept, the one listed first on a tie. The
+  // each run is one timed trial step, a run that did not finish runs again in
+  // one place (under a reserved budget) and then leaves the trial, and the
+  // quickest is kept, the one listed first on a tie. The
   // mixed runs are listed first, so a drop-only run is kept only where it is
   // strictly quicker. Where none finished, the report is the first run's.
   const std::string own = options.policy.text();
@@ -809,23 +819,32 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
                              options.enable_offload && !run.drops_only, false});
   }
   absl::StatusOr<StepPlanner> planner =
-      StepPlanner::Create(std::move(plans), StepPlannerOptions{0, 1});
+      StepPlanner::Create(std::move(plans), StepPlannerOptions{0, 1, place_again});
   if (!planner.ok()) return planner.status();
-  std::vector<OpReplayReport> reports;
+  // Each run's last report (in one place where it ran again so).
+  std::vector<OpReplayReport> reports(runs.size());
   std::vector<SimTimeline> timelines(options.timeline != nullptr ? runs.size() : 0);
-  reports.reserve(runs.size());
+  std::vector<std::array<bool, 2>> ran(runs.size(), {false, false});  // anywhere, in one place
   double wall_seconds = 0;
+  std::size_t made = 0;
   std::uint64_t verified = 0, verify_waits = 0, mismatches = 0;
   // The best finished time of each kind of run so far (mixed, drop-only).
   std::optional<std::int64_t> best_ns[2];
-  for (std::size_t k = 0; k < runs.size(); ++k) {
+  for (;;) {
     absl::StatusOr<StepPlanner::Step> step = planner->Begin();
     if (!step.ok()) return step.status();
     const std::size_t i = step->plan;
-    if (i != k) return absl::InternalError("the step planner skipped a run");
+    if (i >= runs.size()) return absl::InternalError("the step planner named no run");
+    if (ran[i][step->in_one_place]) {
+      // The last run left did not finish either way: nothing more to try.
+      if (absl::Status s = planner->End(StepOutcome::kAbandoned, 0, ""); !s.ok()) return s;
+      break;
+    }
+    ran[i][step->in_one_place] = true;
     const Run& run = runs[i];
     OpReplayOptions o = options;
     o.policy = run.spec;
+    o.retry_in_one_place = options.retry_in_one_place || step->in_one_place;
     if (run.drops_only) o.enable_offload = false;
     // A trial that passes the time of the best finished run of its kind so
     // far cannot be the best of its kind: it stops there ("beaten"), which
@@ -836,18 +855,22 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
     absl::StatusOr<OpReplayReport> r = Replayer(trace, o).Run();
     if (!r.ok()) return r.status();
     wall_seconds += r->wall_seconds;
+    ++made;
     // In verify mode every run's bytes were checked: a mismatch in any counts.
     verified += r->verified_accesses;
     verify_waits += r->verify_waits;
     mismatches += r->mismatches;
     const bool ok = r->status == "ok";
     if (ok && (!mine.has_value() || r->time_ns < *mine)) mine = r->time_ns;
-    if (absl::Status s = planner->End(ok ? StepOutcome::kFit : StepOutcome::kTooSmall,
-                                      ok ? r->time_ns : 0, r->message);
-        !s.ok()) {
-      return s;
-    }
-    reports.push_back(*std::move(r));
+    const StepOutcome outcome = ok                      ? StepOutcome::kFit
+                                : r->status == "beaten" ? StepOutcome::kTooSlow
+                                                        : StepOutcome::kTooSmall;
+    if (absl::Status s = planner->End(outcome, ok ? r->time_ns : 0, r->message); !s.ok()) return s;
+    r->in_one_place = o.retry_in_one_place;
+    reports[i] = *std::move(r);
+    // After the trial (or with one run, none), only a run placed again.
+    const bool again = !ok && !step->in_one_place && planner->in_one_place(i);
+    if (!planner->in_trial() && !again) break;
   }
   const std::size_t kept = planner->kept().value_or(0);
   const bool keep_drops = runs[kept].drops_only;
@@ -869,7 +892,7 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
     }
   }
   report.policy = own;
-  report.trials = runs.size();
+  report.trials = made;
   if (runs[kept].spec != own) report.kept_policy = runs[kept].spec;
   report.wall_seconds = wall_seconds;
   report.verified_accesses = verified;

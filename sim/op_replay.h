@@ -91,6 +91,10 @@ struct OpReplayOptions {
   // RuntimeOptions::retry_in_one_place: a request the policy's plan would
   // not make room for is met in one place.
   bool retry_in_one_place = false;
+  // Under a reserved budget, a run that did not finish (oom or thrash)
+  // runs again meeting each request in one place (the step planner's
+  // in_one_place_after_failure); OpReplayReport::in_one_place says so.
+  bool in_one_place_after_failure = true;
   // RuntimeOptions::keep_regenerated: a released tensor a regeneration
   // brought back stays while a dropped consumer the program holds needs it.
   bool keep_regenerated = true;
@@ -205,6 +209,10 @@ struct OpReplayReport {
   // verify waits and the mismatches (all runs: a mismatch in any counts).
   std::string plan;
   std::size_t trials = 1;
+  // The run met each request in one place: asked (retry_in_one_place), or
+  // under a reserved budget after the same run, placed anywhere, did not
+  // finish.
+  bool in_one_place = false;
   std::string kept_policy;
   std::string future;  // FutureName(options.future)
   std::string other_plan_status;

@@ -29,6 +29,7 @@ struct SweepOptions {
   bool enable_offload = true;
   bool offload_guard = true;  // as OpReplayOptions::offload_guard
   bool retry_in_one_place = false;  // OpReplayOptions::retry_in_one_place
+  bool in_one_place_after_failure = true;  // OpReplayOptions::in_one_place_after_failure
   bool keep_regenerated = true;     // OpReplayOptions::keep_regenerated
   bool copy_ahead = true;          // OpReplayOptions::copy_ahead
   Future future = Future::kKnown;  // as OpReplayOptions::future (budgeted runs)

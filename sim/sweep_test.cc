@@ -82,15 +82,17 @@ TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
   const std::string csv = SweepCsv(*r);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7);
   EXPECT_THAT(csv, HasSubstr("\"window\",reserved,0.4,"));
-  EXPECT_THAT(csv, HasSubstr(",plan,copies_ahead,ahead_offloads,kept_policy\n"));
+  EXPECT_THAT(csv, HasSubstr(",plan,copies_ahead,ahead_offloads,kept_policy,in_one_place\n"));
   // Each row ends with its copies ahead and the offloads that used one, in
-  // that order, then the run a policy's trials kept (none here).
+  // that order, then the run a policy's trials kept (none here), then
+  // whether it met each request in one place (0 here: every run finished).
   const SweepRow& last = r->rows.back();
   EXPECT_THAT(csv, HasSubstr(absl::StrCat(",", last.report.copies_ahead, ",",
-                                          last.report.ahead_offloads, ",\n")));
+                                          last.report.ahead_offloads, ",,0\n")));
   SweepResult kept = *r;
   kept.rows.back().report.kept_policy = "hybrid:rank=msps,slack=2";
-  EXPECT_THAT(SweepCsv(kept), HasSubstr(",\"hybrid:rank=msps,slack=2\"\n"));
+  kept.rows.back().report.in_one_place = true;
+  EXPECT_THAT(SweepCsv(kept), HasSubstr(",\"hybrid:rank=msps,slack=2\",1\n"));
   // Every field that may hold a comma or a quote is quoted: a trace named by
   // a --model spec, a policy spec with parameters.
   SweepResult named = *r;

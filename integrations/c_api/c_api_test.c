@@ -1300,6 +1300,39 @@ static void test_planner_drives_a_trial(void) {
   CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_ABANDONED, 0, NULL));
   CHECK_OK(remat_planner_destroy(planner));
 
+  /* Under a budget of places, a step that did not fit runs again meeting
+   * each request in one place before its plan leaves the trial; one stopped
+   * for being slow leaves it at once. The step says so; the runtime is told. */
+  CHECK_OK(remat_planner_options_init(&po));
+  CHECK(po.in_one_place_after_failure == 0);
+  po.learning_steps = 0;
+  po.timed_steps = 1;
+  po.in_one_place_after_failure = 1;
+  CHECK_OK(remat_planner_create(plans, 2, &po, &planner));
+  CHECK_OK(remat_planner_step_begin(planner, &step));
+  CHECK(step.plan == 0 && !step.in_one_place);
+  CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_TOO_SMALL, 0, NULL));
+  CHECK_OK(remat_planner_step_begin(planner, &step));
+  CHECK(step.plan == 0 && step.in_one_place);
+  {
+    remat_allocator* a = make_allocator(GIB, 0, 0);
+    remat_runtime* rt = NULL;
+    CHECK_OK(remat_runtime_create(a, "lru", &rt));
+    CHECK_OK(remat_runtime_set_retry_in_one_place(rt, step.in_one_place));
+    CHECK_STATUS(remat_runtime_set_retry_in_one_place(NULL, 1), REMAT_INVALID_ARGUMENT);
+    CHECK_OK(remat_runtime_destroy(rt));
+    CHECK_OK(remat_allocator_destroy(a));
+  }
+  CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_FIT, 10, NULL));
+  CHECK_OK(remat_planner_step_begin(planner, &step));
+  CHECK(step.plan == 1 && !step.in_one_place);
+  CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_TOO_SLOW, 0, "beaten"));
+  CHECK_OK(remat_planner_get_plan(planner, 1, &plan_state, NULL, 0, NULL));
+  CHECK(plan_state.refused);
+  CHECK_OK(remat_planner_get_state(planner, &ps));
+  CHECK(!ps.in_trial && ps.kept_plan == 0);
+  CHECK_OK(remat_planner_destroy(planner));
+
   /* What steps learn by kind: a replay seen to fit in the runtime's second
    * step, and pins beside a kind, read by the steps after. */
   {

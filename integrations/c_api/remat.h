@@ -65,7 +65,7 @@ REMAT_API const char* remat_version(void);
  * (libremat.so.MAJOR.MINOR), so a program built against another header does
  * not load the new library by accident. A program that loads the library by
  * path should check remat_abi_version() == REMAT_ABI_VERSION first. */
-#define REMAT_ABI_VERSION 7
+#define REMAT_ABI_VERSION 8
 REMAT_API int remat_abi_version(void);
 /* Frees a string this library returned (remat_snapshot_json, a plan's refusal from
  * remat_planner_get_plan). NULL is fine. */
@@ -233,6 +233,13 @@ REMAT_API remat_status remat_runtime_create_with_options(remat_allocator* alloca
  * first step's first places). REMAT_FAILED_PRECONDITION without
  * learn_next_use. */
 REMAT_API remat_status remat_runtime_end_step(remat_runtime* runtime);
+/* Nonzero: from the next pressure event on, an allocation the policy's plan
+ * would meet with bytes freed in scattered places (none covering it) is met
+ * in one place instead: the cheapest run of neighbouring blocks that covers
+ * it, or as much of the policy's ranking as makes room. Zero (the default):
+ * the plan is carried out and the allocator asks again. A planner's step
+ * says which (remat_planner_step.in_one_place). */
+REMAT_API remat_status remat_runtime_set_retry_in_one_place(remat_runtime* runtime, int on);
 /* What happened to a tensor, as remat_runtime_create_observed tells it.
  * `tensor` names the storage by the id it was created with (views of it are
  * not named). A storage's events follow its states: CREATED, then
@@ -507,7 +514,8 @@ REMAT_API remat_status remat_runtime_estimate_replay(remat_runtime* runtime,
  *   remat_planner_step step;
  *   remat_planner_step_begin(planner, &step);      which plan, timed or not
  *   ... run the step on plans[step.plan]'s runtime (a new one where
- *       step.fresh_runtime), timing it where step.timed ...
+ *       step.fresh_runtime; meeting requests in one place where
+ *       step.in_one_place), timing it where step.timed ...
  *   remat_planner_step_end(planner, REMAT_STEP_FIT, elapsed_ns, NULL);
  *
  * then destroys the runtimes of plans remat_planner_get_plan says are no
@@ -526,6 +534,12 @@ typedef struct remat_plan {
 typedef struct remat_planner_options {
   size_t learning_steps; /* per plan in the trial, first, untimed (default 1) */
   size_t timed_steps;    /* per plan in the trial, at least 1 (default 2) */
+  int in_one_place_after_failure; /* nonzero, for a budget of reserved bytes
+                          * (places): a step that did not fit makes its
+                          * plan's next steps (the same trial step again, in
+                          * a trial) meet each request in one place, once,
+                          * before the plan is refused or made blind
+                          * (default 0) */
 } remat_planner_options;
 
 REMAT_API remat_status remat_planner_options_init(remat_planner_options* options);
@@ -542,6 +556,8 @@ typedef struct remat_planner_step {
   int timed;         /* its elapsed time counts in the trial */
   int in_trial;      /* the trial has not yet decided */
   int fresh_runtime; /* start the plan's runtime afresh (the plan is blind) */
+  int in_one_place;  /* run it meeting each request in one place
+                      * (remat_runtime_set_retry_in_one_place) */
 } remat_planner_step;
 
 /* REMAT_FAILED_PRECONDITION while a step is open. */
@@ -551,6 +567,8 @@ typedef enum remat_step_outcome {
   REMAT_STEP_FIT = 0,       /* ran through under the budget */
   REMAT_STEP_TOO_SMALL = 1, /* the budget could not hold what it needed */
   REMAT_STEP_ABANDONED = 2, /* raised something else or was interrupted: nothing learned */
+  REMAT_STEP_TOO_SLOW = 3,  /* stopped once past the quickest step that fit: it leaves the
+                             * trial as a step that did not fit does, teaching nothing */
   REMAT_STEP_OUTCOME_MAX_ENUM = 0x7FFFFFFF
 } remat_step_outcome;
 

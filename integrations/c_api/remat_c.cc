@@ -750,6 +750,15 @@ remat_status remat_runtime_end_step(remat_runtime* runtime) {
   });
 }
 
+remat_status remat_runtime_set_retry_in_one_place(remat_runtime* runtime, int on) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (runtime == nullptr) return NullArgument(fn, "runtime");
+    runtime->runtime->SetRetryInOnePlace(on != 0);
+    return REMAT_OK;
+  });
+}
+
 remat_status remat_runtime_destroy(remat_runtime* runtime) {
   const char* const fn = __func__;
   return Call(fn, [&] {
@@ -1064,6 +1073,7 @@ remat_status remat_planner_options_init(remat_planner_options* options) {
     const remat::StepPlannerOptions defaults;
     options->learning_steps = defaults.learning_steps;
     options->timed_steps = defaults.timed_steps;
+    options->in_one_place_after_failure = defaults.in_one_place_after_failure ? 1 : 0;
     return REMAT_OK;
   });
 }
@@ -1086,6 +1096,7 @@ remat_status remat_planner_create(const remat_plan* plans, size_t num_plans,
     if (options != nullptr) {
       o.learning_steps = options->learning_steps;
       o.timed_steps = options->timed_steps;
+      o.in_one_place_after_failure = options->in_one_place_after_failure != 0;
     }
     absl::StatusOr<remat::StepPlanner> made = remat::StepPlanner::Create(std::move(specs), o);
     if (!made.ok()) return FromStatus(fn, made.status());
@@ -1111,6 +1122,7 @@ remat_status remat_planner_step_begin(remat_planner* planner, remat_planner_step
     out->timed = step->timed ? 1 : 0;
     out->in_trial = step->in_trial ? 1 : 0;
     out->fresh_runtime = step->fresh_runtime ? 1 : 0;
+    out->in_one_place = step->in_one_place ? 1 : 0;
     return REMAT_OK;
   });
 }
@@ -1130,6 +1142,9 @@ remat_status remat_planner_step_end(remat_planner* planner, remat_step_outcome o
         break;
       case REMAT_STEP_ABANDONED:
         o = remat::StepOutcome::kAbandoned;
+        break;
+      case REMAT_STEP_TOO_SLOW:
+        o = remat::StepOutcome::kTooSlow;
         break;
       case REMAT_STEP_OUTCOME_MAX_ENUM:
       default:

@@ -12,7 +12,7 @@ import pathlib
 
 # The struct layouts below mirror remat.h at this REMAT_ABI_VERSION; lib()
 # refuses a library with another one rather than misread its structs.
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 OK = 0
 INVALID_ARGUMENT = 1
@@ -116,18 +116,20 @@ class Plan(ctypes.Structure):
 
 
 class PlannerOptions(ctypes.Structure):
-    _fields_ = [("learning_steps", ctypes.c_size_t), ("timed_steps", ctypes.c_size_t)]
+    _fields_ = [("learning_steps", ctypes.c_size_t), ("timed_steps", ctypes.c_size_t),
+                ("in_one_place_after_failure", ctypes.c_int)]
 
 
 class PlannerStep(ctypes.Structure):
     _fields_ = [("plan", ctypes.c_size_t), ("timed", ctypes.c_int), ("in_trial", ctypes.c_int),
-                ("fresh_runtime", ctypes.c_int)]
+                ("fresh_runtime", ctypes.c_int), ("in_one_place", ctypes.c_int)]
 
 
 # remat_step_outcome
 STEP_FIT = 0
 STEP_TOO_SMALL = 1
 STEP_ABANDONED = 2
+STEP_TOO_SLOW = 3
 
 
 class PlannerState(ctypes.Structure):
@@ -220,6 +222,7 @@ def lib():
                                                          EVENT_FN, vp, ctypes.POINTER(vp)]),
         "remat_runtime_destroy": (ctypes.c_int, [vp]),
         "remat_runtime_end_step": (ctypes.c_int, [vp]),
+        "remat_runtime_set_retry_in_one_place": (ctypes.c_int, [vp, ctypes.c_int]),
         "remat_recompute_set_error": (ctypes.c_int, [ctypes.c_char_p]),
         "remat_tensor_create": (ctypes.c_int, [vp, sz, ctypes.POINTER(TensorOptions), u64,
                                                ctypes.POINTER(u64), ctypes.POINTER(vp)]),

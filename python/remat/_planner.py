@@ -10,7 +10,7 @@ import ctypes
 
 from remat import _capi
 
-Step = collections.namedtuple("Step", "plan timed in_trial fresh_runtime")
+Step = collections.namedtuple("Step", "plan timed in_trial fresh_runtime in_one_place")
 
 
 class StepPlanner:
@@ -21,8 +21,9 @@ class StepPlanner:
     FIT = _capi.STEP_FIT
     TOO_SMALL = _capi.STEP_TOO_SMALL
     ABANDONED = _capi.STEP_ABANDONED
+    TOO_SLOW = _capi.STEP_TOO_SLOW
 
-    def __init__(self, plans, learning_steps=1, timed_steps=2):
+    def __init__(self, plans, learning_steps=1, timed_steps=2, in_one_place_after_failure=False):
         self._p = None
         self._lib = _capi.lib()
         self._seen = _capi.KindSeen()
@@ -34,7 +35,8 @@ class StepPlanner:
             c.policy_spec = policy.encode()
             c.allow_drop, c.allow_offload, c.drop_first = int(drop), int(offload), \
                 int(drop_first)
-        options = _capi.PlannerOptions(learning_steps, timed_steps)
+        options = _capi.PlannerOptions(learning_steps, timed_steps,
+                                       int(in_one_place_after_failure))
         out = ctypes.c_void_p()
         status = self._lib.remat_planner_create(raw, len(plans), ctypes.byref(options),
                                                 ctypes.byref(out))
@@ -48,11 +50,12 @@ class StepPlanner:
         s = _capi.PlannerStep()
         _capi.check(self._lib.remat_planner_step_begin(self._p, ctypes.byref(s)),
                     "remat_planner_step_begin")
-        return Step(s.plan, bool(s.timed), bool(s.in_trial), bool(s.fresh_runtime))
+        return Step(s.plan, bool(s.timed), bool(s.in_trial), bool(s.fresh_runtime),
+                    bool(s.in_one_place))
 
     def end(self, outcome, seconds=0.0, message=""):
         """Ends the step begin() opened: FIT, TOO_SMALL (message: the
-        refusal, should the plan leave the trial) or ABANDONED."""
+        refusal, should the plan leave the trial), TOO_SLOW or ABANDONED."""
         ns = max(0, int(round(seconds * 1e9)))
         _capi.check(self._lib.remat_planner_step_end(self._p, outcome, ns,
                                                      message.encode("utf-8", "replace")),

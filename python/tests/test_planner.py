@@ -35,6 +35,19 @@ def test_a_plan_that_did_not_fit_leaves_the_trial_with_its_message():
     assert p.state().kept_plan == 1
 
 
+def test_a_step_that_did_not_fit_runs_again_in_one_place_where_asked():
+    p = StepPlanner(PLANS, learning_steps=0, timed_steps=1, in_one_place_after_failure=True)
+    first = _run(p, p.TOO_SMALL)
+    again = _run(p, p.TOO_SMALL, message="no room")
+    assert (first.plan, first.in_one_place) == (0, False)
+    assert (again.plan, again.in_one_place) == (0, True)
+    assert p.plan(0)["refusal"] == "no room"
+    slow = StepPlanner(PLANS, learning_steps=0, timed_steps=1, in_one_place_after_failure=True)
+    _run(slow, slow.FIT, 1.0)
+    _run(slow, slow.TOO_SLOW, message="beaten")
+    assert slow.plan(1)["refused"] and slow.state().kept_plan == 0
+
+
 def test_bad_plans_and_misuse_are_refused():
     with pytest.raises(ValueError, match="no-such-policy"):
         StepPlanner([("a", "no-such-policy", True, False, False)])

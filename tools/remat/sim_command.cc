@@ -158,6 +158,10 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
   if (!r.kept_policy.empty()) {
     std::cout << absl::StrFormat("  trials           %d runs; kept %s\n", r.trials, r.kept_policy);
   }
+  if (r.in_one_place) {
+    std::cout << "  placement        each request met in one place"
+              << (f.retry_in_one_place ? "\n" : " (run again so: placed anywhere, it did not finish)\n");
+  }
   if (!r.plan.empty()) {
     const std::string other = r.plan == "mixed" ? "drop-only" : "mixed";
     std::cout << absl::StrFormat(
@@ -232,6 +236,7 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   }
   w.Key("trials").Int(r.trials);
   w.Key("kept_policy").String(r.kept_policy);
+  w.Key("in_one_place").Bool(r.in_one_place);
   if (!r.plan.empty()) {
     w.Key("plan").String(r.plan);
     w.Key("other_plan_status").String(r.other_plan_status);
@@ -307,6 +312,7 @@ int RunSim(const SimFlags& f) {
   options.enable_drop = !f.no_recompute;
   options.offload_guard = !f.no_offload_guard;
   options.retry_in_one_place = f.retry_in_one_place;
+  options.in_one_place_after_failure = !f.retry_anywhere;
   options.keep_regenerated = !f.release_regenerated;
   options.copy_ahead = !f.no_copy_ahead;
   options.thrash_limit = f.thrash_limit;
@@ -392,11 +398,12 @@ Subcommand AddSimCommand(CLI::App& remat) {
       "Where the policy's plan for a request would free its bytes in scattered places, meet "
       "it in one place instead: a covering run of blocks, or as much of the policy's ranking "
       "as makes room, whichever costs less (by default the plan is carried out and the "
-      "allocator asks again; one place is often faster, and makes some runs fail that finish "
+      "allocator asks again, and under a reserved budget a run that did not finish so runs "
+      "again in one place; one place is often faster, and makes some runs fail that finish "
       "by default)");
   cmd->add_flag("--retry-anywhere", flags->retry_anywhere,
-                "Carry out the policy's plan even where it scatters a request's bytes (the "
-                "default; kept for scripts that name it)")
+                "Carry out the policy's plan even where it scatters a request's bytes, and do not "
+                "run a run that did not finish again in one place")
       ->excludes(one_place);
   cmd->add_flag("--release-regenerated", flags->release_regenerated,
                 "Drop a tensor the program has released as soon as the regeneration that "

@@ -274,6 +274,7 @@ int RunSweepCommand(const SweepFlags& f) {
   o.enable_offload = !f.no_swap;
   o.offload_guard = !f.no_offload_guard;
   o.retry_in_one_place = f.retry_in_one_place;
+  o.in_one_place_after_failure = !f.retry_anywhere;
   o.keep_regenerated = !f.release_regenerated;
   o.copy_ahead = !f.no_copy_ahead;
   absl::StatusOr<Future> future = ParseFuture(f.future);
@@ -412,8 +413,9 @@ Subcommand AddSweepCommand(CLI::App& remat) {
                     "Meet a request the policy's plan would scatter in one place (as remat sim "
                     "--retry-in-one-place)");
   cmd->add_flag("--retry-anywhere", flags->retry_anywhere,
-                "Carry out each policy's plan even where it scatters a request's bytes (the "
-                "default; kept for scripts that name it)")
+                "Carry out each policy's plan even where it scatters a request's bytes, and do "
+                "not run a run that did not finish again in one place (as remat sim "
+                "--retry-anywhere)")
       ->excludes(one_place);
   cmd->add_flag("--release-regenerated", flags->release_regenerated,
                 "Drop a released tensor as soon as the regeneration that brought it back ends "
