@@ -128,6 +128,12 @@ absl::Status StepPlanner::End(StepOutcome outcome, std::int64_t elapsed_ns,
       }
       break;
     case StepOutcome::kTooSlow:
+      // Placed otherwise it may be quicker (in one place often is): the
+      // same trial step again, in one place, before it leaves the trial.
+      if (options_.in_one_place_after_failure && !plan.in_one_place && step.in_trial) {
+        plan.in_one_place = true;
+        break;
+      }
       if (step.in_trial && Unrefused() > 1) Refuse(step.plan, message);
       break;
     case StepOutcome::kAbandoned:

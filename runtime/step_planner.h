@@ -41,7 +41,8 @@
 // its policy's evictions lay rather than for bytes: with
 // `in_one_place_after_failure`, its plan's next step (the same trial step
 // again, in a trial) meets each request in one place instead, once, before
-// the plan is refused or made blind. Steps that finish either way are run
+// the plan is refused or made blind; so does a trial step the door stopped
+// for running past the quickest (kTooSlow), as in one place may be quicker. Steps that finish either way are run
 // as they were: in one place is often quicker where both finish, and fails
 // many steps that finish anywhere (bench/results/in_one_place_fallback_2026-12-06.md).
 //
@@ -103,7 +104,9 @@ enum class StepOutcome : std::uint8_t {
   kTooSmall,   // the budget could not hold what the step needed
   kAbandoned,  // it raised something else, or was interrupted: nothing learned
   // The door stopped it once it ran past the quickest step that fit: it
-  // leaves the trial as a step that did not fit does, and teaches nothing.
+  // leaves the trial as a step that did not fit does (with
+  // in_one_place_after_failure, after one more try in one place, where it
+  // may be quicker), and teaches nothing.
   kTooSlow,
 };
 

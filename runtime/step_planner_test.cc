@@ -135,15 +135,24 @@ TEST(StepPlannerTest, AStepThatDidNotFitRunsAgainInOnePlaceFirst) {
   EXPECT_EQ(p->kept(), 1u);
   EXPECT_TRUE(RunStep(*p, StepOutcome::kFit, 1).in_one_place);  // it stays so
 
-  // Stopped past the quickest step so far: out of the trial, as it was.
+  // Stopped past the quickest step so far: once more in one place (where
+  // it may be quicker), then out of the trial.
   absl::StatusOr<StepPlanner> q = StepPlanner::Create(
       MixedAndDropFirst(), StepPlannerOptions{0, 1, /*in_one_place_after_failure=*/true});
   ASSERT_TRUE(q.ok());
   RunStep(*q, StepOutcome::kFit, 10);
-  RunStep(*q, StepOutcome::kTooSlow, 0, "beaten");
-  EXPECT_FALSE(q->in_one_place(1));
+  EXPECT_FALSE(RunStep(*q, StepOutcome::kTooSlow, 0, "beaten").in_one_place);
+  EXPECT_TRUE(q->in_one_place(1));
+  EXPECT_FALSE(q->refused(1));
+  EXPECT_TRUE(RunStep(*q, StepOutcome::kTooSlow, 0, "beaten").in_one_place);
   EXPECT_TRUE(q->refused(1));
   EXPECT_EQ(q->kept(), 0u);
+  // (Without the option, out at once.)
+  absl::StatusOr<StepPlanner> q2 = StepPlanner::Create(MixedAndDropFirst(), StepPlannerOptions{0, 1});
+  ASSERT_TRUE(q2.ok());
+  RunStep(*q2, StepOutcome::kFit, 10);
+  RunStep(*q2, StepOutcome::kTooSlow, 0, "beaten");
+  EXPECT_TRUE(q2->refused(1));
 
   // Without the option a step that did not fit leaves the trial at once.
   absl::StatusOr<StepPlanner> r = StepPlanner::Create(MixedAndDropFirst(), StepPlannerOptions{0, 1});

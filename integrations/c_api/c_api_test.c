@@ -1300,9 +1300,9 @@ static void test_planner_drives_a_trial(void) {
   CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_ABANDONED, 0, NULL));
   CHECK_OK(remat_planner_destroy(planner));
 
-  /* Under a budget of places, a step that did not fit runs again meeting
-   * each request in one place before its plan leaves the trial; one stopped
-   * for being slow leaves it at once. The step says so; the runtime is told. */
+  /* Under a budget of places, a step that did not fit, or was stopped for
+   * being slow, runs again meeting each request in one place before its
+   * plan leaves the trial. The step says so; the runtime is told. */
   CHECK_OK(remat_planner_options_init(&po));
   CHECK(po.in_one_place_after_failure == 0);
   po.learning_steps = 0;
@@ -1326,6 +1326,9 @@ static void test_planner_drives_a_trial(void) {
   CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_FIT, 10, NULL));
   CHECK_OK(remat_planner_step_begin(planner, &step));
   CHECK(step.plan == 1 && !step.in_one_place);
+  CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_TOO_SLOW, 0, "beaten"));
+  CHECK_OK(remat_planner_step_begin(planner, &step));  /* once more, in one place */
+  CHECK(step.plan == 1 && step.in_one_place);
   CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_TOO_SLOW, 0, "beaten"));
   CHECK_OK(remat_planner_get_plan(planner, 1, &plan_state, NULL, 0, NULL));
   CHECK(plan_state.refused);

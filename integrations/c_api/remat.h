@@ -568,7 +568,9 @@ typedef enum remat_step_outcome {
   REMAT_STEP_TOO_SMALL = 1, /* the budget could not hold what it needed */
   REMAT_STEP_ABANDONED = 2, /* raised something else or was interrupted: nothing learned */
   REMAT_STEP_TOO_SLOW = 3,  /* stopped once past the quickest step that fit: it leaves the
-                             * trial as a step that did not fit does, teaching nothing */
+                             * trial as a step that did not fit does (with
+                             * in_one_place_after_failure, after one more try in one
+                             * place), teaching nothing */
   REMAT_STEP_OUTCOME_MAX_ENUM = 0x7FFFFFFF
 } remat_step_outcome;
 

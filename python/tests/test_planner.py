@@ -44,7 +44,8 @@ def test_a_step_that_did_not_fit_runs_again_in_one_place_where_asked():
     assert p.plan(0)["refusal"] == "no room"
     slow = StepPlanner(PLANS, learning_steps=0, timed_steps=1, in_one_place_after_failure=True)
     _run(slow, slow.FIT, 1.0)
-    _run(slow, slow.TOO_SLOW, message="beaten")
+    assert not _run(slow, slow.TOO_SLOW, message="beaten").in_one_place
+    assert _run(slow, slow.TOO_SLOW, message="beaten").in_one_place
     assert slow.plan(1)["refused"] and slow.state().kept_plan == 0
 
 
