@@ -84,6 +84,11 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
   if (options.max_pressure_rounds < 0) {
     return absl::InvalidArgumentError("max_pressure_rounds must be >= 0");
   }
+  if (options.max_step_allocations == 0 || options.max_step_allocations > kMaxStepAllocations) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_step_allocations must be 1 to %d, not %d", kMaxStepAllocations,
+        options.max_step_allocations));
+  }
   for (std::uint8_t d : options.roundup_divisions) {
     if (d > 64 || (d > 1 && !std::has_single_bit(static_cast<unsigned>(d)))) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -609,7 +614,7 @@ CachingAllocator::Block* CachingAllocator::FindInOtherSmallPool(const Pool& pool
 }
 
 void CachingAllocator::RecordStepAllocation(const Block* block) {
-  if (step_allocations_.size() >= kMaxStepAllocations) {
+  if (step_allocations_.size() >= options_.max_step_allocations) {
     step_too_long_ = true;
     recording_step_ = false;
     step_allocations_ = {};  // (its memory too)

@@ -120,6 +120,10 @@ struct AllocatorOptions {
   // statistics and snapshots: see Redo in caching_allocator.cc). false:
   // always the full path, for comparisons.
   bool fast_undo = true;
+  // A step (BeginStep/EndStep) that makes more allocations than this is not
+  // judged, and no later step is placed by steps: its books would cost a
+  // step's size. 1 to CachingAllocator::kMaxStepAllocations.
+  std::size_t max_step_allocations = std::size_t{1} << 22;
 };
 
 // What the allocator asks of the pressure handler.
@@ -234,7 +238,8 @@ class CachingAllocator {
   // or more: every later step is placed plainly. (Apart, the two kinds of
   // blocks cannot share a page, which costs one where a step fits in a
   // few.) A step that made no allocation, had one refused (out of memory)
-  // or passed kMaxStepAllocations is not judged; one that made another
+  // or passed AllocatorOptions::max_step_allocations is not judged (nor is
+  // any later step: placed plainly from then on); one that made another
   // sequence than the step it placed by starts the trial over; a plain step
   // with nothing to place apart stays plain. Without expandable segments
   // both do nothing. EndStep alone also starts recording (call it once

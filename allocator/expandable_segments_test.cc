@@ -15,12 +15,14 @@ namespace {
 
 class ExpandableTest : public ::testing::Test {
  protected:
-  void Make(bool expandable, std::size_t budget = 0, bool backed = false) {
+  void Make(bool expandable, std::size_t budget = 0, bool backed = false,
+            std::size_t max_step_allocations = CachingAllocator::kMaxStepAllocations) {
     alloc_.reset();
     device_ = std::move(SimDevice::Create({.capacity = kGiB, .backed = backed})).value();
     auto a = CachingAllocator::Create(
         device_.get(), {.budget = budget, .event_ring_capacity = 1024,
-                        .expandable_segments = expandable});
+                        .expandable_segments = expandable,
+                        .max_step_allocations = max_step_allocations});
     ASSERT_TRUE(a.ok()) << a.status();
     alloc_ = std::move(a).value();
   }
@@ -447,6 +449,41 @@ TEST_F(ExpandableTest, ALargeBlockGoneByThePeakIsNotCountedAsPlacedApart) {
   EXPECT_EQ(alloc_->learned_allocations(), 4u);
   EXPECT_EQ(alloc_->learned_transient(), 1u);
   CheckConsistent();
+}
+
+// A step past max_step_allocations is not judged, and no step after it is
+// placed by steps: a short one that would be learned is not.
+TEST_F(ExpandableTest, AStepPastItsAllocationLimitEndsThePlacementByStepsForGood) {
+  for (const bool too_long : {false, true}) {
+    SCOPED_TRACE(too_long ? "too long" : "within the limit");
+    Make(true, 0, false, /*max_step_allocations=*/too_long ? 3 : 4);
+    alloc_->EndStep();
+    void* l = Alloc(512 * kKiB);
+    Free(Alloc(kMiB));  // gone by the peak
+    void* peak = Alloc(2 * kMiB);
+    Free(Alloc(4 * kKiB));  // the fourth
+    Free(l);
+    Free(peak);
+    alloc_->EndStep();
+    EXPECT_EQ(alloc_->learned_allocations(), too_long ? 0u : 4u);
+    // Short steps (within the limit) after it are not learned either. (The
+    // first of them, another sequence, starts over where steps are learned.)
+    for (int i = 0; i < 2; ++i) {
+      void* a = Alloc(512 * kKiB);
+      Free(Alloc(kMiB));  // gone by the peak
+      void* b = Alloc(2 * kMiB);
+      Free(a);
+      Free(b);
+      alloc_->EndStep();
+      EXPECT_EQ(alloc_->learned_allocations(), too_long || i == 0 ? 0u : 3u) << i;
+    }
+    CheckConsistent();
+  }
+  auto bad = CachingAllocator::Create(device_.get(), {.max_step_allocations = 0});
+  EXPECT_FALSE(bad.ok());
+  bad = CachingAllocator::Create(device_.get(),
+                                 {.max_step_allocations = CachingAllocator::kMaxStepAllocations + 1});
+  EXPECT_FALSE(bad.ok());
 }
 
 // A step whose request was refused (out of memory) is not judged: it says
