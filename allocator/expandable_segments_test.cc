@@ -434,17 +434,17 @@ TEST_F(ExpandableTest, AStepPlacesWhatIsGoneByThePeakApartFromWhatIsLiveThere) {
   EXPECT_EQ(step(), 4 * kMiB);
 }
 
-// Only small blocks are placed apart: a large one gone by the peak is
+// Only small blocks are placed apart: a large one not live at the peak is
 // counted as learned but not as placed apart (it goes to the large pool).
-TEST_F(ExpandableTest, ALargeBlockGoneByThePeakIsNotCountedAsPlacedApart) {
+TEST_F(ExpandableTest, ALargeBlockNotLiveAtThePeakIsNotCountedAsPlacedApart) {
   Make(true);
   alloc_->EndStep();
   void* l = Alloc(512 * kKiB);
-  Free(Alloc(4 * kMiB));  // large, gone by the peak
-  Free(Alloc(kMiB));      // small, gone by the peak
-  void* peak = Alloc(2 * kMiB);
+  Free(Alloc(4 * kMiB));         // the peak: 4.5 MiB allocated
+  Free(Alloc(kMiB));             // small, made after the peak
+  void* late = Alloc(2 * kMiB);  // large, made after the peak
   Free(l);
-  Free(peak);
+  Free(late);
   alloc_->EndStep();
   EXPECT_EQ(alloc_->learned_allocations(), 4u);
   EXPECT_EQ(alloc_->learned_transient(), 1u);
@@ -481,8 +481,8 @@ TEST_F(ExpandableTest, AStepPastItsAllocationLimitEndsThePlacementByStepsForGood
   }
   auto bad = CachingAllocator::Create(device_.get(), {.max_step_allocations = 0});
   EXPECT_FALSE(bad.ok());
-  bad = CachingAllocator::Create(device_.get(),
-                                 {.max_step_allocations = CachingAllocator::kMaxStepAllocations + 1});
+  bad = CachingAllocator::Create(
+      device_.get(), {.max_step_allocations = CachingAllocator::kMaxStepAllocations + 1});
   EXPECT_FALSE(bad.ok());
 }
 

@@ -42,9 +42,10 @@
 // `in_one_place_after_failure`, its plan's next step (the same trial step
 // again, in a trial) meets each request in one place instead, once, before
 // the plan is refused or made blind; so does a trial step the door stopped
-// for running past the quickest (kTooSlow), as in one place may be quicker. Steps that finish either way are run
-// as they were: in one place is often quicker where both finish, and fails
-// many steps that finish anywhere (bench/results/in_one_place_fallback_2026-12-06.md).
+// for running past the quickest (kTooSlow), as in one place may be quicker.
+// Steps that finish placed anywhere are run as they were: in one place is
+// often quicker where both finish, but fails many steps that finish anywhere
+// (bench/results/in_one_place_fallback_2026-12-06.md).
 //
 // One implementation for every door: remat.torch's budget and any C or C++
 // framework drive it through remat.h (remat_planner_*), and the simulator's

@@ -110,8 +110,8 @@ TEST(StepPlannerTest, TheLastPlanLeftStaysAndItsStepsRunAgain) {
 }
 
 // Under a budget of places, a step that did not fit runs again, its plan
-// meeting each request in one place, before the plan leaves the trial; a
-// step stopped for being slow does not.
+// meeting each request in one place, before the plan leaves the trial; so
+// does a trial step stopped for being slow.
 TEST(StepPlannerTest, AStepThatDidNotFitRunsAgainInOnePlaceFirst) {
   absl::StatusOr<StepPlanner> p = StepPlanner::Create(
       MixedAndDropFirst(), StepPlannerOptions{0, 1, /*in_one_place_after_failure=*/true});
@@ -148,14 +148,16 @@ TEST(StepPlannerTest, AStepThatDidNotFitRunsAgainInOnePlaceFirst) {
   EXPECT_TRUE(q->refused(1));
   EXPECT_EQ(q->kept(), 0u);
   // (Without the option, out at once.)
-  absl::StatusOr<StepPlanner> q2 = StepPlanner::Create(MixedAndDropFirst(), StepPlannerOptions{0, 1});
+  absl::StatusOr<StepPlanner> q2 =
+      StepPlanner::Create(MixedAndDropFirst(), StepPlannerOptions{0, 1});
   ASSERT_TRUE(q2.ok());
   RunStep(*q2, StepOutcome::kFit, 10);
   RunStep(*q2, StepOutcome::kTooSlow, 0, "beaten");
   EXPECT_TRUE(q2->refused(1));
 
   // Without the option a step that did not fit leaves the trial at once.
-  absl::StatusOr<StepPlanner> r = StepPlanner::Create(MixedAndDropFirst(), StepPlannerOptions{0, 1});
+  absl::StatusOr<StepPlanner> r =
+      StepPlanner::Create(MixedAndDropFirst(), StepPlannerOptions{0, 1});
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(RunStep(*r, StepOutcome::kTooSmall, 0).in_one_place);
   EXPECT_TRUE(r->refused(0));
@@ -165,8 +167,9 @@ TEST(StepPlannerTest, AStepThatDidNotFitRunsAgainInOnePlaceFirst) {
 // After the trial, the kept plan's step that did not fit makes its later
 // steps meet requests in one place (it is not made blind for that step).
 TEST(StepPlannerTest, AKeptPlansStepThatDidNotFitMakesItsNextStepsMeetRequestsInOnePlace) {
-  absl::StatusOr<StepPlanner> p = StepPlanner::Create(
-      {PlanSpec{"drop-only", "dtr"}}, StepPlannerOptions{1, 2, /*in_one_place_after_failure=*/true});
+  absl::StatusOr<StepPlanner> p =
+      StepPlanner::Create({PlanSpec{"drop-only", "dtr"}},
+                          StepPlannerOptions{1, 2, /*in_one_place_after_failure=*/true});
   ASSERT_TRUE(p.ok());
   RunStep(*p, StepOutcome::kFit, 5);
   EXPECT_FALSE(RunStep(*p, StepOutcome::kTooSmall, 0).in_one_place);

@@ -785,7 +785,8 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
                            !options.retry_in_one_place;
   if (!budgeted || (trials.empty() && !guard && !place_again)) {
     absl::StatusOr<OpReplayReport> r = Replayer(trace, options).Run();
-    if (r.ok()) r->in_one_place = budgeted && options.retry_in_one_place && options.live_budget == 0;
+    if (r.ok())
+      r->in_one_place = budgeted && options.retry_in_one_place && options.live_budget == 0;
     return r;
   }
   // The runs: the policy's own, or each of its trials; with offload allowed
@@ -866,7 +867,7 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
                                 : r->status == "beaten" ? StepOutcome::kTooSlow
                                                         : StepOutcome::kTooSmall;
     if (absl::Status s = planner->End(outcome, ok ? r->time_ns : 0, r->message); !s.ok()) return s;
-    r->in_one_place = o.retry_in_one_place;
+    r->in_one_place = o.retry_in_one_place && options.live_budget == 0;
     reports[i] = *std::move(r);
     // After the trial (or with one run, none), only a run placed again.
     const bool again = !ok && !step->in_one_place && planner->in_one_place(i);

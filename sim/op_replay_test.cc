@@ -348,6 +348,11 @@ TEST(OpReplayTest, ARunThatDidNotFinishRunsAgainMeetingRequestsInOnePlace) {
   EXPECT_NE(small.status, "ok");
   EXPECT_FALSE(small.in_one_place);
   EXPECT_EQ(small.trials, 1u);
+  // Nor is anything met in one place there when asked, guarded or not.
+  live.retry_in_one_place = true;
+  EXPECT_FALSE(Replay(trace, live).in_one_place);
+  live.offload_guard = true;
+  EXPECT_FALSE(Replay(trace, live).in_one_place);
 }
 
 // hybrid (rank=auto) replays the step over every policy's ranking, with
@@ -386,7 +391,9 @@ TEST(OpReplayTest, HybridTriesEveryRankingAndIsNeverWorseThanAnyPolicyWithDropsO
         EXPECT_LE(hybrid_drops.trials, runs_of(policies::KnownPolicies().size()));
         EXPECT_TRUE(hybrid_drops.plan.empty());  // one kind of run
         if (any_finished) {
-          EXPECT_EQ(hybrid_drops.time_ns, best_drops);
+          // (At most: a ranking's run stopped as beaten inside hybrid may
+          // finish quicker in one place than the policy's own run did.)
+          EXPECT_LE(hybrid_drops.time_ns, best_drops);
         }
 
         o.enable_offload = true;

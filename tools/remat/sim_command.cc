@@ -160,7 +160,8 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
   }
   if (r.in_one_place) {
     std::cout << "  placement        each request met in one place"
-              << (f.retry_in_one_place ? "\n" : " (run again so: placed anywhere, it did not finish)\n");
+              << (f.retry_in_one_place ? "\n"
+                                       : " (run again so: placed anywhere, it did not finish)\n");
   }
   if (!r.plan.empty()) {
     const std::string other = r.plan == "mixed" ? "drop-only" : "mixed";
