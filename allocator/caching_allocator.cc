@@ -569,7 +569,7 @@ void CachingAllocator::JudgeStep() {
   for (std::size_t i = 0; i < step_allocations_.size(); ++i) {
     const StepAllocation& a = step_allocations_[i];
     next[i] = {a.size, a.made > step_peak_at_ || a.freed <= step_peak_at_};
-    any_apart = any_apart || (next[i].transient && a.size <= kSmallSize);
+    any_apart = any_apart || next[i].apart();
   }
   switch (placement_) {
     case Placement::kPlain:
@@ -645,10 +645,7 @@ std::size_t CachingAllocator::learned_allocations() const {
 std::size_t CachingAllocator::learned_transient() const {
   MutexLock lock(&mu_);
   return static_cast<std::size_t>(std::count_if(learned_.begin(), learned_.end(),
-                                                [](const Learned& l) {
-                                                  // (a large block goes to the large pool)
-                                                  return l.transient && l.size <= kSmallSize;
-                                                }));
+                                                [](const Learned& l) { return l.apart(); }));
 }
 
 // ---------------------------------------------------------------------------

@@ -571,7 +571,9 @@ class CachingAllocator {
   std::uint32_t step_peak_at_ ABSL_GUARDED_BY(mu_) = 0;
   struct Learned {
     std::size_t size = 0;
-    bool transient = false;
+    bool transient = false;  // not live at the step's peak
+    // Placed apart in the next step: small (a large block goes to the large pool).
+    bool apart() const { return transient && size <= kSmallSize; }
   };
   std::vector<Learned> learned_ ABSL_GUARDED_BY(mu_);
   // The trial of the learned placement against the plain one: the reserved

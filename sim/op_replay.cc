@@ -781,12 +781,13 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
   const bool guard = options.offload_guard && options.enable_offload && options.enable_drop;
   // Under a reserved budget a run that does not finish runs again meeting
   // each request in one place (the step planner's in_one_place_after_failure).
-  const bool place_again = options.in_one_place_after_failure && options.live_budget == 0 &&
-                           !options.retry_in_one_place;
+  // (A live budget counts bytes, not places.)
+  const bool places = budgeted && options.live_budget == 0;
+  const bool place_again =
+      places && options.in_one_place_after_failure && !options.retry_in_one_place;
   if (!budgeted || (trials.empty() && !guard && !place_again)) {
     absl::StatusOr<OpReplayReport> r = Replayer(trace, options).Run();
-    if (r.ok())
-      r->in_one_place = budgeted && options.retry_in_one_place && options.live_budget == 0;
+    if (r.ok()) r->in_one_place = places && options.retry_in_one_place;
     return r;
   }
   // The runs: the policy's own, or each of its trials; with offload allowed
@@ -867,7 +868,7 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
                                 : r->status == "beaten" ? StepOutcome::kTooSlow
                                                         : StepOutcome::kTooSmall;
     if (absl::Status s = planner->End(outcome, ok ? r->time_ns : 0, r->message); !s.ok()) return s;
-    r->in_one_place = o.retry_in_one_place && options.live_budget == 0;
+    r->in_one_place = places && o.retry_in_one_place;
     reports[i] = *std::move(r);
     // After the trial (or with one run, none), only a run placed again.
     const bool again = !ok && !step->in_one_place && planner->in_one_place(i);
