@@ -126,6 +126,7 @@ CachingAllocator::CachingAllocator(Device* device, AllocatorOptions options)
                                    [](std::uint8_t d) { return d > 1; })) {
   MutexLock lock(&mu_);
   budget_ = options.budget == 0 ? device->Capacity() : options.budget;
+  max_split_size_ = options.max_split_size;
   large_.large = true;
   for (Pool* pool : {&small_, &large_, &transient_}) {
     pool->sentinel.partition = kSentinelPartition;
@@ -238,8 +239,8 @@ REMAT_HOT_INLINE bool CachingAllocator::Fits(const Block* b, std::size_t size) c
   // free bytes are never stranded (their pages can move), so its blocks
   // split for anyone, as PyTorch's do.
   if (page_size_ != 0) return true;
-  if (size < options_.max_split_size) return b->size < options_.max_split_size ||
-                                              options_.max_split_size == SIZE_MAX;
+  if (size < max_split_size_) return b->size < max_split_size_ ||
+                                              max_split_size_ == SIZE_MAX;
   return b->size < size + kLargeBuffer;
 }
 
@@ -270,7 +271,7 @@ REMAT_HOT_INLINE CachingAllocator::Block* CachingAllocator::Commit(Block* block,
   const std::size_t remaining = block->size - size;
   const bool fixed_large = block->segment->large && page_size_ == 0;
   const bool worth_keeping = fixed_large ? remaining > kSmallSize : remaining >= kMinBlockSize;
-  last_alloc_split_ = worth_keeping && (page_size_ != 0 || block->size <= options_.max_split_size);
+  last_alloc_split_ = worth_keeping && (page_size_ != 0 || block->size <= max_split_size_);
   if (last_alloc_split_) {
     // The free block stays in the set as the remainder (usually without
     // moving in it); the allocation gets a fresh Block in front of it.
@@ -470,7 +471,7 @@ CachingAllocator::Block* CachingAllocator::ReserveSegment(Pool& pool, std::size_
   const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
   std::size_t segment_size = SegmentSizeFor(size);
   // An oversize segment would be unsplittable and wasted on a small request.
-  if (pool.large && size < options_.max_split_size && segment_size > options_.max_split_size) {
+  if (pool.large && size < max_split_size_ && segment_size > max_split_size_) {
     segment_size = RoundUpTo(size, kRoundLarge);
   }
   // Within a tight budget, a large request shrinks its segment to what it needs.
@@ -1532,6 +1533,23 @@ absl::Status CachingAllocator::SetBudget(std::size_t budget) {
   }
   reserved_at_budget_change_ = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
   return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::SetMaxSplitSize(std::size_t bytes) {
+  if (bytes <= kSmallSize) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_split_size must be above %s (the small pool's largest request), not %s",
+        FormatBytes(kSmallSize), FormatBytes(bytes)));
+  }
+  MutexLock lock(&mu_);
+  EndUndo();
+  max_split_size_ = bytes;
+  return absl::OkStatus();
+}
+
+std::size_t CachingAllocator::max_split_size() const {
+  MutexLock lock(&mu_);
+  return max_split_size_;
 }
 
 std::uint64_t CachingAllocator::fast_undo_count() const {

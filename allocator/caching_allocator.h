@@ -197,6 +197,13 @@ class CachingAllocator {
   // reserved releases the cache; what stays reserved stays.
   absl::Status SetBudget(std::size_t budget);
   std::size_t budget() const;
+  // From the next request on, no free block above `bytes` is split for a
+  // smaller request (SIZE_MAX: no limit); blocks split before stay as they
+  // are. A training loop lowers it for the next step when a step failed for
+  // want of a large block (StepPlannerOptions::split_limit_halvings_after_failure).
+  // Rejects sizes within the small pool's requests, as Create does.
+  absl::Status SetMaxSplitSize(std::size_t bytes);
+  std::size_t max_split_size() const;
   // Tag the runtime puts on the block it owns, for the MemoryMap (0: none).
   absl::Status SetOwner(void* ptr, std::uint64_t owner);
   // Rounded size of a live allocation (the block it holds).
@@ -535,6 +542,8 @@ class CachingAllocator {
 
   mutable Mutex mu_;
   std::size_t budget_ ABSL_GUARDED_BY(mu_);
+  // options_.max_split_size until SetMaxSplitSize.
+  std::size_t max_split_size_ ABSL_GUARDED_BY(mu_);
   const std::size_t page_size_;
   const bool round_divisions_;  // some roundup_divisions entry is above 1
   // Bytes segments being reserved without the lock will add (budget checks count them).

@@ -1,6 +1,7 @@
 #include "allocator/caching_allocator.h"
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,25 @@ TEST_F(AllocatorTest, OversizeBlocksAreNeverSplitNorTakenBySmallRequests) {
   Alloc(kLargeBuffer);  // fill so the 40 MiB block is the only oversize one
   void* far_smaller = Alloc(33 * kMiB + 0);  // 40 < 33 + 20: allowed
   EXPECT_EQ(far_smaller, big);
+}
+
+// A limit set on a live allocator holds from the next request: the cached
+// 40 MiB block, split for small requests before, is kept whole after.
+TEST_F(AllocatorTest, ALoweredSplitLimitKeepsLargeFreeBlocksWholeFromTheNextRequest) {
+  Make({});
+  EXPECT_EQ(alloc_->max_split_size(), std::numeric_limits<std::size_t>::max());
+  void* big = Alloc(40 * kMiB);
+  Free(big);
+  void* small = Alloc(8 * kMiB);
+  EXPECT_EQ(small, big);  // no limit: split
+  Free(small);
+  EXPECT_EQ(alloc_->SetMaxSplitSize(kMiB).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(alloc_->max_split_size(), std::numeric_limits<std::size_t>::max());  // unchanged
+  ASSERT_TRUE(alloc_->SetMaxSplitSize(32 * kMiB).ok());
+  EXPECT_EQ(alloc_->max_split_size(), 32 * kMiB);
+  void* again = Alloc(8 * kMiB);
+  EXPECT_NE(again, big);  // kept whole for a large request
+  EXPECT_EQ(Alloc(34 * kMiB), big);
 }
 
 TEST_F(AllocatorTest, OversizeRequestDoesNotTakeAMuchLargerBlock) {

@@ -24,6 +24,13 @@ absl::StatusOr<StepPlanner> StepPlanner::Create(std::vector<PlanSpec> plans,
         "%d plans of %d + %d trial steps each: more than %d trial steps", plans.size(),
         options.learning_steps, options.timed_steps, kMostTrialSteps));
   }
+  // Past this a 64 MiB limit would be under the small pool's requests.
+  constexpr std::size_t kMostHalvings = 6;
+  if (options.split_limit_halvings_after_failure > kMostHalvings) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d halvings of the split limit after failure: at most %d",
+        options.split_limit_halvings_after_failure, kMostHalvings));
+  }
   absl::flat_hash_set<std::string> names;
   std::vector<Plan> made;
   made.reserve(plans.size());
@@ -74,6 +81,7 @@ absl::StatusOr<StepPlanner::Step> StepPlanner::Begin() {
   }
   Plan& plan = plans_[step.plan];
   step.in_one_place = plan.in_one_place;
+  step.split_limit_halvings = plan.split_limit_halvings;
   if (plan.blind) {
     // (What its replays did is kept: every step as blind as the last.)
     step.fresh_runtime = true;
@@ -116,6 +124,13 @@ absl::Status StepPlanner::End(StepOutcome outcome, std::int64_t elapsed_ns,
         plan.replays.Merge(step_replays_, /*fits=*/false);
         break;
       }
+      if (plan.split_limit_halvings < options_.split_limit_halvings_after_failure) {
+        // Perhaps for where the allocator put small tensors: its next step
+        // splits fewer large blocks.
+        ++plan.split_limit_halvings;
+        plan.replays.Merge(step_replays_, /*fits=*/false);
+        break;
+      }
       if (step.in_trial && Unrefused() > 1) {
         Refuse(step.plan, message);
         break;
@@ -128,10 +143,18 @@ absl::Status StepPlanner::End(StepOutcome outcome, std::int64_t elapsed_ns,
       }
       break;
     case StepOutcome::kTooSlow:
-      // Placed otherwise it may be quicker (in one place often is): the
-      // same trial step again, in one place, before it leaves the trial.
+      // Placed otherwise it may be quicker (in one place often is, and so
+      // may a lower split limit be): the same trial step again, placed as
+      // after a step that did not fit, before it leaves the trial. (So a
+      // trial over several policies' plans keeps what each policy's own
+      // run, failing and placed again, would reach.)
       if (options_.in_one_place_after_failure && !plan.in_one_place && step.in_trial) {
         plan.in_one_place = true;
+        break;
+      }
+      if (plan.split_limit_halvings < options_.split_limit_halvings_after_failure &&
+          step.in_trial) {
+        ++plan.split_limit_halvings;
         break;
       }
       if (step.in_trial && Unrefused() > 1) Refuse(step.plan, message);

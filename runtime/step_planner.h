@@ -47,6 +47,18 @@
 // often quicker where both finish, but fails many steps that finish anywhere
 // (bench/results/in_one_place_fallback_2026-12-06.md).
 //
+// A step that did not fit in one place either may have failed for where the
+// allocator put small tensors: in a free block that a large request needed
+// whole (a regeneration's small input, pinned in the middle of a large
+// tensor's old block, leaves the next large request no room). With
+// `split_limit_halvings_after_failure`, each such step halves the split
+// limit its plan's next steps run with (the allocator splits no free block
+// above it for a smaller request), up to that many times, before the plan is
+// refused or made blind; so does a trial step stopped as too slow (kTooSlow),
+// as a lower limit may be quicker. The door applies it to its allocator
+// (CachingAllocator::SetMaxSplitSize); a door whose allocator has no split
+// limit (expandable segments) or a limit its user chose leaves it at 0.
+//
 // One implementation for every door: remat.torch's budget and any C or C++
 // framework drive it through remat.h (remat_planner_*), and the simulator's
 // offload guard runs each of its runs as one trial step. It decides; the
@@ -98,6 +110,9 @@ struct StepPlannerOptions {
   // one place (the header's comment). For budgets that count reserved
   // bytes; a budget of live bytes counts no places.
   bool in_one_place_after_failure = false;
+  // A step that did not fit in one place halves its plan's split limit for
+  // the next steps, up to this many times (the header's comment).
+  std::size_t split_limit_halvings_after_failure = 0;
 };
 
 enum class StepOutcome : std::uint8_t {
@@ -106,7 +121,8 @@ enum class StepOutcome : std::uint8_t {
   kAbandoned,  // it raised something else, or was interrupted: nothing learned
   // The door stopped it once it ran past the quickest step that fit: it
   // leaves the trial as a step that did not fit does (with
-  // in_one_place_after_failure, after one more try in one place, where it
+  // in_one_place_after_failure, after one more try in one place, and with
+  // split_limit_halvings_after_failure, tries at the lower limits, where it
   // may be quicker), and teaches nothing.
   kTooSlow,
 };
@@ -125,6 +141,8 @@ class StepPlanner {
     bool in_trial = false;       // the trial has not decided yet
     bool fresh_runtime = false;  // start the plan's runtime afresh (blind)
     bool in_one_place = false;   // meet each request in one place (retry_in_one_place)
+    // Run with the allocator's split limit halved this many times.
+    std::size_t split_limit_halvings = 0;
   };
   // The step about to run. FailedPrecondition while one is open.
   absl::StatusOr<Step> Begin();
@@ -194,6 +212,9 @@ class StepPlanner {
   const std::string& refusal(std::size_t plan) const { return plans_[plan].refusal; }
   bool blind(std::size_t plan) const { return plans_[plan].blind; }
   bool in_one_place(std::size_t plan) const { return plans_[plan].in_one_place; }
+  std::size_t split_limit_halvings(std::size_t plan) const {
+    return plans_[plan].split_limit_halvings;
+  }
   // Steps that fit on the plan's current runtime.
   std::uint64_t runtime_steps(std::size_t plan) const { return plans_[plan].runtime_steps; }
   absl::Span<const std::int64_t> times_ns(std::size_t plan) const { return plans_[plan].times_ns; }
@@ -234,6 +255,7 @@ class StepPlanner {
     std::string refusal;
     bool blind = false;
     bool in_one_place = false;
+    std::size_t split_limit_halvings = 0;
     std::uint64_t runtime_steps = 0;
     std::vector<std::int64_t> times_ns;
   };

@@ -2,12 +2,17 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace remat {
 namespace {
+
+using ::testing::ElementsAre;
+using ::testing::Pair;
 
 std::vector<PlanSpec> MixedAndDropFirst() {
   return {PlanSpec{"mixed", "dtr", true, true, false},
@@ -179,6 +184,55 @@ TEST(StepPlannerTest, AKeptPlansStepThatDidNotFitMakesItsNextStepsMeetRequestsIn
   StepPlanner::Step s = RunStep(*p, StepOutcome::kFit, 5);
   EXPECT_TRUE(s.in_one_place);
   EXPECT_TRUE(s.fresh_runtime);
+}
+
+// A step that did not fit in one place halves its plan's split limit for
+// the next step, up to the option's count; a step stopped as too slow does
+// not (it did not fail for room); the kept plan's steps stay so.
+TEST(StepPlannerTest, AStepThatDidNotFitInOnePlaceHalvesItsPlansSplitLimitUpToTheCount) {
+  absl::StatusOr<StepPlanner> p = StepPlanner::Create(
+      MixedAndDropFirst(), StepPlannerOptions{0, 1, /*in_one_place_after_failure=*/true,
+                                              /*split_limit_halvings_after_failure=*/2});
+  ASSERT_TRUE(p.ok());
+  std::vector<std::pair<bool, std::size_t>> tried;
+  for (int i = 0; i < 4; ++i) {
+    StepPlanner::Step s = RunStep(*p, StepOutcome::kTooSmall, 0, "no room");
+    EXPECT_EQ(s.plan, 0u);
+    tried.emplace_back(s.in_one_place, s.split_limit_halvings);
+    EXPECT_EQ(p->refused(0), i == 3);
+  }
+  EXPECT_THAT(tried, ElementsAre(Pair(false, 0u), Pair(true, 0u), Pair(true, 1u), Pair(true, 2u)));
+  EXPECT_EQ(p->split_limit_halvings(1), 0u);  // the other plan's own
+  RunStep(*p, StepOutcome::kTooSmall, 0);     // the last plan left, placed anywhere
+  RunStep(*p, StepOutcome::kTooSmall, 0);     // in one place
+  StepPlanner::Step fit = RunStep(*p, StepOutcome::kFit, 70);
+  EXPECT_EQ(fit.split_limit_halvings, 1u);
+  EXPECT_EQ(p->kept(), 1u);
+  EXPECT_EQ(RunStep(*p, StepOutcome::kFit, 1).split_limit_halvings, 1u);  // it stays so
+
+  // Too slow in the trial: in one place, then at the lower limits, then out.
+  absl::StatusOr<StepPlanner> q = StepPlanner::Create(
+      MixedAndDropFirst(), StepPlannerOptions{0, 1, true, 2});
+  ASSERT_TRUE(q.ok());
+  RunStep(*q, StepOutcome::kFit, 10);
+  for (std::size_t halvings : {0u, 0u, 1u, 2u}) {
+    EXPECT_FALSE(q->refused(1));
+    EXPECT_EQ(RunStep(*q, StepOutcome::kTooSlow, 0, "beaten").split_limit_halvings, halvings);
+  }
+  EXPECT_TRUE(q->refused(1));
+  EXPECT_EQ(q->kept(), 0u);
+
+  // Without the option, none; past the most a limit can be halved, refused.
+  absl::StatusOr<StepPlanner> r =
+      StepPlanner::Create(MixedAndDropFirst(), StepPlannerOptions{0, 1, true});
+  ASSERT_TRUE(r.ok());
+  RunStep(*r, StepOutcome::kTooSmall, 0);
+  RunStep(*r, StepOutcome::kTooSmall, 0);
+  EXPECT_TRUE(r->refused(0));
+  EXPECT_EQ(r->split_limit_halvings(0), 0u);
+  absl::StatusOr<StepPlanner> bad =
+      StepPlanner::Create(MixedAndDropFirst(), StepPlannerOptions{0, 1, true, 7});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(StepPlannerTest, AStepThatDidNotFitAfterLearningMakesThePlanBlind) {

@@ -106,7 +106,7 @@ class Replayer final : public RuntimeObserver {
     report_.policy = runtime_->policy().Spec();
     report_.budget_bytes = options_.live_budget != 0 ? options_.live_budget : options_.budget;
     report_.alloc_conf = options_.alloc_conf;
-    const std::size_t max_split = alloc_->options().max_split_size;
+    const std::size_t max_split = alloc_->max_split_size();
     report_.max_split_bytes = max_split == std::numeric_limits<std::size_t>::max() ? 0 : max_split;
     report_.status = "ok";
     report_.future = FutureName(options_.future);
@@ -785,7 +785,16 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
   const bool places = budgeted && options.live_budget == 0;
   const bool place_again =
       places && options.in_one_place_after_failure && !options.retry_in_one_place;
-  if (!budgeted || (trials.empty() && !guard && !place_again)) {
+  // A run that did not finish in one place either runs again with the
+  // allocator's split limit halved (the step planner's
+  // split_limit_halvings_after_failure), where the limit is the replay's
+  // own default: a limit the user chose, or allocator settings (expandable
+  // segments split anything), are left as asked.
+  const std::size_t halvings = places && options.in_one_place_after_failure &&
+                                       options.max_split_size == 0 && options.alloc_conf.empty()
+                                   ? kBudgetedSplitHalvings
+                                   : 0;
+  if (!budgeted || (trials.empty() && !guard && !place_again && halvings == 0)) {
     absl::StatusOr<OpReplayReport> r = Replayer(trace, options).Run();
     if (r.ok()) r->in_one_place = places && options.retry_in_one_place;
     return r;
@@ -821,12 +830,13 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
                              options.enable_offload && !run.drops_only, false});
   }
   absl::StatusOr<StepPlanner> planner =
-      StepPlanner::Create(std::move(plans), StepPlannerOptions{0, 1, place_again});
+      StepPlanner::Create(std::move(plans), StepPlannerOptions{0, 1, place_again, halvings});
   if (!planner.ok()) return planner.status();
   // Each run's last report (in one place where it ran again so).
   std::vector<OpReplayReport> reports(runs.size());
   std::vector<SimTimeline> timelines(options.timeline != nullptr ? runs.size() : 0);
-  std::vector<std::array<bool, 2>> ran(runs.size(), {false, false});  // anywhere, in one place
+  // The placements each run was made with: bit in_one_place + 2 x halvings.
+  std::vector<std::uint32_t> ran(runs.size(), 0);
   double wall_seconds = 0;
   std::size_t made = 0;
   std::uint64_t verified = 0, verify_waits = 0, mismatches = 0;
@@ -837,16 +847,20 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
     if (!step.ok()) return step.status();
     const std::size_t i = step->plan;
     if (i >= runs.size()) return absl::InternalError("the step planner named no run");
-    if (ran[i][step->in_one_place]) {
-      // The last run left did not finish either way: nothing more to try.
+    const std::uint32_t placement = 1u << (step->in_one_place + 2 * step->split_limit_halvings);
+    if ((ran[i] & placement) != 0) {
+      // The last run left did not finish any way: nothing more to try.
       if (absl::Status s = planner->End(StepOutcome::kAbandoned, 0, ""); !s.ok()) return s;
       break;
     }
-    ran[i][step->in_one_place] = true;
+    ran[i] |= placement;
     const Run& run = runs[i];
     OpReplayOptions o = options;
     o.policy = run.spec;
     o.retry_in_one_place = options.retry_in_one_place || step->in_one_place;
+    if (step->split_limit_halvings > 0) {
+      o.max_split_size = kBudgetedMaxSplit >> step->split_limit_halvings;
+    }
     if (run.drops_only) o.enable_offload = false;
     // A trial that passes the time of the best finished run of its kind so
     // far cannot be the best of its kind: it stops there ("beaten"), which
@@ -869,9 +883,11 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
                                                         : StepOutcome::kTooSmall;
     if (absl::Status s = planner->End(outcome, ok ? r->time_ns : 0, r->message); !s.ok()) return s;
     r->in_one_place = places && o.retry_in_one_place;
+    r->split_halvings = step->split_limit_halvings;
     reports[i] = *std::move(r);
     // After the trial (or with one run, none), only a run placed again.
-    const bool again = !ok && !step->in_one_place && planner->in_one_place(i);
+    const bool again = !ok && (step->in_one_place != planner->in_one_place(i) ||
+                               step->split_limit_halvings != planner->split_limit_halvings(i));
     if (!planner->in_trial() && !again) break;
   }
   const std::size_t kept = planner->kept().value_or(0);

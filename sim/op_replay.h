@@ -41,6 +41,11 @@ class SimTimeline;
 // max_split_size_mb for the same reason. GPT-2 small at half its peak:
 // 1.20x overhead without the limit, 1.12x with it (bench/results).
 inline constexpr std::size_t kBudgetedMaxSplit = 64 * kMiB;
+// A run that did not finish, placed anywhere or in one place, runs again
+// with the split limit halved, up to this many times (64, then 32, then 16
+// MiB): a small tensor regenerated into a large tensor's old block can leave
+// the next large request no room (bench/results/split_limit_fallback_2026-12-07.md).
+inline constexpr std::size_t kBudgetedSplitHalvings = 2;
 
 // Every replay ends: its runtime takes at most MaxSteps(records, thrash
 // limit) steps (pressure events plus recomputes) before the run stops as
@@ -94,6 +99,9 @@ struct OpReplayOptions {
   // Under a reserved budget, a run that did not finish (oom or thrash)
   // runs again meeting each request in one place (the step planner's
   // in_one_place_after_failure); OpReplayReport::in_one_place says so.
+  // Still not finishing, it runs again with the split limit halved, up to
+  // kBudgetedSplitHalvings times, where max_split_size and alloc_conf are
+  // left unset (OpReplayReport::max_split_bytes says which limit ran).
   bool in_one_place_after_failure = true;
   // RuntimeOptions::keep_regenerated: a released tensor a regeneration
   // brought back stays while a dropped consumer the program holds needs it.
@@ -213,6 +221,11 @@ struct OpReplayReport {
   // under a reserved budget after the same run, placed anywhere, did not
   // finish.
   bool in_one_place = false;
+  // Under a reserved budget, how many times the run's split limit was halved
+  // after runs with the higher limits did not finish
+  // (OpReplayOptions::in_one_place_after_failure); max_split_bytes is the
+  // limit it ran with.
+  std::size_t split_halvings = 0;
   std::string kept_policy;
   std::string future;  // FutureName(options.future)
   std::string other_plan_status;

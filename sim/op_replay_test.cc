@@ -316,7 +316,11 @@ TEST(OpReplayTest, ARunThatDidNotFinishRunsAgainMeetingRequestsInOnePlace) {
   EXPECT_EQ(placed_again.trials, 2u);  // anywhere (oom), then in one place
   EXPECT_EQ(placed_again.time_ns, mixed_one_place.time_ns);
   EXPECT_TRUE(asked.in_one_place);
-  EXPECT_EQ(asked.trials, 1u);
+  // (Asked in one place, never placed anywhere: in one place at 64 MiB, then
+  // at 32 and 16, where it does not finish either.)
+  EXPECT_NE(asked.status, "ok");
+  EXPECT_EQ(asked.trials, 3u);
+  EXPECT_EQ(asked.split_halvings, 2u);
   {  // (--retry-anywhere: placed anywhere only, as before)
     OpReplayOptions anywhere = o;
     anywhere.in_one_place_after_failure = false;
@@ -355,6 +359,62 @@ TEST(OpReplayTest, ARunThatDidNotFinishRunsAgainMeetingRequestsInOnePlace) {
   EXPECT_FALSE(Replay(trace, live).in_one_place);
 }
 
+// A run that did not finish in one place either runs again with the split
+// limit halved, up to twice: belady on the transformer at 0.4 leaves a
+// regenerated 2 MiB tensor in a 32 MiB tensor's old block, and the next
+// 32 MiB request no room, unless blocks above 16 MiB stay whole. A limit the
+// user chose, or --retry-anywhere, runs as asked.
+TEST(OpReplayTest, ARunThatDidNotFinishInOnePlaceRunsAgainWithTheSplitLimitHalved) {
+  const OpTrace trace = Load("transformer_small.jsonl");
+  const OpReplayReport unlimited = Replay(trace, {});
+  OpReplayOptions o;
+  o.policy = "belady";
+  MemoryBudget::FromRatio(0.4, unlimited, Accounting::kReserved).ApplyTo(o);
+  o.offload_guard = false;
+  const OpReplayReport halved = Replay(trace, o);
+  EXPECT_EQ(halved.status, "ok");
+  EXPECT_TRUE(halved.in_one_place);
+  EXPECT_EQ(halved.split_halvings, 2u);
+  EXPECT_EQ(halved.max_split_bytes, kBudgetedMaxSplit / 4);
+  EXPECT_EQ(halved.trials, 4u);  // anywhere, in one place, at 32 MiB, at 16 MiB
+  {  // the same as that limit asked for, in one place
+    OpReplayOptions asked = o;
+    asked.max_split_size = kBudgetedMaxSplit / 4;
+    asked.retry_in_one_place = true;
+    const OpReplayReport r = Replay(trace, asked);
+    EXPECT_EQ(r.status, "ok");
+    EXPECT_EQ(r.time_ns, halved.time_ns);
+    EXPECT_EQ(r.split_halvings, 0u);
+  }
+  {  // a limit the user chose is kept
+    OpReplayOptions chosen = o;
+    chosen.max_split_size = kBudgetedMaxSplit;
+    const OpReplayReport r = Replay(trace, chosen);
+    EXPECT_NE(r.status, "ok");
+    EXPECT_EQ(r.split_halvings, 0u);
+    EXPECT_EQ(r.trials, 2u);
+  }
+  {  // so are allocator settings
+    OpReplayOptions conf = o;
+    conf.alloc_conf = "garbage_collection_threshold:0.9";
+    const OpReplayReport r = Replay(trace, conf);
+    EXPECT_EQ(r.split_halvings, 0u);
+    EXPECT_EQ(r.max_split_bytes, kBudgetedMaxSplit);
+  }
+  {  // --retry-anywhere: one run
+    OpReplayOptions anywhere = o;
+    anywhere.in_one_place_after_failure = false;
+    const OpReplayReport r = Replay(trace, anywhere);
+    EXPECT_NE(r.status, "ok");
+    EXPECT_EQ(r.trials, 1u);
+  }
+  // With the offload guard, every run of both kinds may be placed again.
+  o.offload_guard = true;
+  const OpReplayReport guarded = Replay(trace, o);
+  EXPECT_EQ(guarded.status, "ok");
+  EXPECT_EQ(guarded.split_halvings, 2u);
+}
+
 // hybrid (rank=auto) replays the step over every policy's ranking, with
 // offload allowed and with drops only, and each other policy's mixed plan,
 // and keeps the cheapest: it is never worse than any policy with drops only,
@@ -383,9 +443,11 @@ TEST(OpReplayTest, HybridTriesEveryRankingAndIsNeverWorseThanAnyPolicyWithDropsO
         }
         o.policy = "hybrid";
         const OpReplayReport hybrid_drops = Replay(trace, o);
-        // (Under a reserved budget a run that did not finish runs again in one place.)
+        // (Under a reserved budget a run that did not finish, or was beaten,
+        // runs again in one place, then at two lower split limits.)
         const auto runs_of = [&](std::size_t listed) {
-          return accounting == Accounting::kLive ? listed : 2 * listed;
+          return accounting == Accounting::kLive ? listed
+                                                 : (2 + kBudgetedSplitHalvings) * listed;
         };
         EXPECT_GE(hybrid_drops.trials, policies::KnownPolicies().size());
         EXPECT_LE(hybrid_drops.trials, runs_of(policies::KnownPolicies().size()));
@@ -455,13 +517,16 @@ TEST(OpReplayTest, HybridTriesEveryRankingAndIsNeverWorseThanAnyPolicyWithDropsO
             EXPECT_EQ(hybrid.time_ns, best_trial);
           }
         }
-        // The run kept is named and can be replayed alone to the same time.
+        // The run kept is named and can be replayed alone, placed as it
+        // was, to the same time.
         ASSERT_FALSE(hybrid.kept_policy.empty());
         if (hybrid.kept_policy.find("rank=own") == std::string::npos) ++other_rankings_kept;
         {
           o.policy = hybrid.kept_policy;
           o.enable_offload = hybrid.plan == "mixed";
           o.offload_guard = false;
+          o.retry_in_one_place = hybrid.in_one_place;
+          if (hybrid.split_halvings > 0) o.max_split_size = hybrid.max_split_bytes;
           const OpReplayReport alone = Replay(trace, o);
           EXPECT_EQ(alone.status, hybrid.status);
           EXPECT_EQ(alone.time_ns, hybrid.time_ns);

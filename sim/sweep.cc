@@ -216,14 +216,14 @@ std::string SweepCsv(const SweepResult& result) {
       "trace,policy,accounting,ratio,budget_bytes,status,overhead,time_ns,baseline_ns,"
       "peak_reserved_bytes,peak_live_bytes,recomputed_ops,recompute_ns,offloaded_bytes,"
       "restored_bytes,stall_ns,evictions,pressure_events,choose_ns_per_event,wall_seconds,plan,"
-      "copies_ahead,ahead_offloads,kept_policy,in_one_place\n";
+      "copies_ahead,ahead_offloads,kept_policy,in_one_place,max_split_bytes\n";
   for (const SweepRow& row : result.rows) {
     const OpReplayReport& r = row.report;
     const double choose = r.pressure_events > 0 ? static_cast<double>(r.choose_wall_ns) /
                                                       static_cast<double>(r.pressure_events)
                                                 : 0.0;
     absl::StrAppendFormat(
-        &csv, "%s,%s,%s,%g,%d,%s,%s,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%.6f,%s,%d,%d,%s,%d\n",
+        &csv, "%s,%s,%s,%g,%d,%s,%s,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%.6f,%s,%d,%d,%s,%d,%d\n",
         CsvQuoted(result.trace), CsvQuoted(row.policy), result.live ? "live" : "reserved",
         row.ratio, row.budget, r.status,
         // Empty where the run did not finish: not a number anyone should average.
@@ -232,7 +232,8 @@ std::string SweepCsv(const SweepResult& result) {
         r.peak_reserved_bytes, r.peak_live_bytes, r.recomputed_ops, r.recompute_ns,
         r.offloaded_bytes, r.restored_bytes, r.stall_ns, r.evictions, r.pressure_events, choose,
         r.wall_seconds, r.plan, r.copies_ahead, r.ahead_offloads,
-        r.kept_policy.empty() ? std::string() : CsvQuoted(r.kept_policy), r.in_one_place ? 1 : 0);
+        r.kept_policy.empty() ? std::string() : CsvQuoted(r.kept_policy), r.in_one_place ? 1 : 0,
+        r.max_split_bytes);
   }
   return csv;
 }

@@ -82,17 +82,23 @@ TEST(SweepTest, RunsEveryPolicyAtEveryRatioInParallel) {
   const std::string csv = SweepCsv(*r);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7);
   EXPECT_THAT(csv, HasSubstr("\"window\",reserved,0.4,"));
-  EXPECT_THAT(csv, HasSubstr(",plan,copies_ahead,ahead_offloads,kept_policy,in_one_place\n"));
+  EXPECT_THAT(csv, HasSubstr(",plan,copies_ahead,ahead_offloads,kept_policy,in_one_place,"
+                             "max_split_bytes\n"));
   // Each row ends with its copies ahead and the offloads that used one, in
-  // that order, then the run a policy's trials kept (none here), then
-  // whether it met each request in one place (0 here: every run finished).
-  const SweepRow& last = r->rows.back();
-  EXPECT_THAT(csv, HasSubstr(absl::StrCat(",", last.report.copies_ahead, ",",
-                                          last.report.ahead_offloads, ",,0\n")));
+  // that order, then the run a policy's trials kept (none here), whether it
+  // met each request in one place, and the split limit it ran with.
   SweepResult kept = *r;
-  kept.rows.back().report.kept_policy = "hybrid:rank=msps,slack=2";
-  kept.rows.back().report.in_one_place = true;
-  EXPECT_THAT(SweepCsv(kept), HasSubstr(",\"hybrid:rank=msps,slack=2\",1\n"));
+  SweepRow& last = kept.rows.back();
+  last.report.in_one_place = false;
+  last.report.max_split_bytes = 64 * kMiB;
+  EXPECT_THAT(SweepCsv(kept), HasSubstr(absl::StrCat(",", last.report.copies_ahead, ",",
+                                                     last.report.ahead_offloads, ",,0,",
+                                                     64 * kMiB, "\n")));
+  last.report.kept_policy = "hybrid:rank=msps,slack=2";
+  last.report.in_one_place = true;
+  last.report.max_split_bytes = 16 * kMiB;
+  EXPECT_THAT(SweepCsv(kept),
+              HasSubstr(absl::StrCat(",\"hybrid:rank=msps,slack=2\",1,", 16 * kMiB, "\n")));
   // Every field that may hold a comma or a quote is quoted: a trace named by
   // a --model spec, a policy spec with parameters.
   SweepResult named = *r;

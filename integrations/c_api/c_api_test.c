@@ -1336,6 +1336,50 @@ static void test_planner_drives_a_trial(void) {
   CHECK(!ps.in_trial && ps.kept_plan == 0);
   CHECK_OK(remat_planner_destroy(planner));
 
+  /* A step that did not fit in one place either halves its plan's split
+   * limit, as many times as asked; the allocator is told. */
+  CHECK_OK(remat_planner_options_init(&po));
+  CHECK(po.split_limit_halvings_after_failure == 0);
+  po.learning_steps = 0;
+  po.timed_steps = 1;
+  po.in_one_place_after_failure = 1;
+  po.split_limit_halvings_after_failure = 7;
+  CHECK_STATUS(remat_planner_create(plans, 2, &po, &planner), REMAT_INVALID_ARGUMENT);
+  po.split_limit_halvings_after_failure = 1;
+  CHECK_OK(remat_planner_create(plans, 2, &po, &planner));
+  {
+    static const int kInOnePlace[3] = {0, 1, 1};
+    static const size_t kHalvings[3] = {0, 0, 1};
+    int i;
+    for (i = 0; i < 3; ++i) {
+      CHECK_OK(remat_planner_step_begin(planner, &step));
+      CHECK(step.plan == 0 && step.in_one_place == kInOnePlace[i] &&
+            step.split_limit_halvings == kHalvings[i]);
+      CHECK_OK(remat_planner_step_end(planner, REMAT_STEP_TOO_SMALL, 0, NULL));
+    }
+  }
+  CHECK_OK(remat_planner_get_plan(planner, 0, &plan_state, NULL, 0, NULL));
+  CHECK(plan_state.refused);
+  CHECK_OK(remat_planner_destroy(planner));
+  {
+    remat_allocator* a = make_allocator(GIB, 0, 0);
+    uint64_t limit = 1;
+    CHECK_OK(remat_get_max_split(a, &limit));
+    CHECK(limit == 0);
+    CHECK_STATUS(remat_set_max_split(a, MIB), REMAT_INVALID_ARGUMENT);
+    CHECK_STATUS(remat_set_max_split(NULL, 64 * MIB), REMAT_INVALID_ARGUMENT);
+    CHECK_STATUS(remat_get_max_split(a, NULL), REMAT_INVALID_ARGUMENT);
+    CHECK_OK(remat_get_max_split(a, &limit));
+    CHECK(limit == 0);  /* unchanged */
+    CHECK_OK(remat_set_max_split(a, (64 * MIB) >> 1));
+    CHECK_OK(remat_get_max_split(a, &limit));
+    CHECK(limit == 32 * MIB);
+    CHECK_OK(remat_set_max_split(a, 0));
+    CHECK_OK(remat_get_max_split(a, &limit));
+    CHECK(limit == 0);
+    CHECK_OK(remat_allocator_destroy(a));
+  }
+
   /* What steps learn by kind: a replay seen to fit in the runtime's second
    * step, and pins beside a kind, read by the steps after. */
   {

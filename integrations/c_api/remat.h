@@ -65,7 +65,7 @@ REMAT_API const char* remat_version(void);
  * (libremat.so.MAJOR.MINOR), so a program built against another header does
  * not load the new library by accident. A program that loads the library by
  * path should check remat_abi_version() == REMAT_ABI_VERSION first. */
-#define REMAT_ABI_VERSION 8
+#define REMAT_ABI_VERSION 9
 REMAT_API int remat_abi_version(void);
 /* Frees a string this library returned (remat_snapshot_json, a plan's refusal from
  * remat_planner_get_plan). NULL is fine. */
@@ -125,6 +125,14 @@ REMAT_API remat_status remat_record_stream(remat_allocator* allocator, void* ptr
 REMAT_API remat_status remat_empty_cache(remat_allocator* allocator);
 /* 0: the device's capacity. Below 2 MiB or beyond the device is invalid. */
 REMAT_API remat_status remat_set_budget(remat_allocator* allocator, uint64_t budget_bytes);
+/* From the next allocation on, no free block above max_split_bytes is split
+ * for a smaller request (0: no limit); blocks split before stay so. A
+ * planner's step may ask for a lower limit after steps that did not fit
+ * (remat_planner_step.split_limit_halvings). 1 MiB or less (the small pool's
+ * requests) is REMAT_INVALID_ARGUMENT and changes nothing. */
+REMAT_API remat_status remat_set_max_split(remat_allocator* allocator, uint64_t max_split_bytes);
+/* The split limit in force (0: none). */
+REMAT_API remat_status remat_get_max_split(remat_allocator* allocator, uint64_t* out);
 
 typedef struct remat_stats {
   uint64_t allocated_bytes;      /* live allocations (rounded sizes) */
@@ -540,6 +548,13 @@ typedef struct remat_planner_options {
                           * a trial) meet each request in one place, once,
                           * before the plan is refused or made blind
                           * (default 0) */
+  size_t split_limit_halvings_after_failure; /* for a budget of reserved bytes
+                          * on fixed segments: a step that did not fit in one
+                          * place halves its plan's split limit for the next
+                          * steps, up to this many times (at most 6), before
+                          * the plan is refused or made blind: a small tensor
+                          * put in a large free block can leave a large
+                          * request no room (default 0) */
 } remat_planner_options;
 
 REMAT_API remat_status remat_planner_options_init(remat_planner_options* options);
@@ -558,6 +573,9 @@ typedef struct remat_planner_step {
   int fresh_runtime; /* start the plan's runtime afresh (the plan is blind) */
   int in_one_place;  /* run it meeting each request in one place
                       * (remat_runtime_set_retry_in_one_place) */
+  size_t split_limit_halvings; /* run it with the allocator's split limit
+                      * halved this many times from the one it was made with
+                      * (remat_set_max_split) */
 } remat_planner_step;
 
 /* REMAT_FAILED_PRECONDITION while a step is open. */
@@ -570,7 +588,8 @@ typedef enum remat_step_outcome {
   REMAT_STEP_TOO_SLOW = 3,  /* stopped once past the quickest step that fit: it leaves the
                              * trial as a step that did not fit does (with
                              * in_one_place_after_failure, after one more try in one
-                             * place), teaching nothing */
+                             * place; with split_limit_halvings_after_failure, after
+                             * tries at the lower limits), teaching nothing */
   REMAT_STEP_OUTCOME_MAX_ENUM = 0x7FFFFFFF
 } remat_step_outcome;
 

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <new>
 #include <string>
@@ -520,6 +521,28 @@ remat_status remat_set_budget(remat_allocator* allocator, uint64_t budget_bytes)
     const std::size_t budget =
         budget_bytes == 0 ? allocator->device->Capacity() : static_cast<std::size_t>(budget_bytes);
     return FromStatus(fn, allocator->allocator->SetBudget(budget));
+  });
+}
+
+remat_status remat_set_max_split(remat_allocator* allocator, uint64_t max_split_bytes) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    const std::size_t bytes = max_split_bytes == 0 || max_split_bytes > SIZE_MAX
+                                  ? std::numeric_limits<std::size_t>::max()
+                                  : static_cast<std::size_t>(max_split_bytes);
+    return FromStatus(fn, allocator->allocator->SetMaxSplitSize(bytes));
+  });
+}
+
+remat_status remat_get_max_split(remat_allocator* allocator, uint64_t* out) {
+  const char* const fn = __func__;
+  return Call(fn, [&] {
+    if (allocator == nullptr) return NullArgument(fn, "allocator");
+    if (out == nullptr) return NullArgument(fn, "out");
+    const std::size_t bytes = allocator->allocator->max_split_size();
+    *out = bytes == std::numeric_limits<std::size_t>::max() ? 0 : bytes;
+    return REMAT_OK;
   });
 }
 
@@ -1074,6 +1097,7 @@ remat_status remat_planner_options_init(remat_planner_options* options) {
     options->learning_steps = defaults.learning_steps;
     options->timed_steps = defaults.timed_steps;
     options->in_one_place_after_failure = defaults.in_one_place_after_failure ? 1 : 0;
+    options->split_limit_halvings_after_failure = defaults.split_limit_halvings_after_failure;
     return REMAT_OK;
   });
 }
@@ -1097,6 +1121,7 @@ remat_status remat_planner_create(const remat_plan* plans, size_t num_plans,
       o.learning_steps = options->learning_steps;
       o.timed_steps = options->timed_steps;
       o.in_one_place_after_failure = options->in_one_place_after_failure != 0;
+      o.split_limit_halvings_after_failure = options->split_limit_halvings_after_failure;
     }
     absl::StatusOr<remat::StepPlanner> made = remat::StepPlanner::Create(std::move(specs), o);
     if (!made.ok()) return FromStatus(fn, made.status());
@@ -1123,6 +1148,7 @@ remat_status remat_planner_step_begin(remat_planner* planner, remat_planner_step
     out->in_trial = step->in_trial ? 1 : 0;
     out->fresh_runtime = step->fresh_runtime ? 1 : 0;
     out->in_one_place = step->in_one_place ? 1 : 0;
+    out->split_limit_halvings = step->split_limit_halvings;
     return REMAT_OK;
   });
 }

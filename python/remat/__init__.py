@@ -7,7 +7,7 @@ torch, which `import remat` alone does not.
 """
 from remat._capi import RematError, find_library
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 __all__ = ["RematError", "find_library", "library_version", "parse_size"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,

@@ -12,7 +12,7 @@ import pathlib
 
 # The struct layouts below mirror remat.h at this REMAT_ABI_VERSION; lib()
 # refuses a library with another one rather than misread its structs.
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 OK = 0
 INVALID_ARGUMENT = 1
@@ -117,12 +117,14 @@ class Plan(ctypes.Structure):
 
 class PlannerOptions(ctypes.Structure):
     _fields_ = [("learning_steps", ctypes.c_size_t), ("timed_steps", ctypes.c_size_t),
-                ("in_one_place_after_failure", ctypes.c_int)]
+                ("in_one_place_after_failure", ctypes.c_int),
+                ("split_limit_halvings_after_failure", ctypes.c_size_t)]
 
 
 class PlannerStep(ctypes.Structure):
     _fields_ = [("plan", ctypes.c_size_t), ("timed", ctypes.c_int), ("in_trial", ctypes.c_int),
-                ("fresh_runtime", ctypes.c_int), ("in_one_place", ctypes.c_int)]
+                ("fresh_runtime", ctypes.c_int), ("in_one_place", ctypes.c_int),
+                ("split_limit_halvings", ctypes.c_size_t)]
 
 
 # remat_step_outcome

@@ -10,7 +10,8 @@ import ctypes
 
 from remat import _capi
 
-Step = collections.namedtuple("Step", "plan timed in_trial fresh_runtime in_one_place")
+Step = collections.namedtuple(
+    "Step", "plan timed in_trial fresh_runtime in_one_place split_limit_halvings")
 
 
 class StepPlanner:
@@ -23,7 +24,8 @@ class StepPlanner:
     ABANDONED = _capi.STEP_ABANDONED
     TOO_SLOW = _capi.STEP_TOO_SLOW
 
-    def __init__(self, plans, learning_steps=1, timed_steps=2, in_one_place_after_failure=False):
+    def __init__(self, plans, learning_steps=1, timed_steps=2, in_one_place_after_failure=False,
+                 split_limit_halvings_after_failure=0):
         self._p = None
         self._lib = _capi.lib()
         self._seen = _capi.KindSeen()
@@ -36,7 +38,8 @@ class StepPlanner:
             c.allow_drop, c.allow_offload, c.drop_first = int(drop), int(offload), \
                 int(drop_first)
         options = _capi.PlannerOptions(learning_steps, timed_steps,
-                                       int(in_one_place_after_failure))
+                                       int(in_one_place_after_failure),
+                                       split_limit_halvings_after_failure)
         out = ctypes.c_void_p()
         status = self._lib.remat_planner_create(raw, len(plans), ctypes.byref(options),
                                                 ctypes.byref(out))
@@ -51,7 +54,7 @@ class StepPlanner:
         _capi.check(self._lib.remat_planner_step_begin(self._p, ctypes.byref(s)),
                     "remat_planner_step_begin")
         return Step(s.plan, bool(s.timed), bool(s.in_trial), bool(s.fresh_runtime),
-                    bool(s.in_one_place))
+                    bool(s.in_one_place), s.split_limit_halvings)
 
     def end(self, outcome, seconds=0.0, message=""):
         """Ends the step begin() opened: FIT, TOO_SMALL (message: the

@@ -49,6 +49,18 @@ def test_a_step_that_did_not_fit_runs_again_in_one_place_where_asked():
     assert slow.plan(1)["refused"] and slow.state().kept_plan == 0
 
 
+def test_a_step_that_did_not_fit_in_one_place_halves_the_split_limit_where_asked():
+    p = StepPlanner(PLANS, learning_steps=0, timed_steps=1, in_one_place_after_failure=True,
+                    split_limit_halvings_after_failure=2)
+    steps = [_run(p, p.TOO_SMALL, message="no room") for _ in range(4)]
+    assert [(s.plan, s.in_one_place, s.split_limit_halvings) for s in steps] == [
+        (0, False, 0), (0, True, 0), (0, True, 1), (0, True, 2)]
+    assert p.plan(0)["refused"] and not p.plan(1)["refused"]
+    assert _run(p, p.FIT, 1.0) == (1, True, True, False, False, 0)
+    with pytest.raises(ValueError, match="at most 6"):
+        StepPlanner(PLANS, split_limit_halvings_after_failure=7)
+
+
 def test_bad_plans_and_misuse_are_refused():
     with pytest.raises(ValueError, match="no-such-policy"):
         StepPlanner([("a", "no-such-policy", True, False, False)])

@@ -44,8 +44,9 @@ CLI::Option* AddMaxSplitOption(CLI::App& app, std::size_t* bytes) {
           *bytes = static_cast<std::size_t>(*ParseBytes(text));
         }
       },
-      "Split no block above this size (auto: 64MiB under a reserved budget, else no "
-      "limit; none: no limit)");
+      "Split no block above this size (auto: 64MiB under a reserved budget, halved for "
+      "a run made again when runs with the higher limit did not finish, up to twice; "
+      "else no limit; none: no limit)");
   option
       ->check(CLI::Validator(
           [](std::string& text) -> std::string {

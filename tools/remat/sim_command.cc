@@ -133,9 +133,14 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
         f.link.gbps, f.link.latency_us, FormatBytes(f.link.host_memory));
   }
   std::cout << absl::StrFormat("  least budget     %s\n", DescribeLeast(least));
-  std::cout << absl::StrFormat("  split limit      %s\n", r.max_split_bytes == 0
-                                                              ? std::string("none")
-                                                              : FormatBytes(r.max_split_bytes));
+  std::cout << absl::StrFormat(
+      "  split limit      %s%s\n",
+      r.max_split_bytes == 0 ? std::string("none") : FormatBytes(r.max_split_bytes),
+      r.split_halvings == 0
+          ? std::string()
+          : absl::StrFormat(" (halved %d times: run again so, as with each higher limit the "
+                            "run did not finish)",
+                            r.split_halvings));
   if (!r.alloc_conf.empty()) std::cout << absl::StrFormat("  alloc conf       %s\n", r.alloc_conf);
   std::cout << absl::StrFormat("  peak reserved    %s (unlimited: %s)\n",
                                FormatBytes(r.peak_reserved_bytes),
@@ -238,6 +243,7 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("trials").Int(r.trials);
   w.Key("kept_policy").String(r.kept_policy);
   w.Key("in_one_place").Bool(r.in_one_place);
+  w.Key("split_halvings").Uint(r.split_halvings);
   if (!r.plan.empty()) {
     w.Key("plan").String(r.plan);
     w.Key("other_plan_status").String(r.other_plan_status);
@@ -400,11 +406,12 @@ Subcommand AddSimCommand(CLI::App& remat) {
       "it in one place instead: a covering run of blocks, or as much of the policy's ranking "
       "as makes room, whichever costs less (by default the plan is carried out and the "
       "allocator asks again, and under a reserved budget a run that did not finish so runs "
-      "again in one place; one place is often faster, and makes some runs fail that finish "
-      "by default)");
+      "again in one place, then with the split limit halved; one place is often faster, and "
+      "makes some runs fail that finish by default)");
   cmd->add_flag("--retry-anywhere", flags->retry_anywhere,
                 "Carry out the policy's plan even where it scatters a request's bytes, and do not "
-                "run a run that did not finish again in one place")
+                "run a run that did not finish again (in one place, or with a lower split "
+                "limit)")
       ->excludes(one_place);
   cmd->add_flag("--release-regenerated", flags->release_regenerated,
                 "Drop a tensor the program has released as soon as the regeneration that "

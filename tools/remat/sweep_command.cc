@@ -414,7 +414,8 @@ Subcommand AddSweepCommand(CLI::App& remat) {
                     "--retry-in-one-place)");
   cmd->add_flag("--retry-anywhere", flags->retry_anywhere,
                 "Carry out each policy's plan even where it scatters a request's bytes, and do "
-                "not run a run that did not finish again in one place (as remat sim "
+                "not run a run that did not finish again, in one place or with a lower split "
+                "limit (as remat sim "
                 "--retry-anywhere)")
       ->excludes(one_place);
   cmd->add_flag("--release-regenerated", flags->release_regenerated,
