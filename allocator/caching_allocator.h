@@ -422,7 +422,7 @@ class CachingAllocator {
   // The best-fitting free block usable on `stream`, or nullptr.
   Block* FindFreeBlock(Pool& pool, std::size_t size, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool Fits(const Block* b, std::size_t size) const;
+  bool Fits(const Block* b, std::size_t size) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Allocates from the free block `block`; returns the block allocated.
   Block* Commit(Block* block, std::size_t size, std::size_t requested, Stream stream,
                 std::uint64_t owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

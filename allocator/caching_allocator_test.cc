@@ -156,7 +156,9 @@ TEST_F(AllocatorTest, ALoweredSplitLimitKeepsLargeFreeBlocksWholeFromTheNextRequ
   EXPECT_EQ(alloc_->max_split_size(), 32 * kMiB);
   void* again = Alloc(8 * kMiB);
   EXPECT_NE(again, big);  // kept whole for a large request
-  EXPECT_EQ(Alloc(34 * kMiB), big);
+  void* whole = Alloc(34 * kMiB);
+  EXPECT_EQ(whole, big);
+  EXPECT_EQ(Size(whole), 40 * kMiB);  // not split either
 }
 
 TEST_F(AllocatorTest, OversizeRequestDoesNotTakeAMuchLargerBlock) {

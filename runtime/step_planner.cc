@@ -24,8 +24,9 @@ absl::StatusOr<StepPlanner> StepPlanner::Create(std::vector<PlanSpec> plans,
         "%d plans of %d + %d trial steps each: more than %d trial steps", plans.size(),
         options.learning_steps, options.timed_steps, kMostTrialSteps));
   }
-  // Past this a 64 MiB limit would be under the small pool's requests.
-  constexpr std::size_t kMostHalvings = 6;
+  // Past this the default 64 MiB limit would reach the small pool's
+  // requests (1 MiB), which no limit may be.
+  constexpr std::size_t kMostHalvings = 5;
   if (options.split_limit_halvings_after_failure > kMostHalvings) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%d halvings of the split limit after failure: at most %d",

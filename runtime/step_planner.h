@@ -47,7 +47,8 @@
 // often quicker where both finish, but fails many steps that finish anywhere
 // (bench/results/in_one_place_fallback_2026-12-06.md).
 //
-// A step that did not fit in one place either may have failed for where the
+// A step that did not fit in one place either (or placed anywhere, where
+// in_one_place_after_failure is off) may have failed for where the
 // allocator put small tensors: in a free block that a large request needed
 // whole (a regeneration's small input, pinned in the middle of a large
 // tensor's old block, leaves the next large request no room). With
@@ -57,7 +58,8 @@
 // refused or made blind; so does a trial step stopped as too slow (kTooSlow),
 // as a lower limit may be quicker. The door applies it to its allocator
 // (CachingAllocator::SetMaxSplitSize); a door whose allocator has no split
-// limit (expandable segments) or a limit its user chose leaves it at 0.
+// limit (expandable segments) or a limit its user chose leaves it at 0. At
+// most 5: the door's limit shifted right by it must stay above 1 MiB.
 //
 // One implementation for every door: remat.torch's budget and any C or C++
 // framework drive it through remat.h (remat_planner_*), and the simulator's

@@ -187,8 +187,8 @@ TEST(StepPlannerTest, AKeptPlansStepThatDidNotFitMakesItsNextStepsMeetRequestsIn
 }
 
 // A step that did not fit in one place halves its plan's split limit for
-// the next step, up to the option's count; a step stopped as too slow does
-// not (it did not fail for room); the kept plan's steps stay so.
+// the next step, up to the option's count; so does a trial step stopped as
+// too slow (a lower limit may be quicker); the kept plan's steps stay so.
 TEST(StepPlannerTest, AStepThatDidNotFitInOnePlaceHalvesItsPlansSplitLimitUpToTheCount) {
   absl::StatusOr<StepPlanner> p = StepPlanner::Create(
       MixedAndDropFirst(), StepPlannerOptions{0, 1, /*in_one_place_after_failure=*/true,

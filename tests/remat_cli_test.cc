@@ -263,6 +263,19 @@ TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
   const Outcome one_place = Remat(transformer + " --retry-in-one-place");
   EXPECT_THAT(one_place.out, Not(HasSubstr("\"covering_runs\":0,")));
   EXPECT_EQ(Remat(transformer + " --retry-in-one-place --retry-anywhere").status, 2);
+  // belady at 0.4 finishes only with the split limit halved twice, and says so; a
+  // limit asked for stays.
+  const std::string belady =
+      "sim " + Trace("transformer_small.jsonl") + " --budget-ratio 0.4 --policy belady";
+  const Outcome halved = Remat(belady + " --json");
+  ASSERT_EQ(halved.status, 0) << halved.out;
+  EXPECT_THAT(halved.out, HasSubstr("\"max_split_bytes\":16777216,"));
+  EXPECT_THAT(halved.out, HasSubstr("\"split_halvings\":2"));
+  EXPECT_THAT(Remat(belady).out,
+              HasSubstr("split limit      16.00 MiB (halved twice: run again so"));
+  const Outcome kept_limit = Remat(belady + " --max-split 64MiB --json");
+  EXPECT_EQ(kept_limit.status, 3) << kept_limit.out;
+  EXPECT_THAT(kept_limit.out, HasSubstr("\"split_halvings\":0"));
   // A sampling policy names its sample; a bad sample is a usage error.
   const Outcome sampled = Remat("sim " + Trace("chain_100.jsonl") +
                                 " --budget-ratio 0.5 --policy lru:sample=sqrt --json");

@@ -549,9 +549,13 @@ typedef struct remat_planner_options {
                           * before the plan is refused or made blind
                           * (default 0) */
   size_t split_limit_halvings_after_failure; /* for a budget of reserved bytes
-                          * on fixed segments: a step that did not fit in one
-                          * place halves its plan's split limit for the next
-                          * steps, up to this many times (at most 6), before
+                          * on fixed segments with a split limit: a step that
+                          * did not fit after its try in one place (any step
+                          * that did not fit, without
+                          * in_one_place_after_failure), or a trial step too
+                          * slow, halves its plan's split limit for the next
+                          * steps, up to this many times (at most 5; the
+                          * limit halved must stay above 1 MiB), before
                           * the plan is refused or made blind: a small tensor
                           * put in a large free block can leave a large
                           * request no room (default 0) */

@@ -57,8 +57,8 @@ def test_a_step_that_did_not_fit_in_one_place_halves_the_split_limit_where_asked
         (0, False, 0), (0, True, 0), (0, True, 1), (0, True, 2)]
     assert p.plan(0)["refused"] and not p.plan(1)["refused"]
     assert _run(p, p.FIT, 1.0) == (1, True, True, False, False, 0)
-    with pytest.raises(ValueError, match="at most 6"):
-        StepPlanner(PLANS, split_limit_halvings_after_failure=7)
+    with pytest.raises(ValueError, match="at most 5"):
+        StepPlanner(PLANS, split_limit_halvings_after_failure=6)
 
 
 def test_bad_plans_and_misuse_are_refused():

@@ -45,7 +45,8 @@ CLI::Option* AddMaxSplitOption(CLI::App& app, std::size_t* bytes) {
         }
       },
       "Split no block above this size (auto: 64MiB under a reserved budget, halved for "
-      "a run made again when runs with the higher limit did not finish, up to twice; "
+      "a run made again when runs with the higher limit did not finish or were beaten in "
+      "a policy's trials, up to twice, unless --alloc-conf or --retry-anywhere is given; "
       "else no limit; none: no limit)");
   option
       ->check(CLI::Validator(

@@ -138,9 +138,11 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
       r.max_split_bytes == 0 ? std::string("none") : FormatBytes(r.max_split_bytes),
       r.split_halvings == 0
           ? std::string()
-          : absl::StrFormat(" (halved %d times: run again so, as with each higher limit the "
+          : absl::StrFormat(" (halved %s: run again so, as with each higher limit the "
                             "run did not finish)",
-                            r.split_halvings));
+                            r.split_halvings == 1   ? std::string("once")
+                            : r.split_halvings == 2 ? std::string("twice")
+                                                    : absl::StrFormat("%d times", r.split_halvings)));
   if (!r.alloc_conf.empty()) std::cout << absl::StrFormat("  alloc conf       %s\n", r.alloc_conf);
   std::cout << absl::StrFormat("  peak reserved    %s (unlimited: %s)\n",
                                FormatBytes(r.peak_reserved_bytes),
