@@ -10,7 +10,7 @@ remat's, and how many cells remat's is at or below simrd's (within
 --tolerance).
 
     python3 scripts/dtr_reserved_table.py bench/results/dtr_reference_2026-12-06.csv \\
-        [--remat build/bin/remat] [--jobs 2]
+        [--remat build/bin/remat] [--jobs 2] [--sim-args '--alloc-conf expandable_segments:True']
 """
 import argparse
 import concurrent.futures
@@ -21,9 +21,9 @@ import subprocess
 import sys
 
 
-def run_remat(remat, trace, budget):
+def run_remat(remat, trace, budget, extra):
     cmd = [remat, "sim", trace, "--budget", str(budget), "--accounting", "reserved",
-           "--policy", "auto", "--json"]
+           "--policy", "auto", "--json"] + extra
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode not in (0, 3):
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
@@ -42,6 +42,9 @@ def main():
                         help="where the reference's traces are")
     parser.add_argument("--tolerance", type=float, default=0.005)
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--sim-args", default="",
+                        help="more `remat sim` arguments, e.g. "
+                             "'--alloc-conf expandable_segments:True'")
     args = parser.parse_args()
 
     cells = {}  # (trace, ratio) -> [budget, simrd's best or None]
@@ -55,7 +58,7 @@ def main():
     keys = sorted(cells)
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         futures = {k: pool.submit(run_remat, args.remat, os.path.join(args.traces, k[0]),
-                                  cells[k][0]) for k in keys}
+                                  cells[k][0], args.sim_args.split()) for k in keys}
         results = {k: f.result() for k, f in futures.items()}
 
     print("| trace | ratio | budget (MiB) | simrd best, live | remat auto, reserved | kept |")
