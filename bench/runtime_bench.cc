@@ -168,10 +168,16 @@ OpTrace ChainTrace(int n) {
   return parsed.ok() ? std::move(*parsed) : OpTrace{};
 }
 
-// Replays `trace` under `ratio` x its unlimited reserved peak with `policy`
-// (ratio 1: no budget at all) and reports records per second of the record loop.
+// How a budgeted replay counts and evicts: the simulator's default (reserved
+// bytes, drops and offloads, the offload guard), or as DTR's simulator runs
+// (live bytes, drops only: one run, the loop scripts/sim_speed_vs_dtr.py times).
+enum class Accounting { kReserved, kLiveDropsOnly };
+
+// Replays `trace` under `ratio` x its unlimited peak (reserved or live) with
+// `policy` (ratio 1: no budget at all) and reports records per second of the
+// record loop.
 void RunReplay(benchmark::State& state, const OpTrace& trace, const std::string& policy,
-               double ratio) {
+               double ratio, Accounting accounting = Accounting::kReserved) {
   if (trace.records.empty()) {
     state.SkipWithError("no trace");
     return;
@@ -184,8 +190,15 @@ void RunReplay(benchmark::State& state, const OpTrace& trace, const std::string&
       state.SkipWithError("unlimited replay failed");
       return;
     }
-    options.budget = static_cast<std::size_t>(
-        ratio * static_cast<double>(unlimited->peak_reserved_bytes));
+    if (accounting == Accounting::kReserved) {
+      options.budget = static_cast<std::size_t>(
+          ratio * static_cast<double>(unlimited->peak_reserved_bytes));
+    } else {
+      options.live_budget = static_cast<std::size_t>(
+          ratio * static_cast<double>(unlimited->peak_live_bytes));
+      options.enable_offload = false;
+      options.thrash_limit = 999;
+    }
   }
   double seconds = 0;
   std::uint64_t records = 0, evictions = 0;
@@ -226,6 +239,13 @@ BENCHMARK_CAPTURE(BM_ReplayDensenet, unlimited, "dtr-eq", 1.0)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_ReplayDensenet, dtr_eq, "dtr-eq", 0.5)
     ->Name("replay/densenet121_b8/dtr-eq/0.5")
+    ->Unit(benchmark::kMicrosecond);
+void BM_ReplayDensenetLive(benchmark::State& state, const char* policy, double ratio) {
+  RunReplay(state, ShippedTrace("densenet121_b8.jsonl"), policy, ratio,
+            Accounting::kLiveDropsOnly);
+}
+BENCHMARK_CAPTURE(BM_ReplayDensenetLive, dtr_eq, "dtr-eq", 0.5)
+    ->Name("replay/densenet121_b8/dtr-eq/live_0.5_drops")
     ->Unit(benchmark::kMicrosecond);
 
 void BM_ReplayChain(benchmark::State& state, const char* policy) {

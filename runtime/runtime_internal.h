@@ -59,10 +59,24 @@ struct StorageFields {
   std::size_t candidate_slot = kNoSlot;  // its slot in the CandidateIndex, while a candidate
   std::size_t bytes = 0;
   void* device = nullptr;  // resident, prefetching
-  std::uint64_t serial = 0;
+  // What a pressure event's candidate reads (Runtime::MakeCandidate), kept
+  // together after the state: building ~250 candidates an event otherwise
+  // misses the cache on several lines of each storage.
   std::int64_t compute_ns = 0;
   std::int64_t last_access_ns = 0;
   std::uint64_t accesses = 0;
+  // copy_ahead: while resident, a host buffer with its bytes (once
+  // ahead_event is reached), copied out before any pressure asked for it.
+  void* ahead = nullptr;
+  std::int64_t first_access_ns = 0;
+  std::int64_t next_use_at = -1;          // HintNextUse's device time; -1 unknown
+  std::uint64_t recomputes = 0;
+  static constexpr std::uint32_t kNoClass = DropClasses::kNone;
+  std::uint32_t class_node = kNoClass;    // while dropped: its node in the DropClasses
+  // Kept by SetState, so building a candidate reads no neighbour that cannot matter.
+  int dropped_inputs = 0;                 // entries of `inputs` now dropped
+  std::int64_t dropped_consumer_ns = 0;   // summed drop_charge_ns of `consumers` now dropped
+  std::uint64_t serial = 0;
   void* host = nullptr;    // offloading, on_host
   void* kept = nullptr;    // offloading, on_host with keep_addresses: the block, unbacked
   std::size_t kept_bytes = 0;  // with `kept`: the bytes of the pages given up (whole pages only)
@@ -73,18 +87,12 @@ struct StorageFields {
   Stream written_on;
   Event copy_event;        // the offload's or the prefetch's copy, while copy_in_flight
   bool read_only = false;  // TensorOptions::read_only
-  // copy_ahead: while resident, a host buffer with its bytes (once
-  // ahead_event is reached), copied out before any pressure asked for it.
-  void* ahead = nullptr;
-  Event ahead_event;
+  Event ahead_event;       // with `ahead`: its copy out
   mutable std::uint64_t walk_mark = 0;   // the last DroppedChainCost walk that saw it
   // DroppedChainCost of this storage, valid during pressure event chain_epoch
   // (candidates sharing an input walk its ancestors once per event).
   mutable std::uint64_t chain_epoch = 0;
   mutable std::int64_t chain_cost = 0;
-  // Kept by SetState, so building a candidate reads no neighbour that cannot matter.
-  std::int64_t first_access_ns = 0;
-  std::int64_t next_use_at = -1;          // HintNextUse's device time; -1 unknown
   // learn_next_use: its place among the tensors made in its step, and that
   // step (0: none, or a step that has ended).
   std::uint32_t step_index = 0;
@@ -95,11 +103,6 @@ struct StorageFields {
   // (what a replay of it holds at once), or kNoEstimate.
   static constexpr std::uint32_t kNoEstimate = UINT32_MAX;
   std::uint32_t replay_estimate = kNoEstimate;
-  std::uint64_t recomputes = 0;
-  static constexpr std::uint32_t kNoClass = DropClasses::kNone;
-  std::uint32_t class_node = kNoClass;    // while dropped: its node in the DropClasses
-  int dropped_inputs = 0;                 // entries of `inputs` now dropped
-  std::int64_t dropped_consumer_ns = 0;   // summed drop_charge_ns of `consumers` now dropped
   // A call's outputs: the group (nullptr for a one-output call), and its place in it.
   CallGroup* group = nullptr;
   std::uint32_t output_index = 0;
