@@ -166,3 +166,74 @@ def test_a_list_of_policies_runs_natively_and_keeps_the_quickest():
     assert sorted(figures[-1]["debug"]["plan_trial_seconds"]) == \
         sorted(f"{p} drop-only" for p in policies)
     b.close()
+
+
+def _chain(w, x, layers=6):
+    for _ in range(layers):
+        x = torch.tanh(x @ w) * 1.01
+    return x.sum()
+
+
+def test_each_saved_tensor_goes_through_the_cpp_hooks_unless_others_are_innermost():
+    # Autograd asks its default engine for a saved tensor's hooks; remat's
+    # engine answers with C++ hooks where the step's own are innermost (no
+    # Python per saved tensor), and with the program's where those are.
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, requires_grad=True)
+    x = torch.randn(4, 16)
+    _chain(w, x).backward()
+    plain, w.grad = w.grad, None
+    with remat.torch.budget(1 << 30, policy="dtr", native=True) as run:
+        _chain(w, x).backward()
+    assert torch.equal(w.grad, plain)
+    debug = run.stats["debug"]
+    assert debug["saved_tensors"] > 0
+    assert debug["saved_by_cpp_hooks"] == debug["saved_tensors"] + debug["saved_unmanaged"]
+    w.grad = None
+    packed = []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t
+    with remat.torch.budget(1 << 30, policy="dtr", native=True) as run:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = _chain(w, x)
+        loss.backward()
+    assert torch.equal(w.grad, plain)
+    assert len(packed) > 0 and run.stats["debug"]["saved_by_cpp_hooks"] == 0
+
+
+class _SeesHooks(torch.autograd.Function):
+    # Its backward notes the saved-tensor hooks innermost as it runs.
+    seen = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        _SeesHooks.seen.append(torch._C._autograd._top_saved_tensors_default_hooks(False))
+        return g * 2
+
+
+def test_a_backward_that_builds_no_graph_runs_without_the_steps_hooks():
+    # Autograd copies the hooks' stack into and out of each node it runs (a
+    # Python hook's copy takes the GIL): a backward that saves nothing runs
+    # with the step's hooks set aside, and they are back once it returns. A
+    # backward that builds a graph (create_graph) keeps them, for what it saves.
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, requires_grad=True)
+    x = torch.randn(4, 16)
+    _SeesHooks.seen.clear()
+    with remat.torch.budget(1 << 30, policy="dtr", native=True):
+        own = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        assert own is not None
+        _SeesHooks.apply(_chain(w, x)).backward()
+        assert _SeesHooks.seen[-1] is None
+        assert torch._C._autograd._top_saved_tensors_default_hooks(False)[0] is own[0]
+        (g,) = torch.autograd.grad(_SeesHooks.apply(_chain(w, x)), w, create_graph=True)
+        assert _SeesHooks.seen[-1][0] is own[0]
+        g.sum().backward()
+        assert _SeesHooks.seen == [None, _SeesHooks.seen[1]]
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None

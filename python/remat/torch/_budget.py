@@ -393,6 +393,8 @@ class budget:
                 # Left inside a keep_saved() block (a generator dropped there):
                 # remat's hooks go back on the stack, for the exit below to take off.
                 torch._C._autograd._push_saved_tensors_default_hooks(*block[0])
+            # And those a native backward set aside, where an interrupt left it early.
+            _native.put_back_hooks()
             try:
                 try:
                     self._hooks.__exit__(exc_type, exc, tb)

@@ -27,6 +27,7 @@ import warnings
 import torch
 
 from remat import _capi
+from remat.torch import _interrupts
 
 _HERE = pathlib.Path(__file__).resolve().parent
 _SOURCES = [_HERE / "csrc" / "step.cc", _HERE / "csrc" / "module.cc"]
@@ -145,35 +146,77 @@ def _exporting(name, original):
     return wrapper
 
 
-def _backward(original):
+_aside = {}  # thread id -> the step's saved-tensor hooks, set aside for a backward
+
+
+@_interrupts.critical
+def _set_aside(step, create_graph):
+    """Takes the step's saved-tensor hooks off the stack for a backward that
+    builds no graph, where they are innermost (and not aside already: an
+    outer backward's, or one an interrupt left). Returns whether it did."""
+    ident = threading.get_ident()
+    if create_graph or ident in _aside:
+        return False
+    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if top is None or top[0] is not step.pack:
+        return False
+    torch._C._autograd._pop_saved_tensors_default_hooks()
+    _aside[ident] = top
+    return True
+
+
+@_interrupts.critical
+def put_back_hooks():
+    """The hooks _set_aside took, back on the stack (the budget's exit calls
+    it too, for a backward an interrupt left before it put them back)."""
+    top = _aside.pop(threading.get_ident(), None)
+    if top is not None:
+        torch._C._autograd._push_saved_tensors_default_hooks(*top)
+
+
+def _backward(original, create_graph_at):
     """A backward with the recorder off on this thread: it records
-    nothing there, and each call through RecordFunction costs its boxing."""
+    nothing there, and each call through RecordFunction costs its boxing.
+
+    One that builds no graph (create_graph false: argument `create_graph_at`
+    of `original`, or the keyword) runs with the step's saved-tensor hooks
+    set aside too: it saves nothing, and autograd copies the hooks' stack
+    into and out of every node it runs, each copy of a Python hook taking
+    the GIL."""
     def wrapper(*args, **kwargs):
         step = _steps.get(threading.get_ident())
         if step is None:
             return original(*args, **kwargs)
-        step.pause()
+        create_graph = kwargs.get("create_graph", args[create_graph_at]
+                                  if len(args) > create_graph_at else False)
+        aside = False
         try:
+            aside = _set_aside(step, create_graph)
+            step.pause()
             return original(*args, **kwargs)
         finally:
             step.resume()
+            if aside:
+                put_back_hooks()
     wrapper.__name__ = original.__name__
     wrapper.__doc__ = original.__doc__
     return wrapper
 
 
-# Where a backward starts from Python (Tensor.backward calls autograd.backward).
-_BACKWARDS = ((torch.Tensor, "backward"), (torch.autograd, "backward"), (torch.autograd, "grad"))
+# Where a backward starts from Python (Tensor.backward calls autograd.backward),
+# and where each takes create_graph among its arguments.
+_BACKWARDS = ((torch.Tensor, "backward", 3), (torch.autograd, "backward", 3),
+              (torch.autograd, "grad", 4))
 
 
 def _patch():
     global _patch_count
     with _patch_lock:
         if _patch_count == 0:
-            for owner, name in _BACKWARDS:
+            for owner, name, create_graph_at in _BACKWARDS:
                 original = getattr(owner, name)
                 _backwards_before.append((owner, name, original))
-                setattr(owner, name, _backward(original))
+                setattr(owner, name, _backward(original, create_graph_at))
             for name in _OUTSIDE:
                 own = name in torch.Tensor.__dict__
                 original = getattr(torch.Tensor, name)

@@ -5,7 +5,10 @@
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
+#include <ATen/SavedTensorHooks.h>
 
 #include <chrono>
 #include <memory>
@@ -283,6 +286,7 @@ at::Tensor CheckSaved(HandleData* d) {
   if (current == d->version) return moved;
   // The node the message names: an input's grad_fn as it is now (an
   // in-place write moves it), as autograd reads it from the tensor it holds.
+  py::gil_scoped_acquire gil;  // (the C++ hooks run without it)
   c10::intrusive_ptr<torch::autograd::Node> fn =
       source.defined() ? c10::intrusive_ptr<torch::autograd::Node>(source.grad_fn())
                        : d->grad_fn;
@@ -336,19 +340,20 @@ struct HandleObject {
   PyObject_HEAD HandleData* data;
 };
 
+// A handle autograd let go of (its saved variable is gone).
+void ReleaseHandle(HandleData* d) {
+  if (d->pending_in != nullptr) {
+    for (HandleData*& p : d->pending_in->pending) {
+      if (p == d) p = nullptr;
+    }
+  }
+  if (!d->kept.defined() && !d->step->closed()) d->step->HandleDied(d->storage);
+  delete d;
+}
+
 void HandleDealloc(PyObject* self) {
   auto* h = reinterpret_cast<HandleObject*>(self);
-  if (h->data != nullptr) {
-    if (h->data->pending_in != nullptr) {
-      for (HandleData*& p : h->data->pending_in->pending) {
-        if (p == h->data) p = nullptr;
-      }
-    }
-    if (!h->data->kept.defined() && !h->data->step->closed()) {
-      h->data->step->HandleDied(h->data->storage);
-    }
-    delete h->data;
-  }
+  if (h->data != nullptr) ReleaseHandle(h->data);
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -370,6 +375,44 @@ std::shared_ptr<Step>* StepOf(PyObject* self) {
   return static_cast<std::shared_ptr<Step>*>(PyCapsule_GetPointer(self, kStepCapsule));
 }
 
+// The handle of t, saved by autograd for the step: the storage handed to
+// the runtime (or kept, as autograd would keep it).
+HandleData* PackHandle(const std::shared_ptr<Step>& step, const at::Tensor& t) {
+  // (What a handle keeps is a shallow copy sharing the version counter: a
+  // reference to t's own TensorImpl would make its Python object outlive
+  // the hook, which costs microseconds.)
+  auto d = std::make_unique<HandleData>(HandleData{step, at::Tensor(), -1, {}, {}, 0,
+                                                   t.scalar_type(),
+                                                   t.is_leaf() && t.requires_grad(), nullptr});
+  SaveFacts(d.get(), t);
+  if (tls_step == step.get() && tls_top != nullptr) {
+    // Saved inside a call still running: its outputs and writes are not
+    // recorded yet. Kept until the call ends, then handed over.
+    d->kept = t.tensor_data();
+    d->pending_in = tls_top;
+    tls_top->pending.push_back(d.get());
+  } else {
+    try {
+      Resolve(d.get(), t);
+    } catch (...) {
+      // The handle goes as one that kept its tensor (it names no storage).
+      d->kept = t.tensor_data();
+      d->storage = -1;
+      ReleaseHandle(d.release());
+      throw;
+    }
+  }
+  return d.release();
+}
+
+// The tensor a handle stands for, brought back where the runtime dropped it.
+at::Tensor UnpackHandle(HandleData* h) {
+  at::Tensor moved = CheckSaved(h);
+  if (moved.defined()) return moved;
+  if (h->kept.defined()) return h->kept;
+  return h->step->Unpack(h->storage, h->sizes, h->strides, h->offset, h->dtype);
+}
+
 PyObject* PackHook(PyObject* self, PyObject* arg) {
   try {
     std::shared_ptr<Step>* step = StepOf(self);
@@ -377,32 +420,13 @@ PyObject* PackHook(PyObject* self, PyObject* arg) {
       Py_INCREF(arg);
       return arg;
     }
-    const at::Tensor& t = THPVariable_Unpack(arg);
+    HandleData* d = PackHandle(*step, THPVariable_Unpack(arg));
     auto* h = PyObject_New(HandleObject, &HandleType);
-    if (h == nullptr) return nullptr;
-    // (What a handle keeps is a shallow copy sharing the version counter: a
-    // reference to t's own TensorImpl would make its Python object outlive
-    // the hook, which costs microseconds.)
-    h->data = new HandleData{*step, at::Tensor(), -1, {}, {}, 0, t.scalar_type(),
-                             t.is_leaf() && t.requires_grad(), nullptr};
-    SaveFacts(h->data, t);
-    if (tls_step == step->get() && tls_top != nullptr) {
-      // Saved inside a call still running: its outputs and writes are not
-      // recorded yet. Kept until the call ends, then handed over.
-      h->data->kept = t.tensor_data();
-      h->data->pending_in = tls_top;
-      tls_top->pending.push_back(h->data);
-    } else {
-      try {
-        Resolve(h->data, t);
-      } catch (...) {
-        // The handle goes as one that kept its tensor (it names no storage).
-        h->data->kept = t.tensor_data();
-        h->data->storage = -1;
-        Py_DECREF(reinterpret_cast<PyObject*>(h));
-        throw;
-      }
+    if (h == nullptr) {
+      ReleaseHandle(d);
+      return nullptr;
     }
+    h->data = d;
     return reinterpret_cast<PyObject*>(h);
   } catch (...) {
     return SetPythonError();
@@ -415,12 +439,7 @@ PyObject* UnpackHook(PyObject* /*self*/, PyObject* arg) {
     return arg;
   }
   try {
-    HandleData* h = reinterpret_cast<HandleObject*>(arg)->data;
-    at::Tensor moved = CheckSaved(h);
-    if (moved.defined()) return THPVariable_Wrap(std::move(moved));
-    if (h->kept.defined()) return THPVariable_Wrap(h->kept);
-    at::Tensor t = h->step->Unpack(h->storage, h->sizes, h->strides, h->offset, h->dtype);
-    return THPVariable_Wrap(std::move(t));
+    return THPVariable_Wrap(UnpackHandle(reinterpret_cast<HandleObject*>(arg)->data));
   } catch (...) {
     return SetPythonError();
   }
@@ -428,6 +447,126 @@ PyObject* UnpackHook(PyObject* /*self*/, PyObject* arg) {
 
 PyMethodDef kPackDef = {"pack", PackHook, METH_O, "remat's pack hook"};
 PyMethodDef kUnpackDef = {"unpack", UnpackHook, METH_O, "remat's unpack hook"};
+
+// --- the same hooks, called from C++ ------------------------------------------------------
+//
+// For each tensor it saves, autograd asks the default engine for hooks
+// (Engine::get_default_saved_variable_hooks). PyTorch's Python engine answers
+// with the pair on top of saved_tensors_hooks' stack, called through Python:
+// the GIL taken, the tensor wrapped in a Python object and the hook called,
+// once to pack and once to unpack, about 3 us a saved tensor. Where that top
+// is a step's own pack function, the engine below answers with C++ hooks over
+// the same step instead, so a saved tensor never meets Python. Anything else
+// on top (the program's own hooks, checkpoint's, keep_saved() having popped
+// the step's) goes to PyTorch's engine as before, and so does every other
+// call on this engine.
+
+// An error out of a C++ hook as the Python error it would have raised from
+// the Python one (remat.torch.BudgetTooSmall, the in-place error), carried
+// across autograd's threads by PyTorch's python_error.
+[[noreturn]] void ThrowAsPython() {
+  py::gil_scoped_acquire gil;
+  SetPythonError();  // (from the exception being handled)
+  python_error error;
+  error.persist();
+  throw error;
+}
+
+class NativeHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit NativeHooks(std::shared_ptr<Step>* step) : step_(step) {}
+  ~NativeHooks() override {
+    if (data_ != nullptr) ReleaseHandle(data_);
+  }
+  void call_pack_hook(const at::Tensor& t) override {
+    try {
+      data_ = PackHandle(*step_, t);
+      ++(*step_)->counts.saved_by_cpp_hooks;
+    } catch (...) {
+      ThrowAsPython();
+    }
+  }
+  at::Tensor call_unpack_hook() override {
+    try {
+      return UnpackHandle(data_);
+    } catch (...) {
+      ThrowAsPython();
+    }
+  }
+
+ private:
+  // The capsule's (the pack function on the stack holds it while this is
+  // made; data_ holds the step itself from the pack on).
+  std::shared_ptr<Step>* step_;
+  HandleData* data_ = nullptr;
+};
+
+// The step whose pack function is on top of this thread's saved-tensor hooks,
+// or null. (Read without the GIL: the stack holds the function, and a
+// function object and its capsule do not change once made.)
+std::shared_ptr<Step>* StepOnTop() {
+  const at::impl::SavedTensorDefaultHooksTLS& tls = at::SavedTensorDefaultHooks::get_tls_state();
+  if (tls.stack.empty() || tls.is_tracing) return nullptr;
+  const c10::SafePyObject& pack = tls.stack.top().first;
+  PyObject* fn = pack.ptr(&pack.pyinterpreter());
+  if (!Py_IS_TYPE(fn, &PyCFunction_Type) || PyCFunction_GET_FUNCTION(fn) != &PackHook) {
+    return nullptr;
+  }
+  return StepOf(PyCFunction_GET_SELF(fn));
+}
+
+torch::autograd::Engine* g_python_engine = nullptr;  // PyTorch's default before ours
+
+class HooksEngine final : public torch::autograd::Engine {
+ public:
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks()
+      override {
+    if (std::shared_ptr<Step>* step = StepOnTop(); step != nullptr && !(*step)->closed()) {
+      return std::make_unique<NativeHooks>(step);
+    }
+    return g_python_engine->get_default_saved_variable_hooks();
+  }
+  torch::autograd::variable_list execute(const torch::autograd::edge_list& roots,
+                                         const torch::autograd::variable_list& inputs,
+                                         bool keep_graph, bool create_graph,
+                                         bool accumulate_grad,
+                                         const torch::autograd::edge_list& outputs) override {
+    return g_python_engine->execute(roots, inputs, keep_graph, create_graph, accumulate_grad,
+                                    outputs);
+  }
+  c10::intrusive_ptr<at::ivalue::Future> execute_with_graph_task(
+      const std::shared_ptr<torch::autograd::GraphTask>& graph_task,
+      c10::intrusive_ptr<torch::autograd::Node> graph_root,
+      torch::autograd::InputBuffer&& input_buffer) override {
+    return g_python_engine->execute_with_graph_task(graph_task, std::move(graph_root),
+                                                    std::move(input_buffer));
+  }
+  std::unique_ptr<torch::autograd::AnomalyMetadata> make_anomaly_metadata() override {
+    return g_python_engine->make_anomaly_metadata();
+  }
+  std::vector<std::unique_ptr<torch::autograd::NodeCreationHook>> get_node_creation_hooks()
+      override {
+    return g_python_engine->get_node_creation_hooks();
+  }
+  void thread_on_exception(const std::shared_ptr<torch::autograd::GraphTask>& graph_task,
+                           const c10::intrusive_ptr<torch::autograd::Node>& fn,
+                           std::exception& e) override {
+    g_python_engine->thread_on_exception(graph_task, fn, e);
+  }
+};
+
+torch::autograd::Engine& HooksEngineStub() {
+  static HooksEngine* engine = new HooksEngine();  // (never destroyed: engines outlive modules)
+  return *engine;
+}
+
+// Makes HooksEngine the default engine, once per process.
+void InstallHooksEngine() {
+  torch::autograd::Engine& current = torch::autograd::Engine::get_default_engine();
+  if (&current == &HooksEngineStub()) return;
+  g_python_engine = &current;
+  torch::autograd::set_default_engine_stub(&HooksEngineStub);
+}
 
 // --- Step, as Python sees it --------------------------------------------------------------
 
@@ -512,6 +651,7 @@ class StepBox {
     d["pinned_by_write"] = c.pinned_by_write;
     d["recomputed_calls"] = c.recomputed_calls;
     d["recorded_calls"] = c.recorded_calls;
+    d["saved_by_cpp_hooks"] = c.saved_by_cpp_hooks;
     return d;
   }
   void Exported(const at::Tensor& t) { step_->Exported(t); }
@@ -561,6 +701,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace remat_torch;
   InitHandleType();
   if (PyType_Ready(&HandleType) < 0) throw py::error_already_set();
+  InstallHooksEngine();
   Py_INCREF(&HandleType);
   m.add_object("SavedHandle", reinterpret_cast<PyObject*>(&HandleType));
   m.attr("TORCH_VERSION") = TORCH_VERSION;

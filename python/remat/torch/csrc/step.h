@@ -250,6 +250,7 @@ class Step {
     int64_t pinned_by_write = 0;    // written after they were saved: kept to the end
     int64_t recomputed_calls = 0;
     int64_t recorded_calls = 0;
+    int64_t saved_by_cpp_hooks = 0;  // through the C++ hooks (module.cc), not Python's
   } counts;
   double recompute_seconds = 0;
 
