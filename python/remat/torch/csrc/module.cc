@@ -221,8 +221,8 @@ struct HandleData {
   std::shared_ptr<Step> step;
   at::Tensor kept;      // defined: autograd's tensor, kept as is
   int32_t storage;      // else the storage the runtime holds
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  c10::SmallVector<int64_t, 5> sizes;  // (inline: no allocation per saved tensor)
+  c10::SmallVector<int64_t, 5> strides;
   int64_t offset;
   at::ScalarType dtype;
   bool grad_leaf;       // a leaf that requires grad (a parameter)
@@ -242,7 +242,6 @@ struct HandleData {
   c10::weak_intrusive_ptr<c10::TensorImpl> source{c10::intrusive_ptr<c10::TensorImpl>()};
   c10::StorageImpl* source_storage = nullptr;
   c10::Device device{c10::kCPU};
-  std::vector<int64_t> shape;  // its sizes, for the message
 };
 
 PyObject* g_inplace_error = nullptr;  // remat.torch._budget._native_inplace_error
@@ -296,7 +295,9 @@ at::Tensor CheckSaved(HandleData* d) {
          : py::none(),
       py::reinterpret_steal<py::object>(THPVariable_Wrap(at::empty(
           {0}, at::TensorOptions().dtype(d->dtype).device(d->device)))),
-      d->kept.defined() ? d->kept.sizes().vec() : d->sizes, current, d->version);
+      d->kept.defined() ? d->kept.sizes().vec()
+                        : std::vector<int64_t>(d->sizes.begin(), d->sizes.end()),
+      current, d->version);
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
   throw py::error_already_set();
 }
@@ -309,8 +310,8 @@ void Resolve(HandleData* d, const at::Tensor& t) {
     return;
   }
   d->storage = storage;
-  d->sizes = t.sizes().vec();
-  d->strides = t.strides().vec();
+  d->sizes.assign(t.sizes().begin(), t.sizes().end());
+  d->strides.assign(t.strides().begin(), t.strides().end());
   d->offset = t.storage_offset();
   d->dtype = t.scalar_type();
   d->kept = at::Tensor();

@@ -535,19 +535,34 @@ bool Step::BringsBack(const Storage& s, int64_t version) const {
   return true;  // dropped: a recompute brings back its registered version
 }
 
-Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
-  Frontier f;
-  std::unordered_set<int32_t> read;  // leaves its replay reads
-  std::unordered_set<uint64_t> seen_inputs;
-  std::unordered_set<int64_t> visited;
+namespace {
+// FrontierOf's sets and stack, kept between its calls on a thread (it runs
+// for each saved tensor, and calls nothing that could call it again):
+// cleared, they keep their room, so a walk allocates nothing.
+struct FrontierScratch {
   struct Item {
     int32_t s;
     int64_t version;
     bool top;
   };
-  std::vector<Item> stack = {{root, root_version, true}};
+  ska::flat_hash_set<int32_t> read;  // leaves its replay reads
+  ska::flat_hash_set<uint64_t> seen_inputs;
+  ska::flat_hash_set<int64_t> visited;
+  std::vector<Item> stack;
+  std::vector<int32_t> chain;
+};
+}  // namespace
+
+Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
+  Frontier f;
+  thread_local FrontierScratch scratch;
+  auto& [read, seen_inputs, visited, stack, chain] = scratch;
+  read.clear();
+  seen_inputs.clear();
+  visited.clear();
+  stack.assign(1, {root, root_version, true});
   while (!stack.empty()) {
-    Item it = stack.back();
+    const FrontierScratch::Item it = stack.back();
     stack.pop_back();
     int64_t key = (static_cast<int64_t>(it.s) << 24) ^ it.version;
     if (!visited.insert(key).second) continue;
@@ -561,7 +576,7 @@ Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
       continue;
     }
     if (st.leaf) continue;
-    std::vector<int32_t> chain = {st.producer};
+    chain.assign(1, st.producer);
     for (int64_t w = 0; w < it.version && w < static_cast<int64_t>(st.writers.size()); ++w) {
       chain.push_back(st.writers[w]);
     }
@@ -588,14 +603,13 @@ Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
           if (in.exported) {
             return {{}, 0, "its recompute reads bytes handed outside autograd (numpy, ...)", {}};
           }
-          read.insert(r.storage);
+          if (read.insert(r.storage).second) f.read.push_back(r.storage);
           continue;
         }
         if (r.storage != it.s) stack.push_back({r.storage, r.version, false});
       }
     }
   }
-  f.read.assign(read.begin(), read.end());
   return f;
 }
 
