@@ -401,7 +401,9 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
   call.cost_ns = cost_ns;
   call.rng = std::move(rng);
   call.why_not = info.why_not;
-  const std::string name = OpName(op);
+  // As Python prints it, for the reasons a call cannot be replayed (made
+  // only for those: a call's name is longer than a string holds inline).
+  auto name = [&op] { return OpName(op); };
   bool on_cuda = false;
   ForEachTensor(inputs, [&](const at::Tensor& t, int32_t arg, int32_t item) {
     if (!HasStorage(t)) return;  // (undefined, sparse, ...: kept in the arguments as is)
@@ -425,29 +427,12 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
     }
     if (t.is_conj() || t.is_neg() || (!st.leaf && r.dtype != st.dtype)) {
       if (call.why_not.empty()) {
-        call.why_not = name + " reads a view a replay would not rebuild (conj, neg or dtype)";
+        call.why_not = name() + " reads a view a replay would not rebuild (conj, neg or dtype)";
       }
     }
     call.refs.push_back(std::move(r));
     call.slots.push_back({arg, item});
   });
-  // Tensors leave the recorded arguments (a recorded call must not keep an
-  // activation alive); the refs say how to rebuild them.
-  call.args = inputs;
-  for (const Slot& slot : call.slots) {
-    c10::IValue& v = call.args[slot.arg];
-    if (slot.item < 0) {
-      v = c10::IValue();
-    } else if (v.isTensorList()) {
-      auto list = v.toTensorList().copy();
-      list.set(slot.item, at::Tensor());
-      v = c10::IValue(std::move(list));
-    } else {
-      auto list = v.toList().copy();
-      list.set(slot.item, c10::IValue());
-      v = c10::IValue(std::move(list));
-    }
-  }
   for (int32_t arg : WrittenArgs(info, inputs)) {
     for (size_t i = 0; i < call.slots.size(); ++i) {
       if (call.slots[i].arg == arg) call.written.push_back(static_cast<int32_t>(i));
@@ -455,18 +440,18 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
   }
   if (call.why_not.empty() && !options_.allow_nondeterministic && info.nondeterministic &&
       on_cuda) {
-    call.why_not = name + " is not bitwise deterministic on CUDA";
+    call.why_not = name() + " is not bitwise deterministic on CUDA";
   }
-  if (call.why_not.empty() && name == "aten::_cudnn_rnn" && inputs.size() > 12 &&
+  if (call.why_not.empty() && op.schema().name() == "aten::_cudnn_rnn" && inputs.size() > 12 &&
       inputs[12].isBool() && inputs[12].toBool() && inputs[11].isDouble() &&
       inputs[11].toDouble() > 0) {
-    call.why_not = name + " draws its dropout from cuDNN's own random state";
+    call.why_not = name() + " draws its dropout from cuDNN's own random state";
   }
   for (int32_t i : call.written) {
     Storage& s = storages_[call.refs[i].storage];
     if (s.leaf) {
       if (!info.writes_unread && call.why_not.empty()) {
-        call.why_not = name + " writes into a tensor made before the context";
+        call.why_not = name() + " writes into a tensor made before the context";
       }
       s.version += 1;  // (what read its bytes before cannot be replayed from them now)
       continue;
@@ -474,7 +459,7 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
     if (s.registered && !s.freed && !s.pinned_forever && Overlaps(s, call.refs[i])) {
       // A write into what a saved view reads: autograd reads the new bytes,
       // so the live storage stays as it is for the rest of the step.
-      PinForever(call.refs[i].storage, name + " wrote into it after it was saved");
+      PinForever(call.refs[i].storage, name() + " wrote into it after it was saved");
       counts.pinned_by_write += 1;
       // The program's own tensor holds the newest bytes.
       ForEachTensor(inputs, [&](const at::Tensor& t, int32_t arg, int32_t item) {
@@ -489,6 +474,23 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
     if (s.held.defined() && !s.pinned_forever &&
         s.held.storage().unsafeGetStorageImpl() == s.weak._unsafe_get_target()) {
       s.held_version = s.version;  // remat holds the program's own storage
+    }
+  }
+  // Tensors leave the recorded arguments (a recorded call must not keep an
+  // activation alive); the refs say how to rebuild them.
+  call.args = std::move(inputs);
+  for (const Slot& slot : call.slots) {
+    c10::IValue& v = call.args[slot.arg];
+    if (slot.item < 0) {
+      v = c10::IValue();
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList().copy();
+      list.set(slot.item, at::Tensor());
+      v = c10::IValue(std::move(list));
+    } else {
+      auto list = v.toList().copy();
+      list.set(slot.item, c10::IValue());
+      v = c10::IValue(std::move(list));
     }
   }
   int32_t j = 0;
