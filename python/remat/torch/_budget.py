@@ -474,10 +474,10 @@ class budget:
         finally:
             if not ended:  # (whatever failed above, the next step can begin)
                 self._planner.end(StepPlanner.ABANDONED)
-        state = self._planner.plan(index)
         # The runtimes of plans the planner will not run again (refused, or
         # not kept by the trial) go.
         plans = [self._planner.plan(i) for i in range(len(self._plan_names))]
+        state = plans[index]
         for i, name in enumerate(self._plan_names):
             if not plans[i]["live"] and name in self._sessions:
                 self._sessions.pop(name).close()

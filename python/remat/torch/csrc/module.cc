@@ -166,7 +166,8 @@ std::unique_ptr<at::ObserverContext> OnCallStart(const at::RecordFunction& fn) {
   }
   frame->parent = tls_top;
   tls_top = frame.get();
-  frame->start = std::chrono::steady_clock::now();
+  // (Modelled costs read no clock.)
+  if (!step->options().model_costs) frame->start = std::chrono::steady_clock::now();
   return frame;
 }
 
@@ -188,15 +189,17 @@ void OnCallEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     }
     return;
   }
-  int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   std::chrono::steady_clock::now() - frame->start)
-                   .count();
   try {
     const StepOptions& options = step->options();
+    int64_t ns;
     if (options.model_costs || OnGpu(frame->inputs) || OnGpu(fn.outputs())) {
       // A GPU's kernels run behind the host: the host's time says nothing
       // of theirs.
       ns = ModelCostNs(*frame->info, frame->inputs, fn.outputs(), options.rates);
+    } else {
+      ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now() - frame->start)
+               .count();
     }
     step->Record(*frame->info, *frame->info->op, std::move(frame->inputs), fn.outputs(),
                  std::move(frame->rng), frame->grad, ns);
