@@ -5,6 +5,10 @@ compiler and ninja), so the other modules' tests run there; their exactness
 tests run again here on the Python recorder (REMAT_TORCH_NATIVE=0: what such
 a budget uses where the extension cannot be built, and what offload and the
 allocator's budgets use), and the native path's own checks follow."""
+import contextlib
+import warnings
+from typing import List
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
@@ -237,3 +241,84 @@ def test_a_backward_that_builds_no_graph_runs_without_the_steps_hooks():
         g.sum().backward()
         assert _SeesHooks.seen == [None, _SeesHooks.seen[1]]
     assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
+def _tanh_chain(x, w):
+    for _ in range(100):
+        x = torch.tanh(x * w)
+    return x
+
+
+def _forked(x, w) -> List[torch.Tensor]:
+    futures = [torch.jit.fork(_tanh_chain, x, w) for _ in range(8)]
+    return [torch.jit.wait(f) for f in futures]
+
+
+def test_tasks_saving_on_several_threads_at_once_keep_the_steps_books_whole():
+    # jit.fork's tasks inherit the hooks and save side by side on other
+    # threads (as autograd's device threads unpack): each saved tensor is
+    # counted once, as the Python hooks, serialised by the GIL, counted them.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # (torch.jit.script's deprecation)
+        forked = torch.jit.script(_forked)
+    threads = torch.get_num_interop_threads()
+    torch.manual_seed(0)
+    w = torch.randn(8, requires_grad=True)
+    x = torch.randn(8)
+    plain = torch.autograd.grad(sum(y.sum() for y in forked(x, w)), w)[0]
+    for _ in range(3):
+        with remat.torch.budget(1 << 30, policy="dtr", native=True) as run:
+            (g,) = torch.autograd.grad(sum(y.sum() for y in forked(x, w)), w)
+        debug = run.stats["debug"]
+        assert debug["saved_by_cpp_hooks"] == debug["saved_tensors"] + debug["saved_unmanaged"]
+        assert debug["saved_by_cpp_hooks"] >= 8 * 100 * 2
+        # (the branches' gradients add up in the order the tasks ran)
+        assert torch.allclose(g, plain)
+    assert torch.get_num_interop_threads() == threads
+
+
+def test_keep_saved_inside_a_backward_that_builds_no_graph():
+    # The step's hooks are off already there: the block runs, as it did
+    # when they were on and it took them off.
+    runs = []
+
+    class VjpInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            with runs[0].keep_saved() if runs else contextlib.nullcontext():
+                _, vjp = torch.func.vjp(torch.sin, x)
+            return vjp(g)[0] + g * 2
+    torch.manual_seed(0)
+    w = torch.randn(8, requires_grad=True)
+    VjpInBackward.apply(torch.tanh(w)).sum().backward()
+    plain, w.grad = w.grad, None
+    with remat.torch.budget(1 << 30, policy="dtr", native=True) as run:
+        runs.append(run)
+        VjpInBackward.apply(torch.tanh(w)).sum().backward()
+    assert torch.equal(w.grad, plain)
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
+def test_compiled_autograd_reads_the_cpp_hooks_saved_tensors():
+    # Compiled autograd calls a saved tensor's unpack hook from Python: the
+    # C++ hooks hand it the Python hook over a handle of their own.
+    ca = pytest.importorskip("torch._dynamo.compiled_autograd")
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, requires_grad=True)
+    x = torch.randn(4, 16)
+    _chain(w, x).backward()
+    plain, w.grad = w.grad, None
+    with remat.torch.budget(1 << 30, policy="dtr", native=True) as run:
+        loss = _chain(w, x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (dynamo cannot trace the C hook: a graph break)
+            with ca._enable(torch.compile(backend="eager")):
+                loss.backward()
+    assert torch.allclose(w.grad, plain)
+    assert run.stats["debug"]["saved_by_cpp_hooks"] > 0

@@ -393,8 +393,7 @@ class budget:
                 # Left inside a keep_saved() block (a generator dropped there):
                 # remat's hooks go back on the stack, for the exit below to take off.
                 torch._C._autograd._push_saved_tensors_default_hooks(*block[0])
-            # And those a native backward set aside, where an interrupt left it early.
-            _native.put_back_hooks()
+            _native.put_back_hooks()  # (those a backward an interrupt cut short left aside)
             try:
                 try:
                     self._hooks.__exit__(exc_type, exc, tb)
@@ -477,7 +476,6 @@ class budget:
         # The runtimes of plans the planner will not run again (refused, or
         # not kept by the trial) go.
         plans = [self._planner.plan(i) for i in range(len(self._plan_names))]
-        state = plans[index]
         for i, name in enumerate(self._plan_names):
             if not plans[i]["live"] and name in self._sessions:
                 self._sessions.pop(name).close()
@@ -485,7 +483,7 @@ class budget:
                    if plans[i]["refused"]}
         if refused:
             stats["plans_refused"] = refused
-        if state["blind"]:
+        if plans[index]["blind"]:
             stats["next_uses_off"] = True
         if self._link_rates is not None:
             stats["link_gbps"], stats["link_latency_ns"] = self._link_rates
@@ -517,17 +515,21 @@ class budget:
             raise RuntimeError("keep_saved() is for inside this budget's `with`, on the thread "
                                "that entered it")
         top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-        if top is None or top[0] != engine.pack:
+        if _native.hooks_aside():  # (a backward that builds no graph: they are off already)
+            top = None
+        elif top is None or top[0] != engine.pack:
             raise RuntimeError("keep_saved(): other saved-tensor hooks (checkpoint, "
                                "save_on_cpu, your own) are innermost here; enter keep_saved() "
                                "outside them")
-        torch._C._autograd._pop_saved_tensors_default_hooks()
+        block = None
+        if top is not None:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            block = self._keep_saved_block = [top]
         engine.counts["keep_saved_blocks"] += 1
-        block = self._keep_saved_block = [top]
         try:
             yield self
         finally:
-            if self._keep_saved_block is block:
+            if block is not None and self._keep_saved_block is block:
                 # (Left with the budget still open: else __exit__ has put them back.)
                 self._keep_saved_block = None
                 torch._C._autograd._push_saved_tensors_default_hooks(*top)

@@ -23,6 +23,7 @@ import re
 import sys
 import threading
 import warnings
+import weakref
 
 import torch
 
@@ -146,32 +147,58 @@ def _exporting(name, original):
     return wrapper
 
 
-_aside = {}  # thread id -> the step's saved-tensor hooks, set aside for a backward
+# thread id -> (the step's saved-tensor hooks, a weak reference to the
+# backward's _Owner that set them aside)
+_aside = {}
+
+
+class _Owner:
+    """A backward that may set the hooks aside (its wrapper's frame holds it:
+    once it is gone, so is the backward)."""
+    __slots__ = ("__weakref__",)
 
 
 @_interrupts.critical
-def _set_aside(step, create_graph):
+def _set_aside(step, create_graph, owner):
     """Takes the step's saved-tensor hooks off the stack for a backward that
-    builds no graph, where they are innermost (and not aside already: an
-    outer backward's, or one an interrupt left). Returns whether it did."""
+    builds no graph, where they are innermost (and not aside already, for an
+    outer backward), for `owner` to put back."""
     ident = threading.get_ident()
+    entry = _aside.get(ident)
+    if entry is not None and entry[1]() is None:
+        # Left aside by a backward that has ended: an interrupt came between
+        # its end and its putting them back (and the program went on).
+        put_back_hooks()
     if create_graph or ident in _aside:
-        return False
+        return
     top = torch._C._autograd._top_saved_tensors_default_hooks(False)
     if top is None or top[0] is not step.pack:
-        return False
+        return
     torch._C._autograd._pop_saved_tensors_default_hooks()
-    _aside[ident] = top
-    return True
+    _aside[ident] = (top, weakref.ref(owner))
 
 
 @_interrupts.critical
-def put_back_hooks():
-    """The hooks _set_aside took, back on the stack (the budget's exit calls
-    it too, for a backward an interrupt left before it put them back)."""
-    top = _aside.pop(threading.get_ident(), None)
-    if top is not None:
-        torch._C._autograd._push_saved_tensors_default_hooks(*top)
+def put_back_hooks(owner=None):
+    """The hooks _set_aside took for `owner`, back on the stack (None: for
+    whichever backward took them; the budget's exit, where an interrupt left
+    a backward before it put them back)."""
+    ident = threading.get_ident()
+    entry = _aside.get(ident)
+    if entry is not None and (owner is None or entry[1]() is owner):
+        del _aside[ident]
+        torch._C._autograd._push_saved_tensors_default_hooks(*entry[0])
+
+
+def hooks_aside():
+    """Whether a backward on this thread has the step's hooks set aside."""
+    return threading.get_ident() in _aside
+
+
+@_interrupts.critical
+def _after_backward(step, owner):
+    step.resume()
+    put_back_hooks(owner)
 
 
 def _backward(original, create_graph_at):
@@ -189,15 +216,13 @@ def _backward(original, create_graph_at):
             return original(*args, **kwargs)
         create_graph = kwargs.get("create_graph", args[create_graph_at]
                                   if len(args) > create_graph_at else False)
-        aside = False
+        owner = _Owner()  # (what an interrupt here leaves, the next backward puts back)
         try:
-            aside = _set_aside(step, create_graph)
+            _set_aside(step, create_graph, owner)
             step.pause()
             return original(*args, **kwargs)
         finally:
-            step.resume()
-            if aside:
-                put_back_hooks()
+            _after_backward(step, owner)
     wrapper.__name__ = original.__name__
     wrapper.__doc__ = original.__doc__
     return wrapper

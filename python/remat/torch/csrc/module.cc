@@ -6,12 +6,15 @@
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
 #include <ATen/SavedTensorHooks.h>
 
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <optional>
 
 #include "step.h"
 
@@ -78,6 +81,26 @@ PyObject* SetPythonError() {
   return nullptr;
 }
 
+// A step's lock (Step::hooks_mu), taken by the hooks and the recorder. The
+// Python hooks had the GIL to keep threads apart; the C++ ones run without
+// it. Never waits holding the GIL: the holder may need it (a replay's
+// Python body, an error's Python object).
+class HooksLock {
+ public:
+  explicit HooksLock(Step& step) : lock_(step.hooks_mu, std::defer_lock) {
+    if (lock_.try_lock()) return;
+    if (PyGILState_Check()) {
+      py::gil_scoped_release unlocked;
+      lock_.lock();
+    } else {
+      lock_.lock();
+    }
+  }
+
+ private:
+  std::unique_lock<std::recursive_mutex> lock_;
+};
+
 // --- the recorder -------------------------------------------------------------------------
 
 thread_local Step* tls_step = nullptr;
@@ -127,12 +150,14 @@ std::unique_ptr<at::ObserverContext> OnCallStart(const at::RecordFunction& fn) {
   if (info.writes) {
     // Before the write: what replays read from a leaf it writes comes back now.
     try {
+      HooksLock lock(*step);
       step->BeforeWrite(info, fn.inputs());
     } catch (...) {
       step->Defer(std::current_exception());
     }
   }
   if (info.moves && fn.inputs().size() > 0 && fn.inputs()[0].isTensor()) {
+    HooksLock lock(*step);
     step->DataSet(fn.inputs()[0].toTensor());
   }
   if ((info.is_view && !info.writes) || !info.op || info.composite) {
@@ -182,6 +207,8 @@ void OnCallEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (step == nullptr || step->closed() || !frame->info->op || failed) {
     if (!frame->pending.empty()) {
       try {
+        std::optional<HooksLock> lock;
+        if (step != nullptr) lock.emplace(*step);
         ResolvePending(frame, step != nullptr && !step->closed() && !failed);
       } catch (...) {
         if (step != nullptr) step->Defer(std::current_exception());
@@ -189,6 +216,7 @@ void OnCallEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     }
     return;
   }
+  HooksLock lock(*step);
   try {
     const StepOptions& options = step->options();
     int64_t ns;
@@ -346,6 +374,8 @@ struct HandleObject {
 
 // A handle autograd let go of (its saved variable is gone).
 void ReleaseHandle(HandleData* d) {
+  const std::shared_ptr<Step> step = d->step;  // (outlives the lock: d may hold the last)
+  HooksLock lock(*step);
   if (d->pending_in != nullptr) {
     for (HandleData*& p : d->pending_in->pending) {
       if (p == d) p = nullptr;
@@ -381,7 +411,10 @@ std::shared_ptr<Step>* StepOf(PyObject* self) {
 
 // The handle of t, saved by autograd for the step: the storage handed to
 // the runtime (or kept, as autograd would keep it).
-HandleData* PackHandle(const std::shared_ptr<Step>& step, const at::Tensor& t) {
+HandleData* PackHandle(const std::shared_ptr<Step>& step, const at::Tensor& t,
+                       bool cpp_hooks) {
+  HooksLock lock(*step);
+  if (cpp_hooks) ++step->counts.saved_by_cpp_hooks;
   // (What a handle keeps is a shallow copy sharing the version counter: a
   // reference to t's own TensorImpl would make its Python object outlive
   // the hook, which costs microseconds.)
@@ -411,6 +444,7 @@ HandleData* PackHandle(const std::shared_ptr<Step>& step, const at::Tensor& t) {
 
 // The tensor a handle stands for, brought back where the runtime dropped it.
 at::Tensor UnpackHandle(HandleData* h) {
+  HooksLock lock(*h->step);
   at::Tensor moved = CheckSaved(h);
   if (moved.defined()) return moved;
   if (h->kept.defined()) return h->kept;
@@ -424,7 +458,7 @@ PyObject* PackHook(PyObject* self, PyObject* arg) {
       Py_INCREF(arg);
       return arg;
     }
-    HandleData* d = PackHandle(*step, THPVariable_Unpack(arg));
+    HandleData* d = PackHandle(*step, THPVariable_Unpack(arg), /*cpp_hooks=*/false);
     auto* h = PyObject_New(HandleObject, &HandleType);
     if (h == nullptr) {
       ReleaseHandle(d);
@@ -476,33 +510,58 @@ PyMethodDef kUnpackDef = {"unpack", UnpackHook, METH_O, "remat's unpack hook"};
   throw error;
 }
 
+PyObject* g_unpack_fn = nullptr;  // UnpackHook as a Python function of no step
+
 class NativeHooks final : public torch::autograd::SavedVariableHooks {
  public:
   explicit NativeHooks(std::shared_ptr<Step>* step) : step_(step) {}
   ~NativeHooks() override {
-    if (data_ != nullptr) ReleaseHandle(data_);
+    if (handle_ != nullptr) {
+      py::gil_scoped_acquire gil;
+      Py_DECREF(handle_);  // (its data goes with it)
+    } else if (data_ != nullptr) {
+      ReleaseHandle(data_);
+    }
   }
   void call_pack_hook(const at::Tensor& t) override {
     try {
-      data_ = PackHandle(*step_, t);
-      ++(*step_)->counts.saved_by_cpp_hooks;
+      data_ = PackHandle(*step_, t, /*cpp_hooks=*/true);
     } catch (...) {
       ThrowAsPython();
     }
   }
   at::Tensor call_unpack_hook() override {
     try {
-      return UnpackHandle(data_);
+      return UnpackHandle(handle_ != nullptr ? reinterpret_cast<HandleObject*>(handle_)->data
+                                             : data_);
     } catch (...) {
       ThrowAsPython();
     }
+  }
+  // Compiled autograd calls the unpack hook from its graph, in Python: the
+  // Python hook, over a Python handle that takes this one's data.
+  std::optional<std::pair<c10::SafePyObject, c10::SafePyObject>> retrieve_unpack_hook_data()
+      const override {
+    py::gil_scoped_acquire gil;
+    if (handle_ == nullptr) {
+      auto* h = PyObject_New(HandleObject, &HandleType);
+      if (h == nullptr) throw python_error();
+      h->data = data_;
+      data_ = nullptr;
+      handle_ = reinterpret_cast<PyObject*>(h);
+    }
+    Py_INCREF(g_unpack_fn);
+    Py_INCREF(handle_);
+    return std::make_pair(c10::SafePyObject(g_unpack_fn, getPyInterpreter()),
+                          c10::SafePyObject(handle_, getPyInterpreter()));
   }
 
  private:
   // The capsule's (the pack function on the stack holds it while this is
   // made; data_ holds the step itself from the pack on).
   std::shared_ptr<Step>* step_;
-  HandleData* data_ = nullptr;
+  mutable HandleData* data_ = nullptr;
+  mutable PyObject* handle_ = nullptr;  // once compiled autograd asked: the Python handle
 };
 
 // The step whose pack function is on top of this thread's saved-tensor hooks,
@@ -638,6 +697,7 @@ class StepBox {
     Stop();
     if (step_->closed()) return;
     try {
+      HooksLock lock(*step_);
       step_->Close();
     } catch (...) {
       session_->set_step(nullptr);
@@ -658,7 +718,10 @@ class StepBox {
     d["saved_by_cpp_hooks"] = c.saved_by_cpp_hooks;
     return d;
   }
-  void Exported(const at::Tensor& t) { step_->Exported(t); }
+  void Exported(const at::Tensor& t) {
+    HooksLock lock(*step_);
+    step_->Exported(t);
+  }
   double recompute_seconds() const { return step_->recompute_seconds; }
   bool closed() const { return step_->closed(); }
   py::object pack() const { return pack_; }
@@ -705,6 +768,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace remat_torch;
   InitHandleType();
   if (PyType_Ready(&HandleType) < 0) throw py::error_already_set();
+  g_unpack_fn = PyCFunction_New(&kUnpackDef, nullptr);  // (kept for the process)
+  if (g_unpack_fn == nullptr) throw py::error_already_set();
   InstallHooksEngine();
   Py_INCREF(&HandleType);
   m.add_object("SavedHandle", reinterpret_cast<PyObject*>(&HandleType));

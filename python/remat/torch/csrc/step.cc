@@ -558,6 +558,9 @@ struct FrontierScratch {
 Step::Frontier Step::FrontierOf(int32_t root, int64_t root_version) {
   Frontier f;
   thread_local FrontierScratch scratch;
+  if (scratch.visited.bucket_count() > 4096) {
+    scratch = FrontierScratch{};  // (clearing walks every slot: not after one long walk)
+  }
   auto& [read, seen_inputs, visited, stack, chain] = scratch;
   read.clear();
   seen_inputs.clear();

@@ -30,6 +30,7 @@
 #include <exception>
 #include <stdexcept>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -227,6 +228,12 @@ class Step {
   const StepOptions& options() const { return options_; }
 
   bool internal = false;  // remat's own calls (a replay): not recorded
+
+  // Held by whatever works on the step from a hook or the recorder
+  // (module.cc's HooksLock): autograd's device threads and jit.fork's tasks
+  // reach one step from several threads at once. Recursive: a replay inside
+  // an unpack records and saves again.
+  std::recursive_mutex hooks_mu;
 
   // `internal` set for a scope, and put back as it was however it ends.
   class InternalScope {
