@@ -322,3 +322,23 @@ def test_compiled_autograd_reads_the_cpp_hooks_saved_tensors():
                 loss.backward()
     assert torch.allclose(w.grad, plain)
     assert run.stats["debug"]["saved_by_cpp_hooks"] > 0
+
+
+def test_the_recorder_is_back_after_a_backward_with_backwards_inside_its_nodes():
+    # A reentrant checkpoint runs a backward inside a backward's node; the
+    # calls after the outer backward are recorded again.
+    import torch.utils.checkpoint as checkpoint
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, requires_grad=True)
+    x = torch.randn(4, 16, requires_grad=True)
+
+    def block(h):
+        return torch.tanh(h @ w)
+    with remat.torch.budget(1 << 30, policy="dtr", native=True) as run:
+        h = x
+        for _ in range(3):
+            h = checkpoint.checkpoint(block, h, use_reentrant=True)
+        h.sum().backward()
+        before = run._engine.step.counts()["recorded_calls"]
+        torch.tanh(x @ w).sum().backward()
+        assert run._engine.step.counts()["recorded_calls"] > before

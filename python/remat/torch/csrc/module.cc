@@ -682,14 +682,19 @@ class StepBox {
 
   // The recorder off while a backward runs on this thread (it records
   // nothing there, and every call through RecordFunction costs its boxing).
+  // Pauses nest: a backward inside a backward's node (a reentrant
+  // checkpoint) pauses and resumes inside the outer one's pause. (Resumed
+  // there, the callback would go with the node's thread-local state, and the
+  // recorder stay off for the rest of the step.)
   void Pause() {
-    if (callback_ != 0) {
+    if (pauses_++ == 0 && callback_ != 0) {
       at::removeCallback(callback_);
       callback_ = 0;
     }
   }
 
   void Resume() {
+    if (pauses_ > 0 && --pauses_ > 0) return;
     if (callback_ == 0 && tls_step == step_.get() && !step_->closed()) AddCallback();
   }
 
@@ -732,6 +737,7 @@ class StepBox {
   std::shared_ptr<Step> step_;
   py::object capsule_, pack_, unpack_;
   at::CallbackHandle callback_ = 0;
+  int pauses_ = 0;  // Pause()s not yet resumed
 };
 
 py::dict StatsOf(const Session& s) {
