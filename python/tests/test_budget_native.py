@@ -178,15 +178,21 @@ def _chain(w, x, layers=6):
     return x.sum()
 
 
-def test_each_saved_tensor_goes_through_the_cpp_hooks_unless_others_are_innermost():
-    # Autograd asks its default engine for a saved tensor's hooks; remat's
-    # engine answers with C++ hooks where the step's own are innermost (no
-    # Python per saved tensor), and with the program's where those are.
+def _chain_and_plain_grad():
+    # A weight and an input for _chain, and the weight's gradient in a plain step.
     torch.manual_seed(0)
     w = torch.randn(16, 16, requires_grad=True)
     x = torch.randn(4, 16)
     _chain(w, x).backward()
     plain, w.grad = w.grad, None
+    return w, x, plain
+
+
+def test_each_saved_tensor_goes_through_the_cpp_hooks_unless_others_are_innermost():
+    # Autograd asks its default engine for a saved tensor's hooks; remat's
+    # engine answers with C++ hooks where the step's own are innermost (no
+    # Python per saved tensor), and with the program's where those are.
+    w, x, plain = _chain_and_plain_grad()
     with remat.torch.budget(1 << 30, policy="dtr", native=True) as run:
         _chain(w, x).backward()
     assert torch.equal(w.grad, plain)
@@ -240,6 +246,15 @@ def test_a_backward_that_builds_no_graph_runs_without_the_steps_hooks():
         assert _SeesHooks.seen[-1][0] is own[0]
         g.sum().backward()
         assert _SeesHooks.seen == [None, _SeesHooks.seen[1]]
+        # create_graph given by position: Tensor.backward's fourth argument
+        # (self first), autograd.grad's fifth
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # (create_graph's reference cycle)
+            _SeesHooks.apply(_chain(w, x)).backward(None, None, True)
+        assert _SeesHooks.seen[-1][0] is own[0]
+        torch.autograd.grad(_SeesHooks.apply(_chain(w, x)), w, None, None, False)
+        assert _SeesHooks.seen[-1] is None
+        w.grad = None
     assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
 
 
@@ -309,11 +324,7 @@ def test_compiled_autograd_reads_the_cpp_hooks_saved_tensors():
     # Compiled autograd calls a saved tensor's unpack hook from Python: the
     # C++ hooks hand it the Python hook over a handle of their own.
     ca = pytest.importorskip("torch._dynamo.compiled_autograd")
-    torch.manual_seed(0)
-    w = torch.randn(16, 16, requires_grad=True)
-    x = torch.randn(4, 16)
-    _chain(w, x).backward()
-    plain, w.grad = w.grad, None
+    w, x, plain = _chain_and_plain_grad()
     with remat.torch.budget(1 << 30, policy="dtr", native=True) as run:
         loss = _chain(w, x)
         with warnings.catch_warnings():

@@ -89,12 +89,9 @@ class HooksLock {
  public:
   explicit HooksLock(Step& step) : lock_(step.hooks_mu, std::defer_lock) {
     if (lock_.try_lock()) return;
-    if (PyGILState_Check()) {
-      py::gil_scoped_release unlocked;
-      lock_.lock();
-    } else {
-      lock_.lock();
-    }
+    std::optional<py::gil_scoped_release> unlocked;
+    if (PyGILState_Check()) unlocked.emplace();
+    lock_.lock();
   }
 
  private:
@@ -381,7 +378,7 @@ void ReleaseHandle(HandleData* d) {
       if (p == d) p = nullptr;
     }
   }
-  if (!d->kept.defined() && !d->step->closed()) d->step->HandleDied(d->storage);
+  if (!d->kept.defined() && !step->closed()) step->HandleDied(d->storage);
   delete d;
 }
 
