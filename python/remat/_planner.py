@@ -29,6 +29,7 @@ class StepPlanner:
         self._p = None
         self._lib = _capi.lib()
         self._seen = _capi.KindSeen()
+        self._times = (ctypes.c_int64 * 16)()
         self._admission = _capi.DropAdmission()
         self.names = [p[0] for p in plans]
         raw = (_capi.Plan * max(1, len(plans)))()
@@ -114,15 +115,20 @@ class StepPlanner:
     def plan(self, i):
         """Plan i's state: live, refused, blind, learns_fits,
         runtime_steps, times (seconds) and refusal (str or None)."""
+        # (One call where its times fit the buffer kept for them: each step
+        # reads every plan.)
         s = _capi.PlanState()
-        _capi.check(self._lib.remat_planner_get_plan(self._p, i, ctypes.byref(s), None, 0, None),
+        times = self._times
+        refusal = ctypes.c_void_p()
+        _capi.check(self._lib.remat_planner_get_plan(self._p, i, ctypes.byref(s), times,
+                                                     len(times), ctypes.byref(refusal)),
                     "remat_planner_get_plan")
         n = s.num_times
-        times = (ctypes.c_int64 * max(1, n))()
-        refusal = ctypes.c_void_p()
-        _capi.check(self._lib.remat_planner_get_plan(self._p, i, ctypes.byref(s), times, n,
-                                                     ctypes.byref(refusal)),
-                    "remat_planner_get_plan")
+        if n > len(times):
+            times = self._times = (ctypes.c_int64 * n)()
+            _capi.check(self._lib.remat_planner_get_plan(self._p, i, ctypes.byref(s), times, n,
+                                                         None),
+                        "remat_planner_get_plan")
         text = None
         if refusal.value:
             text = ctypes.string_at(refusal).decode("utf-8", "replace")

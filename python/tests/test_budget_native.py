@@ -353,3 +353,27 @@ def test_the_recorder_is_back_after_a_backward_with_backwards_inside_its_nodes()
         before = run._engine.step.counts()["recorded_calls"]
         torch.tanh(x @ w).sum().backward()
         assert run._engine.step.counts()["recorded_calls"] > before
+
+
+def test_the_wrapped_methods_stay_from_the_first_step_until_close_or_the_end():
+    # Wrapping Tensor's methods costs microseconds a step: a budget wraps
+    # them at its first native step and lets them go at close() (or once it
+    # is gone); between steps the wrappers only call the method.
+    import gc
+    plain = (torch.Tensor.numpy, torch.Tensor.backward, torch.autograd.grad)
+    w = torch.randn(8, 8, requires_grad=True)
+    b = remat.torch.budget(1 << 30, policy="dtr", native=True)
+    for _ in range(2):
+        with b:
+            (w * 2).tanh().sum().backward()
+        assert torch.Tensor.numpy is not plain[0] and torch.Tensor.backward is not plain[1]
+        assert torch.autograd.grad is not plain[2]
+        assert (w * 2).detach().numpy().shape == (8, 8)  # (outside a step: only the method)
+    b.close()
+    assert (torch.Tensor.numpy, torch.Tensor.backward, torch.autograd.grad) == plain
+    other = remat.torch.budget(1 << 30, policy="dtr", native=True)
+    with other:
+        (w * 2).tanh().sum().backward()
+    del other
+    gc.collect()
+    assert (torch.Tensor.numpy, torch.Tensor.backward, torch.autograd.grad) == plain

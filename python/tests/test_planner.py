@@ -26,6 +26,15 @@ def test_a_trial_learns_then_times_each_plan_and_keeps_the_quickest():
     assert _run(p, p.FIT).plan == 1
 
 
+def test_a_plan_reads_back_every_timed_step_beyond_the_kept_buffer():
+    p = StepPlanner(PLANS, learning_steps=1, timed_steps=20)
+    seconds = [9.0] + [round(0.01 * (i + 1), 2) for i in range(20)]
+    for s in seconds:
+        _run(p, p.FIT, s)
+    assert p.plan(0)["times"] == seconds[1:]  # (more than the 16 a first read takes)
+    assert p.plan(0)["refusal"] is None
+
+
 def test_a_plan_that_did_not_fit_leaves_the_trial_with_its_message():
     p = StepPlanner(PLANS)
     _run(p, p.TOO_SMALL, message="mixed did not fit")

@@ -270,6 +270,28 @@ def _unpatch():
             _originals.clear()
 
 
+class _Patches:
+    """A budget's hold on the wrapped methods (_patch), from its first native
+    step until its close() or its end: a loop's steps do not wrap and unwrap
+    them each (setting a type's attributes costs microseconds, and empties
+    the interpreter's cache of its methods). Between steps the wrappers find
+    no step and only call the method."""
+
+    def __init__(self, budget):
+        _patch()
+        self._finalizer = weakref.finalize(budget, _unpatch)
+
+    def release(self):
+        self._finalizer()  # (once: a finalizer runs at most once)
+
+
+def release_patches(budget):
+    """Lets budget's hold on the wrapped methods go (its close())."""
+    patches = budget.__dict__.pop("_native_patches", None)
+    if patches is not None:
+        patches.release()
+
+
 def _inplace_error(is_output, is_leaf, output_nr, grad_fn, like, size, current, expected):
     """The in-place error for the C++ unpack hook (which found the versions
     differ): `like`, an empty tensor of the saved one's type."""
@@ -350,20 +372,12 @@ class NativeEngine:
         self.unpack = self.step.unpack
 
     def start_recording(self):
-        _patch()
-        try:
-            self.step.start()
-        except BaseException:
-            _unpatch()
-            raise
+        self.step.start()
         _steps[threading.get_ident()] = self.step
 
     def stop_recording(self):
         _steps.pop(threading.get_ident(), None)
-        try:
-            self.step.stop()
-        finally:
-            _unpatch()
+        self.step.stop()
 
     def close(self):
         if self.closed:
@@ -428,6 +442,8 @@ def enter(b, plan, policy, session):
     from remat.torch import _common
     engine = NativeEngine(b.budget_bytes, policy, b._recompute, b._allow_nondeterministic,
                           b._cost_model)
+    if "_native_patches" not in b.__dict__:
+        b._native_patches = _Patches(b)
     engine.open(session)
     b._engine = engine
     b._step_plan = plan

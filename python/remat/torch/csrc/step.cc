@@ -293,8 +293,13 @@ const OpInfo& SharedInfoOf(const at::RecordFunction& fn) {
 
 Step::Step(std::shared_ptr<Session> session, StepOptions options)
     : session_(std::move(session)), runtime_(session_->runtime()), options_(options) {
-  calls_.reserve(1024);
-  storages_.reserve(1024);
+  const Session::Sizes& last = session_->last_sizes;
+  calls_.reserve(std::max<size_t>(64, last.calls + last.calls / 8));
+  storages_.reserve(std::max<size_t>(64, last.storages + last.storages / 8));
+  by_impl_.reserve(std::max<size_t>(64, last.storages + last.storages / 8));
+  by_id_.reserve(last.registered + last.registered / 8);
+  groups_.reserve(last.registered + last.registered / 8);
+  registered_.reserve(last.registered + last.registered / 8);
   const char* verify = std::getenv("REMAT_NATIVE_VERIFY");
   verify_ = verify != nullptr && std::string(verify) == "1";
 }
@@ -405,6 +410,8 @@ void Step::Record(const OpInfo& info, const c10::OperatorHandle& op,
   // only for those: a call's name is longer than a string holds inline).
   auto name = [&op] { return OpName(op); };
   bool on_cuda = false;
+  call.refs.reserve(inputs.size());
+  call.slots.reserve(inputs.size());
   ForEachTensor(inputs, [&](const at::Tensor& t, int32_t arg, int32_t item) {
     if (!HasStorage(t)) return;  // (undefined, sparse, ...: kept in the arguments as is)
     on_cuda = on_cuda || t.is_cuda();
@@ -1007,7 +1014,7 @@ int Step::OnRecompute(int32_t group, const int* regenerate, size_t num_outputs) 
     Memo memo;
     std::unordered_map<int32_t, std::vector<at::Tensor>> runs;
     at::AutoDispatchBelowAutograd below;
-    const std::vector<int32_t> members = groups_[group];
+    const c10::SmallVector<int32_t, 2> members = groups_[group];
     for (size_t i = 0; i < num_outputs && i < members.size(); ++i) {
       if (!regenerate[i]) continue;
       int32_t index = members[i];
@@ -1190,6 +1197,7 @@ void Step::Close() {
     }
   }
   session_->EndStep();
+  session_->last_sizes = {calls_.size(), storages_.size(), registered_.size()};
   for (Storage& s : storages_) s.held = at::Tensor();
   for (Call& c : calls_) c.refs.clear();
   by_impl_.clear();

@@ -301,7 +301,7 @@ class Step {
   std::vector<Call> calls_;
   ska::flat_hash_map<const c10::StorageImpl*, int32_t> by_impl_;
   ska::flat_hash_map<uint64_t, int32_t> by_id_;
-  std::vector<std::vector<int32_t>> groups_;
+  std::vector<c10::SmallVector<int32_t, 2>> groups_;  // (most have one member: inline)
   std::vector<int32_t> registered_;
   std::vector<uint64_t> pins_;
   std::vector<int32_t> dead_;
@@ -339,6 +339,15 @@ class Session {
   void set_step(Step* step) { step_ = step; }
   remat_runtime_stats Stats() const;
   void EndStep();
+
+  // How big the last step's books grew: the next reserves as much at its
+  // start, so that a loop's steps grow no vector or table call by call.
+  struct Sizes {
+    size_t calls = 0;
+    size_t storages = 0;
+    size_t registered = 0;
+  };
+  Sizes last_sizes;
 
   static void OnEvent(void* user, const remat_event* e);
   static int OnRecompute(void* user, void* const* inputs, size_t num_inputs,
