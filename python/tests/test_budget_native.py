@@ -355,25 +355,36 @@ def test_the_recorder_is_back_after_a_backward_with_backwards_inside_its_nodes()
         assert run._engine.step.counts()["recorded_calls"] > before
 
 
-def test_the_wrapped_methods_stay_from_the_first_step_until_close_or_the_end():
-    # Wrapping Tensor's methods costs microseconds a step: a budget wraps
-    # them at its first native step and lets them go at close() (or once it
-    # is gone); between steps the wrappers only call the method.
-    import gc
+def test_methods_are_wrapped_inside_each_step_and_what_the_program_set_comes_back():
+    # The wrappers are made once and set at each step; a method the program
+    # replaced between steps is the one wrapped, and put back, from then on.
     plain = (torch.Tensor.numpy, torch.Tensor.backward, torch.autograd.grad)
     w = torch.randn(8, 8, requires_grad=True)
     b = remat.torch.budget(1 << 30, policy="dtr", native=True)
-    for _ in range(2):
+    seen = []
+
+    def step():
         with b:
+            seen.append((torch.Tensor.numpy, torch.Tensor.backward, torch.autograd.grad))
             (w * 2).tanh().sum().backward()
-        assert torch.Tensor.numpy is not plain[0] and torch.Tensor.backward is not plain[1]
-        assert torch.autograd.grad is not plain[2]
-        assert (w * 2).detach().numpy().shape == (8, 8)  # (outside a step: only the method)
-    b.close()
+            (w * 3).detach().numpy()
+
+    step()
+    step()
     assert (torch.Tensor.numpy, torch.Tensor.backward, torch.autograd.grad) == plain
-    other = remat.torch.budget(1 << 30, policy="dtr", native=True)
-    with other:
-        (w * 2).tanh().sum().backward()
-    del other
-    gc.collect()
-    assert (torch.Tensor.numpy, torch.Tensor.backward, torch.autograd.grad) == plain
+    assert seen[0] == seen[1] and not set(seen[0]) & set(plain)
+    calls = []
+
+    def own_numpy(self, *args, **kwargs):
+        calls.append(self.shape)
+        return plain[0](self, *args, **kwargs)
+
+    torch.Tensor.numpy = own_numpy
+    try:
+        step()
+        assert calls == [(8, 8)] and seen[2][0] is not own_numpy
+        assert torch.Tensor.numpy is own_numpy
+    finally:
+        del torch.Tensor.numpy
+    step()
+    assert torch.Tensor.numpy is plain[0] and calls == [(8, 8)]

@@ -103,9 +103,8 @@ class budget:
     native: where the calls are recorded and the tensors saved. None (the
         default): in C++ (remat.torch._native, a torch extension built
         against the installed torch on first use) wherever the options allow
-        it (drops only, the saved-bytes budget), several times less per
-        call (it wraps Tensor's numpy, data_ptr, __dlpack__ and backward
-        until close()); else, or where the extension cannot be built (a
+        it (drops only, the saved-bytes budget), several times
+        less per call; else, or where the extension cannot be built (a
         warning says why), or with REMAT_TORCH_NATIVE=0, the Python
         recorder. True: native, refusing other options; False: the Python
         recorder.
@@ -148,7 +147,11 @@ class budget:
         if not offload and not recompute:
             raise ValueError("with neither offload nor recompute allowed, nothing could leave "
                              "the budget: allow at least one")
-        kw = {k: v for k, v in (("tflops", tflops), ("hbm_gbps", hbm_gbps)) if v is not None}
+        kw = {}
+        if tflops is not None:
+            kw["tflops"] = tflops
+        if hbm_gbps is not None:
+            kw["hbm_gbps"] = hbm_gbps
         self._recompute = bool(recompute)
         self._copy_ahead = bool(copy_ahead)
         self._pause_gc = bool(pause_gc)
@@ -565,8 +568,8 @@ class budget:
 
     @_interrupts.critical
     def close(self):
-        """Lets the runtime (kept between steps to learn from them) and the
-        wrapped methods go (the object's end lets them go too)."""
+        """Lets the runtime go (it is kept between steps to learn from them;
+        the object's end lets it go too)."""
         token = _interrupts.install()
         try:
             self._claim_to_close()
@@ -575,7 +578,6 @@ class budget:
                 for session in sessions.values():
                     session.close()
                 self._start_over()
-                _native.release_patches(self)
             finally:
                 self._release()
         finally:

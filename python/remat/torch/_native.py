@@ -131,8 +131,6 @@ def module():
 _OUTSIDE = ("numpy", "__array__", "__dlpack__", "data_ptr")
 _patch_lock = threading.Lock()
 _patch_count = 0
-_originals = {}
-_backwards_before = []
 _steps = {}  # thread id -> the native step open there
 
 
@@ -234,23 +232,37 @@ _BACKWARDS = ((torch.Tensor, "backward", 3), (torch.autograd, "backward", 3),
               (torch.autograd, "grad", 4))
 
 
+# (owner, name, what to put back (None: delete it, inherited), what was
+# found, its wrapper), made at a step and kept while what they wrap stays:
+# each step sets them, and making them anew would cost as much again.
+_wrappers = []
+
+
+def _make_wrappers():
+    made = []
+    for owner, name, create_graph_at in _BACKWARDS:
+        found = getattr(owner, name)
+        made.append((owner, name, found, found, _backward(found, create_graph_at)))
+    for name in _OUTSIDE:
+        found = getattr(torch.Tensor, name)
+        made.append((torch.Tensor, name, torch.Tensor.__dict__.get(name), found,
+                     _exporting(name, found)))
+    prop = torch.Tensor.__cuda_array_interface__
+    made.append((torch.Tensor, "__cuda_array_interface__", prop, prop,
+                 property(_exporting("__cuda_array_interface__", prop.__get__))))
+    _wrappers[:] = made
+
+
 def _patch():
     global _patch_count
     with _patch_lock:
         if _patch_count == 0:
-            for owner, name, create_graph_at in _BACKWARDS:
-                original = getattr(owner, name)
-                _backwards_before.append((owner, name, original))
-                setattr(owner, name, _backward(original, create_graph_at))
-            for name in _OUTSIDE:
-                own = name in torch.Tensor.__dict__
-                original = getattr(torch.Tensor, name)
-                _originals[name] = (own, torch.Tensor.__dict__.get(name))
-                setattr(torch.Tensor, name, _exporting(name, original))
-            prop = torch.Tensor.__cuda_array_interface__
-            _originals["__cuda_array_interface__"] = (True, prop)
-            torch.Tensor.__cuda_array_interface__ = property(
-                _exporting("__cuda_array_interface__", prop.__get__))
+            if not _wrappers or any(getattr(owner, name) is not found
+                                    for owner, name, _, found, _ in _wrappers[:-1]) or \
+                    torch.Tensor.__dict__["__cuda_array_interface__"] is not _wrappers[-1][3]:
+                _make_wrappers()  # (first, or the program replaced one since)
+            for owner, name, _, _, wrapper in _wrappers:
+                setattr(owner, name, wrapper)
         _patch_count += 1
 
 
@@ -259,37 +271,11 @@ def _unpatch():
     with _patch_lock:
         _patch_count -= 1
         if _patch_count == 0:
-            while _backwards_before:
-                owner, name, original = _backwards_before.pop()
-                setattr(owner, name, original)
-            for name, (own, value) in _originals.items():
-                if own:
-                    setattr(torch.Tensor, name, value)
+            for owner, name, original, _, _ in reversed(_wrappers):
+                if original is not None:
+                    setattr(owner, name, original)
                 else:
-                    delattr(torch.Tensor, name)
-            _originals.clear()
-
-
-class _Patches:
-    """A budget's hold on the wrapped methods (_patch), from its first native
-    step until its close() or its end: a loop's steps do not wrap and unwrap
-    them each (setting a type's attributes costs microseconds, and empties
-    the interpreter's cache of its methods). Between steps the wrappers find
-    no step and only call the method."""
-
-    def __init__(self, budget):
-        _patch()
-        self._finalizer = weakref.finalize(budget, _unpatch)
-
-    def release(self):
-        self._finalizer()  # (once: a finalizer runs at most once)
-
-
-def release_patches(budget):
-    """Lets budget's hold on the wrapped methods go (its close())."""
-    patches = budget.__dict__.pop("_native_patches", None)
-    if patches is not None:
-        patches.release()
+                    delattr(owner, name)
 
 
 def _inplace_error(is_output, is_leaf, output_nr, grad_fn, like, size, current, expected):
@@ -372,12 +358,20 @@ class NativeEngine:
         self.unpack = self.step.unpack
 
     def start_recording(self):
-        self.step.start()
+        _patch()
+        try:
+            self.step.start()
+        except BaseException:
+            _unpatch()
+            raise
         _steps[threading.get_ident()] = self.step
 
     def stop_recording(self):
         _steps.pop(threading.get_ident(), None)
-        self.step.stop()
+        try:
+            self.step.stop()
+        finally:
+            _unpatch()
 
     def close(self):
         if self.closed:
@@ -442,8 +436,6 @@ def enter(b, plan, policy, session):
     from remat.torch import _common
     engine = NativeEngine(b.budget_bytes, policy, b._recompute, b._allow_nondeterministic,
                           b._cost_model)
-    if "_native_patches" not in b.__dict__:
-        b._native_patches = _Patches(b)
     engine.open(session)
     b._engine = engine
     b._step_plan = plan
