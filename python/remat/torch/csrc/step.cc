@@ -743,8 +743,7 @@ void Step::Register(int32_t index, const at::Tensor& t) {
     status = remat_call_add_output(runtime_, storages_[sibling].id, s.nbytes,
                                    s.allow_drop ? 1 : 0, 0, 0, &id, nullptr);
   } else {
-    std::vector<uint64_t> ids;
-    ids.reserve(f.inputs.size());
+    c10::SmallVector<uint64_t, 8> ids;
     for (int32_t i : f.inputs) ids.push_back(storages_[i].id);
     remat_call_options opts{};
     opts.inputs = ids.empty() ? nullptr : ids.data();
@@ -935,8 +934,9 @@ void Step::Free(int32_t index) {
 
 void Step::ReleasePins() {
   pin_node_ = nullptr;
-  std::vector<uint64_t> pins;
-  pins.swap(pins_);
+  // (Copied out, not swapped: pins_ keeps its room for the next node.)
+  c10::SmallVector<uint64_t, 8> pins(pins_.begin(), pins_.end());
+  pins_.clear();
   for (uint64_t id : pins) remat_tensor_release(runtime_, id);
   for (uint64_t id : pins) {
     auto it = by_id_.find(id);

@@ -269,11 +269,11 @@ class Step {
   int32_t StorageOf(c10::StorageImpl* impl) const;
   int32_t NewStorage(const c10::Storage& st, bool leaf);
   void Register(int32_t s, const at::Tensor& t);
-  struct Frontier {
-    std::vector<int32_t> inputs;
+  struct Frontier {  // (inline vectors: made for each saved tensor)
+    c10::SmallVector<int32_t, 8> inputs;
     int64_t cost = 0;
     std::string why_not;
-    std::vector<int32_t> read;  // the leaves it reads
+    c10::SmallVector<int32_t, 4> read;  // the leaves it reads
   };
   Frontier FrontierOf(int32_t s, int64_t version);
   bool BringsBack(const Storage& s, int64_t version) const;
