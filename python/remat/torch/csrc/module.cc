@@ -331,8 +331,9 @@ at::Tensor CheckSaved(HandleData* d) {
 }
 
 // Hands the saved tensor t to the step, or keeps it as autograd would.
-void Resolve(HandleData* d, const at::Tensor& t) {
-  int32_t storage = d->step->Pack(t, d->grad_leaf);
+// own: t is d->kept, a shallow copy the step may hold as it is.
+void Resolve(HandleData* d, const at::Tensor& t, bool own = false) {
+  int32_t storage = d->step->Pack(t, d->grad_leaf, own);
   if (storage < 0) {
     if (!d->kept.defined()) d->kept = t.tensor_data();
     return;
@@ -357,7 +358,7 @@ void ResolvePending(Frame* frame, bool hand_over) {
     if (d == nullptr) continue;
     try {
       at::Tensor t = d->kept;
-      Resolve(d, t);
+      Resolve(d, t, /*own=*/true);
     } catch (...) {
       if (!error) error = std::current_exception();  // (the rest are still handed over)
     }

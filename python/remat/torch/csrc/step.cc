@@ -725,14 +725,14 @@ std::string Count(size_t n) { return std::to_string(n) + (n == 1 ? " tensor" : "
                        " beside " + beside + ".\n" + fix + ".");
 }
 
-void Step::Register(int32_t index, const at::Tensor& t) {
+void Step::Register(int32_t index, const at::Tensor& t, bool own) {
   Frontier f = FrontierOf(index, storages_[index].version);
   Storage& s = storages_[index];
   s.droppable = f.why_not.empty();
   s.why_kept = f.why_not;
   if (!s.droppable) counts.kept_not_replayable += 1;
   s.allow_drop = options_.recompute && s.droppable;
-  s.held = t.tensor_data();  // (not t's own TensorImpl: see module.cc's PackHook)
+  s.held = own ? t : t.tensor_data();  // (not t's own TensorImpl: see module.cc's PackHook)
   s.held_version = s.version;
   s.reg_version = s.version;
   int32_t sibling = Sibling(index);
@@ -787,7 +787,7 @@ void Step::Register(int32_t index, const at::Tensor& t) {
   remat_tensor_release(runtime_, id);
 }
 
-int32_t Step::Pack(const at::Tensor& t, bool grad_leaf) {
+int32_t Step::Pack(const at::Tensor& t, bool grad_leaf, bool own) {
   if (closed_ || internal) return -1;
   RaiseDeferred();
   if (!HasStorage(t)) {
@@ -818,7 +818,7 @@ int32_t Step::Pack(const at::Tensor& t, bool grad_leaf) {
     }
   }
   if (!storages_[index].registered) {
-    Register(index, t);
+    Register(index, t, own);
   } else {
     Storage& s = storages_[index];
     if (s.reg_version != s.version && !s.pinned_forever) {

@@ -198,7 +198,9 @@ class Step {
   // Saved-tensor hooks. Pack: -1 where autograd keeps the tensor itself,
   // else the storage index a handle names (with its view). grad_leaf: t is
   // a leaf that requires grad (a parameter, wherever it was made).
-  int32_t Pack(const at::Tensor& t, bool grad_leaf);
+  // own: t is a shallow copy of the caller's own (tensor_data), which the
+  // step may hold as it is rather than copy again.
+  int32_t Pack(const at::Tensor& t, bool grad_leaf, bool own = false);
   at::Tensor Unpack(int32_t storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                     int64_t offset, at::ScalarType dtype);
   void HandleDied(int32_t storage);
@@ -268,7 +270,7 @@ class Step {
  private:
   int32_t StorageOf(c10::StorageImpl* impl) const;
   int32_t NewStorage(const c10::Storage& st, bool leaf);
-  void Register(int32_t s, const at::Tensor& t);
+  void Register(int32_t s, const at::Tensor& t, bool own);
   struct Frontier {  // (inline vectors: made for each saved tensor)
     c10::SmallVector<int32_t, 8> inputs;
     int64_t cost = 0;
