@@ -388,3 +388,10 @@ def test_methods_are_wrapped_inside_each_step_and_what_the_program_set_comes_bac
         del torch.Tensor.numpy
     step()
     assert torch.Tensor.numpy is plain[0] and calls == [(8, 8)]
+    # One the program sets inside a step stays after it.
+    with b:
+        torch.Tensor.numpy = own_numpy
+    try:
+        assert torch.Tensor.numpy is own_numpy and torch.Tensor.backward is plain[1]
+    finally:
+        del torch.Tensor.numpy

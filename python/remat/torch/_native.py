@@ -271,7 +271,9 @@ def _unpatch():
     with _patch_lock:
         _patch_count -= 1
         if _patch_count == 0:
-            for owner, name, original, _, _ in reversed(_wrappers):
+            for owner, name, original, _, wrapper in reversed(_wrappers):
+                if vars(owner).get(name) is not wrapper:
+                    continue  # (the program set its own inside the step: it stays)
                 if original is not None:
                     setattr(owner, name, original)
                 else:

@@ -445,7 +445,11 @@ at::Tensor UnpackHandle(HandleData* h) {
   HooksLock lock(*h->step);
   at::Tensor moved = CheckSaved(h);
   if (moved.defined()) return moved;
-  if (h->kept.defined()) return h->kept;
+  if (h->kept.defined()) {
+    // Still in its call, the handle's copy becomes the step's once the call
+    // ends (Resolve): the caller gets a copy of its own to change.
+    return h->pending_in != nullptr ? h->kept.tensor_data() : h->kept;
+  }
   return h->step->Unpack(h->storage, h->sizes, h->strides, h->offset, h->dtype);
 }
 
