@@ -450,3 +450,33 @@ def test_a_step_whose_end_fails_leaves_the_planner_ready_for_the_next():
     b._time = clock
     assert_same_grads(_grads_of(_tiny), _grads_of(_tiny, b))
     b.close()
+
+
+def test_a_sigint_handler_set_outside_python_is_left_alone(monkeypatch):
+    # Where SIGINT's handler was set from C (an embedding program), Python
+    # reports None, and no handler can be set back to None: the budget runs
+    # without remat's handler and never touches SIGINT's.
+    from remat.torch import _interrupts
+    calls = []
+
+    class FromC:
+        SIGINT = signal.SIGINT
+
+        @staticmethod
+        def getsignal(signum):
+            return None
+
+        @staticmethod
+        def signal(signum, handler):
+            calls.append(handler)
+            if handler is None:
+                raise TypeError("signal handler must be signal.SIG_IGN, signal.SIG_DFL, or a "
+                                "callable object")
+            return None
+
+    monkeypatch.setattr(_interrupts, "_signal", FromC)
+    plain = _grads_of(_tiny)
+    b = remat.torch.budget(1 << 30, policy="dtr")
+    assert_same_grads(plain, _grads_of(_tiny, b))
+    b.close()
+    assert calls == []

@@ -71,14 +71,15 @@ def install():
         return False
     if _State.depth == 0:
         _State.pending = None
+        current = _signal.getsignal(_signal.SIGINT)
+        if current is _handler or not callable(current):
+            # Ignored, the default action, or a handler set outside Python
+            # (None, which no handler can be set back to): nothing to stand
+            # in front of, and SIGINT's handler is left alone.
+            return False
         try:
             previous = _signal.signal(_signal.SIGINT, _handler)
         except ValueError:  # not the main interpreter
-            return False
-        if previous is _handler or not callable(previous):
-            # Ignored, the default action, or a handler outside Python:
-            # nothing to stand in front of.
-            _signal.signal(_signal.SIGINT, previous)
             return False
         _State.previous = previous
         _State.installed = True
