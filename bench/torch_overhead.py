@@ -22,7 +22,12 @@ budget's extra microseconds per forward call, over plain and over the
 pass-through floor.
 
     PYTHONPATH=python REMAT_LIBRARY=build/lib/libremat.so \\
-        .venv/bin/python bench/torch_overhead.py [--steps 100] [--ops 300]
+        .venv/bin/python bench/torch_overhead.py [--steps 100] [--ops 300] \\
+        [--ways plain,native]
+
+--ways runs only those of plain, mode, python, python-gc and native (plain
+always: the reference): two ways taking turns share the machine's state
+more evenly than five.
 
 --models gpt,mlp,lstm,resnet runs the package's models instead (at tiny
 sizes, where the per-call cost shows most: a GPT of 4 layers of width 16),
@@ -42,6 +47,11 @@ from remat.torch.testing import models
 class PassThrough(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
+
+
+# The chain's ways (--ways), as the output names them.
+WAYS = {"plain": "plain", "mode": "pass-through mode", "python": "budget",
+        "python-gc": "budget, gc running", "native": "native budget"}
 
 
 # The package's models at sizes where the per-call cost shows most.
@@ -110,6 +120,8 @@ def main():
     parser.add_argument("--steps", type=int, default=100, help="timed steps per way")
     parser.add_argument("--ops", type=int, default=300, help="forward ATen calls per step")
     parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--ways", default=",".join(WAYS),
+                        help=f"the chain's ways to run, of {','.join(WAYS)} (plain always)")
     parser.add_argument("--models", default=None,
                         help=f"comma-separated, of {','.join(TINY)}: those models instead")
     parser.add_argument("--ratio", type=float, default=None,
@@ -129,6 +141,10 @@ def main():
             parser.error(f"--ratio must be in (0, 1], not {args.ratio}")
         return run_models(names, args.steps, TINY if args.sizes == "tiny" else DEFAULT,
                           args.ratio)
+    asked = [w for w in args.ways.split(",") if w]
+    unknown = [w for w in asked if w not in WAYS]
+    if unknown or not asked:
+        parser.error(f"--ways: unknown {unknown or args.ways!r}; known: {','.join(WAYS)}")
     torch.manual_seed(0)
     w = torch.randn(args.width, args.width, requires_grad=True)
     x0 = torch.randn(16, args.width)
@@ -164,8 +180,9 @@ def main():
         with native:
             step()
 
-    ways = {"plain": step, "pass-through mode": mode_step, "budget": budget_step,
-            "budget, gc running": budget_gc_step, "native budget": native_step}
+    every = {"plain": step, "mode": mode_step, "python": budget_step,
+             "python-gc": budget_gc_step, "native": native_step}
+    ways = {WAYS[key]: f for key, f in every.items() if key == "plain" or key in asked}
     times = {name: [] for name in ways}
     for f in ways.values():  # warm up: first dispatches import and cache
         for _ in range(3):
@@ -186,13 +203,19 @@ def main():
     for name in ways:
         print(f"  {name:20s} {median[name] / median['plain']:.2f}x plain (medians)")
     for name in ("budget", "budget, gc running", "native budget"):
+        if name not in ways:
+            continue
         for what, t in (("median", median), ("mean", mean)):
             extra = (t[name] - t["plain"]) / calls * 1e6
-            over_floor = (t[name] - t["pass-through mode"]) / calls * 1e6
-            print(f"  {name}, {what}: {extra:.1f} us per forward call over plain, "
-                  f"{over_floor:.1f} us over the pass-through mode")
-    print(f"  saved tensors per step: {budget.stats['debug']['saved_tensors']}, "
-          f"drops: {budget.stats['drops']}")
+            floor = ""
+            if "pass-through mode" in ways:
+                floor = f", {(t[name] - t['pass-through mode']) / calls * 1e6:.1f} us over " \
+                    "the pass-through mode"
+            print(f"  {name}, {what}: {extra:.1f} us per forward call over plain{floor}")
+    ran = budget if "budget" in ways else native
+    if ran.stats is not None:
+        print(f"  saved tensors per step: {ran.stats['debug']['saved_tensors']}, "
+              f"drops: {ran.stats['drops']}")
 
 
 if __name__ == "__main__":

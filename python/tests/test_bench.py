@@ -118,6 +118,12 @@ def test_the_overhead_benchmark_runs_its_chain_and_its_models():
         assert "saved tensors" in line and "drops 0" in line, line
     status, text = _overhead("--models", "mlp,nope")
     assert status != 0 and "unknown ['nope']" in text
+    status, text = _overhead("--steps", "2", "--ops", "9", "--ways", "native")
+    assert status == 0, text
+    assert "native budget, median:" in text and "  plain " in text
+    assert "pass-through" not in text and "budget, gc running" not in text
+    status, text = _overhead("--ways", "plain,nope")
+    assert status != 0 and "--ways: unknown ['nope']" in text
 
 
 def test_the_zoo_sweep_prints_a_row_per_model_and_mode():
