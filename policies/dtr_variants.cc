@@ -2,7 +2,14 @@
 //
 //   dtr-eq     (cost + summed cost of the distinct classes of dropped tensors
 //              adjacent to it) / (bytes x staleness^e): DTR's union-find
-//              estimate of the evicted neighbourhood
+//              estimate of the evicted neighbourhood. With future=true, where
+//              the runtime knows a tensor's next use (a trace's, or one
+//              learned from the steps before), staleness is the lesser of the
+//              time since its last use and the time until its next: a tensor
+//              counts as idle only while it is idle both ways, so what the
+//              backward is about to read stays, however long ago the forward
+//              made it. A tensor never used again goes first. A tensor with
+//              no hint is scored as without the option.
 //   dtr-local  cost / (bytes x staleness^e): no neighbourhood at all
 //   msps       (cost + cost of its dropped ancestors) / bytes: memory saved
 //              per second of recompute, as Capuchin ranks, no staleness
@@ -13,7 +20,9 @@
 //
 // Costs are those of the cheaper way out (recompute or the copy round trip),
 // as in dtr.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_format.h"
 #include "policies/factories.h"
@@ -24,19 +33,30 @@ namespace {
 
 class DtrEq final : public ScoredPolicy {
  public:
-  explicit DtrEq(double staleness_exp) : staleness_exp_(staleness_exp) {}
+  DtrEq(double staleness_exp, bool future) : staleness_exp_(staleness_exp), future_(future) {}
   std::string OwnSpec() const override {
-    return absl::StrFormat("dtr-eq:staleness_exp=%g", staleness_exp_);
+    return absl::StrFormat("dtr-eq:staleness_exp=%g%s", staleness_exp_,
+                           future_ ? ",future=true" : "");
   }
-  Needs needs() const override { return {.neighbourhood = false, .classes = true}; }
+  Needs needs() const override {
+    return {.neighbourhood = false, .classes = true, .next_use = future_};
+  }
 
  private:
   double Score(const Candidate& c, const PressureContext& ctx) const override {
+    if (future_ && c.next_use_ns == kNeverUsedAgain) {
+      return -std::numeric_limits<double>::infinity();
+    }
     const double cost = EvictionCost(c, static_cast<double>(c.compute_ns + c.classes_ns));
     const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));
-    return cost / (bytes * Power(Staleness(c, ctx), staleness_exp_));
+    double idle = Staleness(c, ctx);
+    if (future_ && c.next_use_ns >= 0 && c.next_use_ns != kNeverUsedAgain) {
+      idle = std::min(idle, static_cast<double>(std::max<std::int64_t>(c.next_use_ns, 1)));
+    }
+    return cost / (bytes * Power(idle, staleness_exp_));
   }
   double staleness_exp_;
+  bool future_;
 };
 
 class DtrLocal final : public ScoredPolicy {
@@ -92,7 +112,9 @@ class MegEngine final : public ScoredPolicy {
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeDtrEq(PolicyParams& params) {
   double e = 1.0;
   if (absl::Status s = params.Double("staleness_exp", &e, 0.0, 16.0); !s.ok()) return s;
-  return std::make_unique<DtrEq>(e);
+  bool future = false;
+  if (absl::Status s = params.Bool("future", &future); !s.ok()) return s;
+  return std::make_unique<DtrEq>(e, future);
 }
 
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakeDtrLocal(PolicyParams& params) {

@@ -279,6 +279,41 @@ TEST(PolicyTest, DtrEqCountsEachAdjacentClassOnce) {
   EXPECT_THAT(Ids(PlanFor("dtr", {a, b}, 100)), ElementsAre(1));  // a tie: the lower id
 }
 
+TEST(PolicyTest, DtrEqWithTheFutureCallsIdleOnlyWhatIsIdleBothWays) {
+  // Both last used long ago. `soon` is the staler, so dtr-eq takes it; it is
+  // read again in 10 us, so with the future it stays and `late` goes.
+  Candidate soon = Make(1, 100, 0), late = Make(2, 100, 500'000);
+  soon.next_use_ns = 10'000;
+  late.next_use_ns = 800'000;
+  soon.neighbourhood_ns = late.neighbourhood_ns = 0;
+  EXPECT_THAT(Ids(PlanFor("dtr-eq", {soon, late}, 100)), ElementsAre(1));
+  EXPECT_THAT(Ids(PlanFor("dtr-eq:future=true", {soon, late}, 100)), ElementsAre(2));
+  // Used just now and next far ahead: idle by neither reading, so it stays
+  // as under dtr-eq (the lesser of the two, not the next use alone).
+  Candidate fresh = Make(3, 100, 999'999);
+  fresh.next_use_ns = 900'000'000;
+  fresh.neighbourhood_ns = 0;
+  EXPECT_THAT(Ids(PlanFor("dtr-eq:future=true", {fresh, late}, 100)), ElementsAre(2));
+  // Never used again: first, however dear its recompute.
+  Candidate never = Make(4, 100, 999'000, 1'000'000'000);
+  never.next_use_ns = kNeverUsedAgain;
+  never.can_offload = false;
+  EXPECT_THAT(Ids(PlanFor("dtr-eq:future=true", {soon, late, never}, 100)), ElementsAre(4));
+  EXPECT_THAT(Ids(PlanFor("dtr-eq", {soon, late, never}, 100)), ElementsAre(1));
+  // No hint: scored as without the option.
+  soon.next_use_ns = late.next_use_ns = -1;
+  EXPECT_THAT(Ids(PlanFor("dtr-eq:future=true", {soon, late}, 100)), ElementsAre(1));
+  // The option is asked for, and is part of the spec.
+  auto future = Create("dtr-eq:future=true");
+  ASSERT_TRUE(future.ok()) << future.status();
+  EXPECT_TRUE((*future)->needs().next_use);
+  EXPECT_THAT((*future)->Spec(), HasSubstr("future=true"));
+  auto plain = Create("dtr-eq");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE((*plain)->needs().next_use);
+  EXPECT_FALSE(Create("dtr-eq:future=maybe").ok());
+}
+
 TEST(PolicyTest, DtrLocalIgnoresTheNeighbourhood) {
   Candidate a = Make(1, 100, 0, 1000), b = Make(2, 100, 0, 2000);
   a.neighbourhood_ns = a.ancestors_ns = 1'000'000;
