@@ -7,8 +7,9 @@
 // runs the same step thousands of times, so the first steps can try them all.
 // `auto`'s trials (Trials) are `dtr` (listed first, so it is kept on a tie),
 // then everything `hybrid` tries: its own ranking, its choice of drop or
-// offload over each other policy's ranking, and each policy's own run with
-// drops only and with offload allowed. A driver that can replay the step (the
+// offload over each other policy's ranking, each policy's own run with
+// drops only and with offload allowed, and `dtr-eq:future=true` (next uses,
+// where the driver knows them: the simulator does). A driver that can replay the step (the
 // simulator, a step planner) runs each and keeps the quickest. A runtime
 // that sees the step once (a C or C++ program, LD_PRELOAD) chooses as `dtr`.
 #include <memory>
@@ -42,6 +43,10 @@ class Auto final : public EvictionPolicy {
       if (t.drops == dtr) t.drops.clear();
       trials.push_back(std::move(t));
     }
+    // and dtr-eq reading next uses, where the driver knows them (a ranking
+    // with a parameter, which hybrid's rank= does not name).
+    const std::string future = "dtr-eq:future=true," + sample;
+    trials.push_back({future, future});
     return trials;
   }
 

@@ -8,8 +8,10 @@
 //              time since its last use and the time until its next: a tensor
 //              counts as idle only while it is idle both ways, so what the
 //              backward is about to read stays, however long ago the forward
-//              made it. A tensor never used again goes first. A tensor with
-//              no hint is scored as without the option.
+//              made it. A tensor never used again goes first, unless the
+//              closure of a dropped tensor reads it (then its eviction is no
+//              free drop: scored by staleness). A tensor with no hint is
+//              scored as without the option.
 //   dtr-local  cost / (bytes x staleness^e): no neighbourhood at all
 //   msps       (cost + cost of its dropped ancestors) / bytes: memory saved
 //              per second of recompute, as Capuchin ranks, no staleness
@@ -44,7 +46,7 @@ class DtrEq final : public ScoredPolicy {
 
  private:
   double Score(const Candidate& c, const PressureContext& ctx) const override {
-    if (future_ && c.next_use_ns == kNeverUsedAgain) {
+    if (future_ && c.next_use_ns == kNeverUsedAgain && c.consumers_ns == 0) {
       return -std::numeric_limits<double>::infinity();
     }
     const double cost = EvictionCost(c, static_cast<double>(c.compute_ns + c.classes_ns));

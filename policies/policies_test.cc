@@ -300,6 +300,10 @@ TEST(PolicyTest, DtrEqWithTheFutureCallsIdleOnlyWhatIsIdleBothWays) {
   never.can_offload = false;
   EXPECT_THAT(Ids(PlanFor("dtr-eq:future=true", {soon, late, never}, 100)), ElementsAre(4));
   EXPECT_THAT(Ids(PlanFor("dtr-eq", {soon, late, never}, 100)), ElementsAre(1));
+  // Unless a dropped tensor's closure reads it: then it is not free to drop,
+  // and it is scored by its cost and staleness.
+  never.consumers_ns = 1'000;
+  EXPECT_THAT(Ids(PlanFor("dtr-eq:future=true", {soon, late, never}, 100)), ElementsAre(2));
   // No hint: scored as without the option.
   soon.next_use_ns = late.next_use_ns = -1;
   EXPECT_THAT(Ids(PlanFor("dtr-eq:future=true", {soon, late}, 100)), ElementsAre(1));
@@ -613,7 +617,10 @@ TEST(PolicyTest, AutoChoosesAsDtrOnceAndAsksForATrialOfEveryPolicy) {
   EXPECT_EQ(trials[0].mixed, "dtr:sample=sqrt");
   EXPECT_EQ(trials[0].drops, "dtr:sample=sqrt");
   const std::vector<Trial> hybrid = (*Create("hybrid:sample=sqrt"))->Trials();
-  EXPECT_EQ(trials.size(), hybrid.size());  // hybrid's "dtr alone" run became the first
+  // hybrid's "dtr alone" run became the first; dtr-eq with next uses is the last.
+  ASSERT_EQ(trials.size(), hybrid.size() + 1);
+  EXPECT_EQ(trials.back().mixed, "dtr-eq:future=true,sample=sqrt");
+  EXPECT_EQ(trials.back().drops, "dtr-eq:future=true,sample=sqrt");
   std::set<std::string> mixed, drops;
   for (const Trial& t : trials) {
     EXPECT_TRUE(mixed.insert(t.mixed).second) << t.mixed;
