@@ -620,6 +620,7 @@ absl::Status Runtime::HintNextUse(TensorId id, std::int64_t at_ns) {
   Storage* s = LiveOrNull(id);
   if (s == nullptr) return NotLive(id);
   s->next_use_at = at_ns;
+  s->next_use_recomputed_ns = stats_.recompute_ns;
   s->next_use_learned = false;
   PlanPrefetch(s);
   MaybePrefetchDue(kDefaultStream);

@@ -153,6 +153,43 @@ TEST_F(RuntimeTest, CandidatesCarryClassesFreeNeighboursHintsAndHistory) {
   EXPECT_EQ(ca->recomputes, 0u);
 }
 
+TEST_F(RuntimeTest, AHintedUseIsPushedBackByTheRecomputesRunSinceTheHint) {
+  // a's use is hinted 5 ms ahead of the program's time. A 2 ms recompute
+  // runs before the program gets there: the use comes 2 ms later than the
+  // clock alone says (without this, under a tight budget hinted uses lie in
+  // the past, read as due now).
+  auto policy = std::make_shared<ScriptedPolicy>(std::vector<std::vector<std::size_t>>{});
+  struct Hinted : ScriptedPolicy {
+    using ScriptedPolicy::ScriptedPolicy;
+    policies::Needs needs() const override { return {.next_use = true}; }
+  };
+  auto hinted = std::make_shared<Hinted>(policy->script());
+  Make(16 * kMiB, {.custom_policy = hinted});
+  TensorId x = Produce(kMiB, {}, false, false);
+  TensorId a = Produce(2 * kMiB, {x}, true, false, 10'000);
+  TensorId d = Produce(3 * kMiB, {x}, true, false, 2'000'000);
+  Check(d);
+  const std::int64_t hint = runtime_->NowNs() + 5'000'000;
+  ASSERT_TRUE(runtime_->HintNextUse(a, hint).ok());
+  ASSERT_TRUE(*runtime_->Evict(d, policies::EvictAction::kDrop));
+  Check(d);  // regenerated: 2 ms of recompute
+  EXPECT_EQ(runtime_->stats().recompute_ns, 2'000'000);
+  const std::int64_t now = runtime_->NowNs();
+  ASSERT_LT(now, hint);
+  ASSERT_TRUE(runtime_->EvictBytes(kMiB).ok());  // a pressure event: what the policy is shown
+  ASSERT_EQ(hinted->shown.size(), 1u);
+  const policies::Candidate* ca = BySize(hinted->shown[0], 2 * kMiB);
+  ASSERT_NE(ca, nullptr);
+  EXPECT_EQ(ca->next_use_ns, hint + 2'000'000 - now);
+  // A hint given after the recompute is not pushed back by it.
+  ASSERT_TRUE(runtime_->HintNextUse(a, now + 1'000'000).ok());
+  ASSERT_TRUE(runtime_->EvictBytes(kMiB).ok());
+  ASSERT_EQ(hinted->shown.size(), 2u);
+  ca = BySize(hinted->shown[1], 2 * kMiB);
+  ASSERT_NE(ca, nullptr);
+  EXPECT_EQ(ca->next_use_ns, 1'000'000);
+}
+
 TEST_F(RuntimeTest, PoliciesSeeTheRestoresOwedForWhatIsOffloaded) {
   // Offloads every candidate it may; records what the link owes at each event.
   struct Offloading : policies::EvictionPolicy {

@@ -73,9 +73,14 @@ policies::Candidate Runtime::MakeCandidate(const Storage* s, const policies::Nee
     c.adjacent_free_bytes = free.ok() ? *free : 0;
   }
   if (s->next_use_at >= 0) {
+    // The hint was the program's own time to the use; recomputes run since
+    // push the use back by theirs. Without this, under a tight budget a
+    // tensor's hinted use soon lies in the past, and every policy reading
+    // next uses takes it as due now (belady keeps it whatever it costs).
+    const std::int64_t delay = stats_.recompute_ns - s->next_use_recomputed_ns;
     c.next_use_ns = s->next_use_at == kNeverUsedAgain
                         ? kNeverUsedAgain
-                        : std::max<std::int64_t>(s->next_use_at - now, 0);
+                        : std::max<std::int64_t>(AddTimes(s->next_use_at, delay) - now, 0);
   }
   return c;
 }

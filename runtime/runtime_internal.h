@@ -70,6 +70,9 @@ struct StorageFields {
   void* ahead = nullptr;
   std::int64_t first_access_ns = 0;
   std::int64_t next_use_at = -1;          // HintNextUse's device time; -1 unknown
+  // RuntimeStats::recompute_ns when next_use_at was set: the recomputes run
+  // since then delay the use by as much (Runtime::MakeCandidate).
+  std::int64_t next_use_recomputed_ns = 0;
   std::uint64_t recomputes = 0;
   static constexpr std::uint32_t kNoClass = DropClasses::kNone;
   std::uint32_t class_node = kNoClass;    // while dropped: its node in the DropClasses

@@ -48,6 +48,7 @@ void Runtime::LearnUse(Storage* s, bool created) {
   } else {
     s->next_use_at = kNeverUsedAgain;
   }
+  s->next_use_recomputed_ns = stats_.recompute_ns;
   s->next_use_learned = true;
   ++stats_.learned_next_uses;
 }

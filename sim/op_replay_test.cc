@@ -360,16 +360,16 @@ TEST(OpReplayTest, ARunThatDidNotFinishRunsAgainMeetingRequestsInOnePlace) {
 }
 
 // A run that did not finish in one place either runs again with the split
-// limit halved, up to twice: belady on the transformer at 0.4 leaves a
-// regenerated 2 MiB tensor in a 32 MiB tensor's old block, and the next
-// 32 MiB request no room, unless blocks above 16 MiB stay whole. A limit the
+// limit halved, up to twice: belady on the transformer at 0.35 leaves a
+// regenerated tensor in a 32 MiB tensor's old block, and the next 32 MiB
+// request no room, unless blocks above 16 MiB stay whole. A limit the
 // user chose, or --retry-anywhere, runs as asked.
 TEST(OpReplayTest, ARunThatDidNotFinishInOnePlaceRunsAgainWithTheSplitLimitHalved) {
   const OpTrace trace = Load("transformer_small.jsonl");
   const OpReplayReport unlimited = Replay(trace, {});
   OpReplayOptions o;
   o.policy = "belady";
-  MemoryBudget::FromRatio(0.4, unlimited, Accounting::kReserved).ApplyTo(o);
+  MemoryBudget::FromRatio(0.35, unlimited, Accounting::kReserved).ApplyTo(o);
   o.offload_guard = false;
   const OpReplayReport halved = Replay(trace, o);
   EXPECT_EQ(halved.status, "ok");

@@ -263,10 +263,10 @@ TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
   const Outcome one_place = Remat(transformer + " --retry-in-one-place");
   EXPECT_THAT(one_place.out, Not(HasSubstr("\"covering_runs\":0,")));
   EXPECT_EQ(Remat(transformer + " --retry-in-one-place --retry-anywhere").status, 2);
-  // belady at 0.4 finishes only with the split limit halved twice, and says so; a
+  // belady at 0.35 finishes only with the split limit halved twice, and says so; a
   // limit asked for stays.
   const std::string belady =
-      "sim " + Trace("transformer_small.jsonl") + " --budget-ratio 0.4 --policy belady";
+      "sim " + Trace("transformer_small.jsonl") + " --budget-ratio 0.35 --policy belady";
   const Outcome halved = Remat(belady + " --json");
   ASSERT_EQ(halved.status, 0) << halved.out;
   EXPECT_THAT(halved.out, HasSubstr("\"max_split_bytes\":16777216,"));
