@@ -57,7 +57,9 @@ struct Candidate {
   // Free bytes right before and after its block (Needs::adjacent_free).
   std::size_t adjacent_free_bytes = 0;
   // Time until its next use, when the program told the runtime (a trace
-  // replay knows it); kNeverUsedAgain if it will not be; -1 when unknown.
+  // replay knows it) or the runtime learned it from the step before; the
+  // recomputes run since the hint are added (they delay the program);
+  // kNeverUsedAgain if it will not be; -1 when unknown.
   std::int64_t next_use_ns = -1;
   std::int64_t first_access_ns = 0;  // the runtime's clock at its creation
   // Its copy out was started before this pressure (RuntimeOptions::copy_ahead):

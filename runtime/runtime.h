@@ -399,8 +399,12 @@ class Runtime {
   // The owner drops its reference. Pinned tensors are freed when unpinned.
   absl::Status Free(TensorId id);
   // Tells policies when the tensor will next be used (NowNs's clock;
-  // kNeverUsedAgain if it will not be): a trace replay knows, and belady and
-  // hybrid use it. Without a hint a tensor's next use is unknown.
+  // kNeverUsedAgain if it will not be): a trace replay knows, and belady,
+  // hybrid and dtr-eq:future=true use it. Without a hint a tensor's next use
+  // is unknown. `at_ns` is read as NowNs plus the program's own time to the
+  // use: recomputes the runtime runs after the hint push the use back by
+  // their cost (Candidate::next_use_ns), so a use a tight budget delays is
+  // not taken as due now.
   //
   // With a policy that prefetches (a prefetch window: hybrid), the runtime
   // plans from these hints itself: an offloaded tensor whose next use comes
