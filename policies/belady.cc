@@ -33,6 +33,9 @@ class Belady final : public ScoredPolicy {
     }
     return -static_cast<double>(c.next_use_ns);
   }
+  EvictAction Action(const Candidate& c, const PressureContext&) const override {
+    return FreeToDrop(c) ? EvictAction::kDrop : CheaperAction(c);
+  }
 };
 
 }  // namespace

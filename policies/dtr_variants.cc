@@ -37,8 +37,8 @@ class DtrEq final : public ScoredPolicy {
  public:
   DtrEq(double staleness_exp, bool future) : staleness_exp_(staleness_exp), future_(future) {}
   std::string OwnSpec() const override {
-    return absl::StrFormat("dtr-eq:staleness_exp=%g%s", staleness_exp_,
-                           future_ ? ",future=true" : "");
+    return absl::StrFormat("dtr-eq:%sstaleness_exp=%g", future_ ? "future=true," : "",
+                           staleness_exp_);
   }
   Needs needs() const override {
     return {.neighbourhood = false, .classes = true, .next_use = future_};
@@ -47,7 +47,7 @@ class DtrEq final : public ScoredPolicy {
  private:
   double Score(const Candidate& c, const PressureContext& ctx) const override {
     if (future_ && c.next_use_ns == kNeverUsedAgain && c.consumers_ns == 0) {
-      return -std::numeric_limits<double>::infinity();
+      return -std::numeric_limits<double>::infinity();  // (and dropped: Action)
     }
     const double cost = EvictionCost(c, static_cast<double>(c.compute_ns + c.classes_ns));
     const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));
@@ -56,6 +56,9 @@ class DtrEq final : public ScoredPolicy {
       idle = std::min(idle, static_cast<double>(std::max<std::int64_t>(c.next_use_ns, 1)));
     }
     return cost / (bytes * Power(idle, staleness_exp_));
+  }
+  EvictAction Action(const Candidate& c, const PressureContext&) const override {
+    return future_ && FreeToDrop(c) ? EvictAction::kDrop : CheaperAction(c);
   }
   double staleness_exp_;
   bool future_;

@@ -311,11 +311,30 @@ TEST(PolicyTest, DtrEqWithTheFutureCallsIdleOnlyWhatIsIdleBothWays) {
   auto future = Create("dtr-eq:future=true");
   ASSERT_TRUE(future.ok()) << future.status();
   EXPECT_TRUE((*future)->needs().next_use);
-  EXPECT_THAT((*future)->Spec(), HasSubstr("future=true"));
+  EXPECT_EQ((*future)->Spec(), "dtr-eq:future=true,staleness_exp=1");
+  EXPECT_EQ((*Create((*future)->Spec()))->Spec(), (*future)->Spec());
+  EXPECT_EQ((*Create("dtr-eq:future=false"))->Spec(), "dtr-eq:staleness_exp=1");
   auto plain = Create("dtr-eq");
   ASSERT_TRUE(plain.ok());
   EXPECT_FALSE((*plain)->needs().next_use);
   EXPECT_FALSE(Create("dtr-eq:future=maybe").ok());
+}
+
+TEST(PolicyTest, WhatIsNeverUsedAgainIsDroppedNotOffloaded) {
+  // A dear recompute, a cheap copy: offloaded, unless nothing will read it
+  // again (a copy out would be waited for, and never read back).
+  Candidate dead = Make(1, 100, 0, /*compute_ns=*/1'000'000, /*transfer_ns=*/1'000);
+  dead.next_use_ns = kNeverUsedAgain;
+  for (const char* spec : {"dtr-eq:future=true", "belady"}) {
+    const Plan plan = PlanFor(spec, {dead}, 100);
+    ASSERT_EQ(plan.size(), 1u) << spec;
+    EXPECT_EQ(plan[0].action, EvictAction::kDrop) << spec;
+  }
+  EXPECT_EQ(PlanFor("dtr-eq", {dead}, 100)[0].action, EvictAction::kOffload);  // no future read
+  dead.consumers_ns = 10;  // a dropped tensor's closure reads it: the cheaper way out
+  for (const char* spec : {"dtr-eq:future=true", "belady"}) {
+    EXPECT_EQ(PlanFor(spec, {dead}, 100)[0].action, EvictAction::kOffload) << spec;
+  }
 }
 
 TEST(PolicyTest, DtrLocalIgnoresTheNeighbourhood) {
@@ -611,7 +630,8 @@ TEST(PolicyTest, AutoChoosesAsDtrOnceAndAsksForATrialOfEveryPolicy) {
   for (std::uint64_t need : {1, 150, 250, 600}) {
     EXPECT_EQ(PlanFor("auto", {a, b, c}, need), PlanFor("dtr", {a, b, c}, need)) << need;
   }
-  // The trials: dtr's own runs first, then hybrid's, without a second dtr run.
+  // The trials: dtr's own runs first, then hybrid's, without a second dtr run,
+  // then dtr-eq with next uses.
   const std::vector<Trial> trials = (*Create("auto:sample=sqrt"))->Trials();
   ASSERT_FALSE(trials.empty());
   EXPECT_EQ(trials[0].mixed, "dtr:sample=sqrt");

@@ -39,6 +39,12 @@ double EvictionCost(const Candidate& c, double recompute_ns);
 
 // The cheaper allowed way to evict `c` (it must allow at least one).
 EvictAction CheaperAction(const Candidate& c);
+// Never used again by the program, read by no dropped tensor's closure, and
+// droppable: never recomputed, so a drop frees it for nothing (an offload
+// would make the request wait for a copy no one reads).
+inline bool FreeToDrop(const Candidate& c) {
+  return c.can_drop && c.next_use_ns == kNeverUsedAgain && c.consumers_ns == 0;
+}
 
 }  // namespace remat::policies
 

@@ -538,7 +538,7 @@ TEST(OpReplayTest, HybridTriesEveryRankingAndIsNeverWorseThanAnyPolicyWithDropsO
 }
 
 // auto (the CLI's default) replays the step as dtr first, then as everything
-// hybrid tries, and keeps the quickest: never worse than dtr, nor than any
+// hybrid tries (and as dtr-eq:future=true), and keeps the quickest: never worse than dtr, nor than any
 // policy with drops only; where dtr is not the best, better than it.
 TEST(OpReplayTest, AutoKeepsTheQuickestOfDtrAndEveryOtherPolicy) {
   const OpTrace trace = Load("mlp_small_l4_h256_t512.jsonl");
@@ -900,6 +900,11 @@ TEST(OpReplayTest, ALearnedFutureComesCloseToTheKnownOneAndBeatsNone) {
   ASSERT_EQ(blind_tight.status, "ok") << blind_tight.message;
   EXPECT_LT(learned_tight.recomputed_ops, blind_tight.recomputed_ops);
   EXPECT_LT(learned_tight.time_ns, blind_tight.time_ns);
+  // The trace's future at 0.3: the recomputes delay every use after them,
+  // and the hints are read so (taken as given, many lay in the past, read
+  // as due now, and belady thrashed).
+  const OpReplayReport known_tight = run(0.3, Future::kKnown);
+  EXPECT_EQ(known_tight.status, "ok") << known_tight.message;
 }
 
 TEST(OpReplayTest, DtrEqWithTheFutureKeepsWhatTheBackwardIsAboutToRead) {
@@ -931,6 +936,22 @@ TEST(OpReplayTest, DtrEqWithTheFutureKeepsWhatTheBackwardIsAboutToRead) {
   // No next use known: the option changes nothing.
   EXPECT_EQ(blind.time_ns, plain.time_ns);
   EXPECT_EQ(blind.recomputed_ops, plain.recomputed_ops);
+}
+
+TEST(OpReplayTest, AutoKeepsDtrEqWithTheFutureWhereItIsQuickest) {
+  // The 2-layer LSTM at 0.4 of its live peak, drops only: every other trial
+  // thrashes; dtr-eq reading the trace's next uses finishes.
+  const OpTrace trace = Load("lstm_l2_h512_s128_b32_v256.jsonl");
+  const OpReplayReport unlimited = Replay(trace, {});
+  OpReplayOptions o;
+  MemoryBudget::FromRatio(0.4, unlimited, Accounting::kLive).ApplyTo(o);
+  o.enable_offload = false;
+  o.policy = "dtr-eq";
+  EXPECT_NE(Replay(trace, o).status, "ok");
+  o.policy = "auto";
+  const OpReplayReport kept = Replay(trace, o);
+  EXPECT_EQ(kept.status, "ok") << kept.message;
+  EXPECT_EQ(kept.kept_policy, "dtr-eq:future=true,sample=all");
 }
 
 TEST(OpReplayTest, ALearnedFutureKeepsEveryByteAndRefusesATimeline) {
