@@ -46,7 +46,7 @@ class DtrEq final : public ScoredPolicy {
 
  private:
   double Score(const Candidate& c, const PressureContext& ctx) const override {
-    if (future_ && c.next_use_ns == kNeverUsedAgain && c.consumers_ns == 0) {
+    if (future_ && FreeToDrop(c)) {
       return -std::numeric_limits<double>::infinity();  // (and dropped: Action)
     }
     const double cost = EvictionCost(c, static_cast<double>(c.compute_ns + c.classes_ns));

@@ -167,8 +167,11 @@ class EvictionPolicy {
 
   virtual Needs needs() const { return {}; }
   // How far ahead (in the program's time) a driver that knows the future
-  // should prefetch offloaded tensors for this policy; 0: no prefetching.
+  // may prefetch offloaded tensors for this policy; 0: no prefetching.
   virtual std::int64_t prefetch_window_ns() const { return 0; }
+  // Within that window, a prefetch starts this many times its copy's time
+  // before the use (later if copies in are queued ahead of it).
+  virtual double prefetch_lead() const { return 2.0; }
   // The runs a driver that can replay the whole step should make in place of
   // this policy's own, keeping the cheapest (hybrid with rank=auto: itself
   // over each policy's ranking). Empty: just this policy's run.

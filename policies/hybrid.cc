@@ -62,6 +62,8 @@ class Hybrid final : public EvictionPolicy {
   std::int64_t prefetch_window_ns() const override {
     return static_cast<std::int64_t>(prefetch_us_ * 1000);
   }
+  // As early as the pricing takes a restore to be hidden.
+  double prefetch_lead() const override { return slack_; }
   std::vector<Trial> Trials() const override {
     if (rank_ != "auto") return {};
     // Its own ranking first: where runs tie, the first is kept.
@@ -163,9 +165,7 @@ class Hybrid final : public EvictionPolicy {
     return RestoreHidden(c, ctx, backlog) ? out : out + static_cast<double>(c.transfer_ns / 2);
   }
   double DropCost(const Candidate& c) const {
-    // Never used again and read by no dropped tensor's closure: never
-    // recomputed, so dropping it is free.
-    if (c.next_use_ns == kNeverUsedAgain && c.consumers_ns == 0) return 0;
+    if (FreeToDrop(c)) return 0;  // never recomputed
     return static_cast<double>(c.compute_ns + c.ancestors_ns) +
            consumers_ * static_cast<double>(c.consumers_ns);
   }

@@ -160,6 +160,7 @@ Runtime::Runtime(CachingAllocator* allocator, RuntimeOptions options,
       prefetch_stream_(prefetch_stream),
       track_classes_(policy_->needs().classes),
       prefetch_window_ns_(std::max<std::int64_t>(policy_->prefetch_window_ns(), 0)),
+      prefetch_lead_(std::max(policy_->prefetch_lead(), 0.0)),
       mu_(options_.thread_safe),
       retry_in_one_place_(options_.retry_in_one_place),
       link_(options_.link_gbps, options_.link_latency_ns),
@@ -503,6 +504,7 @@ absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
   }
   s->last_access_ns = Clock();
   ++s->accesses;
+  s->prefetch_evicted = false;
   if (options_.learn_next_use && runtime_internal::closures_running == 0) {
     LearnUse(s, /*created=*/false);
   }

@@ -610,6 +610,8 @@ class Runtime {
   // The prefetch planner (HintNextUse). Plans `s` if it is on the host with
   // a next use; starts the planned prefetches now within the window.
   void PlanPrefetch(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How long before its use a planned prefetch of `s` starts.
+  std::int64_t PrefetchLeadNs(const Storage* s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // learn_next_use: counts a use of `s` (its creation when `created`) and
   // estimates its next from the step before.
   void LearnUse(Storage* s, bool created) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -676,6 +678,7 @@ class Runtime {
   const Stream prefetch_stream_;
   const bool track_classes_;  // the policy reads Candidate::classes_ns
   const std::int64_t prefetch_window_ns_;  // the policy's; 0: no prefetch planning
+  const double prefetch_lead_;             // the policy's
 
   mutable Mutex mu_;
   bool retry_in_one_place_ ABSL_GUARDED_BY(mu_);  // RuntimeOptions::retry_in_one_place, settable
@@ -721,15 +724,17 @@ class Runtime {
   // Bytes allocated for outputs whose closures have not yet run: they count
   // against the live budget before they are resident.
   std::size_t pending_live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Planned prefetches: a min-heap on the next use. An entry is stale once
-  // its storage's serial, hint or place changed; stale entries are skipped.
+  // Planned prefetches: a min-heap on when each should start. An entry is
+  // stale once its storage's serial, hint or place changed; stale entries
+  // are skipped.
   struct PlannedPrefetch {
-    std::int64_t at_ns;
+    std::int64_t at_ns;     // the next use it is for
+    std::int64_t start_ns;  // at_ns less its lead (PrefetchLeadNs)
     Storage* storage;
     std::uint64_t serial;
-    // The heap order: the soonest next use on top.
+    // The heap order: the soonest start on top.
     static bool Later(const PlannedPrefetch& a, const PlannedPrefetch& b) {
-      return a.at_ns > b.at_ns;
+      return a.start_ns > b.start_ns;
     }
   };
   std::vector<PlannedPrefetch> planned_ ABSL_GUARDED_BY(mu_);

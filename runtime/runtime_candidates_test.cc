@@ -190,6 +190,47 @@ TEST_F(RuntimeTest, AHintedUseIsPushedBackByTheRecomputesRunSinceTheHint) {
   EXPECT_EQ(ca->next_use_ns, 1'000'000);
 }
 
+TEST_F(RuntimeTest, ALearnedUseIsPushedBackOnlyByTheRecomputesRunSinceItWasLearned) {
+  // The same for a next use learned from the step before. Two steps of the
+  // same program; in the second, y is dropped and regenerated (2 ms) before
+  // a is made and its next use learned. a is then shown exactly as far from
+  // its use as without that recompute: a recompute before the learning is
+  // in the learned time already, not a delay to add.
+  struct Hinted : ScriptedPolicy {
+    using ScriptedPolicy::ScriptedPolicy;
+    policies::Needs needs() const override { return {.next_use = true}; }
+  };
+  auto shown_next_use = [&](bool recompute_first) -> std::int64_t {
+    auto hinted = std::make_shared<Hinted>(std::vector<std::vector<std::size_t>>{});
+    Make(16 * kMiB, {.custom_policy = hinted, .learn_next_use = true});
+    std::int64_t next_use = -1;
+    for (int step = 0; step < 2; ++step) {
+      TensorId x = Produce(kMiB, {}, false, false);
+      TensorId y = Produce(3 * kMiB, {x}, true, false, 2'000'000);
+      if (step == 1 && recompute_first) {
+        EXPECT_TRUE(*runtime_->Evict(y, policies::EvictAction::kDrop));
+      }
+      Check(y);
+      TensorId a = Produce(2 * kMiB, {x}, true, false, 10'000);
+      if (step == 1) {
+        EXPECT_TRUE(runtime_->EvictBytes(kMiB).ok());  // what the policy is shown
+        const policies::Candidate* ca = BySize(hinted->shown.back(), 2 * kMiB);
+        if (ca != nullptr) next_use = ca->next_use_ns;
+      }
+      TensorId work = Produce(64 * kKiB, {}, false, false, /*cost_ns=*/5'000'000);
+      EXPECT_TRUE(runtime_->Free(work).ok());
+      Check(a);
+      for (TensorId t : {a, y, x}) EXPECT_TRUE(runtime_->Free(t).ok());
+      EXPECT_TRUE(runtime_->EndStep().ok());
+    }
+    EXPECT_EQ(runtime_->stats().recompute_ns, recompute_first ? 2'000'000 : 0);
+    return next_use;
+  };
+  const std::int64_t plain = shown_next_use(false);
+  ASSERT_GT(plain, 0);  // learned, and not yet due
+  EXPECT_EQ(shown_next_use(true), plain);
+}
+
 TEST_F(RuntimeTest, PoliciesSeeTheRestoresOwedForWhatIsOffloaded) {
   // Offloads every candidate it may; records what the link owes at each event.
   struct Offloading : policies::EvictionPolicy {

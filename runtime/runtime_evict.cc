@@ -210,6 +210,7 @@ bool Runtime::Evict(const PressureRequest& request, std::size_t* freed_out) {
       continue;
     }
     if (prefetch_in_flight) events_.Give(prefetch_event);
+    if (prefetching) s->prefetch_evicted = true;
     if (s->state == TensorState::kDropped) ++stats_.drops;
     progress = true;
     ++evicted;

@@ -95,6 +95,34 @@ TEST_F(RuntimeTest, WithAPrefetchWindowTheRuntimePrefetchesWhatItsHintsSayComesS
   ASSERT_TRUE(runtime_->CheckInvariants().ok()) << runtime_->CheckInvariants();
 }
 
+TEST_F(RuntimeTest, APlannedPrefetchStartsItsCopysTimeBeforeTheUseNotAWholeWindowBefore) {
+  // Started a whole window early, a prefetch only holds memory the budget
+  // is short of. Within the window it starts twice its copy's time (3 MiB
+  // at 25 GB/s: about 0.13 ms) before the use.
+  Make(8 * kMiB, {.policy = "hybrid:prefetch_us=10000,slack=2", .enable_drop = false});
+  TensorId t = Produce(3 * kMiB, {}, false, true);
+  ASSERT_TRUE(runtime_->HintNextUse(t, runtime_->NowNs() + 5'000'000).ok());
+  TensorId big = Produce(6 * kMiB, {}, false, false);  // t goes to the host
+  ASSERT_TRUE(StateOf(t) == TensorState::kOffloading || StateOf(t) == TensorState::kOnHost);
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  auto look = [&](std::int64_t cost_ns) {
+    TensorId work = Produce(64 * kKiB, {}, false, false, cost_ns);
+    ASSERT_TRUE(runtime_->Free(work).ok());
+  };
+  look(1000);  // room now, and the use within the window, but not yet due
+  look(1000);
+  EXPECT_EQ(runtime_->stats().prefetches, 0u);
+  look(4'600'000);  // about 0.4 ms before the use
+  look(1000);
+  EXPECT_EQ(runtime_->stats().prefetches, 0u);
+  look(300'000);  // about 0.1 ms before: due
+  look(1000);
+  EXPECT_EQ(runtime_->stats().prefetches, 1u);
+  EXPECT_EQ(StateOf(t), TensorState::kPrefetching);
+  Check(t);
+  ASSERT_TRUE(runtime_->CheckInvariants().ok()) << runtime_->CheckInvariants();
+}
+
 // A step that repeats, as a training loop's do: six 4 MiB tensors made, then
 // each used once in the order they were made, with work between the uses.
 // Returns the recomputes (or, offloading, the restores that found nothing

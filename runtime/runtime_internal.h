@@ -102,6 +102,9 @@ struct StorageFields {
   std::uint32_t step_epoch = 0;
   bool next_use_learned = false;  // next_use_at is LearnUse's estimate (not a hint)
   std::int64_t planned_prefetch_at = -1;  // its entry in Runtime::planned_ (-1: none)
+  // A prefetch of it was evicted before the program used it: no other is
+  // planned until the program does (it comes back on access).
+  bool prefetch_evicted = false;
   // RuntimeOptions::estimate_replays: its entry in Runtime::replay_estimates_
   // (what a replay of it holds at once), or kNoEstimate.
   static constexpr std::uint32_t kNoEstimate = UINT32_MAX;
