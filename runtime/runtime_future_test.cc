@@ -123,6 +123,35 @@ TEST_F(RuntimeTest, APlannedPrefetchStartsItsCopysTimeBeforeTheUseNotAWholeWindo
   ASSERT_TRUE(runtime_->CheckInvariants().ok()) << runtime_->CheckInvariants();
 }
 
+TEST_F(RuntimeTest, APrefetchEvictedBeforeItsUseIsNotPlannedAgainUntilTheUse) {
+  // Planned again, it would take room from what then evicts it once more.
+  Make(8 * kMiB, {.policy = "hybrid:prefetch_us=1000", .enable_drop = false});
+  TensorId t = Produce(3 * kMiB, {}, false, true);
+  ASSERT_TRUE(runtime_->HintNextUse(t, runtime_->NowNs() + 100'000).ok());
+  TensorId big = Produce(6 * kMiB, {}, false, false);  // t goes to the host
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  TensorId work = Produce(64 * kKiB, {}, false, false);  // a look: due, and room
+  ASSERT_TRUE(runtime_->Free(work).ok());
+  ASSERT_EQ(StateOf(t), TensorState::kPrefetching);
+  big = Produce(6 * kMiB, {}, false, true);  // no room unless t goes again
+  ASSERT_TRUE(StateOf(t) == TensorState::kOffloading || StateOf(t) == TensorState::kOnHost);
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  ASSERT_TRUE(runtime_->HintNextUse(t, runtime_->NowNs() + 50'000).ok());  // due, and room
+  work = Produce(64 * kKiB, {}, false, false);
+  ASSERT_TRUE(runtime_->Free(work).ok());
+  EXPECT_EQ(runtime_->stats().prefetches, 1u);
+  EXPECT_NE(StateOf(t), TensorState::kPrefetching);
+  Check(t);  // back on access, with its bytes; then planned again as before
+  big = Produce(6 * kMiB, {}, false, false);
+  ASSERT_TRUE(runtime_->Free(big).ok());
+  ASSERT_TRUE(runtime_->HintNextUse(t, runtime_->NowNs() + 50'000).ok());
+  work = Produce(64 * kKiB, {}, false, false);
+  ASSERT_TRUE(runtime_->Free(work).ok());
+  EXPECT_EQ(runtime_->stats().prefetches, 2u);
+  Check(t);
+  ASSERT_TRUE(runtime_->CheckInvariants().ok()) << runtime_->CheckInvariants();
+}
+
 // A step that repeats, as a training loop's do: six 4 MiB tensors made, then
 // each used once in the order they were made, with work between the uses.
 // Returns the recomputes (or, offloading, the restores that found nothing
