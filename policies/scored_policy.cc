@@ -39,19 +39,31 @@ Plan ScoredPolicy::Choose(const PressureContext& ctx) {
     if (!c.can_drop && !c.can_offload) continue;
     scored.emplace_back(Score(c, ctx), &c);
   }
-  // A heap, not a full sort: a decision usually needs the few lowest scores.
   auto later = [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second->id > b.second->id;
   };
-  std::make_heap(scored.begin(), scored.end(), later);
   Plan plan;
   std::size_t covered = 0;
-  for (auto end = scored.end(); end != scored.begin() && covered < ctx.bytes_needed; --end) {
-    std::pop_heap(scored.begin(), end, later);
-    Candidate chosen = *(end - 1)->second;
+  auto take = [&](const Candidate& c) {
+    Candidate chosen = c;
     ctx.Complete(chosen);  // the neighbourhood the action weighs, if it was left out
     plan.push_back(PlanStep{chosen.id, Action(chosen, ctx)});
     covered += chosen.bytes;
+  };
+  if (scored.empty() || ctx.bytes_needed == 0) return plan;
+  // Most decisions need only the lowest score: one pass finds it. Where it
+  // does not cover the request, a heap orders the rest (the few next lowest
+  // are usually enough).
+  auto lowest = std::min_element(scored.begin(), scored.end(),
+                                 [&](const auto& a, const auto& b) { return later(b, a); });
+  take(*lowest->second);
+  if (covered >= ctx.bytes_needed) return plan;
+  std::iter_swap(lowest, scored.end() - 1);
+  scored.pop_back();
+  std::make_heap(scored.begin(), scored.end(), later);
+  for (auto end = scored.end(); end != scored.begin() && covered < ctx.bytes_needed; --end) {
+    std::pop_heap(scored.begin(), end, later);
+    take(*(end - 1)->second);
   }
   return plan;
 }

@@ -229,6 +229,7 @@ Runtime::Storage* Runtime::AddStorage(std::size_t bytes, void* ptr, std::uint64_
   Storage* s = storages_.Take();
   s->serial = serial;
   s->bytes = bytes;
+  s->round_trip_ns = link_.RoundTripNs(bytes);
   s->may_drop = may_drop;
   s->may_offload = may_offload;
   s->compute_ns = options.compute_ns;

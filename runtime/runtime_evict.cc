@@ -53,7 +53,7 @@ policies::Candidate Runtime::MakeCandidate(const Storage* s, const policies::Nee
   policies::Candidate c;
   c.bytes = s->bytes;
   c.compute_ns = s->compute_ns;
-  c.transfer_ns = link_.RoundTripNs(s->bytes);
+  c.transfer_ns = s->round_trip_ns;
   c.can_drop = s->may_drop;
   c.can_offload = s->may_offload;
   c.copied_out = s->ahead != nullptr;
@@ -85,6 +85,9 @@ policies::Candidate Runtime::MakeCandidate(const Storage* s, const policies::Nee
   return c;
 }
 
+// How many storages ahead GatherCandidates asks for.
+constexpr std::size_t kPrefetchAhead = 4;
+
 void Runtime::GatherCandidates() {
   ++chain_epoch_;  // states may have changed since the last event: no memo carries over
   scratch_.clear();
@@ -99,8 +102,12 @@ void Runtime::GatherCandidates() {
   }
   const policies::Needs needs = policy_->needs();
   const std::int64_t now = Clock();
-  for (const Storage* s : scratch_storages_) {
-    scratch_.push_back(MakeCandidate(s, needs, now));
+  const std::size_t n = scratch_storages_.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    // The storages lie apart in memory: ask for the next ones' candidate
+    // fields while this one is built.
+    if (i + kPrefetchAhead < n) __builtin_prefetch(&scratch_storages_[i + kPrefetchAhead]->bytes);
+    scratch_.push_back(MakeCandidate(scratch_storages_[i], needs, now));
     scratch_.back().id = scratch_.size() - 1;
   }
 }

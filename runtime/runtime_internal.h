@@ -63,6 +63,7 @@ struct StorageFields {
   // together after the state: building ~250 candidates an event otherwise
   // misses the cache on several lines of each storage.
   std::int64_t compute_ns = 0;
+  std::int64_t round_trip_ns = 0;  // HostLink::RoundTripNs(bytes), reckoned once
   std::int64_t last_access_ns = 0;
   std::uint64_t accesses = 0;
   // copy_ahead: while resident, a host buffer with its bytes (once
