@@ -12,8 +12,8 @@
 // history: its mean interval between uses); otherwise that is waited for too.
 // Each tensor takes the cheaper action, and tensors rank by that cost /
 // (bytes x staleness^staleness_exp) (staleness_exp=0: Capuchin's memory saved
-// per second). Drivers that know the future prefetch restores `prefetch_us`
-// ahead, so that they arrive before use.
+// per second). Drivers that know the future prefetch restores so that they
+// arrive before use: `slack` times the copy's time ahead, within `prefetch_us`.
 //
 // `rank` separates which tensors go from how each goes. `rank=own` ranks as
 // above; `rank=NAME` takes the tensors another policy would evict (its plan,
