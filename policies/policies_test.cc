@@ -637,10 +637,13 @@ TEST(PolicyTest, AutoChoosesAsDtrOnceAndAsksForATrialOfEveryPolicy) {
   EXPECT_EQ(trials[0].mixed, "dtr:sample=sqrt");
   EXPECT_EQ(trials[0].drops, "dtr:sample=sqrt");
   const std::vector<Trial> hybrid = (*Create("hybrid:sample=sqrt"))->Trials();
-  // hybrid's "dtr alone" run became the first; dtr-eq with next uses is the last.
-  ASSERT_EQ(trials.size(), hybrid.size() + 1);
-  EXPECT_EQ(trials.back().mixed, "dtr-eq:future=true,sample=sqrt");
-  EXPECT_EQ(trials.back().drops, "dtr-eq:future=true,sample=sqrt");
+  // hybrid's "dtr alone" run became the first; dtr-eq with next uses, by
+  // staleness and by its square, are the last two.
+  ASSERT_EQ(trials.size(), hybrid.size() + 2);
+  EXPECT_EQ(trials[trials.size() - 2].mixed, "dtr-eq:future=true,staleness_exp=1,sample=sqrt");
+  EXPECT_EQ(trials[trials.size() - 2].drops, "dtr-eq:future=true,staleness_exp=1,sample=sqrt");
+  EXPECT_EQ(trials.back().mixed, "dtr-eq:future=true,staleness_exp=2,sample=sqrt");
+  EXPECT_EQ(trials.back().drops, "dtr-eq:future=true,staleness_exp=2,sample=sqrt");
   std::set<std::string> mixed, drops;
   for (const Trial& t : trials) {
     EXPECT_TRUE(mixed.insert(t.mixed).second) << t.mixed;

@@ -538,8 +538,9 @@ TEST(OpReplayTest, HybridTriesEveryRankingAndIsNeverWorseThanAnyPolicyWithDropsO
 }
 
 // auto (the CLI's default) replays the step as dtr first, then as everything
-// hybrid tries (and as dtr-eq:future=true), and keeps the quickest: never worse than dtr, nor than any
-// policy with drops only; where dtr is not the best, better than it.
+// hybrid tries (and as dtr-eq:future=true, by staleness and by its square),
+// and keeps the quickest: never worse than dtr, nor than any policy with
+// drops only; where dtr is not the best, better than it.
 TEST(OpReplayTest, AutoKeepsTheQuickestOfDtrAndEveryOtherPolicy) {
   const OpTrace trace = Load("mlp_small_l4_h256_t512.jsonl");
   const OpReplayReport unlimited = Replay(trace, {});
@@ -552,7 +553,10 @@ TEST(OpReplayTest, AutoKeepsTheQuickestOfDtrAndEveryOtherPolicy) {
     o.policy = "dtr";
     const OpReplayReport dtr = Replay(trace, o);
     std::int64_t best = std::numeric_limits<std::int64_t>::max();
-    for (const std::string& policy : policies::KnownPolicies()) {
+    std::vector<std::string> runs = policies::KnownPolicies();
+    runs.push_back("dtr-eq:future=true,staleness_exp=1");
+    runs.push_back("dtr-eq:future=true,staleness_exp=2");
+    for (const std::string& policy : runs) {
       o.policy = policy == "hybrid" ? "hybrid:rank=own" : policy;
       const OpReplayReport drops = Replay(trace, o);
       if (drops.status == "ok") best = std::min(best, drops.time_ns);
@@ -951,7 +955,23 @@ TEST(OpReplayTest, AutoKeepsDtrEqWithTheFutureWhereItIsQuickest) {
   o.policy = "auto";
   const OpReplayReport kept = Replay(trace, o);
   EXPECT_EQ(kept.status, "ok") << kept.message;
-  EXPECT_EQ(kept.kept_policy, "dtr-eq:future=true,sample=all");
+  EXPECT_EQ(kept.kept_policy, "dtr-eq:future=true,staleness_exp=1,sample=all");
+}
+
+TEST(OpReplayTest, AutoKeepsDtrEqWithTheFutureAndSquaredStalenessWhereItIsQuickest) {
+  // The recorded GPT step at 0.7 of its live peak, drops only, the trace's
+  // future: with staleness squared, dtr-eq reading next uses comes within
+  // 2% of a solver's plan (1.149); every other trial costs at least 1.241.
+  const OpTrace trace = Load("gpt_tiny_l1_d32_s16_b2_v64.jsonl");
+  const OpReplayReport unlimited = Replay(trace, {});
+  OpReplayOptions o;
+  MemoryBudget::FromRatio(0.7, unlimited, Accounting::kLive).ApplyTo(o);
+  o.enable_offload = false;
+  o.policy = "auto";
+  const OpReplayReport kept = Replay(trace, o);
+  ASSERT_EQ(kept.status, "ok") << kept.message;
+  EXPECT_EQ(kept.kept_policy, "dtr-eq:future=true,staleness_exp=2,sample=all");
+  EXPECT_LT(static_cast<double>(kept.time_ns), 1.18 * static_cast<double>(unlimited.time_ns));
 }
 
 TEST(OpReplayTest, ALearnedFutureKeepsEveryByteAndRefusesATimeline) {
