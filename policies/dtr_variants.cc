@@ -46,8 +46,11 @@ class DtrEq final : public ScoredPolicy {
 
  private:
   double Score(const Candidate& c, const PressureContext& ctx) const override {
-    if (future_ && FreeToDrop(c)) {
-      return -std::numeric_limits<double>::infinity();  // (and dropped: Action)
+    // Never used again and read by no dropped tensor's closure: first, and
+    // dropped where it may be (Action); where it may only be offloaded, its
+    // copy out is still all its eviction costs.
+    if (future_ && c.next_use_ns == kNeverUsedAgain && c.consumers_ns == 0) {
+      return -std::numeric_limits<double>::infinity();
     }
     const double cost = EvictionCost(c, static_cast<double>(c.compute_ns + c.classes_ns));
     const double bytes = static_cast<double>(std::max<std::size_t>(c.bytes, 1));

@@ -41,6 +41,11 @@ struct Candidate {
   std::int64_t transfer_ns = 0;    // cost of copying it out and back
   bool can_drop = false;           // it has a recompute closure and allows dropping
   bool can_offload = false;        // it allows offloading
+  // Its copy out was started before this pressure (RuntimeOptions::copy_ahead):
+  // an offload frees its block with no copy out queued now, and leaves only
+  // the copy back to pay (OffloadNs). (Beside the other flags: a candidate
+  // fills two cache lines, not three.)
+  bool copied_out = false;
   std::int64_t last_access_ns = 0; // the runtime's clock (Runtime::NowNs) at its last use
   std::uint64_t accesses = 0;      // uses so far
   // Cost of the evicted tensors a recompute of this one would also have to
@@ -62,11 +67,8 @@ struct Candidate {
   // kNeverUsedAgain if it will not be; -1 when unknown.
   std::int64_t next_use_ns = -1;
   std::int64_t first_access_ns = 0;  // the runtime's clock at its creation
-  // Its copy out was started before this pressure (RuntimeOptions::copy_ahead):
-  // an offload frees its block with no copy out queued now, and leaves only
-  // the copy back to pay (OffloadNs).
-  bool copied_out = false;
 };
+static_assert(sizeof(Candidate) <= 128);  // two cache lines: ~250 are built per pressure event
 
 // What offloading the candidate costs on the link: out and back
 // (transfer_ns), or only back when it was copied out ahead.
@@ -170,7 +172,8 @@ class EvictionPolicy {
   // may prefetch offloaded tensors for this policy; 0: no prefetching.
   virtual std::int64_t prefetch_window_ns() const { return 0; }
   // Within that window, a prefetch starts this many times its copy's time
-  // before the use (later if copies in are queued ahead of it).
+  // before the use (earlier by the copies in queued ahead of it; never while
+  // the use is further off than the window).
   virtual double prefetch_lead() const { return 2.0; }
   // The runs a driver that can replay the whole step should make in place of
   // this policy's own, keeping the cheapest (hybrid with rank=auto: itself

@@ -55,6 +55,13 @@ const char* TensorStateName(TensorState state) {
 namespace {
 thread_local const void* tls_held_runtime = nullptr;
 
+// A policy's prefetch lead, as a number the runtime can use: not negative,
+// not NaN, at most 1e6 times the copy's time.
+double SaneLead(double lead) {
+  if (!(lead >= 0)) return 0;
+  return std::min(lead, 1e6);
+}
+
 // Where nothing can be returned (the destructor), a failure is logged.
 void LogIfError(const absl::Status& status, const char* what) {
   if (!status.ok()) REMAT_LOG(kWarning, "runtime: %s: %s", what, status.ToString());
@@ -160,7 +167,7 @@ Runtime::Runtime(CachingAllocator* allocator, RuntimeOptions options,
       prefetch_stream_(prefetch_stream),
       track_classes_(policy_->needs().classes),
       prefetch_window_ns_(std::max<std::int64_t>(policy_->prefetch_window_ns(), 0)),
-      prefetch_lead_(std::max(policy_->prefetch_lead(), 0.0)),
+      prefetch_lead_(SaneLead(policy_->prefetch_lead())),
       mu_(options_.thread_safe),
       retry_in_one_place_(options_.retry_in_one_place),
       link_(options_.link_gbps, options_.link_latency_ns),
@@ -505,9 +512,9 @@ absl::StatusOr<Guard> Runtime::Acquire(TensorId id, Stream stream) {
   }
   s->last_access_ns = Clock();
   ++s->accesses;
-  s->prefetch_evicted = false;
-  if (options_.learn_next_use && runtime_internal::closures_running == 0) {
-    LearnUse(s, /*created=*/false);
+  if (runtime_internal::closures_running == 0) {
+    s->prefetch_evicted = false;  // the program's use (a closure's is the runtime's)
+    if (options_.learn_next_use) LearnUse(s, /*created=*/false);
   }
   if (std::find(s->used_streams.begin(), s->used_streams.end(), stream) == s->used_streams.end()) {
     s->used_streams.push_back(stream);
@@ -537,8 +544,9 @@ absl::StatusOr<Guard> Runtime::Refill(TensorId id, Stream stream) {
   s->last_access_ns = Clock();
   ++s->accesses;
   ++stats_.refills;
-  if (options_.learn_next_use && runtime_internal::closures_running == 0) {
-    LearnUse(s, /*created=*/false);
+  if (runtime_internal::closures_running == 0) {
+    s->prefetch_evicted = false;
+    if (options_.learn_next_use) LearnUse(s, /*created=*/false);
   }
   if (options_.observer != nullptr) {
     Tell(s, {.kind = TensorEvent::Kind::kRestored, .stream = stream, .refill = true});

@@ -407,10 +407,13 @@ class Runtime {
   // not taken as due now.
   //
   // With a policy that prefetches (a prefetch window: hybrid), the runtime
-  // plans from these hints itself: an offloaded tensor whose next use comes
-  // within the window is copied back on the copy stream, ahead of its use.
-  // It looks after each Create, CreateCall, Acquire and HintNextUse; a
-  // prefetch that finds no room waits for the next look.
+  // plans from these hints itself: an offloaded tensor is copied back on the
+  // copy stream the policy's lead times its copy's time before its use
+  // (earlier by the copies in queued, never while the use is further off
+  // than the window). It looks after each Create, CreateCall, Acquire and
+  // HintNextUse; a prefetch that finds no room waits for the next look. A
+  // prefetch evicted before its use is not planned again until the program
+  // uses the tensor.
   static constexpr std::int64_t kNeverUsedAgain = policies::kNeverUsedAgain;
   absl::Status HintNextUse(TensorId id, std::int64_t at_ns);
   // Ends a step of a repeating program (RuntimeOptions::learn_next_use, else
@@ -608,7 +611,7 @@ class Runtime {
   // --- runtime_transfer.cc: offload, restore, prefetch, drop, handing blocks back ---
   absl::Status PrefetchStorage(Storage* s, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The prefetch planner (HintNextUse). Plans `s` if it is on the host with
-  // a next use; starts the planned prefetches now within the window.
+  // a next use (PrefetchDue starts what is due).
   void PlanPrefetch(Storage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How long before its use a planned prefetch of `s` starts.
   std::int64_t PrefetchLeadNs(const Storage* s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -47,6 +47,7 @@ bool IsReset(const Storage& s) {
          s.candidate_slot == Storage::kNoSlot &&
          s.class_node == Storage::kNoClass && s.group == nullptr && s.regen_owner == nullptr &&
          s.drop_charge_ns == 0 && s.dropped_inputs == 0 && s.dropped_consumer_ns == 0 &&
+         s.round_trip_ns == 0 && s.planned_prefetch_at == -1 && !s.prefetch_evicted &&
          !s.recompute && s.inputs.empty() && s.consumers.empty() && s.used_streams.empty() &&
          s.tensor_ids.empty();
 }
@@ -147,6 +148,10 @@ absl::Status Runtime::CheckStorages() const {
       }
       ahead_bytes += s->bytes;
       copy_events.push_back(s->ahead_event.handle);
+    }
+    if (s->round_trip_ns != link_.RoundTripNs(s->bytes)) {
+      return BrokenAt(s, "round trip %d ns kept for %d bytes, where the link takes %d ns",
+                    s->round_trip_ns, s->bytes, link_.RoundTripNs(s->bytes));
     }
     if (s->evictable != (s->bytes > 0 && (s->may_drop || s->may_offload))) {
       return BrokenAt(s, "evictable is %d with %d bytes, may_drop %d, may_offload %d",

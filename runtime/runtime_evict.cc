@@ -194,9 +194,12 @@ bool Runtime::Evict(const PressureRequest& request, std::size_t* freed_out) {
     const bool prefetching = s->state == TensorState::kPrefetching;
     const Event prefetch_event = s->copy_event;
     const bool prefetch_in_flight = prefetching && s->copy_in_flight;
+    const bool was_prefetch_evicted = s->prefetch_evicted;
     if (prefetching) {
       s->copy_in_flight = false;
       SetState(s, TensorState::kResident);
+      // Before the offload, which plans prefetches (FinishOffload).
+      s->prefetch_evicted = true;
     }
     if (s->state != TensorState::kResident) continue;
     const policies::Candidate& c = scratch_[step.id];
@@ -212,12 +215,12 @@ bool Runtime::Evict(const PressureRequest& request, std::size_t* freed_out) {
       if (prefetching) {
         s->copy_event = prefetch_event;
         s->copy_in_flight = prefetch_in_flight;
+        s->prefetch_evicted = was_prefetch_evicted;
         SetState(s, TensorState::kPrefetching);
       }
       continue;
     }
     if (prefetch_in_flight) events_.Give(prefetch_event);
-    if (prefetching) s->prefetch_evicted = true;
     if (s->state == TensorState::kDropped) ++stats_.drops;
     progress = true;
     ++evicted;

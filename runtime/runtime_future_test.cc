@@ -125,31 +125,60 @@ TEST_F(RuntimeTest, APlannedPrefetchStartsItsCopysTimeBeforeTheUseNotAWholeWindo
 
 TEST_F(RuntimeTest, APrefetchEvictedBeforeItsUseIsNotPlannedAgainUntilTheUse) {
   // Planned again, it would take room from what then evicts it once more.
+  // One hint throughout: the offload that evicts the prefetch must not plan
+  // it again for the same use.
   Make(8 * kMiB, {.policy = "hybrid:prefetch_us=1000", .enable_drop = false});
   TensorId t = Produce(3 * kMiB, {}, false, true);
-  ASSERT_TRUE(runtime_->HintNextUse(t, runtime_->NowNs() + 100'000).ok());
+  ASSERT_TRUE(runtime_->HintNextUse(t, runtime_->NowNs() + 200'000).ok());
   TensorId big = Produce(6 * kMiB, {}, false, false);  // t goes to the host
   ASSERT_TRUE(runtime_->Free(big).ok());
-  TensorId work = Produce(64 * kKiB, {}, false, false);  // a look: due, and room
-  ASSERT_TRUE(runtime_->Free(work).ok());
+  auto look = [&] {
+    TensorId work = Produce(64 * kKiB, {}, false, false);
+    ASSERT_TRUE(runtime_->Free(work).ok());
+  };
+  look();  // due, and room
   ASSERT_EQ(StateOf(t), TensorState::kPrefetching);
   big = Produce(6 * kMiB, {}, false, true);  // no room unless t goes again
   ASSERT_TRUE(StateOf(t) == TensorState::kOffloading || StateOf(t) == TensorState::kOnHost);
   ASSERT_TRUE(runtime_->Free(big).ok());
-  ASSERT_TRUE(runtime_->HintNextUse(t, runtime_->NowNs() + 50'000).ok());  // due, and room
-  work = Produce(64 * kKiB, {}, false, false);
-  ASSERT_TRUE(runtime_->Free(work).ok());
+  look();  // still due, and room again: not planned
+  look();
   EXPECT_EQ(runtime_->stats().prefetches, 1u);
   EXPECT_NE(StateOf(t), TensorState::kPrefetching);
+  ASSERT_TRUE(runtime_->HintNextUse(t, runtime_->NowNs() + 50'000).ok());  // nor hinted again
+  look();
+  EXPECT_EQ(runtime_->stats().prefetches, 1u);
   Check(t);  // back on access, with its bytes; then planned again as before
   big = Produce(6 * kMiB, {}, false, false);
   ASSERT_TRUE(runtime_->Free(big).ok());
   ASSERT_TRUE(runtime_->HintNextUse(t, runtime_->NowNs() + 50'000).ok());
-  work = Produce(64 * kKiB, {}, false, false);
-  ASSERT_TRUE(runtime_->Free(work).ok());
+  look();
   EXPECT_EQ(runtime_->stats().prefetches, 2u);
   Check(t);
   ASSERT_TRUE(runtime_->CheckInvariants().ok()) << runtime_->CheckInvariants();
+}
+
+TEST_F(RuntimeTest, CopiesInQueuedStartAPrefetchEarlierButNeverBeforeItsWindow) {
+  // a's 100 MiB prefetch holds the link in for about 4.2 ms (25 GB/s).
+  // Behind it, b's copy lands that much later: b is due at once where its
+  // use is 3 ms off. With a 1 ms window, a use 1.9 ms off waits all the same.
+  auto run = [&](const char* policy, bool queue_a, std::int64_t b_use_ns) {
+    Make(512 * kMiB, {.policy = policy, .enable_drop = false});
+    TensorId a = Produce(100 * kMiB, {}, false, true);
+    TensorId b = Produce(3 * kMiB, {}, false, true);
+    EXPECT_TRUE(*runtime_->Evict(a, policies::EvictAction::kOffload));
+    EXPECT_TRUE(*runtime_->Evict(b, policies::EvictAction::kOffload));
+    TensorId work = Produce(64 * kKiB, {}, false, false, /*cost_ns=*/5'000'000);  // copies out done
+    EXPECT_TRUE(runtime_->Free(work).ok());
+    if (queue_a) EXPECT_TRUE(runtime_->HintNextUse(a, runtime_->NowNs() + 50'000).ok());
+    const std::uint64_t before = runtime_->stats().prefetches;
+    EXPECT_TRUE(runtime_->HintNextUse(b, runtime_->NowNs() + b_use_ns).ok());
+    return runtime_->stats().prefetches - before;
+  };
+  EXPECT_EQ(run("hybrid:prefetch_us=10000", /*queue_a=*/false, 3'000'000), 0u);
+  EXPECT_EQ(run("hybrid:prefetch_us=10000", /*queue_a=*/true, 3'000'000), 1u);
+  EXPECT_EQ(run("hybrid:prefetch_us=1000,slack=1000", /*queue_a=*/true, 1'900'000), 0u);
+  EXPECT_EQ(run("hybrid:prefetch_us=1000,slack=1000", /*queue_a=*/true, 900'000), 1u);
 }
 
 // A step that repeats, as a training loop's do: six 4 MiB tensors made, then

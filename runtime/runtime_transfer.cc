@@ -55,13 +55,15 @@ void Runtime::LearnUse(Storage* s, bool created) {
 
 std::int64_t Runtime::PrefetchLeadNs(const Storage* s) const {
   // Started `lead` before the use, a copy in that waits on no other copy
-  // lands with time to spare (the margin covers a hint that comes early, and
-  // a copy the model thinks quicker than it is). Started earlier, the block
+  // lands in time, with time to spare where the lead is above 1 (the margin
+  // covers a hint that comes early, and a copy the model thinks quicker than
+  // it is). Started earlier, the block
   // only holds memory the budget is short of: with a fast link and a fixed
   // window, prefetches made room for themselves by evicting what the next
   // prefetch then had to bring back, and copies, not compute, set the pace.
-  const double lead = prefetch_lead_ * static_cast<double>(link_.OneWayNs(s->bytes));
-  return static_cast<std::int64_t>(std::min(lead, static_cast<double>(prefetch_window_ns_)));
+  const double lead = std::min(prefetch_lead_ * static_cast<double>(link_.OneWayNs(s->bytes)),
+                               static_cast<double>(prefetch_window_ns_));
+  return lead >= 0x1p62 ? std::int64_t{1} << 62 : static_cast<std::int64_t>(lead);
 }
 
 void Runtime::PlanPrefetch(Storage* s) {
@@ -81,20 +83,23 @@ void Runtime::PlanPrefetch(Storage* s) {
 void Runtime::PrefetchDue(Stream stream) {
   if (prefetch_blocked_at_ == handbacks_) return;  // no memory came back since it found no room
   // A copy started now lands after the copies in queued before it: an entry
-  // is due that much before its own start.
+  // is due that much before its own start, but never while its use is
+  // further off than the window (the soonest start waits, and those behind
+  // it, for a later look).
   const std::int64_t now = Clock();
   const std::int64_t horizon =
       now + std::min(link_.BacklogNs(runtime_internal::HostLink::kIn, now), prefetch_window_ns_);
-  while (!planned_.empty() && planned_.front().start_ns <= horizon) {
+  while (!planned_.empty() && planned_.front().start_ns <= horizon &&
+         planned_.front().at_ns - now <= prefetch_window_ns_) {
     std::pop_heap(planned_.begin(), planned_.end(), PlannedPrefetch::Later);
     const PlannedPrefetch p = planned_.back();
     planned_.pop_back();
     Storage* s = p.storage;
     if (s->serial != p.serial) continue;  // stale: collected (the object reused)
     if (s->planned_prefetch_at == p.at_ns) s->planned_prefetch_at = -1;  // its entry is out
-    if (s->next_use_at != p.at_ns || s->pins > 0 ||
+    if (s->next_use_at != p.at_ns || s->pins > 0 || s->prefetch_evicted ||
         (s->state != TensorState::kOnHost && s->state != TensorState::kOffloading)) {
-      continue;  // stale: hinted again, or already back
+      continue;  // stale: hinted again, already back, or evicted from a prefetch before
     }
     absl::Status st;
     {
