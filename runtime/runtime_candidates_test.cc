@@ -217,8 +217,7 @@ TEST_F(RuntimeTest, ALearnedUseIsPushedBackOnlyByTheRecomputesRunSinceItWasLearn
         const policies::Candidate* ca = BySize(hinted->shown.back(), 2 * kMiB);
         if (ca != nullptr) next_use = ca->next_use_ns;
       }
-      TensorId work = Produce(64 * kKiB, {}, false, false, /*cost_ns=*/5'000'000);
-      EXPECT_TRUE(runtime_->Free(work).ok());
+      Work(/*cost_ns=*/5'000'000);
       Check(a);
       for (TensorId t : {a, y, x}) EXPECT_TRUE(runtime_->Free(t).ok());
       EXPECT_TRUE(runtime_->EndStep().ok());

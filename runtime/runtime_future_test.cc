@@ -105,18 +105,14 @@ TEST_F(RuntimeTest, APlannedPrefetchStartsItsCopysTimeBeforeTheUseNotAWholeWindo
   TensorId big = Produce(6 * kMiB, {}, false, false);  // t goes to the host
   ASSERT_TRUE(StateOf(t) == TensorState::kOffloading || StateOf(t) == TensorState::kOnHost);
   ASSERT_TRUE(runtime_->Free(big).ok());
-  auto look = [&](std::int64_t cost_ns) {
-    TensorId work = Produce(64 * kKiB, {}, false, false, cost_ns);
-    ASSERT_TRUE(runtime_->Free(work).ok());
-  };
-  look(1000);  // room now, and the use within the window, but not yet due
-  look(1000);
+  Work(1000);  // room now, and the use within the window, but not yet due
+  Work(1000);
   EXPECT_EQ(runtime_->stats().prefetches, 0u);
-  look(4'600'000);  // about 0.4 ms before the use
-  look(1000);
+  Work(4'600'000);  // about 0.4 ms before the use
+  Work(1000);
   EXPECT_EQ(runtime_->stats().prefetches, 0u);
-  look(300'000);  // about 0.1 ms before: due
-  look(1000);
+  Work(300'000);  // about 0.1 ms before: due
+  Work(1000);
   EXPECT_EQ(runtime_->stats().prefetches, 1u);
   EXPECT_EQ(StateOf(t), TensorState::kPrefetching);
   Check(t);
@@ -132,27 +128,23 @@ TEST_F(RuntimeTest, APrefetchEvictedBeforeItsUseIsNotPlannedAgainUntilTheUse) {
   ASSERT_TRUE(runtime_->HintNextUse(t, runtime_->NowNs() + 200'000).ok());
   TensorId big = Produce(6 * kMiB, {}, false, false);  // t goes to the host
   ASSERT_TRUE(runtime_->Free(big).ok());
-  auto look = [&] {
-    TensorId work = Produce(64 * kKiB, {}, false, false);
-    ASSERT_TRUE(runtime_->Free(work).ok());
-  };
-  look();  // due, and room
+  Work();  // due, and room
   ASSERT_EQ(StateOf(t), TensorState::kPrefetching);
   big = Produce(6 * kMiB, {}, false, true);  // no room unless t goes again
   ASSERT_TRUE(StateOf(t) == TensorState::kOffloading || StateOf(t) == TensorState::kOnHost);
   ASSERT_TRUE(runtime_->Free(big).ok());
-  look();  // still due, and room again: not planned
-  look();
+  Work();  // still due, and room again: not planned
+  Work();
   EXPECT_EQ(runtime_->stats().prefetches, 1u);
   EXPECT_NE(StateOf(t), TensorState::kPrefetching);
   ASSERT_TRUE(runtime_->HintNextUse(t, runtime_->NowNs() + 50'000).ok());  // nor hinted again
-  look();
+  Work();
   EXPECT_EQ(runtime_->stats().prefetches, 1u);
   Check(t);  // back on access, with its bytes; then planned again as before
   big = Produce(6 * kMiB, {}, false, false);
   ASSERT_TRUE(runtime_->Free(big).ok());
   ASSERT_TRUE(runtime_->HintNextUse(t, runtime_->NowNs() + 50'000).ok());
-  look();
+  Work();
   EXPECT_EQ(runtime_->stats().prefetches, 2u);
   Check(t);
   ASSERT_TRUE(runtime_->CheckInvariants().ok()) << runtime_->CheckInvariants();
@@ -168,8 +160,7 @@ TEST_F(RuntimeTest, CopiesInQueuedStartAPrefetchEarlierButNeverBeforeItsWindow) 
     TensorId b = Produce(3 * kMiB, {}, false, true);
     EXPECT_TRUE(*runtime_->Evict(a, policies::EvictAction::kOffload));
     EXPECT_TRUE(*runtime_->Evict(b, policies::EvictAction::kOffload));
-    TensorId work = Produce(64 * kKiB, {}, false, false, /*cost_ns=*/5'000'000);  // copies out done
-    EXPECT_TRUE(runtime_->Free(work).ok());
+    Work(/*cost_ns=*/5'000'000);  // the copies out done
     if (queue_a) EXPECT_TRUE(runtime_->HintNextUse(a, runtime_->NowNs() + 50'000).ok());
     const std::uint64_t before = runtime_->stats().prefetches;
     EXPECT_TRUE(runtime_->HintNextUse(b, runtime_->NowNs() + b_use_ns).ok());
@@ -198,8 +189,7 @@ class LearnedStepTest : public RuntimeTest {
     for (int i = 0; i < 6; ++i) ids.push_back(Produce(4 * kMiB, {}, drop, !drop));
     for (TensorId id : ids) {
       Check(id);
-      TensorId work = Produce(64 * kKiB, {}, false, false, /*cost_ns=*/200'000);
-      EXPECT_TRUE(runtime_->Free(work).ok());
+      Work(/*cost_ns=*/200'000);
     }
     for (TensorId id : ids) EXPECT_TRUE(runtime_->Free(id).ok());
     EXPECT_TRUE(runtime_->EndStep().ok());

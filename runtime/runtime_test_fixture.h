@@ -141,6 +141,14 @@ class RuntimeTest : public ::testing::Test {
 
   TensorState StateOf(TensorId id) { return *runtime_->State(id); }
 
+  // The program's work between uses: a small tensor made (taking `cost_ns`
+  // on the clock) and freed. Each is also a look for the runtime's planned
+  // prefetches.
+  void Work(std::int64_t cost_ns = 1000) {
+    const TensorId work = Produce(64 * kKiB, {}, false, false, cost_ns);
+    ASSERT_TRUE(runtime_->Free(work).ok());
+  }
+
   void CheckInvariants() {
     const absl::Status st = runtime_->CheckInvariants();
     ASSERT_TRUE(st.ok()) << st;

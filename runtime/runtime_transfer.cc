@@ -57,10 +57,10 @@ std::int64_t Runtime::PrefetchLeadNs(const Storage* s) const {
   // Started `lead` before the use, a copy in that waits on no other copy
   // lands in time, with time to spare where the lead is above 1 (the margin
   // covers a hint that comes early, and a copy the model thinks quicker than
-  // it is). Started earlier, the block
-  // only holds memory the budget is short of: with a fast link and a fixed
-  // window, prefetches made room for themselves by evicting what the next
-  // prefetch then had to bring back, and copies, not compute, set the pace.
+  // it is). Started earlier, the block only holds memory the budget is short
+  // of: with a fast link and a fixed window, prefetches made room for
+  // themselves by evicting what the next prefetch then had to bring back,
+  // and copies, not compute, set the pace.
   const double lead = std::min(prefetch_lead_ * static_cast<double>(link_.OneWayNs(s->bytes)),
                                static_cast<double>(prefetch_window_ns_));
   return lead >= 0x1p62 ? std::int64_t{1} << 62 : static_cast<std::int64_t>(lead);

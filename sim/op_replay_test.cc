@@ -942,18 +942,22 @@ TEST(OpReplayTest, DtrEqWithTheFutureKeepsWhatTheBackwardIsAboutToRead) {
   EXPECT_EQ(blind.recomputed_ops, plain.recomputed_ops);
 }
 
+// `trace` replayed under `policy` with drops only, at `ratio` of its
+// unlimited run's live peak.
+OpReplayReport DropsOnlyAtLiveRatio(const OpTrace& trace, double ratio, const std::string& policy) {
+  OpReplayOptions o;
+  MemoryBudget::FromRatio(ratio, Replay(trace, {}), Accounting::kLive).ApplyTo(o);
+  o.enable_offload = false;
+  o.policy = policy;
+  return Replay(trace, o);
+}
+
 TEST(OpReplayTest, AutoKeepsDtrEqWithTheFutureWhereItIsQuickest) {
   // The 2-layer LSTM at 0.4 of its live peak, drops only: every other trial
   // thrashes; dtr-eq reading the trace's next uses finishes.
   const OpTrace trace = Load("lstm_l2_h512_s128_b32_v256.jsonl");
-  const OpReplayReport unlimited = Replay(trace, {});
-  OpReplayOptions o;
-  MemoryBudget::FromRatio(0.4, unlimited, Accounting::kLive).ApplyTo(o);
-  o.enable_offload = false;
-  o.policy = "dtr-eq";
-  EXPECT_NE(Replay(trace, o).status, "ok");
-  o.policy = "auto";
-  const OpReplayReport kept = Replay(trace, o);
+  EXPECT_NE(DropsOnlyAtLiveRatio(trace, 0.4, "dtr-eq").status, "ok");
+  const OpReplayReport kept = DropsOnlyAtLiveRatio(trace, 0.4, "auto");
   EXPECT_EQ(kept.status, "ok") << kept.message;
   EXPECT_EQ(kept.kept_policy, "dtr-eq:future=true,staleness_exp=1,sample=all");
 }
@@ -964,11 +968,7 @@ TEST(OpReplayTest, AutoKeepsDtrEqWithTheFutureAndSquaredStalenessWhereItIsQuicke
   // 2% of a solver's plan (1.149); every other trial costs at least 1.241.
   const OpTrace trace = Load("gpt_tiny_l1_d32_s16_b2_v64.jsonl");
   const OpReplayReport unlimited = Replay(trace, {});
-  OpReplayOptions o;
-  MemoryBudget::FromRatio(0.7, unlimited, Accounting::kLive).ApplyTo(o);
-  o.enable_offload = false;
-  o.policy = "auto";
-  const OpReplayReport kept = Replay(trace, o);
+  const OpReplayReport kept = DropsOnlyAtLiveRatio(trace, 0.7, "auto");
   ASSERT_EQ(kept.status, "ok") << kept.message;
   EXPECT_EQ(kept.kept_policy, "dtr-eq:future=true,staleness_exp=2,sample=all");
   EXPECT_LT(static_cast<double>(kept.time_ns), 1.18 * static_cast<double>(unlimited.time_ns));
