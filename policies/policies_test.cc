@@ -809,6 +809,63 @@ TEST_F(CoveringRunTest, RunsStopAtABoundaryFreeBlocksNeverCross) {
   EXPECT_FALSE(CheapestCoveringRun(Ctx(), Compute).has_value());
 }
 
+TEST_F(CoveringRunTest, ARunCostsTheExtraOfEachRelatedPairWithinItOnce) {
+  ctx_.bytes_needed = 3 * k;  // only (A, free, B) covers it: 1000 + 3000 ns
+  const Candidate stranger = Make(7, k, 0);  // not one of the event's candidates
+  int visits = 0;
+  auto related = [&](const Candidate& c, absl::FunctionRef<void(const Candidate&, double)> visit) {
+    ++visits;
+    visit(stranger, 1e9);  // never a member of a run: costs nothing
+    if (c.id == 1) visit(cs_[1], 500);  // A and B: 500 ns more together, seen from either side
+    if (c.id == 3) visit(cs_[0], 500);
+  };
+  double price = 0;
+  std::optional<Plan> run = CheapestCoveringRun(Ctx(), Compute, related, &price);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_THAT(Ids(*run), ElementsAre(1, 3));
+  EXPECT_DOUBLE_EQ(price, 4500);
+  EXPECT_GT(visits, 0);
+  // Needing 2 MiB, (A, free) at 1000 ns beats (free, B) at 3000: no pair within either.
+  ctx_.bytes_needed = 2 * k;
+  run = CheapestCoveringRun(Ctx(), Compute, related, &price);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_THAT(Ids(*run), ElementsAre(1));
+  EXPECT_DOUBLE_EQ(price, 1000);
+}
+
+TEST_F(CoveringRunTest, CandidatesNumberedByPositionOrNotGiveTheSamePlans) {
+  // The runtime numbers candidates by position (ids 0, 1, ...); a policy's
+  // own tests and callers may not. Both find the same blocks.
+  auto plans = [&] {
+    std::vector<std::vector<std::uint64_t>> out;
+    for (std::size_t need : {2 * k, 3 * k, 4 * k}) {
+      ctx_.bytes_needed = need;
+      std::optional<Plan> run = CheapestCoveringRun(Ctx(), Compute);
+      std::vector<std::uint64_t> blocks;
+      for (const PlanStep& step : run.value_or(Plan{})) {
+        for (const Candidate& c : cs_) {
+          if (c.id == step.id) blocks.push_back(c.address);
+        }
+      }
+      out.push_back(blocks);
+      Plan everything;
+      for (auto it = cs_.rbegin(); it != cs_.rend(); ++it) everything.push_back({it->id});
+      const std::optional<std::size_t> steps = StepsToMakeRoom(Ctx(), everything);
+      out.push_back({steps.value_or(99), PlanMakesRoom(Ctx(), {everything.front()})});
+    }
+    return out;
+  };
+  const auto sparse = plans();  // ids 1, 3, 5
+  for (std::size_t i = 0; i < cs_.size(); ++i) cs_[i].id = i;
+  EXPECT_EQ(plans(), sparse);
+  EXPECT_EQ(sparse[0], std::vector<std::uint64_t>{0x100000});  // 2 MiB: A and the free block
+  // An id the event does not have names nothing.
+  ctx_.bytes_needed = 2 * k;
+  EXPECT_FALSE(PlanMakesRoom(Ctx(), {{42, EvictAction::kDrop}}));
+  EXPECT_EQ(StepsToMakeRoom(Ctx(), {{42, EvictAction::kDrop}, {0, EvictAction::kDrop}}),
+            std::optional<std::size_t>(2));
+}
+
 TEST_F(CoveringRunTest, APlanMakesRoomWithAHoleOrWithWhatTheAllocatorGivesBack) {
   PressureContext& ctx = Ctx();
   // Evicting D alone leaves no 2 MiB hole (C is pinned); A or B next to

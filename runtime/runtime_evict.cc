@@ -263,29 +263,56 @@ bool Runtime::MakeRoomInOnePlace(const policies::PressureContext& ctx, policies:
   // Who reads whom among the candidates: recomputing a reader must first
   // recompute what it reads, so evicting both costs that once more (a run
   // along a chain of layers would otherwise look as cheap as one of
-  // unrelated tensors).
-  absl::flat_hash_map<const Storage*, std::size_t> index_of;
-  for (std::size_t i = 0; i < scratch_.size(); ++i) index_of.emplace(scratch_storages_[i], i);
-  std::vector<std::vector<std::size_t>> readers(scratch_.size());
-  for (std::size_t i = 0; i < scratch_.size(); ++i) {
+  // unrelated tensors). Both sides, once per event as flat lists (the
+  // search visits a candidate's relations each time it joins or leaves its
+  // window): reads[reads_at[i]..reads_at[i + 1]) are the candidates i
+  // reads, in its inputs' order; readers[...] those that read i, by position.
+  const std::size_t n = scratch_.size();
+  absl::flat_hash_map<const Storage*, std::uint32_t> index_of;
+  index_of.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    index_of.emplace(scratch_storages_[i], static_cast<std::uint32_t>(i));
+  }
+  std::vector<std::uint32_t> reads_at(n + 1, 0), reads;
+  std::vector<std::uint32_t> readers_at(n + 1, 0), readers;
+  for (std::size_t i = 0; i < n; ++i) {
+    reads_at[i] = static_cast<std::uint32_t>(reads.size());
     for (const Storage* in : scratch_storages_[i]->inputs) {
-      if (auto it = index_of.find(in); it != index_of.end()) readers[it->second].push_back(i);
+      if (auto it = index_of.find(in); it != index_of.end()) {
+        reads.push_back(it->second);
+        ++readers_at[it->second + 1];
+      }
+    }
+  }
+  reads_at[n] = static_cast<std::uint32_t>(reads.size());
+  for (std::size_t i = 0; i < n; ++i) readers_at[i + 1] += readers_at[i];
+  readers.resize(reads.size());
+  {
+    std::vector<std::uint32_t> fill(readers_at.begin(), readers_at.end() - 1);
+    for (std::size_t i = 0; i < n; ++i) {  // readers in increasing position
+      for (std::uint32_t k = reads_at[i]; k < reads_at[i + 1]; ++k) {
+        readers[fill[reads[k]]++] = static_cast<std::uint32_t>(i);
+      }
     }
   }
   auto related = [&](const policies::Candidate& c,
                      absl::FunctionRef<void(const policies::Candidate&, double)> visit) {
-    for (const Storage* in : scratch_storages_[c.id]->inputs) {
-      if (auto it = index_of.find(in); it != index_of.end()) {
-        const policies::Candidate& read = scratch_[it->second];
-        visit(read, static_cast<double>(read.compute_ns) / policies::Staleness(c, ctx));
-      }
+    for (std::uint32_t k = reads_at[c.id]; k < reads_at[c.id + 1]; ++k) {
+      const policies::Candidate& read = scratch_[reads[k]];
+      visit(read, static_cast<double>(read.compute_ns) / policies::Staleness(c, ctx));
     }
-    for (std::size_t r : readers[c.id]) {
-      const policies::Candidate& reader = scratch_[r];
+    for (std::uint32_t k = readers_at[c.id]; k < readers_at[c.id + 1]; ++k) {
+      const policies::Candidate& reader = scratch_[readers[k]];
       visit(reader, static_cast<double>(c.compute_ns) / policies::Staleness(reader, ctx));
     }
   };
-  auto price = [&ctx](const policies::Candidate& c) { return policies::RunCost(c, ctx); };
+  // A candidate's price, reckoned once for the run and the ranking alike.
+  std::vector<double> prices(n, -1.0);  // (a price is never negative)
+  auto price = [&](const policies::Candidate& c) {
+    double& p = prices[c.id];
+    if (p < 0) p = policies::RunCost(c, ctx);
+    return p;
+  };
   double run_price = std::numeric_limits<double>::infinity();
   std::optional<policies::Plan> run = policies::CheapestCoveringRun(ctx, price, related, &run_price);
   if (run.has_value() && run->empty()) run.reset();  // the hole is there already
@@ -298,15 +325,15 @@ bool Runtime::MakeRoomInOnePlace(const policies::PressureContext& ctx, policies:
   double ranking_price = std::numeric_limits<double>::infinity();
   if (steps.has_value()) {
     ranking_price = 0;
-    absl::flat_hash_set<const policies::Candidate*> taken;
+    std::vector<char> taken(n, 0);
     for (std::size_t i = 0; i < *steps; ++i) {
-      if (ranking[i].id >= scratch_.size()) continue;
+      if (ranking[i].id >= n) continue;
       const policies::Candidate& c = scratch_[ranking[i].id];
       ranking_price += price(c);
       related(c, [&](const policies::Candidate& other, double extra) {
-        if (taken.contains(&other)) ranking_price += extra;
+        if (taken[other.id]) ranking_price += extra;
       });
-      taken.insert(&c);
+      taken[c.id] = 1;
     }
   }
   if (run.has_value() && run_price < ranking_price) {
