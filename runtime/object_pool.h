@@ -1,9 +1,9 @@
 // ObjectPool: objects the runtime makes many of and reuses (storages, call
 // groups). An object stays put for the pool's life, so a pointer to it stays
 // valid; one given back is handed out again before a new one is made.
-// Objects are made in chunks that double in size (up to kMaxChunk), so a
+// Their memory comes in chunks that double in size (up to kMaxChunk), so a
 // runtime that makes thousands of storages pays one heap allocation per
-// chunk, not one per storage.
+// chunk, not one per storage; each object is made when first handed out.
 // Header-only (a template); the objects' own state is the caller's.
 //
 // Invariants (CheckInvariants): every object given back is one of the
@@ -27,6 +27,9 @@ template <typename T>
 class ObjectPool {
  public:
   ObjectPool() = default;
+  ~ObjectPool() {
+    for (T* t : all_) std::destroy_at(t);
+  }
   ObjectPool(const ObjectPool&) = delete;
   ObjectPool& operator=(const ObjectPool&) = delete;
 
@@ -42,10 +45,13 @@ class ObjectPool {
     }
     if (chunk_used_ == chunk_size_) {
       chunk_size_ = chunks_.empty() ? kFirstChunk : std::min(2 * chunk_size_, kMaxChunk);
-      chunks_.push_back(std::make_unique<T[]>(chunk_size_));
+      chunks_.push_back(Chunk(std::allocator<T>().allocate(chunk_size_), FreeChunk{chunk_size_}));
       chunk_used_ = 0;
     }
-    T* t = &chunks_.back()[chunk_used_++];
+    // Made where it is first handed out: the rest of the chunk's memory is
+    // not touched until needed (a chunk made whole touched pages a run may
+    // never use, each a page fault).
+    T* t = std::construct_at(chunks_.back().get() + chunk_used_++);
     all_.push_back(t);
     return t;
   }
@@ -78,7 +84,13 @@ class ObjectPool {
   }
 
  private:
-  std::vector<std::unique_ptr<T[]>> chunks_;
+  // A chunk's raw memory; its objects (all_) are destroyed by the pool.
+  struct FreeChunk {
+    std::size_t size = 0;
+    void operator()(T* p) const { std::allocator<T>().deallocate(p, size); }
+  };
+  using Chunk = std::unique_ptr<T, FreeChunk>;
+  std::vector<Chunk> chunks_;
   std::size_t chunk_size_ = 0;  // of the last chunk
   std::size_t chunk_used_ = 0;  // objects handed out of the last chunk
   std::vector<T*> all_;         // every object made, in the order made

@@ -208,5 +208,34 @@ TEST(ObjectPoolTest, ObjectsMadeInChunksStayPutAndAreEachHandedOutOnce) {
   EXPECT_TRUE(pool.CheckInvariants("call group").ok());
 }
 
+// Counts its constructions and destructions.
+struct Counted {
+  static inline int made = 0;
+  static inline int gone = 0;
+  Counted() { ++made; }
+  ~Counted() { ++gone; }
+  Counted(const Counted&) = delete;
+  Counted& operator=(const Counted&) = delete;
+  int value = 7;
+};
+
+TEST(ObjectPoolTest, OnlyObjectsHandedOutAreMadeAndThePoolDestroysEachOnce) {
+  // A new chunk is memory, not objects: a run that needs one object more
+  // than its chunks held touches one more, not a whole chunk's pages.
+  Counted::made = Counted::gone = 0;
+  {
+    ObjectPool<Counted> pool;
+    const std::size_t count = ObjectPool<Counted>::kFirstChunk + 1;  // one into the second chunk
+    for (std::size_t i = 0; i < count; ++i) EXPECT_EQ(pool.Take()->value, 7);
+    EXPECT_EQ(Counted::made, static_cast<int>(count));
+    Counted* last = pool.all().back();
+    pool.Give(last);
+    EXPECT_EQ(pool.Take(), last);  // reused, not made again
+    EXPECT_EQ(Counted::made, static_cast<int>(count));
+    EXPECT_EQ(Counted::gone, 0);
+  }
+  EXPECT_EQ(Counted::gone, Counted::made);
+}
+
 }  // namespace
 }  // namespace remat::runtime_internal
