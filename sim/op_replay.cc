@@ -410,25 +410,22 @@ class Replayer final : public RuntimeObserver {
   absl::Status Call(const OpRecord& r, Stream compute) {
     absl::InlinedVector<Guard, 4> in_guards;
     absl::InlinedVector<void*, 4> in_ptrs;
-    // One options object for every tensor made: Create only reads its
-    // inputs, so the list keeps its heap space from call to call.
-    TensorOptions& options = create_options_;
-    options.inputs.clear();
     const absl::Span<const std::uint32_t> inputs = r.inputs;
-    for (std::uint32_t t : inputs) {
-      absl::StatusOr<Guard> g = runtime_->Acquire(ids_[t], compute);
-      if (!g.ok()) return g.status();
-      Verify(compute, t, g->ptr());
-      in_ptrs.push_back(g->ptr());
-      options.inputs.push_back(ids_[t]);
-      in_guards.push_back(std::move(*g));
-    }
+    auto acquire_inputs = [&]() -> absl::Status {
+      for (std::uint32_t t : inputs) {
+        absl::StatusOr<Guard> g = runtime_->Acquire(ids_[t], compute);
+        if (!g.ok()) return g.status();
+        Verify(compute, t, g->ptr());
+        in_ptrs.push_back(g->ptr());
+        in_guards.push_back(std::move(*g));
+      }
+      return absl::OkStatus();
+    };
+    if (absl::Status s = acquire_inputs(); !s.ok()) return s;
     report_.compute_ns += r.cost_ns;
-    // The outputs with storage of their own are made first: one is a tensor
-    // (Create); several are one runtime call (CreateCall), whose recompute
-    // regenerates every lost output in one run, charged the call's cost once.
-    // The guards of the outputs made: `single` for one, `made` for several
-    // (most calls have one output; no vector of guards for them).
+    // The outputs with storage of their own are made first (MakeOutputs).
+    // Their guards: `single` for one, `made` for several (most calls have
+    // one output; no vector of guards for them).
     Guard single;
     absl::InlinedVector<Guard, 4> made;
     std::size_t owning = 0;
@@ -438,6 +435,67 @@ class Replayer final : public RuntimeObserver {
       ++owning;
       only = out;
     }
+    auto make_outputs = [&]() -> absl::Status {
+      return MakeOutputs(r, owning, only, compute, single, made);
+    };
+    if (absl::Status s = make_outputs(); !s.ok()) {
+      // No room for the outputs beside the inputs, which the call holds
+      // while it runs: under a reserved budget they may be spread over
+      // pages or segments none of which can then be given whole, though
+      // the bytes would fit. Tried the other way round: the inputs let go
+      // (evicted like anything else where room needs it), the outputs
+      // made, the inputs brought back in the room left.
+      if (!options_.outputs_first_after_oom || !absl::IsResourceExhausted(s) ||
+          in_guards.empty()) {
+        return s;
+      }
+      in_guards.clear();
+      in_ptrs.clear();
+      if (absl::Status again = make_outputs(); !again.ok()) return again;
+      if (absl::Status back = acquire_inputs(); !back.ok()) return back;
+      if (reporting_) ++report_.outputs_first;
+    }
+    bool charged = false;  // the call's cost once, on its first output with bytes
+    std::size_t k = 0;
+    for (std::uint32_t out : r.outputs) {
+      const OpTensor& tensor = trace_.tensors[out];
+      if (tensor.is_view()) {
+        absl::StatusOr<TensorId> view = runtime_->CreateView(ids_[tensor.alias_of]);
+        if (!view.ok()) return view.status();
+        ids_[out] = *view;
+        continue;
+      }
+      const Guard& g = owning == 1 ? single : made[k++];
+      ids_[out] = g.id();
+      if (!storage_of_.empty()) StorageOf(g.id()) = out;
+      const std::int64_t cost = charged ? 0 : r.cost_ns;
+      const bool charge = !charged;  // the timeline's compute slice
+      charged = true;
+      if (absl::Status s = Launch(compute, out, inputs, in_ptrs, g.ptr(), cost, /*first=*/true);
+          !s.ok()) {
+        return s;
+      }
+      if (charge && timeline_ != nullptr) OnCompute(r, compute);
+    }
+    if (!charged) {  // no output with bytes: the cost alone
+      absl::Status s = device_->Occupy(compute, r.cost_ns);
+      if (s.ok() && timeline_ != nullptr) OnCompute(r, compute);
+      return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // Makes a call's outputs with storage of their own (`owning` of them;
+  // `only` where there is one): one is a tensor (Create); several are one
+  // runtime call (CreateCall), whose recompute regenerates every lost output
+  // in one run, charged the call's cost once.
+  absl::Status MakeOutputs(const OpRecord& r, std::size_t owning, std::uint32_t only,
+                           Stream compute, Guard& single, absl::InlinedVector<Guard, 4>& made) {
+    // One options object for every tensor made: Create only reads its
+    // inputs, so the list keeps its heap space from call to call.
+    TensorOptions& options = create_options_;
+    options.inputs.clear();
+    for (std::uint32_t t : r.inputs) options.inputs.push_back(ids_[t]);
     options.compute_ns = r.cost_ns;
     options.allow_drop = true;
     options.allow_offload = true;
@@ -471,33 +529,6 @@ class Replayer final : public RuntimeObserver {
           runtime_->CreateCall(specs, std::move(options), compute);
       if (!guards.ok()) return guards.status();
       made = std::move(*guards);
-    }
-    bool charged = false;  // the call's cost once, on its first output with bytes
-    std::size_t k = 0;
-    for (std::uint32_t out : r.outputs) {
-      const OpTensor& tensor = trace_.tensors[out];
-      if (tensor.is_view()) {
-        absl::StatusOr<TensorId> view = runtime_->CreateView(ids_[tensor.alias_of]);
-        if (!view.ok()) return view.status();
-        ids_[out] = *view;
-        continue;
-      }
-      const Guard& g = owning == 1 ? single : made[k++];
-      ids_[out] = g.id();
-      if (!storage_of_.empty()) StorageOf(g.id()) = out;
-      const std::int64_t cost = charged ? 0 : r.cost_ns;
-      const bool charge = !charged;  // the timeline's compute slice
-      charged = true;
-      if (absl::Status s = Launch(compute, out, inputs, in_ptrs, g.ptr(), cost, /*first=*/true);
-          !s.ok()) {
-        return s;
-      }
-      if (charge && timeline_ != nullptr) OnCompute(r, compute);
-    }
-    if (!charged) {  // no output with bytes: the cost alone
-      absl::Status s = device_->Occupy(compute, r.cost_ns);
-      if (s.ok() && timeline_ != nullptr) OnCompute(r, compute);
-      return s;
     }
     return absl::OkStatus();
   }
@@ -794,8 +825,13 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
                                        options.max_split_size == 0 && options.alloc_conf.empty()
                                    ? kBudgetedSplitHalvings
                                    : 0;
+  // Outputs first after an out-of-memory under a reserved budget only (a
+  // live one counts bytes, not places).
+  const bool outputs_first = options.outputs_first_after_oom && places;
   if (!budgeted || (trials.empty() && !guard && !place_again && halvings == 0)) {
-    absl::StatusOr<OpReplayReport> r = Replayer(trace, options).Run();
+    OpReplayOptions o = options;
+    o.outputs_first_after_oom = outputs_first;
+    absl::StatusOr<OpReplayReport> r = Replayer(trace, o).Run();
     if (r.ok()) r->in_one_place = places && options.retry_in_one_place;
     return r;
   }
@@ -862,6 +898,7 @@ absl::StatusOr<OpReplayReport> ReplayOpTrace(const OpTrace& trace, const OpRepla
       o.max_split_size = kBudgetedMaxSplit >> step->split_limit_halvings;
     }
     if (run.drops_only) o.enable_offload = false;
+    o.outputs_first_after_oom = outputs_first;
     // A trial that passes the time of the best finished run of its kind so
     // far cannot be the best of its kind: it stops there ("beaten"), which
     // bounds the cost of trials that thrash.

@@ -103,6 +103,17 @@ struct OpReplayOptions {
   // kBudgetedSplitHalvings times, where max_split_size and alloc_conf are
   // left unset (OpReplayReport::max_split_bytes says which limit ran).
   bool in_one_place_after_failure = true;
+  // Under a reserved budget, a call whose outputs find no room beside its
+  // inputs (which it holds while it runs) is made again the other way round:
+  // its inputs let go, its outputs made, its inputs brought back. Inputs
+  // spread over pages or segments can leave none of them free to give,
+  // though inputs and outputs together fit the budget: an LSTM's 128 hidden
+  // states, 64 KiB each and a few to every small-pool segment, left its
+  // `stack` no 8 MiB however much else was evicted. A framework that makes
+  // a call's outputs before it runs the call can do the same (not the
+  // PyTorch door: a kernel makes its outputs itself);
+  // OpReplayReport::outputs_first counts such calls.
+  bool outputs_first_after_oom = true;
   // RuntimeOptions::keep_regenerated: a released tensor a regeneration
   // brought back stays while a dropped consumer the program holds needs it.
   bool keep_regenerated = true;
@@ -197,6 +208,7 @@ struct OpReplayReport {
   std::uint64_t skipped_evicts = 0;
   std::uint64_t pressure_events = 0;  // times the runtime asked the policy for a plan
   std::uint64_t covering_runs = 0;    // of those, met by a covering run (retry_in_one_place)
+  std::uint64_t outputs_first = 0;    // calls made outputs first (outputs_first_after_oom)
   // copy_ahead: copies out made ahead, the offloads that used one, and their bytes.
   std::uint64_t copies_ahead = 0;
   std::uint64_t ahead_offloads = 0;

@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "gen/model_gen.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -357,6 +358,63 @@ TEST(OpReplayTest, ARunThatDidNotFinishRunsAgainMeetingRequestsInOnePlace) {
   EXPECT_FALSE(Replay(trace, live).in_one_place);
   live.offload_guard = true;
   EXPECT_FALSE(Replay(trace, live).in_one_place);
+}
+
+// Four small-pool segments, each holding one of a call's inputs beside three
+// tensors that can go: the call's 2 MiB output needs a whole segment given
+// back, and with its inputs held none can be (each holds one). Made the other
+// way round, the inputs are let go, a segment is freed for the output, and the
+// inputs come back (recomputed) in the room left.
+TEST(OpReplayTest, ACallWhoseInputsLeaveNoSegmentFreeMakesItsOutputsFirst) {
+  std::string text = R"({"op":"constant","id":"c","bytes":524288})"
+                     "\n";
+  int temps = 0;
+  for (int k = 0; k < 4; ++k) {
+    text += absl::StrFormat(
+        R"({"op":"call","name":"f","inputs":["c"],"outputs":[{"id":"k%d","bytes":524288}],)"
+        R"("cost_ns":1000})"
+        "\n",
+        k);
+    for (int t = 0; t < (k == 0 ? 2 : 3); ++t, ++temps) {
+      text += absl::StrFormat(
+          R"({"op":"call","name":"g","inputs":["c"],"outputs":[{"id":"t%d","bytes":524288}],)"
+          R"("cost_ns":1000})"
+          "\n",
+          temps);
+    }
+  }
+  text += R"({"op":"call","name":"stack","inputs":["k0","k1","k2","k3"],)"
+          R"("outputs":[{"id":"y","bytes":2097152}],"cost_ns":4000})"
+          "\n";
+  text += R"({"op":"use","ids":["y","k0","k1","k2","k3"]})"
+          "\n";
+  absl::StatusOr<OpTrace> trace = ParseOpTrace(text, "segments.jsonl");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  for (bool verify : {false, true}) {
+    SCOPED_TRACE(verify ? "verify" : "plain");
+    OpReplayOptions o;
+    o.policy = "lru";
+    o.enable_offload = false;
+    o.verify = verify;
+    MemoryBudget{8 * kMiB, Accounting::kReserved}.ApplyTo(o);
+    const OpReplayReport made = Replay(*trace, o);
+    EXPECT_EQ(made.status, "ok") << made.message;
+    EXPECT_EQ(made.outputs_first, 1u);
+    EXPECT_GE(made.recomputed_ops, 1u);  // an input let go, brought back
+    EXPECT_EQ(made.mismatches, 0u);
+    o.outputs_first_after_oom = false;
+    const OpReplayReport held = Replay(*trace, o);
+    EXPECT_EQ(held.status, "oom");
+    EXPECT_THAT(held.message, HasSubstr("pinned"));
+    EXPECT_EQ(held.outputs_first, 0u);
+    // A live budget counts bytes, not places: nothing is made the other way.
+    OpReplayOptions live = o;
+    live.outputs_first_after_oom = true;
+    MemoryBudget{3 * kMiB, Accounting::kLive}.ApplyTo(live);
+    const OpReplayReport counted = Replay(*trace, live);
+    EXPECT_NE(counted.status, "ok");
+    EXPECT_EQ(counted.outputs_first, 0u);
+  }
 }
 
 // A run that did not finish in one place either runs again with the split

@@ -99,6 +99,7 @@ OpReplayOptions BaseOptions(const SweepOptions& options) {
   base.retry_in_one_place = options.retry_in_one_place;
   base.in_one_place_after_failure = options.in_one_place_after_failure;
   base.keep_regenerated = options.keep_regenerated;
+  base.outputs_first_after_oom = options.outputs_first_after_oom;
   base.copy_ahead = options.copy_ahead;
   base.future = options.future;
   base.thrash_limit = options.thrash_limit;
@@ -120,6 +121,7 @@ absl::StatusOr<OpReplayReport> ReplayPlan(const OpTrace& planned, const SweepOpt
   // brings it back, as the program it was solved with says; a kept one would
   // hold room the plan gave to something else.
   o.keep_regenerated = false;
+  o.outputs_first_after_oom = false;  // (nor does it evict what the plan does not)
   MemoryBudget{budget, options.live ? Accounting::kLive : Accounting::kReserved}.ApplyTo(o);
   absl::StatusOr<OpReplayReport> report = ReplayOpTrace(planned, o);
   if (report.ok()) report->budget_bytes = budget;

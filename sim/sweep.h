@@ -31,6 +31,7 @@ struct SweepOptions {
   bool retry_in_one_place = false;  // OpReplayOptions::retry_in_one_place
   bool in_one_place_after_failure = true;  // OpReplayOptions::in_one_place_after_failure
   bool keep_regenerated = true;     // OpReplayOptions::keep_regenerated
+  bool outputs_first_after_oom = true;  // OpReplayOptions::outputs_first_after_oom
   bool copy_ahead = true;          // OpReplayOptions::copy_ahead
   Future future = Future::kKnown;  // as OpReplayOptions::future (budgeted runs)
   double link_gbps = 25.0;

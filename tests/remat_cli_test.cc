@@ -273,6 +273,19 @@ TEST_F(RematCliTest, SimPrintsTheReportAndRejectsBadUsage) {
   EXPECT_THAT(halved.out, HasSubstr("\"split_halvings\":2"));
   EXPECT_THAT(Remat(belady).out,
               HasSubstr("split limit      16.00 MiB (halved twice: run again so"));
+  // The LSTM's stack finds no segment free beside its 128 inputs at 0.4: made outputs
+  // first, dtr finishes, and says so; --inputs-held holds them, as before.
+  const std::string lstm = "sim " + Trace("lstm_l2_h512_s128_b32_v256.jsonl") +
+                           " --budget-ratio 0.4 --policy dtr --no-swap --json";
+  const Outcome first = Remat(lstm);
+  ASSERT_EQ(first.status, 0) << first.out;
+  EXPECT_THAT(first.out, HasSubstr("\"status\":\"ok\""));
+  EXPECT_THAT(first.out, HasSubstr("\"outputs_first\":1,"));
+  const Outcome held = Remat(lstm + " --inputs-held");
+  EXPECT_THAT(held.out, HasSubstr("\"status\":\"oom\""));
+  EXPECT_THAT(held.out, HasSubstr("\"outputs_first\":0,"));
+  EXPECT_THAT(Remat(lstm.substr(0, lstm.size() - 7)).out,
+              HasSubstr("outputs first    1 call: no room beside the inputs"));
   const Outcome kept_limit = Remat(belady + " --max-split 64MiB --json");
   EXPECT_EQ(kept_limit.status, 3) << kept_limit.out;
   EXPECT_THAT(kept_limit.out, HasSubstr("\"split_halvings\":0"));

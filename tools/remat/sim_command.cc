@@ -31,6 +31,7 @@ struct SimFlags {
   bool retry_anywhere = false;
   bool retry_in_one_place = false;
   bool release_regenerated = false;
+  bool inputs_held = false;
   bool no_copy_ahead = false;
   bool no_recompute = false;
   std::string accounting = "reserved";
@@ -170,6 +171,12 @@ void PrintText(const OpReplayReport& r, const OpReplayReport& base, const SimFla
               << (f.retry_in_one_place ? "\n"
                                        : " (run again so: placed anywhere, it did not finish)\n");
   }
+  if (r.outputs_first > 0) {
+    std::cout << absl::StrFormat(
+        "  outputs first    %d %s: no room beside the inputs, so inputs let go, outputs made, "
+        "inputs brought back\n",
+        r.outputs_first, r.outputs_first == 1 ? "call" : "calls");
+  }
   if (!r.plan.empty()) {
     const std::string other = r.plan == "mixed" ? "drop-only" : "mixed";
     std::cout << absl::StrFormat(
@@ -266,6 +273,7 @@ std::string ToJson(const OpReplayReport& r, const OpReplayReport& base, const Si
   w.Key("skipped_evicts").Uint(r.skipped_evicts);
   w.Key("pressure_events").Uint(r.pressure_events);
   w.Key("covering_runs").Uint(r.covering_runs);
+  w.Key("outputs_first").Uint(r.outputs_first);
   w.Key("copies_ahead").Uint(r.copies_ahead);
   w.Key("ahead_offloads").Uint(r.ahead_offloads);
   w.Key("copied_ahead_bytes").Uint(r.copied_ahead_bytes);
@@ -323,6 +331,7 @@ int RunSim(const SimFlags& f) {
   options.retry_in_one_place = f.retry_in_one_place;
   options.in_one_place_after_failure = !f.retry_anywhere;
   options.keep_regenerated = !f.release_regenerated;
+  options.outputs_first_after_oom = !f.inputs_held;
   options.copy_ahead = !f.no_copy_ahead;
   options.thrash_limit = f.thrash_limit;
   options.max_split_size = f.max_split;
@@ -415,6 +424,10 @@ Subcommand AddSimCommand(CLI::App& remat) {
                 "run a run that did not finish again (in one place, or with a lower split "
                 "limit)")
       ->excludes(one_place);
+  cmd->add_flag("--inputs-held", flags->inputs_held,
+                "Never let go of a call's inputs to make its outputs (by default, under a "
+                "reserved budget, a call whose outputs find no room beside its inputs is made "
+                "the other way round: inputs let go, outputs made, inputs brought back)");
   cmd->add_flag("--release-regenerated", flags->release_regenerated,
                 "Drop a tensor the program has released as soon as the regeneration that "
                 "brought it back ends (by default it stays, evictable, while a consumer of it "

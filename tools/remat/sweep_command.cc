@@ -39,6 +39,7 @@ struct SweepFlags {
   bool retry_anywhere = false;
   bool retry_in_one_place = false;
   bool release_regenerated = false;
+  bool inputs_held = false;
   bool no_copy_ahead = false;
   bool no_recompute = false;
   std::string future = "known";
@@ -276,6 +277,7 @@ int RunSweepCommand(const SweepFlags& f) {
   o.retry_in_one_place = f.retry_in_one_place;
   o.in_one_place_after_failure = !f.retry_anywhere;
   o.keep_regenerated = !f.release_regenerated;
+  o.outputs_first_after_oom = !f.inputs_held;
   o.copy_ahead = !f.no_copy_ahead;
   absl::StatusOr<Future> future = ParseFuture(f.future);
   if (!future.ok()) return ReportError("sweep", future.status());
@@ -418,6 +420,9 @@ Subcommand AddSweepCommand(CLI::App& remat) {
                 "limit (as remat sim "
                 "--retry-anywhere)")
       ->excludes(one_place);
+  cmd->add_flag("--inputs-held", flags->inputs_held,
+                "Never let go of a call's inputs to make its outputs (as remat sim "
+                "--inputs-held)");
   cmd->add_flag("--release-regenerated", flags->release_regenerated,
                 "Drop a released tensor as soon as the regeneration that brought it back ends "
                 "(as remat sim --release-regenerated)");
