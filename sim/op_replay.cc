@@ -12,6 +12,7 @@
 
 #include "absl/base/attributes.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/alloc_conf.h"
 #include "allocator/caching_allocator.h"
@@ -423,9 +424,9 @@ class Replayer final : public RuntimeObserver {
     };
     if (absl::Status s = acquire_inputs(); !s.ok()) return s;
     report_.compute_ns += r.cost_ns;
-    // The outputs with storage of their own are made first (MakeOutputs).
-    // Their guards: `single` for one, `made` for several (most calls have
-    // one output; no vector of guards for them).
+    // The outputs with storage of their own are made before the views
+    // (MakeOutputs). Their guards: `single` for one, `made` for several (most
+    // calls have one output; no vector of guards for them).
     Guard single;
     absl::InlinedVector<Guard, 4> made;
     std::size_t owning = 0;
@@ -449,11 +450,15 @@ class Replayer final : public RuntimeObserver {
           in_guards.empty()) {
         return s;
       }
+      if (reporting_) ++report_.outputs_first;
       in_guards.clear();
       in_ptrs.clear();
-      if (absl::Status again = make_outputs(); !again.ok()) return again;
-      if (absl::Status back = acquire_inputs(); !back.ok()) return back;
-      if (reporting_) ++report_.outputs_first;
+      absl::Status again = make_outputs();
+      if (again.ok()) again = acquire_inputs();
+      if (!again.ok()) {  // (the first failure says why; the second, what followed)
+        return absl::Status(s.code(), absl::StrCat(s.message(), "; made the other way round: ",
+                                                   again.message()));
+      }
     }
     bool charged = false;  // the call's cost once, on its first output with bytes
     std::size_t k = 0;

@@ -111,8 +111,12 @@ struct OpReplayOptions {
   // states, 64 KiB each and a few to every small-pool segment, left its
   // `stack` no 8 MiB however much else was evicted. A framework that makes
   // a call's outputs before it runs the call can do the same (not the
-  // PyTorch door: a kernel makes its outputs itself);
-  // OpReplayReport::outputs_first counts such calls.
+  // PyTorch door: a kernel makes its outputs itself). The first try's work
+  // (inputs brought back, evictions) is charged, and each input brought back
+  // again counts as a use (learned next uses see it twice).
+  // OpReplayReport::outputs_first counts the calls made so, finished or not;
+  // where the second way fails too, the error is the first's, then the
+  // second's.
   bool outputs_first_after_oom = true;
   // RuntimeOptions::keep_regenerated: a released tensor a regeneration
   // brought back stays while a dropped consumer the program holds needs it.
@@ -208,7 +212,7 @@ struct OpReplayReport {
   std::uint64_t skipped_evicts = 0;
   std::uint64_t pressure_events = 0;  // times the runtime asked the policy for a plan
   std::uint64_t covering_runs = 0;    // of those, met by a covering run (retry_in_one_place)
-  std::uint64_t outputs_first = 0;    // calls made outputs first (outputs_first_after_oom)
+  std::uint64_t outputs_first = 0;    // calls tried outputs first (outputs_first_after_oom)
   // copy_ahead: copies out made ahead, the offloads that used one, and their bytes.
   std::uint64_t copies_ahead = 0;
   std::uint64_t ahead_offloads = 0;

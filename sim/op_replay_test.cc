@@ -17,6 +17,7 @@ namespace remat {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 OpTrace Load(const std::string& name) {
   absl::StatusOr<OpTrace> trace = ReadOpTrace(std::string(REMAT_EXAMPLE_TRACES_DIR) + "/" + name);
@@ -360,11 +361,12 @@ TEST(OpReplayTest, ARunThatDidNotFinishRunsAgainMeetingRequestsInOnePlace) {
   EXPECT_FALSE(Replay(trace, live).in_one_place);
 }
 
-// Four small-pool segments, each holding one of a call's inputs beside three
-// tensors that can go: the call's 2 MiB output needs a whole segment given
-// back, and with its inputs held none can be (each holds one). Made the other
-// way round, the inputs are let go, a segment is freed for the output, and the
-// inputs come back (recomputed) in the room left.
+// Four small-pool segments, each holding one of a call's inputs beside
+// tensors that can go (the first also holds the constant they are all made
+// from): the call's 2 MiB output needs a whole segment given back, and with
+// its inputs held none can be (each holds one). Made the other way round, the
+// inputs are let go, a segment is freed for the output, and the inputs come
+// back (recomputed) in the room left.
 TEST(OpReplayTest, ACallWhoseInputsLeaveNoSegmentFreeMakesItsOutputsFirst) {
   std::string text = R"({"op":"constant","id":"c","bytes":524288})"
                      "\n";
@@ -407,13 +409,32 @@ TEST(OpReplayTest, ACallWhoseInputsLeaveNoSegmentFreeMakesItsOutputsFirst) {
     EXPECT_EQ(held.status, "oom");
     EXPECT_THAT(held.message, HasSubstr("pinned"));
     EXPECT_EQ(held.outputs_first, 0u);
-    // A live budget counts bytes, not places: nothing is made the other way.
+    // A live budget counts bytes, not places: nothing is made the other way,
+    // and the failure is the output's (made the other way, it would be an
+    // input's, brought back beside it).
     OpReplayOptions live = o;
     live.outputs_first_after_oom = true;
     MemoryBudget{3 * kMiB, Accounting::kLive}.ApplyTo(live);
     const OpReplayReport counted = Replay(*trace, live);
-    EXPECT_NE(counted.status, "ok");
+    EXPECT_EQ(counted.status, "oom");
     EXPECT_EQ(counted.outputs_first, 0u);
+    EXPECT_THAT(counted.message, HasSubstr("cannot make room for 2.00 MiB"));
+    EXPECT_THAT(counted.message, Not(HasSubstr("the other way round")));
+    // Where the other way fails too, the error says why the first did, then
+    // what followed (a 7 MiB output never fits beside the constant).
+    std::string big = text;
+    const std::size_t at = big.find("2097152");
+    ASSERT_NE(at, std::string::npos);
+    big.replace(at, 7, "7340032");
+    absl::StatusOr<OpTrace> never = ParseOpTrace(big, "never.jsonl");
+    ASSERT_TRUE(never.ok()) << never.status();
+    OpReplayOptions tried = o;
+    tried.outputs_first_after_oom = true;
+    const OpReplayReport failed = Replay(*never, tried);
+    EXPECT_EQ(failed.status, "oom");
+    EXPECT_EQ(failed.outputs_first, 1u);
+    EXPECT_THAT(failed.message, HasSubstr("cannot make room for 7.00 MiB: 4 tensors pinned"));
+    EXPECT_THAT(failed.message, HasSubstr("; made the other way round: "));
   }
 }
 

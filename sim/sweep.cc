@@ -121,7 +121,8 @@ absl::StatusOr<OpReplayReport> ReplayPlan(const OpTrace& planned, const SweepOpt
   // brings it back, as the program it was solved with says; a kept one would
   // hold room the plan gave to something else.
   o.keep_regenerated = false;
-  o.outputs_first_after_oom = false;  // (nor does it evict what the plan does not)
+  // (The solver's model holds a call's inputs while its outputs are made.)
+  o.outputs_first_after_oom = false;
   MemoryBudget{budget, options.live ? Accounting::kLive : Accounting::kReserved}.ApplyTo(o);
   absl::StatusOr<OpReplayReport> report = ReplayOpTrace(planned, o);
   if (report.ok()) report->budget_bytes = budget;
