@@ -436,10 +436,7 @@ class Replayer final : public RuntimeObserver {
       ++owning;
       only = out;
     }
-    auto make_outputs = [&]() -> absl::Status {
-      return MakeOutputs(r, owning, only, compute, single, made);
-    };
-    if (absl::Status s = make_outputs(); !s.ok()) {
+    if (absl::Status s = MakeOutputs(r, owning, only, compute, single, made); !s.ok()) {
       // No room for the outputs beside the inputs, which the call holds
       // while it runs: under a reserved budget they may be spread over
       // pages or segments none of which can then be given whole, though
@@ -453,7 +450,7 @@ class Replayer final : public RuntimeObserver {
       if (reporting_) ++report_.outputs_first;
       in_guards.clear();
       in_ptrs.clear();
-      absl::Status again = make_outputs();
+      absl::Status again = MakeOutputs(r, owning, only, compute, single, made);
       if (again.ok()) again = acquire_inputs();
       if (!again.ok()) {  // (the first failure says why; the second, what followed)
         return absl::Status(s.code(), absl::StrCat(s.message(), "; made the other way round: ",

@@ -546,6 +546,17 @@ TEST_F(RematCliTest, SweepWritesTheCsvAndTheTableAndRejectsBadUsage) {
   absl::StatusOr<std::string> csv = remat::ReadFile(out + "/results.csv");
   ASSERT_TRUE(csv.ok()) << csv.status();
   EXPECT_EQ(std::count(csv->begin(), csv->end(), '\n'), 7);  // a header and 3 x 2 runs
+  // --inputs-held reaches every run: the LSTM's stack at 0.4 then finds no segment free.
+  for (const bool held : {false, true}) {
+    const std::string dir = out + (held ? "_held" : "_first");
+    const Outcome lstm = Remat("sweep " + Trace("lstm_l2_h512_s128_b32_v256.jsonl") +
+                              " --ratios 0.4 --policies dtr --no-plot --out " + dir +
+                              (held ? " --inputs-held" : ""));
+    ASSERT_EQ(lstm.status, 0) << lstm.out;
+    absl::StatusOr<std::string> rows = remat::ReadFile(dir + "/results.csv");
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    EXPECT_THAT(*rows, HasSubstr(held ? ",oom," : ",ok,")) << *rows;
+  }
   EXPECT_EQ(Remat("sweep --out " + out).status, 2);  // neither a trace nor a model
   EXPECT_EQ(Remat("sweep " + Trace("chain_100.jsonl") + " --policies nope --out " + out).status, 2);
   EXPECT_EQ(Remat("sweep " + Trace("chain_100.jsonl") + " --ratios 0.9:0.1:0.1 --out " + out).status,
