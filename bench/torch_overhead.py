@@ -25,6 +25,9 @@ pass-through floor.
         .venv/bin/python bench/torch_overhead.py [--steps 100] [--ops 300] \\
         [--ways plain,native]
 
+--offload gives the budgets offload=True, recompute=True (the README's
+snippet) instead of drops only.
+
 --ways runs only those of plain, mode, python, python-gc and native (plain
 always: the reference): two ways taking turns share the machine's state
 more evenly than five.
@@ -120,6 +123,8 @@ def main():
     parser.add_argument("--steps", type=int, default=100, help="timed steps per way")
     parser.add_argument("--ops", type=int, default=300, help="forward ATen calls per step")
     parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--offload", action="store_true",
+                        help="the budgets allow offload as well as recompute")
     parser.add_argument("--ways", default=",".join(WAYS),
                         help=f"the chain's ways to run, of {','.join(WAYS)} (plain always)")
     parser.add_argument("--models", default=None,
@@ -159,9 +164,12 @@ def main():
     def step():
         forward().backward()
 
-    budget = remat.torch.budget(1 << 40, policy="dtr-eq", native=False)
-    budget_gc = remat.torch.budget(1 << 40, policy="dtr-eq", pause_gc=False, native=False)
-    native = remat.torch.budget(1 << 40, policy="dtr-eq", native=True)
+    # --offload: the budgets may offload too (the README's snippet), so each
+    # runs its plan trial over the first steps.
+    kw = {"offload": True, "recompute": True} if args.offload else {}
+    budget = remat.torch.budget(1 << 40, policy="dtr-eq", native=False, **kw)
+    budget_gc = remat.torch.budget(1 << 40, policy="dtr-eq", pause_gc=False, native=False, **kw)
+    native = remat.torch.budget(1 << 40, policy="dtr-eq", native=True, **kw)
 
     def mode_step():
         with PassThrough():

@@ -111,7 +111,9 @@ step torch_offload_hooks 60 bash -c "torch_or_skip; python3 examples/torch_offlo
 step torch_offload_hooks_64 60 bash -c "torch_or_skip; python3 examples/torch_offload_hooks.py --device cuda --budget-mib 64"
 
 # remat.torch.budget on the GPU: its tests (gradients equal to plain CUDA steps, with
-# drops, offloads and both), then the side-by-side benchmark (the three figures).
+# drops, offloads and both; offloads copied by the Python recorder, the default with a
+# GPU, and by the native step, native=True), then the side-by-side benchmark (the three
+# figures).
 export REMAT_LIBRARY="$build/lib/libremat.so"
 step torch_budget_tests 240 bash -c "torch_or_skip; python3 -c 'import pytest' || { echo no pytest; exit 77; }; PYTHONPATH=python python3 -m pytest -q -rs -s \
   python/tests/test_budget_cuda.py python/tests/test_budget_allocator.py python/tests/test_budget.py \

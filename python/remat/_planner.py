@@ -49,6 +49,11 @@ class StepPlanner:
         _capi.check(status, "remat_planner_create")
         self._p = out
 
+    def handle(self):
+        """The planner as the C ABI has it (a remat_planner*, as an int),
+        for native code in this process that drives it."""
+        return self._p.value
+
     def begin(self):
         """The step about to run (Step)."""
         s = _capi.PlannerStep()

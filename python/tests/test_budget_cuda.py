@@ -1,6 +1,7 @@
 """remat.torch.budget on a GPU (skipped without one): gradients equal to a
 plain CUDA step's for the demo models, with drops and with offloads (pinned
-host copies on a side stream)."""
+host copies on a side stream), the offloads' copies made by the Python
+recorder (the default with a GPU) and by the native step (native=True)."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="remat.torch needs torch (pip install torch)")
@@ -28,7 +29,8 @@ def step_grads(make, **budget):
 
 
 @pytest.mark.parametrize("name", ["mlp", "gpt", "resnet", "lstm"])
-@pytest.mark.parametrize("mode", ["drop", "offload", "hybrid"])
+@pytest.mark.parametrize("mode", ["drop", "offload", "hybrid", "offload-native",
+                                  "hybrid-native"])
 def test_cuda_gradients_equal(name, mode):
     make = getattr(models, name)
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -36,7 +38,9 @@ def test_cuda_gradients_equal(name, mode):
     _, full = step_grads(make, budget=1 << 40)
     kw = {"drop": dict(recompute=True, offload=False, policy="dtr-eq"),
           "offload": dict(recompute=False, offload=True, policy="lru"),
-          "hybrid": dict(recompute=True, offload=True, policy="hybrid")}[mode]
+          "hybrid": dict(recompute=True, offload=True, policy="hybrid"),
+          "offload-native": dict(recompute=False, offload=True, policy="lru", native=True),
+          "hybrid-native": dict(recompute=True, offload=True, policy="hybrid", native=True)}[mode]
     budget = int(full["peak_saved_bytes"] * 0.5)
     grads, stats = step_grads(make, budget=budget, **kw)
     assert stats["peak_saved_bytes"] <= budget
@@ -46,7 +50,7 @@ def test_cuda_gradients_equal(name, mode):
 
 
 @pytest.mark.parametrize("name", ["lstm", "gru", "sdpa", "norms", "tied_lm"])
-@pytest.mark.parametrize("mode", ["drop", "hybrid"])
+@pytest.mark.parametrize("mode", ["drop", "hybrid", "hybrid-native"])
 def test_cuda_gradients_equal_on_the_zoo(name, mode):
     # nn.LSTM and nn.GRU run cuDNN's RNN, whose dropout between layers draws
     # from cuDNN's own random state: those calls are never replayed (kept or
@@ -56,7 +60,8 @@ def test_cuda_gradients_equal_on_the_zoo(name, mode):
     make = ZOO[name]
     plain, _ = step_grads(make)
     _, full = step_grads(make, budget=1 << 40)
-    kw = {"drop": {}, "hybrid": {"offload": True}}[mode]
+    kw = {"drop": {}, "hybrid": {"offload": True},
+          "hybrid-native": {"offload": True, "native": True}}[mode]
     budget = int(full["peak_saved_bytes"] * 0.7)
     grads, stats = step_grads(make, budget=budget, policy="dtr", **kw)
     assert stats["peak_saved_bytes"] <= budget
@@ -67,7 +72,8 @@ def test_cuda_gradients_equal_on_the_zoo(name, mode):
         assert torch.equal(a, b)
 
 
-def test_cuda_a_replay_that_does_not_fit_comes_back_from_its_pinned_copy(monkeypatch):
+@pytest.mark.parametrize("native", [None, True], ids=["default", "native"])
+def test_cuda_a_replay_that_does_not_fit_comes_back_from_its_pinned_copy(monkeypatch, native):
     # The drop-first plan's estimate made blind (it drops whatever the
     # runtime may): the drops no replay has been seen to fit are copied to
     # pinned host memory on the side stream, and a replay that cannot fit
@@ -79,7 +85,7 @@ def test_cuda_a_replay_that_does_not_fit_comes_back_from_its_pinned_copy(monkeyp
     plain, _ = step_grads(make)
     _, full = step_grads(make, budget=1 << 40)
     b = remat.torch.budget(int(full["peak_saved_bytes"] * 0.15), policy="dtr", offload=True,
-                           recompute=True)
+                           recompute=True, native=native)
     used = 0
     for _ in range(2 * remat.torch.budget.TRIAL_STEPS + 1):
         model, step = make(0, device="cuda")

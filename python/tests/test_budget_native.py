@@ -1,10 +1,11 @@
-"""remat.torch.budget's two recorders. Drop-only budgets record natively by
-default (remat.torch._native: the recorder and the saved-tensor hooks in
-C++, built against the installed torch on first use; it needs a C++
-compiler and ninja), so the other modules' tests run there; their exactness
-tests run again here on the Python recorder (REMAT_TORCH_NATIVE=0: what such
-a budget uses where the extension cannot be built, and what offload and the
-allocator's budgets use), and the native path's own checks follow."""
+"""remat.torch.budget's two recorders. Budgets record natively by default
+(remat.torch._native: the recorder and the saved-tensor hooks in C++, built
+against the installed torch on first use; it needs a C++ compiler and
+ninja), so the other modules' tests run there; their exactness and offload
+tests run again here on the Python recorder (REMAT_TORCH_NATIVE=0: what a
+budget uses where the extension cannot be built, what the allocator's
+budgets and copies made ahead use, and offload where a GPU is present), and
+the native path's own checks follow."""
 import contextlib
 import warnings
 from typing import List
@@ -39,6 +40,12 @@ from test_budget_exact import (  # noqa: E402,F401
     test_an_optimizer_step_between_two_backwards_raises_as_in_a_plain_step,
     test_inference_tensors_are_read_as_constants, test_the_in_place_error_names_anomaly_modes_hint,
     test_what_a_replay_reads_is_what_the_call_read)
+# The Python recorder's offload, which a machine with a GPU uses by default.
+from test_budget import (  # noqa: E402,F401
+    test_offload_only, test_hybrid,
+    test_a_replay_that_does_not_fit_comes_back_from_a_copy_and_its_kind_is_offloaded,
+    test_a_replay_that_did_not_fit_with_no_copy_has_its_kind_offloaded_next_step,
+    test_hybrid_offloads_what_could_not_come_back_within_the_budget)
 from test_zoo import test_the_same_step_under_a_budget  # noqa: E402,F401
 
 
@@ -63,12 +70,16 @@ def test_the_env_switch_and_the_argument_choose_the_native_path(monkeypatch):
     with remat.torch.budget(1 << 40, native=False) as run:
         models.mlp(0)[1]().backward()
     assert "native" not in run.stats["debug"]
-    # Offload and the allocator's pressure need the Python recorder: the
-    # switch leaves those alone, the argument refuses them.
+    # Offload is native too on a machine without a GPU (with one, where
+    # asked for); the allocator's pressure and copies made ahead need the
+    # Python recorder: the switch leaves those alone, the argument refuses them.
     with remat.torch.budget(1 << 40, offload=True) as run:
         models.mlp(0)[1]().backward()
+    assert run.stats["debug"].get("native", False) == (not torch.cuda.is_available())
+    with remat.torch.budget(1 << 40, offload=True, copy_ahead=True) as run:
+        models.mlp(0)[1]().backward()
     assert "native" not in run.stats["debug"]
-    for kw in ({"offload": True}, {"pressure": "allocator"}):
+    for kw in ({"offload": True, "copy_ahead": True}, {"pressure": "allocator"}):
         with pytest.raises(ValueError, match="native=True"):
             remat.torch.budget(1 << 40, native=True, **kw)
 
@@ -88,6 +99,62 @@ def test_an_autograd_kernels_own_calls_do_not_hide_its_call(name):
     assert torch.equal(got_loss, loss)
     for n in grads:
         assert torch.equal(got[n], grads[n]), n
+
+
+@pytest.mark.parametrize("name", ["gru", "transformer", "norms", "lstm"])
+@pytest.mark.parametrize("kw", [{"recompute": False}, {"recompute": True, "offload_guard": False}],
+                         ids=["offload-only", "mixed"])
+def test_offloaded_tensors_come_back_with_the_same_bytes(name, kw):
+    # The native step copies what the runtime offloads to host memory and
+    # back as the backward reads it (and a few before it, prefetched): the
+    # gradients are bitwise a plain step's, over several steps that learn.
+    make = getattr(zoo, name)
+    loss, grads = _grads(make)
+    full = remat.torch.budget(1 << 40, native=True)
+    _grads(make, full)
+    b = remat.torch.budget(int(full.stats["peak_saved_bytes"] * 0.3), policy="dtr",
+                           offload=True, native=True, **kw)
+    for _ in range(3):
+        got_loss, got = _grads(make, b)
+        st = b.stats
+        assert st["debug"]["native"] and st["offloads"] > 0, st
+        # Each offload came back (copied in, or let go unread), and the saved
+        # bytes never passed the budget.
+        assert st["restores"] <= st["offloads"] and st["restores"] > 0
+        assert st["peak_saved_bytes"] <= b.budget_bytes
+        assert torch.equal(got_loss, loss)
+        for n in grads:
+            assert torch.equal(got[n], grads[n]), n
+    if kw["recompute"]:
+        assert st["debug"]["offload_not_drop"] + st["drops"] > 0
+    b.close()
+
+
+def test_an_offloaded_tensor_saved_again_after_a_write_comes_back_newer():
+    # s is saved, offloaded, then written through `.data` (a write autograd
+    # does not see) outside what was saved of it, and saved again: remat's
+    # host copy must take the newer content, which the second save reads.
+    def model(x, w):
+        a = x * w                 # s
+        b = a[:4].sin()           # saves a[:4]
+        d = (w * 5).sin()         # the budget offloads s
+        a.data[4:].mul_(3)        # a write outside what is saved of s
+        c = a[4:].sin()           # saves a[4:]: s's newer content
+        return b.sum() + c.sum() + d.sum()
+
+    def step(budget=None):
+        torch.manual_seed(0)
+        x, w = torch.randn(8, 64), torch.randn(8, 64, requires_grad=True)
+        with budget if budget is not None else contextlib.nullcontext():
+            model(x, w).backward()
+        return w.grad
+
+    plain = step()
+    b = remat.torch.budget(8 * 64 * 4 * 3 // 2, policy="lru", offload=True, recompute=False,
+                           native=True)
+    got = step(b)
+    assert b.stats["offloads"] > 0
+    assert torch.equal(got, plain)
 
 
 def test_a_python_dispatch_mode_around_the_budget_is_seen_through():

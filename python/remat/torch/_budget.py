@@ -7,7 +7,6 @@ learns and says. A step itself is _engine.Engine's; how it works is told
 there and in docs/torch_budget.md.
 """
 import contextlib
-import os
 import threading
 import time
 import types
@@ -103,11 +102,11 @@ class budget:
     native: where the calls are recorded and the tensors saved. None (the
         default): in C++ (remat.torch._native, a torch extension built
         against the installed torch on first use) wherever the options allow
-        it (drops only, the saved-bytes budget), several times
-        less per call; else, or where the extension cannot be built (a
-        warning says why), or with REMAT_TORCH_NATIVE=0, the Python
-        recorder. True: native, refusing other options; False: the Python
-        recorder.
+        it (the saved-bytes budget; with offload, where no GPU is present),
+        several times less per call; else, or where the extension cannot be
+        built (a warning says why), or with REMAT_TORCH_NATIVE=0, the Python
+        recorder. True: native, refusing pressure='allocator'; False: the
+        Python recorder.
     """
 
     # Steps of each plan in the offload guard's trial: one that learns the
@@ -122,15 +121,9 @@ class budget:
         _link.check(link_gbps, link_latency_us)
         self._link_given = (link_gbps, link_latency_us)
         self._link_rates = None  # what the last runtime made was given
-        allows_native = not offload and pressure != "allocator"
         # True, False, or None: native where it may be (per step: not while
         # remat's allocator is the budget's).
-        self._native = native if native is not None else \
-            (None if allows_native and os.environ.get("REMAT_TORCH_NATIVE") != "0" else False)
-        if native and not allows_native:
-            raise ValueError("native=True records in C++ and drops only, under the saved-bytes "
-                             "budget: offload and pressure='allocator' need the Python recorder "
-                             "(native=False)")
+        self._native = _native.choice(native, offload, copy_ahead, pressure)
         if pressure not in ("auto", "saved", "allocator"):
             raise ValueError(f"pressure must be 'auto', 'saved' or 'allocator', not {pressure!r}")
         self._pressure = pressure
@@ -334,8 +327,8 @@ class budget:
             self._planner.restarted(step.plan)
             session = None
         if session is None and native:
-            session = self._sessions[plan] = _native.NativeSession(self.budget_bytes, policy,
-                                                                   self._recompute)
+            session = self._sessions[plan] = _native.NativeSession(
+                self.budget_bytes, policy, self._recompute, offload, self._link(offload, None))
         if session is None:
             session = self._sessions[plan] = _Session(self.budget_bytes, policy, offload,
                                                       self._recompute, self._copy_ahead,
@@ -348,7 +341,7 @@ class budget:
         self._step_timed = step.timed
         self._step_in_trial = step.in_trial
         if native:
-            _native.enter(self, plan, policy, session)
+            _native.enter(self, plan, policy, session, offload, drop_first, self._planner)
             return
         engine = Engine(self.budget_bytes, policy, offload, self._recompute,
                         self._allow_nondeterministic, self._cost_model, self._copy_ahead,

@@ -8,10 +8,13 @@ against the torch that is installed the first time a native budget opens
 (about a minute, once per torch version) and cached under
 $REMAT_CACHE_DIR (default ~/.cache/remat).
 
-What it does not do yet (the Python recorder does; budget(native=True)
-refuses those options): offload, the allocator-driven mode, the plan trial
-and what steps learn about replays. Bytes handed outside autograd (numpy,
-DLPack, data_ptr) are seen on the thread that records only.
+Offloaded tensors are copied to host memory and back by the step itself
+(on a GPU on a side stream, into pinned memory), and with both offload and
+recompute allowed each drop is admitted by the budget's step planner, which
+learns from the step's replays. What it does not do yet (the Python recorder
+does; budget(native=True) refuses it): the allocator-driven mode, and copies
+made ahead (copy_ahead). Bytes handed outside autograd (numpy, DLPack,
+data_ptr) are seen on the thread that records only.
 """
 import collections
 import contextlib
@@ -308,12 +311,30 @@ def _set_foreign_rng(state):
     random.setstate(state[1])
 
 
+def choice(native, offload, copy_ahead, pressure):
+    """A budget's `native`, as its steps read it: True, False, or None
+    (native where the step may be). Raises where native=True cannot be."""
+    allows = pressure != "allocator" and not (offload and copy_ahead)
+    if native and not allows:
+        raise ValueError("native=True records in C++ under the saved-bytes budget, without "
+                         "copies made ahead: pressure='allocator' and copy_ahead need the "
+                         "Python recorder (native=False)")
+    if native is not None:
+        return native
+    # Offload's copies on a GPU are native where asked for (native=True)
+    # until a GPU run has checked them; on a machine without one, by default.
+    by_default = allows and not (offload and torch.cuda.is_available())
+    return None if by_default and os.environ.get("REMAT_TORCH_NATIVE") != "0" else False
+
+
 class NativeSession:
     """One runtime across a budget's steps (what _session._Session is for
     the Python recorder)."""
 
-    def __init__(self, budget_bytes, policy, recompute):
-        self.native = module().Session(budget_bytes, policy, recompute)
+    def __init__(self, budget_bytes, policy, recompute, offload=False, link=None):
+        gbps, latency_ns = link if link is not None else (0.0, -1)
+        self.native = module().Session(budget_bytes, policy, recompute, offload, gbps,
+                                       latency_ns)
         self.live_budget = True
         self.engine = None
 
@@ -333,8 +354,16 @@ class NativeEngine:
     closed = False
     listening = False
 
-    def __init__(self, budget_bytes, policy, recompute, allow_nondeterministic, cost_model):
+    def __init__(self, budget_bytes, policy, recompute, allow_nondeterministic, cost_model,
+                 offload=False, drop_first=False, planner=None):
         self.budget_bytes = budget_bytes
+        self.offload = offload
+        self.drop_first = drop_first
+        self.planner = planner
+        # What a replay must fit in, and whether a drop no replay of its kind
+        # was seen to fit is copied first (the planner's admission).
+        self.replay_room = budget_bytes
+        self.backups = True
         self.policy = policy
         self.recompute = recompute
         self.allow_nondeterministic = allow_nondeterministic
@@ -352,9 +381,15 @@ class NativeEngine:
         # takes the host's time of each call on the CPU instead (a GPU's
         # calls are modelled whatever it says: their launches are
         # asynchronous).
+        # With offload and recompute, the planner admits each drop (its
+        # handle, as the C ABI has it) and learns from the step's replays.
+        planner = self.planner.handle() if self.offload and self.recompute and \
+            self.planner is not None else 0
         self.step = module().Step(session.native, self.recompute, self.allow_nondeterministic,
                                   self.cost_model.tflops, self.cost_model.hbm_gbps,
-                                  os.environ.get("REMAT_NATIVE_COSTS") != "measured")
+                                  os.environ.get("REMAT_NATIVE_COSTS") != "measured",
+                                  self.offload, self.drop_first, planner, self.replay_room,
+                                  self.backups)
         session.engine = self
         self.pack = self.step.pack
         self.unpack = self.step.unpack
@@ -389,7 +424,7 @@ class NativeEngine:
         return None
 
     def report_unfit(self):
-        pass  # (drops only: no kind is learned)
+        self.step.report_unfit()
 
     def read_stats(self):
         st = self.session.raw_stats()
@@ -403,11 +438,17 @@ class NativeEngine:
             "saved_bytes": st["resident_bytes"],
             "drops": step("drops"),
             "recomputes": step("recomputes"),
-            "offloads": 0,
-            "restores": 0,
+            "offloads": step("offloads"),
+            "restores": self.step.restores,
             "recompute_seconds": self.step.recompute_seconds,
             "recompute_ns_estimate": step("recompute_ns"),
-            "copy_seconds": 0.0,
+            "copy_seconds": self.step.copy_seconds,
+            "offloaded_bytes": step("offloaded_bytes"),
+            "restored_bytes": step("restored_bytes"),
+            "prefetches": step("prefetches"),
+            "refills": step("refills"),
+            "copies_ahead": 0,
+            "ahead_offloads": 0,
             "pressure_events": step("pressure_events"),
             "learned_next_uses": step("learned_next_uses"),
             "step": st["steps_ended"] + (0 if self.closed else 1),
@@ -432,12 +473,12 @@ class _Recording:
         return False
 
 
-def enter(b, plan, policy, session):
+def enter(b, plan, policy, session, offload=False, drop_first=False, planner=None):
     """Opens budget `b`'s step on the native path: the recorder is a C++
     callback and the hooks are C functions."""
     from remat.torch import _common
     engine = NativeEngine(b.budget_bytes, policy, b._recompute, b._allow_nondeterministic,
-                          b._cost_model)
+                          b._cost_model, offload, drop_first, planner)
     engine.open(session)
     b._engine = engine
     b._step_plan = plan

@@ -638,7 +638,8 @@ void InstallHooksEngine() {
 class StepBox {
  public:
   StepBox(std::shared_ptr<Session> session, bool recompute, bool allow_nondeterministic,
-          double tflops, double hbm_gbps, bool model_costs)
+          double tflops, double hbm_gbps, bool model_costs, bool offload, bool drop_first,
+          uintptr_t planner, uint64_t replay_room, bool backups)
       : session_(std::move(session)) {
     if (session_->step() != nullptr) {
       throw std::runtime_error("remat: a native session runs one step at a time");
@@ -649,6 +650,11 @@ class StepBox {
     options.rates.tflops = tflops;
     options.rates.hbm_gbps = hbm_gbps;
     options.model_costs = model_costs;
+    options.offload = offload;
+    options.drop_first = drop_first;
+    options.planner = reinterpret_cast<remat_planner*>(planner);
+    options.replay_room = replay_room;
+    options.backups = backups;
     step_ = std::make_shared<Step>(session_, options);
     session_->set_step(step_.get());
     auto* holder = new std::shared_ptr<Step>(step_);
@@ -723,6 +729,16 @@ class StepBox {
     d["recomputed_calls"] = c.recomputed_calls;
     d["recorded_calls"] = c.recorded_calls;
     d["saved_by_cpp_hooks"] = c.saved_by_cpp_hooks;
+    if (step_->options().offload) {
+      d["offload_not_drop"] = c.offload_not_drop;
+      d["offload_not_drop_seen"] = c.offload_not_drop_seen;
+      d["offload_not_drop_failed"] = c.offload_not_drop_failed;
+      d["backups"] = c.backups;
+      d["backup_bytes"] = c.backup_bytes;
+      d["backups_used"] = c.backups_used;
+      d["backups_skipped"] = c.backups_skipped;
+    }
+    d["rebuilt_in_replay"] = c.rebuilt_in_replay;
     return d;
   }
   void Exported(const at::Tensor& t) {
@@ -730,8 +746,21 @@ class StepBox {
     step_->Exported(t);
   }
   double recompute_seconds() const { return step_->recompute_seconds; }
+  double copy_seconds() const { return step_->copy_seconds; }
+  int64_t restores() const { return step_->counts.restores; }
+  void ReportUnfit() {
+    HooksLock lock(*step_);
+    step_->ReportUnfit();
+  }
   bool closed() const { return step_->closed(); }
   py::object pack() const { return pack_; }
+  // The kinds the saved tensors were given, in the order they were handed
+  // to the runtime: (op, kind), for the tests of what steps learn.
+  py::list Kinds() const {
+    py::list out;
+    for (const auto& [op, kind] : step_->KindsHanded()) out.append(py::make_tuple(op, kind));
+    return out;
+  }
   py::object unpack() const { return unpack_; }
 
  private:
@@ -806,13 +835,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     g_budget_too_small = cls.release().ptr();
   });
   py::class_<Session, std::shared_ptr<Session>>(m, "Session")
-      .def(py::init<uint64_t, std::string, bool>(), py::arg("budget_bytes"), py::arg("policy"),
-           py::arg("recompute"))
+      .def(py::init<uint64_t, std::string, bool, bool, double, int64_t>(),
+           py::arg("budget_bytes"), py::arg("policy"), py::arg("recompute"),
+           py::arg("offload") = false, py::arg("link_gbps") = 0.0,
+           py::arg("link_latency_ns") = -1)
       .def("stats", [](const Session& s) { return StatsOf(s); });
   py::class_<StepBox>(m, "Step")
-      .def(py::init<std::shared_ptr<Session>, bool, bool, double, double, bool>(),
+      .def(py::init<std::shared_ptr<Session>, bool, bool, double, double, bool, bool, bool,
+                    uintptr_t, uint64_t, bool>(),
            py::arg("session"), py::arg("recompute"), py::arg("allow_nondeterministic"),
-           py::arg("tflops"), py::arg("hbm_gbps"), py::arg("model_costs"))
+           py::arg("tflops"), py::arg("hbm_gbps"), py::arg("model_costs"),
+           py::arg("offload") = false, py::arg("drop_first") = false, py::arg("planner") = 0,
+           py::arg("replay_room") = 0, py::arg("backups") = true)
       .def("start", &StepBox::Start)
       .def("stop", &StepBox::Stop)
       .def("pause", &StepBox::Pause)
@@ -820,7 +854,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("close", &StepBox::Close)
       .def("counts", &StepBox::Counts)
       .def("exported", &StepBox::Exported)
+      .def("report_unfit", &StepBox::ReportUnfit)
+      .def("kinds", &StepBox::Kinds)
       .def_property_readonly("recompute_seconds", &StepBox::recompute_seconds)
+      .def_property_readonly("copy_seconds", &StepBox::copy_seconds)
+      .def_property_readonly("restores", &StepBox::restores)
       .def_property_readonly("closed", &StepBox::closed)
       .def_property_readonly("pack", &StepBox::pack)
       .def_property_readonly("unpack", &StepBox::unpack);

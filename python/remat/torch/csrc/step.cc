@@ -5,7 +5,10 @@
 #include <ATen/core/TensorBody.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/node.h>
 
@@ -537,10 +540,12 @@ void Step::PinForever(int32_t index, const std::string& why) {
     Acquire(index);  // (one pin, released at the step's end)
   }
   storages_[index].pinned_forever = true;
+  forever_bytes_ += storages_[index].nbytes;
 }
 
 bool Step::BringsBack(const Storage& s, int64_t version) const {
   if (s.held.defined()) return s.held_version == version;
+  if (s.host.defined()) return s.host_version == version;
   return true;  // dropped: a recompute brings back its registered version
 }
 
@@ -679,7 +684,7 @@ std::string Count(size_t n) { return std::to_string(n) + (n == 1 ? " tensor" : "
       kept_why.insert(s.why_pinned);
     } else if (reading) {
       read.push_back(k);
-    } else if (!s.allow_drop && s.held.defined()) {
+    } else if (!s.allow_drop && !options_.offload && s.held.defined()) {
       stuck.push_back(k);
       if (!s.why_kept.empty()) stuck_why.insert(s.why_kept);
     }
@@ -732,6 +737,47 @@ void Step::Register(int32_t index, const at::Tensor& t, bool own) {
   s.why_kept = f.why_not;
   if (!s.droppable) counts.kept_not_replayable += 1;
   s.allow_drop = options_.recompute && s.droppable;
+  bool allow_offload = options_.offload;
+  if (WeighsReplays()) {
+    const uint64_t kind = KindOf(index);  // (made in the order tensors are handed over)
+    if (s.allow_drop) {
+      // Dropped only where its replay can fit: the runtime estimates what
+      // the replay holds at once, from its call graph; the planner admits it
+      // by that, and by what earlier steps learned of its kind.
+      c10::SmallVector<uint64_t, 8> ids;
+      for (int32_t i : f.inputs) ids.push_back(storages_[i].id);
+      uint64_t replay[REMAT_REPLAY_DEPTH + 1] = {};
+      remat_drop_admission admission{};
+      if (remat_runtime_estimate_replay(runtime_, ids.empty() ? nullptr : ids.data(),
+                                        ids.size(), static_cast<uint64_t>(s.nbytes),
+                                        replay) != REMAT_OK ||
+          remat_planner_admit_drop(options_.planner, kind, static_cast<uint64_t>(s.nbytes),
+                                   replay, REMAT_REPLAY_DEPTH + 1, options_.replay_room,
+                                   &admission) != REMAT_OK) {
+        throw std::runtime_error(std::string("remat: admitting a drop: ") + remat_last_error());
+      }
+      switch (admission.verdict) {
+        case REMAT_OFFLOAD_OVER_SHARE:
+          s.allow_drop = false;
+          counts.offload_not_drop += 1;
+          break;
+        case REMAT_OFFLOAD_BESIDE_PINNED:
+          s.allow_drop = false;
+          counts.offload_not_drop_seen += 1;
+          break;
+        case REMAT_OFFLOAD_SEEN_TO_FAIL:
+          s.allow_drop = false;
+          counts.offload_not_drop_failed += 1;
+          break;
+        default:
+          break;
+      }
+      s.want_backup = s.allow_drop && admission.copy_first != 0 && options_.backups;
+    }
+  }
+  if (s.allow_drop && options_.drop_first) allow_offload = false;
+  s.device = t.device();
+  s.order = static_cast<int32_t>(registered_.size());
   s.held = own ? t : t.tensor_data();  // (not t's own TensorImpl: see module.cc's PackHook)
   s.held_version = s.version;
   s.reg_version = s.version;
@@ -741,7 +787,7 @@ void Step::Register(int32_t index, const at::Tensor& t, bool own) {
   Call& call = calls_[s.producer];
   if (sibling >= 0) {
     status = remat_call_add_output(runtime_, storages_[sibling].id, s.nbytes,
-                                   s.allow_drop ? 1 : 0, 0, 0, &id, nullptr);
+                                   s.allow_drop ? 1 : 0, allow_offload ? 1 : 0, 0, &id, nullptr);
   } else {
     c10::SmallVector<uint64_t, 8> ids;
     for (int32_t i : f.inputs) ids.push_back(storages_[i].id);
@@ -750,7 +796,7 @@ void Step::Register(int32_t index, const at::Tensor& t, bool own) {
     opts.num_inputs = ids.size();
     opts.compute_ns = std::max<int64_t>(1, f.cost);
     opts.allow_drop = s.allow_drop ? 1 : 0;
-    opts.allow_offload = 0;
+    opts.allow_offload = allow_offload ? 1 : 0;
     opts.recompute = s.allow_drop ? &Session::OnRecompute : nullptr;
     auto* ref = new GroupRef{session_.get(), static_cast<int32_t>(groups_.size())};
     opts.user_data = ref;
@@ -832,6 +878,14 @@ int32_t Step::Pack(const at::Tensor& t, bool grad_leaf, bool own) {
         if (now.held.defined() && now.held_version != now.version) {
           now.held = t.tensor_data();  // the program's own storage holds the newer bytes
           now.held_version = now.version;
+        }
+        if (now.host.defined() && now.host_version != now.version) {
+          now.host = CopyOut(t, now.nbytes);  // offloaded: the newer bytes go to the host
+          storages_[index].host_version = storages_[index].version;
+        }
+        Storage& again = storages_[index];
+        if (again.backup.defined() && again.backup_version != again.version) {
+          again.backup = at::Tensor();  // of the older content: a replay of the newer must do
         }
       } else {
         PinForever(index, "written in place after it was saved, then saved again");
@@ -929,11 +983,18 @@ void Step::Free(int32_t index) {
   Storage& s = storages_[index];
   if (s.freed || s.pinned_forever || !s.registered) return;
   s.freed = true;
+  if (s.backup.defined()) {
+    // Dropped, and not needed again by the step's backward: such a drop did
+    // no harm. (A step with no backward says nothing of what one would need.)
+    if (!s.held.defined() && backward_read_) SawReplay(index, true);
+    s.backup = at::Tensor();
+  }
   remat_tensor_free(runtime_, s.id);
 }
 
 void Step::ReleasePins() {
   pin_node_ = nullptr;
+  pin_bytes_ = 0;
   // (Copied out, not swapped: pins_ keeps its room for the next node.)
   c10::SmallVector<uint64_t, 8> pins(pins_.begin(), pins_.end());
   pins_.clear();
@@ -947,19 +1008,175 @@ void Step::ReleasePins() {
 void Step::Acquire(int32_t index) {
   void* p = nullptr;
   error_ = nullptr;
+  // Dropped: its acquire replays it.
+  const bool replayed = !storages_[index].held.defined() && !storages_[index].host.defined();
   remat_status status = remat_tensor_acquire(runtime_, storages_[index].id, 0, &p);
   if (error_) {
     // What failed inside a replay, as itself (a BudgetTooSmall stays one).
     std::exception_ptr error = error_;
     error_ = nullptr;
     if (status == REMAT_OK) remat_tensor_release(runtime_, storages_[index].id);
+    bool too_small = false;
+    try {
+      std::rethrow_exception(error);
+    } catch (const BudgetTooSmall&) {
+      too_small = true;
+    } catch (...) {
+    }
+    // No room for the replay: the copy made as it was dropped, if any.
+    if (too_small && Refill(index)) {
+      unfit_ = -1;
+      return;
+    }
+    // No copy to come back from: unless a replay this one runs inside
+    // comes back from its own, the step fails, and the next steps of its
+    // plan offload its kind (ReportUnfit).
+    if (too_small) unfit_ = replayed ? index : -1;
     std::rethrow_exception(error);
   }
   if (status != REMAT_OK) {
+    if (status == REMAT_OUT_OF_MEMORY && Refill(index)) {
+      unfit_ = -1;
+      return;
+    }
+    if (status == REMAT_OUT_OF_MEMORY) unfit_ = replayed ? index : -1;
     Fail(status, index, "cannot make room to bring back a saved tensor of " +
                      std::to_string(storages_[index].nbytes) + " bytes (made by " +
                      OpName(calls_[storages_[index].producer].op) + ")");
   }
+  // Back: a replay that failed inside this one (rebuilt, or refilled) is
+  // not the step's failure.
+  unfit_ = -1;
+}
+
+bool Step::Refill(int32_t index) {
+  {
+    const Storage& s = storages_[index];
+    if (!s.backup.defined() || s.backup_version != s.reg_version || s.held.defined() ||
+        s.freed) {
+      return false;
+    }
+  }
+  void* p = nullptr;
+  if (remat_tensor_refill(runtime_, storages_[index].id, 0, &p) != REMAT_OK) return false;
+  Storage& s = storages_[index];
+  try {
+    s.held = CopyIn(s.backup, s.device);
+  } catch (...) {
+    // Dropped again, as the step has it (the runtime's block was never written).
+    remat_tensor_release(runtime_, s.id);
+    remat_tensor_evict(runtime_, s.id, REMAT_EVICT_DROP, 0, nullptr);
+    throw;
+  }
+  s.held_version = s.reg_version;
+  counts.backups_used += 1;  // (the copy is kept for a later drop of it)
+  SawReplay(index, false);
+  return true;
+}
+
+void Step::ReportUnfit() {
+  if (unfit_ >= 0) SawReplay(unfit_, false);
+  unfit_ = -1;
+}
+
+uint64_t Step::KindOf(int32_t index) {
+  Storage& s = storages_[index];
+  if (!s.has_kind) {
+    // Its producing op, which output, and how many such this step handed to
+    // the runtime before it: the same tensor of every step of a program
+    // gets the same kind.
+    std::string what = OpName(calls_[s.producer].op) + "#" + std::to_string(s.output);
+    const int64_t n = kinds_handed_[what]++;
+    uint64_t h = std::hash<std::string>{}(what) ^ (static_cast<uint64_t>(n) * 0x9E3779B97F4A7C15ull);
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    storages_[index].kind = h;
+    storages_[index].has_kind = true;
+  }
+  return storages_[index].kind;
+}
+
+std::vector<std::pair<std::string, uint64_t>> Step::KindsHanded() const {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (int32_t index : registered_) {
+    const Storage& s = storages_[index];
+    if (s.has_kind) out.emplace_back(OpName(calls_[s.producer].op), s.kind);
+  }
+  return out;
+}
+
+void Step::SawReplay(int32_t index, bool fit) {
+  const Storage& s = storages_[index];
+  if (!s.has_kind || options_.planner == nullptr) return;
+  remat_planner_saw_replay(options_.planner, s.kind, static_cast<uint64_t>(s.nbytes),
+                           fit ? 1 : 0);
+}
+
+void Step::PrefetchBefore(int32_t index) {
+  // The backward reads saved tensors about in the reverse order of saving:
+  // the next few offloaded ones before this one are copied in now (on a
+  // GPU on the side stream, behind this node's compute).
+  constexpr int kAhead = 2, kScan = 64;
+  int found = 0;
+  const int32_t order = storages_[index].order;
+  for (int32_t i = order - 1; i >= 0 && i >= order - kScan; --i) {
+    const Storage& t = storages_[registered_[i]];
+    if (t.freed || t.pinned_forever || !t.host.defined() || t.held.defined()) continue;
+    if (remat_tensor_prefetch(runtime_, t.id, 0) != REMAT_OK) break;  // no room now
+    if (++found == kAhead) break;
+  }
+}
+
+at::Tensor Step::CopyOut(const at::Tensor& held, int64_t nbytes) {
+  const auto start = std::chrono::steady_clock::now();
+  InternalScope mine(this);
+  at::AutoDispatchBelowADInplaceOrView below;
+  // The whole storage, flat, as bytes.
+  at::Tensor flat = ViewOf(held.storage(), at::kByte, {nbytes}, {1}, 0);
+  at::Tensor host;
+  if (flat.device().is_cpu()) {
+    host = flat.clone();
+  } else {
+    host = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    c10::impl::VirtualGuardImpl impl(flat.device().type());
+    if (!side_) side_ = impl.getStreamFromGlobalPool(flat.device(), /*isHighPriority=*/false);
+    // The side stream starts once what the program enqueued so far is done
+    // (the bytes are written), and the storage is not reused before the copy.
+    c10::Event ready(flat.device().type());
+    ready.record(impl.getStream(flat.device()));
+    ready.block(*side_);
+    {
+      c10::StreamGuard on_side(*side_);
+      host.copy_(flat, /*non_blocking=*/true);
+    }
+    flat.record_stream(*side_);
+  }
+  copy_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return host;
+}
+
+at::Tensor Step::CopyIn(const at::Tensor& host, c10::Device device) {
+  const auto start = std::chrono::steady_clock::now();
+  InternalScope mine(this);
+  at::AutoDispatchBelowADInplaceOrView below;
+  at::Tensor back;
+  if (device.is_cpu()) {
+    back = host.clone();
+  } else {
+    c10::impl::VirtualGuardImpl impl(device.type());
+    if (side_) {
+      // After the copy out (on the side stream) has read the device's bytes.
+      c10::Event out(device.type());
+      out.record(*side_);
+      out.block(impl.getStream(device));
+    }
+    back = host.to(device, /*non_blocking=*/true);
+  }
+  copy_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return back;
 }
 
 at::Tensor Step::Unpack(int32_t index, c10::IntArrayRef sizes, c10::IntArrayRef strides,
@@ -980,9 +1197,21 @@ at::Tensor Step::Unpack(int32_t index, c10::IntArrayRef sizes, c10::IntArrayRef 
   }
   FreeDead();
   RaiseDeferred();
+  backward_read_ = true;
+  // A storage counts once beside another, however many of its views the
+  // node reads.
+  const bool again = storages_[index].pinned_forever ||
+                     std::find(pins_.begin(), pins_.end(), storages_[index].id) != pins_.end();
+  if (WeighsReplays() && !again) {
+    remat_planner_saw_pinned(options_.planner, KindOf(index),
+                             static_cast<uint64_t>(storages_[index].nbytes),
+                             static_cast<uint64_t>(pin_bytes_ + forever_bytes_));
+  }
   Acquire(index);
+  pins_.push_back(storages_[index].id);
+  if (!again) pin_bytes_ += storages_[index].nbytes;
+  if (options_.offload) PrefetchBefore(index);
   Storage& s = storages_[index];
-  pins_.push_back(s.id);
   if (!s.held.defined()) {
     throw std::runtime_error("remat: saved storage " + std::to_string(index) +
                              " is resident in the runtime but has no tensor (a bug)");
@@ -994,12 +1223,49 @@ void Step::OnEvent(const remat_event& e) {
   auto it = by_id_.find(e.tensor);
   if (it == by_id_.end()) return;
   Storage& s = storages_[it->second];
-  if (e.kind == REMAT_EVENT_DROPPED || e.kind == REMAT_EVENT_COLLECTED) {
-    if (verify_ && e.kind == REMAT_EVENT_DROPPED && s.held.defined()) {
-      InternalScope mine(this);
-      verify_copies_[it->second] = {s.held.clone(), s.held_version};
+  // (Under the runtime's lock: the copies below make no runtime call, and
+  // an error cannot cross the runtime: it waits for the step's next hook.)
+  try {
+    if (e.kind == REMAT_EVENT_DROPPED || e.kind == REMAT_EVENT_COLLECTED) {
+      if (verify_ && e.kind == REMAT_EVENT_DROPPED && s.held.defined()) {
+        InternalScope mine(this);
+        verify_copies_[it->second] = {s.held.clone(), s.held_version};
+      }
+      if (e.kind == REMAT_EVENT_DROPPED && e.pressure && s.want_backup && s.held.defined() &&
+          s.held_version == s.reg_version &&
+          !(s.backup.defined() && s.backup_version == s.reg_version)) {
+        // (A copy made at an earlier drop still serves.)
+        try {
+          s.backup = CopyOut(s.held, s.nbytes);
+          s.backup_version = s.reg_version;
+          counts.backups += 1;
+          counts.backup_bytes += s.nbytes;
+        } catch (const std::exception&) {
+          // No host memory for it (pinned memory runs out first): the drop
+          // goes on without a copy.
+          counts.backups_skipped += 1;
+        }
+      }
+      s.held = at::Tensor();
+      s.host = at::Tensor();
+    } else if (e.kind == REMAT_EVENT_OFFLOADED) {
+      if (s.held.defined()) {
+        s.host = CopyOut(s.held, s.nbytes);
+        s.host_version = s.held_version;
+        s.held = at::Tensor();
+      }
+    } else if (e.kind == REMAT_EVENT_RESTORED) {
+      if (e.refill) return;  // from the copy made as it was dropped: Refill copies it in
+      counts.restores += 1;
+      if (s.host.defined()) {
+        s.held = CopyIn(s.host, s.device);
+        s.held_version = s.host_version;
+        s.host = at::Tensor();
+      }
     }
-    s.held = at::Tensor();
+  } catch (...) {
+    // (An offload whose copy failed keeps `held`: its bytes are not lost.)
+    Defer(std::current_exception());
   }
 }
 
@@ -1024,6 +1290,7 @@ int Step::OnRecompute(int32_t group, const int* regenerate, size_t num_outputs) 
       storages_[index].held = t;
       storages_[index].held_version = storages_[index].reg_version;
     }
+    for (int32_t index : done) SawReplay(index, true);  // (its copy is kept for a later drop)
   } catch (const std::exception& e) {
     for (int32_t index : done) storages_[index].held = at::Tensor();
     if (!error_) error_ = std::current_exception();
@@ -1057,11 +1324,24 @@ at::Tensor Step::Materialize(int32_t index, int64_t version, Memo& memo,
   }
   if (managed && !storages_[index].held.defined()) {
     // Saved since this recompute's inputs were listed: the runtime brings it.
-    Acquire(index);
-    at::Tensor held = storages_[index].held;
-    int64_t held_version = storages_[index].held_version;
-    remat_tensor_release(runtime_, storages_[index].id);
-    if (held.defined() && held_version == version) return held;
+    bool rebuilt = false;
+    try {
+      Acquire(index);
+    } catch (const BudgetTooSmall&) {
+      // No room for it beside the outputs the runtime is regenerating now.
+      // Where the runtime may drop it (its replay was judged to fit), it is
+      // rebuilt below from its own call, a temporary of this replay as the
+      // replay's unsaved intermediates are; the runtime keeps it as it was.
+      if (!(storages_[index].droppable && storages_[index].allow_drop)) throw;
+      rebuilt = true;
+      counts.rebuilt_in_replay += 1;
+    }
+    if (!rebuilt) {
+      at::Tensor held = storages_[index].held;
+      int64_t held_version = storages_[index].held_version;
+      remat_tensor_release(runtime_, storages_[index].id);
+      if (held.defined() && held_version == version) return held;
+    }
   }
   if (managed && !storages_[index].droppable) {
     throw std::runtime_error("remat cannot recompute what storage " + std::to_string(index) +
@@ -1198,7 +1478,11 @@ void Step::Close() {
   }
   session_->EndStep();
   session_->last_sizes = {calls_.size(), storages_.size(), registered_.size()};
-  for (Storage& s : storages_) s.held = at::Tensor();
+  for (Storage& s : storages_) {
+    s.held = at::Tensor();
+    s.host = at::Tensor();
+    s.backup = at::Tensor();
+  }
   for (Call& c : calls_) c.refs.clear();
   by_impl_.clear();
   by_id_.clear();
@@ -1208,7 +1492,8 @@ void Step::Close() {
 
 // --- Session ------------------------------------------------------------------------------
 
-Session::Session(uint64_t budget_bytes, const std::string& policy, bool recompute)
+Session::Session(uint64_t budget_bytes, const std::string& policy, bool recompute, bool offload,
+                 double link_gbps, int64_t link_latency_ns)
     : budget_bytes_(budget_bytes) {
   remat_allocator_options ao;
   remat_allocator_options_init(&ao);
@@ -1222,7 +1507,11 @@ Session::Session(uint64_t budget_bytes, const std::string& policy, bool recomput
   remat_runtime_options_init(&ro);
   ro.policy = policy.c_str();
   ro.enable_drop = recompute ? 1 : 0;
-  ro.enable_offload = 0;
+  ro.enable_offload = offload ? 1 : 0;
+  // A drop is admitted by what its replay needs, as the runtime estimates it.
+  ro.estimate_replays = offload && recompute ? 1 : 0;
+  if (link_gbps > 0) ro.link_gbps = link_gbps;
+  if (link_latency_ns >= 0) ro.link_latency_ns = link_latency_ns;
   ro.live_budget = budget_bytes;
   ro.host_pool_bytes = uint64_t{16} << 40;
   ro.learn_next_use = 1;

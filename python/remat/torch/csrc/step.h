@@ -23,6 +23,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/core/Stream.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/flat_hash_map.h>
 
@@ -128,6 +129,16 @@ struct Storage {
   std::vector<Region> regions;    // the views of it saved so far
   std::vector<int32_t> readers;   // saved storages whose replay reads it (a leaf's)
   bool exported = false;          // its bytes were handed outside autograd
+  // Offload (a step whose plan allows it).
+  c10::Device device{c10::kCPU};  // where its bytes live when resident
+  at::Tensor host;                // offloaded: the whole storage's bytes in host memory
+  int64_t host_version = 0;       // the content version `host` holds
+  at::Tensor backup;              // a host copy made as it was dropped (want_backup)
+  int64_t backup_version = -1;
+  bool want_backup = false;       // a drop of it is copied first (the planner's admission)
+  bool has_kind = false;          // `kind` made (BesideKind)
+  uint64_t kind = 0;              // its kind in what steps learn (the planner's books)
+  int32_t order = -1;             // its place among the saved (registered_)
 };
 
 // Which operators' properties recording needs, read once per operator.
@@ -175,6 +186,17 @@ struct StepOptions {
   // the host, are modelled still).
   CostRates rates;
   bool model_costs = false;
+  // The plan's offloads (the session's runtime must allow them): offload
+  // allowed; drops first (offload only what cannot be dropped).
+  bool offload = false;
+  bool drop_first = false;
+  // With offload and recompute both allowed: the budget's step planner,
+  // which admits each drop by its replay's size and what earlier steps
+  // learned of its kind, and learns from this step's replays; `replay_room`
+  // is what a replay must fit in.
+  remat_planner* planner = nullptr;
+  uint64_t replay_room = 0;
+  bool backups = true;  // false: no drop is copied first (tests of replays with no copy)
 };
 
 class Session;
@@ -260,8 +282,27 @@ class Step {
     int64_t recomputed_calls = 0;
     int64_t recorded_calls = 0;
     int64_t saved_by_cpp_hooks = 0;  // through the C++ hooks (module.cc), not Python's
+    // With offload and recompute: drops refused by the planner's admission
+    // (its replay over its share of the room; beside what the backward
+    // pins; seen to fail), and the copies made as tensors were dropped.
+    int64_t offload_not_drop = 0;
+    int64_t offload_not_drop_seen = 0;
+    int64_t offload_not_drop_failed = 0;
+    int64_t backups = 0;
+    int64_t backup_bytes = 0;
+    int64_t backups_used = 0;
+    int64_t backups_skipped = 0;
+    int64_t rebuilt_in_replay = 0;   // an input a replay could not bring back, rebuilt in it
+    int64_t restores = 0;            // offloaded tensors copied back
   } counts;
   double recompute_seconds = 0;
+  double copy_seconds = 0;  // host time spent making offload copies
+
+  // The step raised BudgetTooSmall: a dropped tensor whose replay failed it
+  // (with no copy to come back from) is one its plan's next steps offload.
+  void ReportUnfit();
+  // (op, kind) of each saved tensor given a kind, in the order handed over.
+  std::vector<std::pair<std::string, uint64_t>> KindsHanded() const;
 
   // The runtime's callbacks.
   void OnEvent(const remat_event& e);
@@ -284,6 +325,17 @@ class Step {
   void KeepReaders(int32_t leaf, const std::string& why);
   int32_t Sibling(int32_t s) const;
   void Acquire(int32_t s);
+  bool Refill(int32_t s);
+  void PrefetchBefore(int32_t s);
+  uint64_t KindOf(int32_t s);
+  void SawReplay(int32_t s, bool fit);
+  bool WeighsReplays() const {
+    return options_.offload && options_.recompute && options_.planner != nullptr;
+  }
+  // The whole storage under `held`, copied to host memory (on a GPU: pinned,
+  // on a side stream), and back to `device`.
+  at::Tensor CopyOut(const at::Tensor& held, int64_t nbytes);
+  at::Tensor CopyIn(const at::Tensor& host, c10::Device device);
   void ReleasePins();
   void FreeDead();
   void Free(int32_t s);
@@ -307,6 +359,12 @@ class Step {
   std::vector<int32_t> registered_;
   std::vector<uint64_t> pins_;
   std::vector<int32_t> dead_;
+  std::unordered_map<std::string, int64_t> kinds_handed_;  // KindOf's counts by (op, output)
+  std::optional<c10::Stream> side_;  // the copies' stream on a GPU
+  int32_t unfit_ = -1;        // ReportUnfit's tensor, as the last acquire left it
+  bool backward_read_ = false;  // a backward has read a saved tensor of the step
+  int64_t pin_bytes_ = 0;       // the bytes of pins_
+  int64_t forever_bytes_ = 0;   // and of the storages pinned to the step's end
   const void* pin_node_ = nullptr;
   int pin_task_ = -2;
   bool in_replay_ = false;
@@ -330,7 +388,10 @@ class Step {
 // One runtime across a budget's steps.
 class Session {
  public:
-  Session(uint64_t budget_bytes, const std::string& policy, bool recompute);
+  // offload: the runtime may offload, its copies priced at the link's
+  // rate each way and latency per copy (0 and -1: the runtime's defaults).
+  Session(uint64_t budget_bytes, const std::string& policy, bool recompute, bool offload = false,
+          double link_gbps = 0, int64_t link_latency_ns = -1);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
