@@ -203,6 +203,7 @@ class budget:
         self._step_in_trial = False
         self._step_start = None
         self._steps = 0
+        self._plans_seen = None  # (planner.plan of each plan, the trial done) at a step's end
 
     def _plan_shown(self):
         """What stats["plan"] says of the step running or just run."""
@@ -326,6 +327,8 @@ class budget:
             self._sessions.pop(plan).close()  # (remat's allocator came or went since)
             self._planner.restarted(step.plan)
             session = None
+        if session is None:
+            self._plans_seen = None  # (a runtime made afresh: the planner's books move)
         if session is None and native:
             session = self._sessions[plan] = _native.NativeSession(
                 self.budget_bytes, policy, self._recompute, offload, self._link(offload, None))
@@ -413,6 +416,7 @@ class budget:
                                 if session is not None:
                                     session.close()
                                     self._planner.restarted(self._step_index)
+                                    self._plans_seen = None
                         finally:
                             self._resume_gc()
             if late is None:
@@ -467,8 +471,13 @@ class budget:
             if not ended:  # (whatever failed above, the next step can begin)
                 self._planner.end(StepPlanner.ABANDONED)
         # The runtimes of plans the planner will not run again (refused, or
-        # not kept by the trial) go.
-        plans = [self._planner.plan(i) for i in range(len(self._plan_names))]
+        # not kept by the trial) go. (What the planner says of its plans
+        # changes only in the trial and after a step that did not fit.)
+        plans, trial_done = self._plans_seen or (None, False)
+        if plans is None or not ok or self._step_in_trial or not trial_done:
+            plans = [self._planner.plan(i) for i in range(len(self._plan_names))]
+            trial_done = self._planner.state().trial_done
+            self._plans_seen = (plans, trial_done)
         for i, name in enumerate(self._plan_names):
             if not plans[i]["live"] and name in self._sessions:
                 self._sessions.pop(name).close()
@@ -480,7 +489,7 @@ class budget:
             stats["next_uses_off"] = True
         if self._link_rates is not None:
             stats["link_gbps"], stats["link_latency_ns"] = self._link_rates
-        if self._planner.state().trial_done:
+        if trial_done:
             stats["plan_trial_seconds"] = {name: plans[i]["times"]
                                            for i, name in enumerate(self._plan_names)
                                            if not plans[i]["refused"]}

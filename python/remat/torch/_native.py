@@ -151,6 +151,8 @@ def _exporting(name, original):
 # thread id -> (the step's saved-tensor hooks, a weak reference to the
 # backward's _Owner that set them aside)
 _aside = {}
+# Threads running a backward through a wrapper (_backward).
+_running = set()
 
 
 class _Owner:
@@ -185,6 +187,8 @@ def put_back_hooks(owner=None):
     whichever backward took them; the budget's exit, where an interrupt left
     a backward before it put them back)."""
     ident = threading.get_ident()
+    if owner is None:
+        _running.discard(ident)  # (a backward an interrupt cut short)
     entry = _aside.get(ident)
     if entry is not None and (owner is None or entry[1]() is owner):
         del _aside[ident]
@@ -212,17 +216,24 @@ def _backward(original, create_graph_at):
     into and out of every node it runs, each copy of a Python hook taking
     the GIL."""
     def wrapper(*args, **kwargs):
-        step = _steps.get(threading.get_ident())
-        if step is None:
+        ident = threading.get_ident()
+        step = _steps.get(ident)
+        if step is None or ident in _running:
+            # No step here, or inside a backward a wrapper runs already
+            # (Tensor.backward calls autograd.backward; a node may run another
+            # backward): the recorder is paused, and the hooks aside where
+            # that outer backward builds no graph (as an inner one would leave them).
             return original(*args, **kwargs)
         create_graph = kwargs.get("create_graph", args[create_graph_at]
                                   if len(args) > create_graph_at else False)
         owner = _Owner()  # (what an interrupt here leaves, the next backward puts back)
+        _running.add(ident)
         try:
             _set_aside(step, create_graph, owner)
             step.pause()
             return original(*args, **kwargs)
         finally:
+            _running.discard(ident)
             _after_backward(step, owner)
     wrapper.__name__ = original.__name__
     wrapper.__doc__ = original.__doc__
@@ -375,7 +386,6 @@ class NativeEngine:
 
     def open(self, session):
         self.session = session
-        self.start = session.raw_stats()
         # Costs: modelled at the budget's rates, as the Python recorder's are,
         # so that a loop's steps choose alike; REMAT_NATIVE_COSTS=measured
         # takes the host's time of each call on the CPU instead (a GPU's
@@ -427,36 +437,15 @@ class NativeEngine:
         self.step.report_unfit()
 
     def read_stats(self):
-        st = self.session.raw_stats()
-        counts = self.step.counts()
-
-        def step(name):
-            return st[name] - self.start[name]
-        return {
-            "budget_bytes": self.budget_bytes,
-            "peak_saved_bytes": st["peak_resident_bytes"],
-            "saved_bytes": st["resident_bytes"],
-            "drops": step("drops"),
-            "recomputes": step("recomputes"),
-            "offloads": step("offloads"),
-            "restores": self.step.restores,
-            "recompute_seconds": self.step.recompute_seconds,
-            "recompute_ns_estimate": step("recompute_ns"),
-            "copy_seconds": self.step.copy_seconds,
-            "offloaded_bytes": step("offloaded_bytes"),
-            "restored_bytes": step("restored_bytes"),
-            "prefetches": step("prefetches"),
-            "refills": step("refills"),
-            "copies_ahead": 0,
-            "ahead_offloads": 0,
-            "pressure_events": step("pressure_events"),
-            "learned_next_uses": step("learned_next_uses"),
-            "step": st["steps_ended"] + (0 if self.closed else 1),
-            "pressure": "saved",
-            "native": True,
-            **counts,
-            **self.counts,
-        }
+        # (The step's figures, its runtime's counters over the step among
+        # them, made in one call.)
+        figures = self.step.figures()
+        figures["budget_bytes"] = self.budget_bytes
+        figures["step"] += 0 if self.closed else 1
+        figures["pressure"] = "saved"
+        figures["native"] = True
+        figures.update(self.counts)
+        return figures
 
 
 class _Recording:

@@ -719,6 +719,33 @@ class StepBox {
     session_->set_step(nullptr);
   }
 
+  // What the step's statistics show: its runtime's counters over the step
+  // (since the step began), and the step's own counts.
+  py::dict Figures() const {
+    remat_runtime_stats st = session_->Stats();
+    const remat_runtime_stats& start = step_->start_stats;
+    py::dict d = Counts();
+    d["peak_saved_bytes"] = st.peak_resident_bytes;
+    d["saved_bytes"] = st.resident_bytes;
+    d["drops"] = st.drops - start.drops;
+    d["recomputes"] = st.recomputes - start.recomputes;
+    d["offloads"] = st.offloads - start.offloads;
+    d["restores"] = step_->counts.restores;
+    d["recompute_seconds"] = step_->recompute_seconds;
+    d["recompute_ns_estimate"] = st.recompute_ns - start.recompute_ns;
+    d["copy_seconds"] = step_->copy_seconds;
+    d["offloaded_bytes"] = st.offloaded_bytes - start.offloaded_bytes;
+    d["restored_bytes"] = st.restored_bytes - start.restored_bytes;
+    d["prefetches"] = st.prefetches - start.prefetches;
+    d["refills"] = st.refills - start.refills;
+    d["copies_ahead"] = 0;
+    d["ahead_offloads"] = 0;
+    d["pressure_events"] = st.pressure_events - start.pressure_events;
+    d["learned_next_uses"] = st.learned_next_uses - start.learned_next_uses;
+    d["step"] = st.steps_ended;
+    return d;
+  }
+
   py::dict Counts() const {
     const Step::Counts& c = step_->counts;
     py::dict d;
@@ -853,6 +880,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("resume", &StepBox::Resume)
       .def("close", &StepBox::Close)
       .def("counts", &StepBox::Counts)
+      .def("figures", &StepBox::Figures)
       .def("exported", &StepBox::Exported)
       .def("report_unfit", &StepBox::ReportUnfit)
       .def("kinds", &StepBox::Kinds)

@@ -296,6 +296,7 @@ const OpInfo& SharedInfoOf(const at::RecordFunction& fn) {
 
 Step::Step(std::shared_ptr<Session> session, StepOptions options)
     : session_(std::move(session)), runtime_(session_->runtime()), options_(options) {
+  start_stats = session_->Stats();
   const Session::Sizes& last = session_->last_sizes;
   calls_.reserve(std::max<size_t>(64, last.calls + last.calls / 8));
   storages_.reserve(std::max<size_t>(64, last.storages + last.storages / 8));

@@ -297,6 +297,7 @@ class Step {
   } counts;
   double recompute_seconds = 0;
   double copy_seconds = 0;  // host time spent making offload copies
+  remat_runtime_stats start_stats{};  // the runtime's counters as the step began
 
   // The step raised BudgetTooSmall: a dropped tensor whose replay failed it
   // (with no copy to come back from) is one its plan's next steps offload.
