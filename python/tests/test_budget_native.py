@@ -157,6 +157,38 @@ def test_an_offloaded_tensor_saved_again_after_a_write_comes_back_newer():
     assert torch.equal(got, plain)
 
 
+def test_a_drop_the_backward_never_reads_counts_as_one_that_did_no_harm(monkeypatch):
+    # Drops are copied first while no replay of their kind has been seen to
+    # fit (the estimate made blind, so every drop is admitted). The side
+    # branch's tensor is dropped and never read: its graph outlives the step.
+    # Its handles go after the step's end, which reports that drop as one
+    # that did no harm, so from the step after next its kind is dropped
+    # without a copy, as the chain's are once their replays fit.
+    from _blind import drop_first_drops_blindly
+    drop_first_drops_blindly(monkeypatch, every_plan=True)
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(32, 64)
+    b = remat.torch.budget(3 * 32 * 64 * 4, policy="dtr", offload=True, offload_guard=False,
+                           native=True)
+    figures = []
+    for _ in range(4):
+        with b:
+            side = torch.tanh(x @ w).sin()  # noqa: F841 (kept past the step)
+            h = x
+            for _ in range(6):
+                h = torch.tanh(h @ w)
+            h.sum().backward()
+        figures.append(b.stats)
+        del side
+    # Each step drops the side tensor beside the chain's, and replays only
+    # the chain's.
+    assert all(f["drops"] == f["recomputes"] + 1 for f in figures)
+    assert figures[0]["debug"]["backups"] > 0
+    assert [f["debug"]["backups"] for f in figures[2:]] == [0, 0]
+    b.close()
+
+
 def test_a_python_dispatch_mode_around_the_budget_is_seen_through():
     # A mode's handler runs the call again with the outer call's dispatch
     # state: one call, recorded once, so the saved tensors stay remat's.

@@ -474,7 +474,8 @@ class budget:
         # not kept by the trial) go. (What the planner says of its plans
         # changes only in the trial and after a step that did not fit.)
         plans, trial_done = self._plans_seen or (None, False)
-        if plans is None or not ok or self._step_in_trial or not trial_done:
+        if plans is None or not ok or self._step_in_trial or \
+                (len(plans) > 1 and not trial_done):
             plans = [self._planner.plan(i) for i in range(len(self._plan_names))]
             trial_done = self._planner.state().trial_done
             self._plans_seen = (plans, trial_done)

@@ -738,6 +738,9 @@ void Step::Register(int32_t index, const at::Tensor& t, bool own) {
   s.why_kept = f.why_not;
   if (!s.droppable) counts.kept_not_replayable += 1;
   s.allow_drop = options_.recompute && s.droppable;
+  s.want_backup = false;  // (saved again after the runtime let it go: afresh)
+  s.host = at::Tensor();
+  s.backup = at::Tensor();
   bool allow_offload = options_.offload;
   if (WeighsReplays()) {
     const uint64_t kind = KindOf(index);  // (made in the order tensors are handed over)
@@ -1022,6 +1025,8 @@ void Step::Acquire(int32_t index) {
       std::rethrow_exception(error);
     } catch (const BudgetTooSmall&) {
       too_small = true;
+    } catch (const c10::OutOfMemoryError&) {
+      too_small = true;  // (the device's own: no room for the replay there either)
     } catch (...) {
     }
     // No room for the replay: the copy made as it was dropped, if any.
@@ -1048,6 +1053,12 @@ void Step::Acquire(int32_t index) {
   // Back: a replay that failed inside this one (rebuilt, or refilled) is
   // not the step's failure.
   unfit_ = -1;
+  if (deferred_) {
+    // A copy back that failed as the runtime brought it (OnEvent): its
+    // error, not a tensor missing later.
+    remat_tensor_release(runtime_, storages_[index].id);
+    RaiseDeferred();
+  }
 }
 
 bool Step::Refill(int32_t index) {
@@ -1136,7 +1147,8 @@ at::Tensor Step::CopyOut(const at::Tensor& held, int64_t nbytes) {
   // The whole storage, flat, as bytes.
   at::Tensor flat = ViewOf(held.storage(), at::kByte, {nbytes}, {1}, 0);
   at::Tensor host;
-  if (flat.device().is_cpu()) {
+  if (!flat.is_cuda()) {
+    // (The CPU, or another device without streams remat drives: a copy there.)
     host = flat.clone();
   } else {
     host = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
@@ -1163,7 +1175,7 @@ at::Tensor Step::CopyIn(const at::Tensor& host, c10::Device device) {
   InternalScope mine(this);
   at::AutoDispatchBelowADInplaceOrView below;
   at::Tensor back;
-  if (device.is_cpu()) {
+  if (!device.is_cuda()) {
     back = host.clone();
   } else {
     c10::impl::VirtualGuardImpl impl(device.type());
@@ -1241,9 +1253,11 @@ void Step::OnEvent(const remat_event& e) {
           s.backup_version = s.reg_version;
           counts.backups += 1;
           counts.backup_bytes += s.nbytes;
-        } catch (const std::exception&) {
+        } catch (const c10::OutOfMemoryError&) {
           // No host memory for it (pinned memory runs out first): the drop
           // goes on without a copy.
+          counts.backups_skipped += 1;
+        } catch (const std::bad_alloc&) {
           counts.backups_skipped += 1;
         }
       }
@@ -1473,6 +1487,9 @@ void Step::Close() {
       remat_tensor_release(runtime_, s.id);
     }
     if (!s.freed) {
+      // Dropped with a copy, and not needed again by the backward: such a
+      // drop did no harm (as Free reports it).
+      if (s.backup.defined() && !s.held.defined() && backward_read_) SawReplay(index, true);
       s.freed = true;
       remat_tensor_free(runtime_, s.id);
     }
