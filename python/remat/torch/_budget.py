@@ -327,8 +327,7 @@ class budget:
             self._sessions.pop(plan).close()  # (remat's allocator came or went since)
             self._planner.restarted(step.plan)
             session = None
-        if session is None:
-            self._plans_seen = None  # (a runtime made afresh: the planner's books move)
+        self._plans_seen = None if session is None else self._plans_seen  # (books move)
         if session is None and native:
             session = self._sessions[plan] = _native.NativeSession(
                 self.budget_bytes, policy, self._recompute, offload, self._link(offload, None))
@@ -470,12 +469,10 @@ class budget:
         finally:
             if not ended:  # (whatever failed above, the next step can begin)
                 self._planner.end(StepPlanner.ABANDONED)
-        # The runtimes of plans the planner will not run again (refused, or
-        # not kept by the trial) go. (What the planner says of its plans
-        # changes only in the trial and after a step that did not fit.)
+        # The runtimes of plans the planner will not run again (refused, or not kept by the
+        # trial) go. (Its plans change only in the trial and after a step that did not fit.)
         plans, trial_done = self._plans_seen or (None, False)
-        if plans is None or not ok or self._step_in_trial or \
-                (len(plans) > 1 and not trial_done):
+        if plans is None or not ok or self._step_in_trial or (len(plans) > 1 and not trial_done):
             plans = [self._planner.plan(i) for i in range(len(self._plan_names))]
             trial_done = self._planner.state().trial_done
             self._plans_seen = (plans, trial_done)
